@@ -1,0 +1,130 @@
+"""Registration records (``<Thing>Spec``) that plugins hand to the registration hooks.
+
+Owner: the plugin manager (``metrale_core.plugins``) collects these through the ``metrale_*``
+registration hooks in ``metrale_core.hookspecs``.
+
+Invariants:
+- Every record is frozen; ``name`` is unique within its family across all installed
+  distributions (a duplicate is an error naming both distributions).
+- ``factory`` is a plain callable; nothing calls pluggy per token: plugins are resolved to
+  plain objects when the engine is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from attrs import field, frozen
+
+from metrale_core.sampling.position import PositionKind
+
+__all__ = [
+    "KVScaleSourceSpec",
+    "LoadOptions",
+    "LogitProcessorSpec",
+    "ModelLoaderSpec",
+    "ProposerSpec",
+    "SamplerSpec",
+    "SchedulerSpec",
+    "ToolCallParserSpec",
+]
+
+
+def _tuple(value: Any) -> tuple:
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value)
+
+
+@frozen
+class LoadOptions:
+    """How the engine wants a model built."""
+
+    #: Activation / weight dtype name ("float32", "bfloat16", "float16").
+    dtype: str = "float32"
+    #: torch device string.
+    device: str = "cpu"
+
+
+@frozen
+class ModelLoaderSpec:
+    """A loader for checkpoints whose config declares one of ``model_types`` / ``architectures``.
+
+    ``factory(store, options)`` receives a ``metrale_core.weights.WeightStore`` and
+    :class:`LoadOptions` and returns a :class:`metrale_core.model_api.CausalLM`.
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    #: HF ``config.json`` ``model_type`` values (GGUF ``general.architecture`` maps onto these).
+    model_types: tuple[str, ...] = field(default=(), converter=_tuple)
+    #: HF ``architectures`` entries, e.g. ``"Qwen3ForCausalLM"``.
+    architectures: tuple[str, ...] = field(default=(), converter=_tuple)
+    description: str = ""
+
+
+@frozen
+class KVScaleSourceSpec:
+    """Where FP8 K/V scales come from (checkpoint, online calibration, 1.0)."""
+
+    name: str
+    factory: Callable[..., Any]
+    description: str = ""
+
+
+@frozen
+class LogitProcessorSpec:
+    """A stage of the logit pipeline.
+
+    ``factory(engine_config)`` returns an object with ``__call__(logits, ctx)``; it is run on the
+    ``[N, V]`` logits of the positions whose kind is in ``kinds``, in ascending ``order``.
+    A ``read_only`` processor (an observer) must not write the logits; the pipeline checks it in
+    debug mode and tests compare bit-for-bit.
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    order: int = 100
+    kinds: frozenset = field(default=frozenset(PositionKind), converter=frozenset)
+    read_only: bool = False
+    #: Enabled unless the configuration turns it off.
+    default_enabled: bool = True
+    description: str = ""
+
+
+@frozen
+class SamplerSpec:
+    """The sampling step: ``factory()`` returns a ``metrale_core.sampling.Sampler``."""
+
+    name: str
+    factory: Callable[..., Any]
+    description: str = ""
+
+
+@frozen
+class SchedulerSpec:
+    """A scheduling policy: ``factory(config)`` returns a policy object (see ``engine.scheduler``)."""
+
+    name: str
+    factory: Callable[..., Any]
+    description: str = ""
+
+
+@frozen
+class ProposerSpec:
+    """A speculative-decoding draft source (n-gram, draft model, MTP head)."""
+
+    name: str
+    factory: Callable[..., Any]
+    description: str = ""
+
+
+@frozen
+class ToolCallParserSpec:
+    """A streaming parser for one tool-call wire format (hermes, qwen3_coder, glm47, ...)."""
+
+    name: str
+    factory: Callable[..., Any]
+    #: Model types that use this format by default.
+    model_types: tuple[str, ...] = field(default=(), converter=_tuple)
+    description: str = ""
