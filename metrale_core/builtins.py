@@ -1,0 +1,38 @@
+"""The core's own components, registered through the same hooks as any external plugin.
+
+Owner: ``metrale_core.plugins.load_registry()`` registers this module first, under the plugin
+name ``builtins`` (distribution ``metrale-core``); ``METRALE_DISABLE_PLUGINS=builtins`` blocks it
+like any other plugin.
+
+Invariants:
+- Importing this module imports nothing heavy: every factory imports its implementation lazily,
+  when the engine builds it.
+"""
+
+from __future__ import annotations
+
+from metrale_core import hookimpl
+from metrale_core.components import SamplerSpec, SchedulerSpec
+from metrale_core.plugins import lazy_factory
+
+
+@hookimpl
+def metrale_samplers(register):
+    register(
+        SamplerSpec(
+            name="default",
+            factory=lazy_factory("metrale_core.sampling.sampler:DefaultSampler"),
+            description="torch sampler: greedy, temperature, top-k/top-p/min-p, penalties, seeds",
+        )
+    )
+
+
+@hookimpl
+def metrale_schedulers(register):
+    register(
+        SchedulerSpec(
+            name="fcfs",
+            factory=lazy_factory("metrale_core.engine.scheduler:FcfsPolicy"),
+            description="first come, first served scheduling policy",
+        )
+    )

@@ -1,0 +1,293 @@
+"""Every hook a Metrale plugin can implement, documented in one place.
+
+Owner: the plugin manager (``metrale_core.plugins``) adds these specs to a fresh
+``pluggy.PluginManager("metrale")``; ``docs/hooks.md`` is generated from the docstrings below
+(``python -m metrale_core.hookspecs > docs/hooks.md``) and a test keeps the two equal.
+
+Invariants:
+- One string for everything: the project name, the entry-point group and the hook prefix are all
+  ``metrale``; plugins mark implementations with ``metrale_core.hookimpl``.
+- Importing this module imports nothing heavy (no torch, no CuPy): argument types are named in
+  docstrings only.
+- Every spec's docstring has the sections ``Called:``, ``Args:`` (one entry per argument),
+  ``Returns:``, ``Flags:`` and ``Example:`` (enforced by ``tests/test_hookspecs.py``).
+- Specs evolve additively: arguments are added, never renamed or removed (pluggy lets an
+  implementation accept fewer arguments than its spec).
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+__all__ = ["GROUPS", "hookspec", "render_reference"]
+
+#: Marker for hook specifications (used only in this module).
+hookspec = pluggy.HookspecMarker("metrale")
+
+
+# --- registration hooks (once per plugin, at startup) -----------------------------------------
+
+
+@hookspec
+def metrale_model_loaders(register):
+    """Register model loaders (``ModelLoaderSpec``): what builds a model from a checkpoint.
+
+    Called:
+        once per plugin by ``metrale_core.plugins.load_registry()`` at startup (CLI, server,
+        tests), before any checkpoint is opened. Each plugin's implementation is called on its
+        own with its own ``register``, so every record is attributed to its distribution. Keep it
+        cheap: import torch and the model code inside the factory, not here.
+
+    Args:
+        register: ``register(spec: ModelLoaderSpec) -> None``; call it once per loader.
+            ``spec.model_types`` / ``spec.architectures`` list the HF ``config.json``
+            ``model_type`` values and ``architectures`` entries it serves (GGUF metadata is mapped
+            onto the same keys); ``Registry.find_model_loader(config)`` matches ``model_type``
+            first, then ``architectures``. The engine calls ``spec.factory(store, options)`` with a
+            ``WeightStore`` and ``LoadOptions`` and expects a ``CausalLM``. A name another
+            distribution already registered raises ``DuplicateComponent``.
+
+    Returns:
+        Nothing; the return value is ignored. Register through ``register``.
+
+    Flags:
+        plain hook (not firstresult, not historic): every plugin's implementation runs.
+
+    Example:
+        @hookimpl
+        def metrale_model_loaders(register):
+            register(ModelLoaderSpec(name="mylm", model_types=("mylm",),
+                                     factory=lazy_factory("metrale_mylm.model:load")))
+    """
+
+
+@hookspec
+def metrale_kv_scale_sources(register):
+    """Register FP8 KV-cache scale sources (``KVScaleSourceSpec``): where K/V scales come from.
+
+    Called:
+        once per plugin by ``load_registry()`` at startup. The engine picks a source later, from
+        ``--kv-cache-dtype``, ``--fp8-kv-calibration-tokens`` and the model's configuration.
+
+    Args:
+        register: ``register(spec: KVScaleSourceSpec) -> None``; call it once per source
+            (checkpoint scales, online calibration, unit scales, ...). A name already registered
+            by another distribution raises ``DuplicateComponent``.
+
+    Returns:
+        Nothing; the return value is ignored.
+
+    Flags:
+        plain hook (not firstresult, not historic): every plugin's implementation runs.
+
+    Example:
+        @hookimpl
+        def metrale_kv_scale_sources(register):
+            register(KVScaleSourceSpec(name="checkpoint", factory=CheckpointScales))
+    """
+
+
+@hookspec
+def metrale_logit_processors(register):
+    """Register logit processors (``LogitProcessorSpec``): masks, penalties and observers.
+
+    Called:
+        once per plugin by ``load_registry()`` at startup. The engine builds the enabled
+        processors once, when it is constructed, and runs them in ascending ``order`` on the
+        position kinds each declares; nothing calls pluggy per token.
+
+    Args:
+        register: ``register(spec: LogitProcessorSpec) -> None``; call it once per processor.
+            ``spec.read_only`` marks an observer that must not write the logits; ``spec.kinds``
+            says which ``PositionKind`` rows it sees (observers of committed tokens use
+            ``{FINAL_DECODE}``, never ``VERIFY``).
+
+    Returns:
+        Nothing; the return value is ignored.
+
+    Flags:
+        plain hook (not firstresult, not historic): every plugin's implementation runs.
+
+    Example:
+        @hookimpl
+        def metrale_logit_processors(register):
+            register(LogitProcessorSpec(name="b1-margin", factory=MarginObserver, order=900,
+                                        kinds={PositionKind.FINAL_DECODE}, read_only=True))
+    """
+
+
+@hookspec
+def metrale_samplers(register):
+    """Register sampling steps (``SamplerSpec``): turn processed logits into token ids.
+
+    Called:
+        once per plugin by ``load_registry()`` at startup. The engine selects one by name
+        (``--sampler``, ``EngineConfig.sampler``; the core's own is ``default``) and calls
+        ``spec.factory()`` once when it is built.
+
+    Args:
+        register: ``register(spec: SamplerSpec) -> None``; call it once per sampler. A name
+            already registered by another distribution raises ``DuplicateComponent``.
+
+    Returns:
+        Nothing; the return value is ignored.
+
+    Flags:
+        plain hook (not firstresult, not historic): every plugin's implementation runs.
+
+    Example:
+        @hookimpl
+        def metrale_samplers(register):
+            register(SamplerSpec(name="greedy-cupy", factory=lazy_factory("pkg.sampler:Greedy")))
+    """
+
+
+@hookspec
+def metrale_schedulers(register):
+    """Register scheduling policies (``SchedulerSpec``): which sequences run each step.
+
+    Called:
+        once per plugin by ``load_registry()`` at startup. The engine selects one by name
+        (``--scheduler``, ``EngineConfig.scheduler``; the core's own is ``fcfs``) and calls
+        ``spec.factory(config)`` once when it is built.
+
+    Args:
+        register: ``register(spec: SchedulerSpec) -> None``; call it once per policy. A name
+            already registered by another distribution raises ``DuplicateComponent``.
+
+    Returns:
+        Nothing; the return value is ignored.
+
+    Flags:
+        plain hook (not firstresult, not historic): every plugin's implementation runs.
+
+    Example:
+        @hookimpl
+        def metrale_schedulers(register):
+            register(SchedulerSpec(name="priority", factory=PriorityPolicy))
+    """
+
+
+@hookspec
+def metrale_speculative_proposers(register):
+    """Register speculative-decoding draft sources (``ProposerSpec``): n-gram, draft model, MTP.
+
+    Called:
+        once per plugin by ``load_registry()`` at startup. The engine builds the proposer named
+        by ``--speculative`` (if any) when it is constructed.
+
+    Args:
+        register: ``register(spec: ProposerSpec) -> None``; call it once per proposer. A name
+            already registered by another distribution raises ``DuplicateComponent``.
+
+    Returns:
+        Nothing; the return value is ignored.
+
+    Flags:
+        plain hook (not firstresult, not historic): every plugin's implementation runs.
+
+    Example:
+        @hookimpl
+        def metrale_speculative_proposers(register):
+            register(ProposerSpec(name="ngram", factory=NgramProposer))
+    """
+
+
+@hookspec
+def metrale_tool_call_parsers(register):
+    """Register streaming tool-call parsers (``ToolCallParserSpec``), one per wire format.
+
+    Called:
+        once per plugin by ``load_registry()`` at startup. The frontend picks a parser by
+        ``--tool-call-parser`` or, failing that, by the model type listed in
+        ``spec.model_types``, and builds one parser state per sequence.
+
+    Args:
+        register: ``register(spec: ToolCallParserSpec) -> None``; call it once per format
+            (hermes, qwen3_coder, glm47, ...). A name already registered by another distribution
+            raises ``DuplicateComponent``.
+
+    Returns:
+        Nothing; the return value is ignored.
+
+    Flags:
+        plain hook (not firstresult, not historic): every plugin's implementation runs.
+
+    Example:
+        @hookimpl
+        def metrale_tool_call_parsers(register):
+            register(ToolCallParserSpec(name="hermes", factory=HermesParser,
+                                        model_types=("qwen3",)))
+    """
+
+
+# --- command line ------------------------------------------------------------------------------
+
+
+@hookspec
+def metrale_engine_flags(parser):
+    """Add command-line flags for a plugin's engine options to the shared engine flag group.
+
+    Called:
+        by ``Registry.add_engine_flags(parser)`` when the CLI builds the parser of a command
+        that builds an engine (``met serve``, ``met run``), once per parser and before arguments
+        are parsed. Each plugin's implementation is called on its own, so a flag that clashes
+        with an existing one raises ``PluginError`` naming the plugin.
+
+    Args:
+        parser: the ``argparse`` argument group "engine options" (an ``_ArgumentGroup``; it has
+            ``add_argument`` like a parser). Prefix flags with the feature they belong to
+            (``--fp8-kv-calibration-tokens``) and always give a default, so the flag is optional.
+
+    Returns:
+        Nothing; the return value is ignored. Parsed values land on the ``argparse.Namespace``
+        under each flag's ``dest``.
+
+    Flags:
+        plain hook (not firstresult, not historic): every plugin's implementation runs.
+
+    Example:
+        @hookimpl
+        def metrale_engine_flags(parser):
+            parser.add_argument("--fp8-kv-calibration-tokens", type=int, default=0,
+                                help="calibrate FP8 K/V scales on this many prompt tokens")
+    """
+
+
+#: Sections of the generated reference: (title, introduction, hook names in order).
+GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (
+        "Registration hooks",
+        "Called once per plugin at startup with a `register` callback that takes one frozen "
+        "record from `metrale_core.components`. The core collects the records per family, "
+        "rejects a name registered twice (naming both distributions) and selects components "
+        "by configured name or by what a checkpoint declares.",
+        (
+            "metrale_model_loaders",
+            "metrale_kv_scale_sources",
+            "metrale_logit_processors",
+            "metrale_samplers",
+            "metrale_schedulers",
+            "metrale_speculative_proposers",
+            "metrale_tool_call_parsers",
+        ),
+    ),
+    (
+        "Command-line hooks",
+        "Called while the CLI builds its argument parser.",
+        ("metrale_engine_flags",),
+    ),
+)
+
+
+def render_reference() -> str:
+    """Return the Markdown hook reference (``docs/hooks.md``) rendered from the docstrings above."""
+    import importlib
+
+    from metrale_core.hookdoc import render_markdown
+
+    return render_markdown(importlib.import_module("metrale_core.hookspecs"), GROUPS)
+
+
+if __name__ == "__main__":
+    print(render_reference(), end="")

@@ -1,0 +1,128 @@
+"""The component registry: what each loaded plugin provides, and lookups over it.
+
+Owner: built and filled by ``metrale_core.plugins.load_registry()``; read by the engine, the CLI
+(``met plugins``) and the server. Core code selects components here, never through ``pm.hook``.
+
+Invariants:
+- One dict per family (``Registry.<family>``: name -> ``*Spec`` record from
+  ``metrale_core.components``); a name is unique within its family across all distributions.
+- ``origins[(family, name)]`` names the plugin that registered each component, and that plugin
+  is in ``plugins``.
+- Hook calls go to one plugin at a time (``call_for``), so a failure can be attributed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+from attrs import define, field, frozen
+
+from metrale_core import components as c
+from metrale_core.errors import ConfigError, PluginError, UnknownArchitecture
+
+__all__ = ["FAMILIES", "PluginInfo", "Registry", "call_for", "singular"]
+
+#: family (``Registry`` attribute) -> (registration hook, record type).
+FAMILIES: dict[str, tuple[str, type]] = {
+    "model_loaders": ("metrale_model_loaders", c.ModelLoaderSpec),
+    "kv_scale_sources": ("metrale_kv_scale_sources", c.KVScaleSourceSpec),
+    "logit_processors": ("metrale_logit_processors", c.LogitProcessorSpec),
+    "samplers": ("metrale_samplers", c.SamplerSpec),
+    "schedulers": ("metrale_schedulers", c.SchedulerSpec),
+    "proposers": ("metrale_speculative_proposers", c.ProposerSpec),
+    "tool_call_parsers": ("metrale_tool_call_parsers", c.ToolCallParserSpec),
+}
+
+
+@frozen
+class PluginInfo:
+    """One plugin as ``met plugins`` shows it."""
+
+    name: str
+    distribution: str
+    version: str
+    #: family -> names it registered (only families it registered something in).
+    components: dict[str, list[str]] = field(factory=dict)
+    #: Why the plugin contributes nothing ("ModuleNotFoundError: ..."), or None.
+    error: str | None = None
+    #: "loaded", "failed", "blocked" (METRALE_DISABLE_PLUGINS) or "skipped" (not in METRALE_PLUGINS).
+    status: str = "loaded"
+    #: Hooks the plugin implements.
+    hooks: tuple[str, ...] = ()
+
+
+@define
+class Registry:
+    """The components every loaded plugin registered, per family (name -> Spec)."""
+
+    pm: pluggy.PluginManager
+    plugins: list[PluginInfo] = field(factory=list)
+    model_loaders: dict[str, c.ModelLoaderSpec] = field(factory=dict)
+    kv_scale_sources: dict[str, c.KVScaleSourceSpec] = field(factory=dict)
+    logit_processors: dict[str, c.LogitProcessorSpec] = field(factory=dict)
+    samplers: dict[str, c.SamplerSpec] = field(factory=dict)
+    schedulers: dict[str, c.SchedulerSpec] = field(factory=dict)
+    proposers: dict[str, c.ProposerSpec] = field(factory=dict)
+    tool_call_parsers: dict[str, c.ToolCallParserSpec] = field(factory=dict)
+    #: (family, name) -> name of the plugin that registered it.
+    origins: dict[tuple[str, str], str] = field(factory=dict)
+
+    def provider(self, family: str, name: str) -> PluginInfo:
+        """The plugin that registered the ``family`` component ``name``."""
+        plugin = self.origins[family, name]
+        return next(info for info in self.plugins if info.name == plugin)
+
+    def get(self, family: str, name: str) -> Any:
+        """The ``family`` component called ``name``; :class:`ConfigError` listing the choices."""
+        table = getattr(self, family)
+        if name not in table:
+            choices = ", ".join(f"{n} ({self.provider(family, n).distribution})" for n in table)
+            raise ConfigError(
+                f"unknown {singular(family)} {name!r}; installed: {choices or 'none'}"
+            )
+        return table[name]
+
+    def find_model_loader(self, config: dict) -> c.ModelLoaderSpec:
+        """The loader serving ``config["model_type"]``, else any of ``config["architectures"]``."""
+        model_type = config.get("model_type")
+        architectures = list(config.get("architectures") or [])
+        for spec in self.model_loaders.values():
+            if model_type is not None and model_type in spec.model_types:
+                return spec
+        for arch in architectures:
+            for spec in self.model_loaders.values():
+                if arch in spec.architectures:
+                    return spec
+        installed = "; ".join(
+            f"{spec.name} from {self.provider('model_loaders', spec.name).distribution} "
+            f"(model_types: {', '.join(spec.model_types) or '-'}; "
+            f"architectures: {', '.join(spec.architectures) or '-'})"
+            for spec in self.model_loaders.values()
+        )
+        raise UnknownArchitecture(
+            f"no installed model loader serves model_type {model_type!r} "
+            f"(architectures: {architectures or 'none'}); installed loaders: {installed or 'none'}. "
+            "Install a plugin that provides it, or check METRALE_PLUGINS / METRALE_DISABLE_PLUGINS."
+        )
+
+    def add_engine_flags(self, parser: Any) -> None:
+        """Let every plugin add its flags to ``parser`` (the CLI's engine option group), in load order."""
+        for name in [info.name for info in self.plugins if info.status == "loaded"]:
+            plugin = self.pm.get_plugin(name)
+            try:
+                call_for(self.pm, "metrale_engine_flags", plugin, parser=parser)
+            except Exception as exc:
+                raise PluginError(f"plugin {name!r} failed to add its engine flags: {exc}") from exc
+
+
+def call_for(pm: pluggy.PluginManager, hook: str, plugin: object, **kwargs: Any) -> None:
+    """Call ``hook`` on ``plugin``'s implementation only (nothing if it has none)."""
+    if not any(impl.plugin is plugin for impl in getattr(pm.hook, hook).get_hookimpls()):
+        return
+    others = [p for p in pm.get_plugins() if p is not plugin]
+    pm.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
+
+
+def singular(family: str) -> str:
+    return family[:-1].replace("_", " ")

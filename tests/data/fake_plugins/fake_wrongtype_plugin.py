@@ -1,0 +1,9 @@
+"""Fake plugin (tests): hands a SchedulerSpec to the sampler hook's register()."""
+
+from metrale_core import hookimpl
+from metrale_core.components import SchedulerSpec
+
+
+@hookimpl
+def metrale_samplers(register):
+    register(SchedulerSpec(name="not-a-sampler", factory=object))

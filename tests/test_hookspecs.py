@@ -1,0 +1,114 @@
+"""The hookspecs are a documented contract: every spec is documented, and docs/hooks.md matches."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from metrale_core import hookspecs
+from metrale_core.hookdoc import doc_problems, hookspecs_of, parse_hookspec, render_markdown
+from metrale_core.hookspecs import hookspec
+from metrale_core.registry import FAMILIES
+
+HOOKS_MD = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"
+SPECS = hookspecs_of(hookspecs)
+
+#: The hooks the design promises (DESIGN.md "Hookspecs", /tmp/apis.md): name -> arguments.
+PROMISED = {
+    "metrale_model_loaders": ("register",),
+    "metrale_kv_scale_sources": ("register",),
+    "metrale_logit_processors": ("register",),
+    "metrale_samplers": ("register",),
+    "metrale_schedulers": ("register",),
+    "metrale_speculative_proposers": ("register",),
+    "metrale_tool_call_parsers": ("register",),
+    "metrale_engine_flags": ("parser",),
+}
+
+
+def test_every_promised_hook_has_a_spec_with_its_arguments():
+    found = {fn.__name__: tuple(inspect.signature(fn).parameters) for fn in SPECS}
+    for name, args in PROMISED.items():
+        assert found.get(name) == args, f"hookspec {name}{args} is missing or has other arguments"
+
+
+def test_every_registration_family_has_a_spec():
+    for family, (hook, _spec_type) in FAMILIES.items():
+        assert hasattr(hookspecs, hook), f"family {family} is collected through {hook}, which has no spec"
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda fn: fn.__name__)
+def test_hookspec_is_documented(spec):
+    doc = inspect.getdoc(spec)
+    assert doc, f"{spec.__name__} has no docstring"
+    assert "Called:" in doc and "Returns:" in doc and "Flags:" in doc
+    for arg in inspect.signature(spec).parameters:
+        assert arg in doc, f"{spec.__name__}'s docstring does not mention its argument {arg!r}"
+    assert doc_problems(spec) == []
+
+
+def test_doc_checker_catches_incomplete_docstrings():
+    @hookspec(firstresult=True)
+    def metrale_bad(engine, request):
+        """Do something.
+
+        Called:
+            sometimes.
+
+        Args:
+            engine: the engine.
+
+        Flags:
+            none worth mentioning.
+        """
+
+    problems = doc_problems(metrale_bad)
+    assert "metrale_bad: argument 'request' is not documented under 'Args:'" in problems
+    assert "metrale_bad: no (or empty) 'Returns:' section" in problems
+    assert "metrale_bad: no (or empty) 'Example:' section" in problems
+    assert "metrale_bad: 'Flags:' does not say 'firstresult', but the spec sets it" in problems
+    assert parse_hookspec(metrale_bad).args == {"engine": "the engine."}
+
+
+def test_render_refuses_a_spec_outside_every_group():
+    module = types.ModuleType("fake_specs")
+    module.metrale_samplers = hookspecs.metrale_samplers
+    module.metrale_schedulers = hookspecs.metrale_schedulers
+    groups = (("Registration", "intro", ("metrale_samplers",)),)
+    with pytest.raises(ValueError, match="metrale_schedulers: in no group"):
+        render_markdown(module, groups)
+
+
+def test_reference_renders_every_hook_with_its_signature():
+    text = hookspecs.render_reference()
+    for fn in SPECS:
+        doc = parse_hookspec(fn)
+        assert f"### `{doc.name}({', '.join(doc.argnames)})`" in text
+        assert doc.summary in text
+
+
+def test_docs_hooks_md_is_generated_from_the_docstrings():
+    expected = hookspecs.render_reference()
+    actual = HOOKS_MD.read_text(encoding="utf-8") if HOOKS_MD.exists() else ""
+    assert actual == expected, (
+        "docs/hooks.md is out of date with metrale_core/hookspecs.py; regenerate it with "
+        "`python -m metrale_core.hookspecs > docs/hooks.md`"
+    )
+
+
+def test_module_entry_point_prints_the_reference():
+    out = subprocess.run(
+        [sys.executable, "-m", "metrale_core.hookspecs"], capture_output=True, text=True, check=True
+    ).stdout
+    assert out == hookspecs.render_reference()
+
+
+def test_importing_hookspecs_stays_light():
+    code = "import sys, metrale_core.hookspecs; print(sorted({'torch', 'cupy', 'litestar'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
