@@ -1,0 +1,137 @@
+"""GGUF -> Hugging Face translation: tensor names, config keys and llama's Q/K row permutation.
+
+Owner: ``metrale_core.weights`` (used by ``gguf_store``).
+
+Invariants:
+- ``hf_name`` maps the llama.cpp names of the llama / qwen2 / qwen3 decoder (``token_embd``,
+  ``blk.N.attn_q``, ...) to HF names and returns None for any other name; the store keeps such
+  names (e.g. ``rope_freqs.weight``) unchanged.
+- Only archs in ``PERMUTED_ARCHS`` had Q/K rows permuted by llama.cpp's ``convert_hf_to_gguf``
+  (``LlamaModel.permute``, applied to q/k weights and biases).  Qwen2/Qwen3 are written unpermuted.
+- ``unpermute_rows`` is the exact inverse of that permutation and works on any row payload
+  (float rows or quantized byte rows, since blocks never straddle rows).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from metrale_core.errors import CorruptWeightsFile
+
+__all__ = ["ARCHITECTURES", "PERMUTED_ARCHS", "hf_name", "permute_heads", "synthesize_config", "unpermute_rows"]
+
+#: GGUF ``general.architecture`` -> HF ``architectures`` entry.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+PERMUTED_ARCHS = frozenset({"llama"})
+
+_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None if not a known name."""
+    base, _, kind = gguf_name.rpartition(".")
+    if kind not in ("weight", "bias"):
+        return None
+    if base in _TOP:
+        return f"{_TOP[base]}.{kind}"
+    parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK:
+        return f"model.layers.{int(parts[1])}.{_BLOCK[parts[2]]}.{kind}"
+    return None
+
+
+def permute_heads(arch: str, gguf_name: str, config: Mapping[str, Any]) -> int | None:
+    """The head count to un-permute ``gguf_name`` with, or None when its rows are in HF order."""
+    if arch not in PERMUTED_ARCHS:
+        return None
+    base = gguf_name.rpartition(".")[0]
+    if base.startswith("blk.") and base.endswith(".attn_q"):
+        return int(config["num_attention_heads"])
+    if base.startswith("blk.") and base.endswith(".attn_k"):
+        return int(config["num_key_value_heads"])
+    return None
+
+
+def unpermute_rows(a: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo ``LlamaModel.permute`` on dim 0 of ``a``; returns a new C-contiguous array."""
+    out = a.shape[0]
+    if out % (2 * n_head):
+        raise ValueError(f"{out} rows cannot be split into {n_head} heads of paired rows")
+    rest = a.shape[1:]
+    return np.ascontiguousarray(a.reshape(n_head, out // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(a.shape))
+
+
+def synthesize_config(
+    where: str,
+    scalars: Mapping[str, Any],
+    n_tokens: int | None,
+    shapes: Mapping[str, tuple[int, ...]],
+) -> dict[str, Any]:
+    """An HF-style config dict from GGUF metadata.
+
+    ``scalars`` holds the non-array metadata; ``n_tokens`` the length of ``tokenizer.ggml.tokens``;
+    ``shapes`` the numpy (HF) shape of every tensor by GGUF name.  ``where`` names the file in errors.
+    """
+    arch = scalars.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise CorruptWeightsFile(f"{where}: GGUF metadata lacks general.architecture")
+
+    def key(name: str, default: Any = ...) -> Any:
+        value = scalars.get(f"{arch}.{name}", default)
+        if value is ...:
+            raise CorruptWeightsFile(f"{where}: GGUF metadata lacks {arch}.{name}, needed for the model config")
+        return value
+
+    hidden = int(key("embedding_length"))
+    heads = int(key("attention.head_count"))
+    intermediate = scalars.get(f"{arch}.feed_forward_length")
+    if intermediate is None and "blk.0.ffn_gate.weight" in shapes:
+        intermediate = shapes["blk.0.ffn_gate.weight"][0]
+    vocab = n_tokens or scalars.get(f"{arch}.vocab_size")
+    if not vocab and "token_embd.weight" in shapes:
+        vocab = shapes["token_embd.weight"][0]
+    config: dict[str, Any] = {
+        "model_type": arch,
+        "architectures": [ARCHITECTURES[arch]] if arch in ARCHITECTURES else [],
+        "vocab_size": int(vocab) if vocab else None,
+        "hidden_size": hidden,
+        "intermediate_size": int(intermediate) if intermediate is not None else None,
+        "num_hidden_layers": int(key("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "head_dim": int(key("attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(key("context_length")),
+        "tie_word_embeddings": "output.weight" not in shapes,
+        "attention_bias": "blk.0.attn_q.bias" in shapes,
+        "hidden_act": "silu",
+        "bos_token_id": scalars.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": scalars.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": scalars.get("tokenizer.ggml.padding_token_id"),
+    }
+    scaling = scalars.get(f"{arch}.rope.scaling.type")
+    if isinstance(scaling, str) and scaling not in ("none", ""):
+        config["rope_scaling"] = {
+            "rope_type": scaling,
+            "factor": float(key("rope.scaling.factor", 1.0)),
+            "original_max_position_embeddings": int(
+                key("rope.scaling.original_context_length", config["max_position_embeddings"])
+            ),
+        }
+    return config
