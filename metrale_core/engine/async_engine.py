@@ -1,0 +1,169 @@
+"""``AsyncEngine``: an ``LLMEngine`` on its own thread, streaming to asyncio consumers.
+
+Owner: the HTTP server builds one at startup, calls :meth:`AsyncEngine.start` once and
+:meth:`AsyncEngine.shutdown` at exit; each request handler iterates :meth:`AsyncEngine.generate`.
+
+Invariants:
+- Only the engine thread touches the ``LLMEngine``; other threads talk to it through a
+  thread-safe inbox (add / abort) and receive deltas on per-request ``asyncio.Queue``\\ s filled
+  with ``loop.call_soon_threadsafe``.
+- A consumer that stops (``aclose()``, a cancelled task, a broken connection) aborts its request,
+  which frees its blocks.
+- An exception inside a step fails the requests of that step with ``"error"``; the loop goes on.
+- ``shutdown()`` aborts what is left, delivers the final deltas and joins the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import uuid
+from typing import AsyncIterator, Sequence as Seq
+
+from loguru import logger
+
+from metrale_core.engine.engine import LLMEngine
+from metrale_core.engine.output import RequestOutput
+from metrale_core.errors import InvalidRequest, MetraleError
+from metrale_core.sampling.params import SamplingParams
+
+__all__ = ["AsyncEngine", "EngineStopped"]
+
+
+class EngineStopped(MetraleError):
+    """The engine thread is not running (never started, or shut down)."""
+
+
+class AsyncEngine:
+    """Runs ``engine.step()`` in a daemon thread while requests are pending."""
+
+    def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.01) -> None:
+        self.engine = engine
+        self.idle_wait_s = idle_wait_s
+        self._inbox: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the engine thread (once)."""
+        if self._thread is not None:
+            raise EngineStopped("AsyncEngine.start() was already called")
+        self._thread = threading.Thread(target=self._run, name="metrale-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float | None = 30.0) -> None:
+        """Stop the loop: abort pending requests, deliver their final deltas, join the thread."""
+        self._stop.set()
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("engine thread did not stop within {}s", timeout)
+
+    def abort(self, request_id: str) -> None:
+        """Ask the engine thread to abort ``request_id`` (no-op when it is unknown or done)."""
+        self._inbox.put(("abort", request_id))
+
+    async def generate(self, prompt_ids: Seq[int], params: SamplingParams,
+                       request_id: str | None = None,
+                       timeout_s: float | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream the deltas of one request; the last one has ``finished`` True.
+
+        Raises ``InvalidRequest`` / ``PromptTooLong`` before streaming for a bad request.
+        """
+        if not self.is_running or self._stop.is_set():
+            raise EngineStopped("the engine is not running; call AsyncEngine.start() first")
+        request_id = request_id if request_id is not None else uuid.uuid4().hex
+        prompt = self.engine.validate_request(request_id, prompt_ids, params)
+        stream: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            if request_id in self._streams:
+                raise InvalidRequest(f"request id {request_id!r} is already in use")
+            self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        self._inbox.put(("add", request_id, prompt, params, timeout_s))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            with self._lock:
+                self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    # --- engine thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stop.is_set():
+            self._drain(block=not engine.has_unfinished())
+            if self._stop.is_set() or not engine.has_unfinished():
+                continue
+            try:
+                outputs = engine.step()
+            except Exception as exc:  # noqa: BLE001 - the loop must survive a failed step
+                logger.exception("engine step failed; failing its requests")
+                outputs = engine.fail_in_flight(f"{type(exc).__name__}: {exc}")
+            self._deliver(outputs)
+            if not outputs and engine.scheduler.last_plan.is_empty:
+                self._drain(block=True, timeout=self.idle_wait_s)
+        self._close()
+
+    def _drain(self, block: bool, timeout: float | None = None) -> None:
+        try:
+            item = self._inbox.get(block=block, timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            self._handle(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, item) -> None:
+        if item is None:
+            return
+        if item[0] == "abort":
+            self.engine.abort(item[1])
+            return
+        _, request_id, prompt, params, timeout_s = item
+        try:
+            self.engine.add_request(request_id, prompt, params, timeout_s=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - delivered to the consumer, who raises it
+            self._put(request_id, exc)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            if not self._put(out.request_id, out) and not out.finished:
+                self.engine.abort(out.request_id)  # nobody is listening any more
+
+    def _put(self, request_id: str, item) -> bool:
+        with self._lock:
+            target = self._streams.get(request_id)
+        if target is None:
+            return False
+        loop, stream = target
+        try:
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+        except RuntimeError:  # the consumer's loop is closed
+            return False
+        return True
+
+    def _close(self) -> None:
+        engine = self.engine
+        self._drain(block=False)
+        for request_id in list(engine.scheduler.seqs):
+            engine.abort(request_id)
+        if engine.has_unfinished():
+            self._deliver(engine.step())

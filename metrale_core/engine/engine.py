@@ -1,0 +1,183 @@
+"""``LLMEngine``: the synchronous engine: add requests, step, read deltas.
+
+Owner: the CLI (``met generate``) drives it directly; ``AsyncEngine`` drives it from its own
+thread for the HTTP server.  It wires the parts once at construction: the scheduling policy, the
+sampler and the logit processors are resolved from the plugin registry here, never per token.
+
+Invariants:
+- ``step()`` is schedule -> execute -> update, nothing else; a step is never re-run.
+- ``add_request`` refuses what can never run (empty prompt, a prompt that leaves no room for one
+  output token, token ids outside the vocabulary, a reused request id) with a ``RequestError``.
+- ``abort`` frees the request's blocks at once; its final delta (``"abort"``) comes with the
+  next ``step()``.
+- Not thread-safe: one thread calls every method (``AsyncEngine`` keeps that rule).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from typing import Any, Sequence as Seq
+
+from attrs import frozen
+from loguru import logger
+
+from metrale_core.engine.config import EngineConfig
+from metrale_core.engine.output import OutputProcessor, RequestOutput
+from metrale_core.engine.request import Request, Sequence
+from metrale_core.engine.runner import ModelRunner
+from metrale_core.engine.scheduler import FcfsPolicy, Scheduler
+from metrale_core.errors import ConfigError, InvalidRequest, PromptTooLong
+from metrale_core.model_api import CausalLM
+from metrale_core.sampling.params import SamplingParams
+
+__all__ = ["EngineStats", "LLMEngine", "build_pipeline"]
+
+
+@frozen
+class EngineStats:
+    """A snapshot of the engine's queues and pools (for dashboards and tests)."""
+
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_blocks: int
+    num_cached_blocks: int
+    num_free_state_slots: int
+
+
+def _component(family: dict, name: str, what: str) -> Any:
+    spec = family.get(name)
+    if spec is None:
+        known = ", ".join(sorted(family)) or "none"
+        raise ConfigError(f"no {what} named {name!r} is installed (installed: {known})")
+    return spec
+
+
+def build_pipeline(config: EngineConfig, registry: Any = None) -> Any:
+    """The ``LogitPipeline`` of the configured sampler and the enabled logit processors."""
+    from metrale_core.sampling import DefaultSampler, LogitPipeline
+
+    if registry is None:
+        return LogitPipeline(processors=[], sampler=DefaultSampler())
+    sampler = _component(registry.samplers, config.sampler, "sampler").factory()
+    specs = sorted((s for s in registry.logit_processors.values() if s.default_enabled),
+                   key=lambda s: (s.order, s.name))
+    return LogitPipeline(processors=[(spec, spec.factory(config)) for spec in specs], sampler=sampler)
+
+
+def _build_policy(config: EngineConfig, registry: Any) -> Any:
+    if registry is None:
+        if config.scheduler != "fcfs":
+            raise ConfigError(f"scheduler {config.scheduler!r} needs the plugin registry; "
+                              f"only 'fcfs' is available without one")
+        return FcfsPolicy(config)
+    return _component(registry.schedulers, config.scheduler, "scheduler").factory(config)
+
+
+class LLMEngine:
+    """One model, one scheduler, one KV cache."""
+
+    def __init__(self, model: CausalLM, config: EngineConfig | None = None,
+                 tokenizer: Any = None, registry: Any = None) -> None:
+        self.model = model
+        self.config = config = config if config is not None else EngineConfig()
+        self.tokenizer = tokenizer
+        info = model.info
+        self.max_model_len = config.resolve_max_model_len(info)
+        if info.has_recurrent_state and config.enable_prefix_caching:
+            logger.warning("prefix caching is off: {} keeps recurrent state outside the KV cache",
+                           info.architecture)
+        num_blocks = config.num_blocks_for(info.kv, self.max_model_len)
+        self.scheduler = Scheduler(config, info, _build_policy(config, registry), num_blocks,
+                                   self.max_model_len)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.max_num_seqs)
+        self.output_processor = OutputProcessor(build_pipeline(config, registry), self.scheduler,
+                                                tokenizer, info.eos_token_ids, self.max_model_len)
+        self._order = itertools.count()
+        logger.info("engine: {} KV blocks x {} tokens, max_model_len {}, prefix caching {}",
+                    num_blocks, config.block_size, self.max_model_len,
+                    "on" if self.scheduler.block_manager.enable_prefix_caching else "off")
+
+    # --- requests ----------------------------------------------------------------------------
+    def validate_request(self, request_id: str, prompt_ids: Seq[int],
+                         params: SamplingParams) -> list[int]:
+        """Raise ``InvalidRequest`` / ``PromptTooLong`` for a request that can never run.
+
+        Returns the prompt as a list of ints.  Reads only the configuration, so any thread may
+        call it.
+        """
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequest(f"request_id must be a non-empty string, got {request_id!r}")
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequest(f"params must be SamplingParams, got {type(params).__name__}")
+        if len(prompt_ids) == 0:
+            raise InvalidRequest(f"request {request_id!r}: the prompt is empty")
+        if len(prompt_ids) + 1 > self.max_model_len:
+            raise PromptTooLong(
+                f"request {request_id!r}: the prompt has {len(prompt_ids)} tokens; with one output "
+                f"token that exceeds max_model_len={self.max_model_len}; shorten the prompt")
+        vocab = self.model.info.vocab_size
+        ids = []
+        for t in prompt_ids:
+            try:
+                ids.append(operator.index(t) if not isinstance(t, bool) else None)
+            except TypeError:
+                ids.append(None)
+            if ids[-1] is None or not 0 <= ids[-1] < vocab:
+                raise InvalidRequest(f"request {request_id!r}: token id {t!r} is outside the "
+                                     f"vocabulary [0, {vocab})")
+        return ids
+
+    def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, *,
+                    timeout_s: float | None = None) -> None:
+        """Queue a request; its deltas come from later ``step()`` calls."""
+        prompt_ids = self.validate_request(request_id, prompt_ids, params)
+        if timeout_s is not None and not timeout_s > 0:
+            raise InvalidRequest(f"request {request_id!r}: timeout_s must be > 0, got {timeout_s!r}")
+        if request_id in self.scheduler.seqs:
+            raise InvalidRequest(f"request id {request_id!r} is already in use")
+        now = self.config.clock()
+        limit = timeout_s if timeout_s is not None else self.config.request_timeout_s
+        request = Request(request_id, prompt_ids, params, arrival_time=now,
+                          deadline=None if limit is None else now + limit)
+        self.scheduler.add(Sequence(request, next(self._order)))
+
+    def abort(self, request_id: str) -> bool:
+        """Finish ``request_id`` with ``"abort"``, freeing its blocks now; False if unknown."""
+        return self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        """True while a request is queued, running, or has a final delta not yet returned."""
+        return self.scheduler.has_unfinished()
+
+    # --- the loop ----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one step; returns the deltas it produced."""
+        plan = self.scheduler.schedule()
+        logits = self.runner.execute(plan)
+        return self.output_processor.update(plan, logits)
+
+    def fail_in_flight(self, error: str) -> list[RequestOutput]:
+        """After a step raised: finish the sequences of the failed step with ``"error"``.
+
+        When no plan was in flight (the failure was in planning) every running sequence is
+        failed.  Returns their final deltas.
+        """
+        plan = self.scheduler.in_flight
+        self.scheduler.in_flight = None
+        seqs = [c.seq for c in plan.chunks] if plan is not None else list(self.scheduler.running)
+        outputs = []
+        for seq in seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "error", error=error)
+                outputs.append(self.output_processor.final_output(seq))
+        return outputs
+
+    def stats(self) -> EngineStats:
+        bm = self.scheduler.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=bm.num_free_blocks, num_blocks=bm.num_blocks,
+            num_cached_blocks=bm.num_cached_blocks(),
+            num_free_state_slots=self.scheduler.state_slots.num_free)

@@ -1,0 +1,181 @@
+"""``OutputProcessor``: from a step's logits to client deltas.
+
+Owner: ``LLMEngine.step`` calls :meth:`OutputProcessor.update` once per step with the plan and
+the runner's logits.  In order: report sequences the scheduler finished (abort, timeout, error);
+advance the scheduler's computed-token counts; sample every logits row through the
+``LogitPipeline`` (kind ``PREFILL_LAST`` or ``FINAL_DECODE``); append the tokens; detokenize
+incrementally; apply the stop rules; emit one :class:`RequestOutput` per sampled sequence.
+
+Stop rules, checked in this order after a token is appended:
+1. an EOS id (the model's plus the tokenizer's) unless ``ignore_eos`` -> ``"stop"``;
+2. one of ``stop_token_ids`` -> ``"stop"`` (neither 1 nor 2 adds the token's text);
+3. a stop string in the output text -> ``"stop"``; the text is cut where the stop string starts;
+4. ``max_tokens`` generated -> ``"length"``;
+5. the context (``max_model_len``) is full -> ``"length"``.
+
+Invariants:
+- Text that could be the start of a stop string is held back until it cannot be; a finished
+  sequence flushes whatever is held.
+- Without a tokenizer ``text_delta`` is always ``""`` and stop strings are not checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from attrs import frozen
+
+from metrale_core.engine.request import Sequence
+from metrale_core.engine.scheduler import Scheduler, SchedulerOutput
+
+__all__ = ["OutputProcessor", "RequestOutput"]
+
+
+@frozen
+class RequestOutput:
+    """One delta of one request's stream."""
+
+    request_id: str
+    #: Token ids generated this step (including a final EOS / stop token).
+    new_token_ids: tuple[int, ...] = ()
+    #: Text added this step (held-back and stop text excluded).
+    text_delta: str = ""
+    finished: bool = False
+    #: "stop" | "length" | "abort" | "timeout" | "error" once finished, else None.
+    finish_reason: str | None = None
+    #: What went wrong when ``finish_reason`` is "error".
+    error: str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    #: When the request asked for logprobs: per new token ``(token_id, logprob, top)`` with
+    #: ``top`` a tuple of ``(token_id, logprob)`` pairs, most likely first; else None.
+    logprobs: tuple | None = None
+
+
+def _held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:k]):
+                best = k
+                break
+    return best
+
+
+class OutputProcessor:
+    """Samples, appends tokens, detokenizes and applies stop rules."""
+
+    def __init__(self, pipeline: Any, scheduler: Scheduler, tokenizer: Any = None,
+                 eos_token_ids: tuple[int, ...] = (), max_model_len: int = 1 << 62) -> None:
+        self.pipeline = pipeline
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        tok_eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ()) if tokenizer else ()
+        self.eos_token_ids = frozenset(eos_token_ids) | frozenset(tok_eos)
+        self.max_model_len = max_model_len
+
+    def update(self, plan: SchedulerOutput, logits: torch.Tensor | None) -> list[RequestOutput]:
+        """Process one step; returns the deltas in plan order (scheduler-finished ones first)."""
+        outputs = [self.final_output(seq) for seq in plan.finished]
+        self.scheduler.advance(plan)
+        sampled = [chunk for chunk in plan.chunks if chunk.sample and not chunk.seq.is_finished]
+        if sampled:
+            rows = [chunk.seq for chunk in sampled]
+            result = self.pipeline.sample(logits, rows, [chunk.kind for chunk in sampled])
+            for j, seq in enumerate(rows):
+                logprob = None
+                if seq.params.logprobs is not None and result.logprobs is not None:
+                    top = tuple(result.top_logprobs[j]) if result.top_logprobs is not None else ()
+                    logprob = ((result.token_ids[j], result.logprobs[j], top),)
+                outputs.append(self._append(seq, int(result.token_ids[j]), logprob))
+        self.scheduler.in_flight = None
+        return outputs
+
+    def final_output(self, seq: Sequence) -> RequestOutput:
+        """The last delta of a sequence finished outside sampling (abort, timeout, error)."""
+        self._flush(seq)
+        return self._output(seq, (), None)
+
+    # --- internals ---------------------------------------------------------------------------
+    def _append(self, seq: Sequence, token: int, logprob: tuple | None) -> RequestOutput:
+        seq.output_ids.append(token)
+        params = seq.params
+        reason, cut = None, False
+        if token in self.eos_token_ids and not params.ignore_eos:
+            reason = "stop"
+        elif token in params.stop_token_ids:
+            reason = "stop"
+        else:
+            cut = self._push_text(seq, token)
+            reason = "stop" if cut else None
+        if reason is None and len(seq.output_ids) >= params.max_tokens:
+            reason = "length"
+        if reason is None and seq.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            if not cut:  # a stop string already cut the text; nothing may follow it
+                self._flush(seq)
+            self.scheduler.finish(seq, reason)
+        return self._output(seq, (token,), logprob)
+
+    def _push_text(self, seq: Sequence, token: int) -> bool:
+        """Detokenize ``token`` into ``seq.text``; True when a stop string appeared (text cut)."""
+        if self.tokenizer is None:
+            return False
+        if seq.detokenizer is None:
+            from metrale_core.detokenizer import IncrementalDetokenizer
+
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids,
+                                                     skip_special_tokens=True)
+        previous = len(seq.text)
+        seq.text += seq.detokenizer.push([token])
+        stops = [s for s in seq.params.stop if s]
+        if not stops:
+            return False
+        begin = max(0, previous - max(len(s) for s in stops) + 1)
+        hits = [i for i in (seq.text.find(s, begin) for s in stops) if i >= 0]
+        if hits:
+            seq.text = seq.text[:min(hits)]
+            return True
+        return False
+
+    def _flush(self, seq: Sequence) -> None:
+        if seq.detokenizer is not None:
+            seq.text += seq.detokenizer.flush()
+
+    def _push_text(self, seq: Sequence, token: int) -> str | None:
+        """Detokenize ``token`` into ``seq.text``; returns "stop" when a stop string appears."""
+        if self.tokenizer is None:
+            return None
+        if seq.detokenizer is None:
+            from metrale_core.detokenizer import IncrementalDetokenizer
+
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids,
+                                                     skip_special_tokens=True)
+        previous = len(seq.text)
+        seq.text += seq.detokenizer.push([token])
+        stops = seq.params.stop
+        if not stops:
+            return None
+        begin = max(0, previous - max(len(s) for s in stops) + 1)
+        hits = [i for i in (seq.text.find(s, begin) for s in stops if s) if i >= 0]
+        if hits:
+            seq.text = seq.text[:min(hits)]
+            return "stop"
+        return None
+
+    def _output(self, seq: Sequence, tokens: tuple[int, ...], logprob: tuple | None) -> RequestOutput:
+        finished = seq.is_finished
+        end = len(seq.text)
+        if not finished and seq.params.stop:
+            end -= _held_back(seq.text, seq.params.stop)
+        end = max(end, seq.num_text_emitted)
+        delta = seq.text[seq.num_text_emitted:end]
+        seq.num_text_emitted = end
+        return RequestOutput(
+            request_id=seq.request_id, new_token_ids=tokens, text_delta=delta, finished=finished,
+            finish_reason=seq.finish_reason if finished else None,
+            error=seq.error if finished else None, num_prompt_tokens=len(seq.prompt_ids),
+            num_output_tokens=len(seq.output_ids), logprobs=logprob)

@@ -1,0 +1,98 @@
+"""``ModelRunner``: the device side of a step.
+
+Owner: ``LLMEngine`` builds one per engine; :meth:`ModelRunner.execute` turns a
+``SchedulerOutput`` into a ``ForwardBatch`` and calls the model's forward.  The runner makes no
+scheduling decisions; it owns the paged KV cache and the recurrent-state pool.
+
+Invariants:
+- Rows are laid out exactly in the plan's chunk order (decode rows first, then prefill chunks).
+- Logits are requested only for rows that will be sampled: the last row of a chunk that reaches
+  the end of its sequence (the prompt's last token, or a decode row).  Replayed positions of a
+  preempted sequence never produce logits.
+- ``state_fresh[i]`` is True exactly when chunk ``i`` starts at position 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from loguru import logger
+
+from metrale_core.engine.scheduler import SchedulerOutput
+from metrale_core.model_api import CausalLM, ForwardBatch, PagedKVCache
+
+__all__ = ["ModelRunner", "model_device"]
+
+
+def model_device(model: CausalLM) -> torch.device:
+    """The device a model runs on: its ``device`` attribute, its first parameter's, else CPU."""
+    device = getattr(model, "device", None)
+    if device is not None:
+        return torch.device(device)
+    parameters = getattr(model, "parameters", None)
+    if callable(parameters):
+        for p in parameters():
+            return p.device
+    return torch.device("cpu")
+
+
+class ModelRunner:
+    """Owns the KV cache and state pool of one model and runs its forward."""
+
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, num_state_slots: int) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.device = model_device(model)
+        info = model.info
+        self.kv: PagedKVCache | None = None
+        if info.kv is not None and info.kv.num_layers > 0:
+            self.kv = PagedKVCache.allocate(info.kv, num_blocks, block_size, device=self.device)
+        self.state = model.make_state_pool(num_state_slots) if info.has_recurrent_state else None
+        logger.debug("model runner: {} KV blocks of {} tokens on {}, {} state slots",
+                     num_blocks, block_size, self.device,
+                     num_state_slots if self.state is not None else 0)
+
+    def build_batch(self, plan: SchedulerOutput) -> ForwardBatch:
+        """The ``ForwardBatch`` of ``plan`` (see ``metrale_core.model_api``)."""
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start = [0]
+        context_lens: list[int] = []
+        logits_rows: list[int] = []
+        for chunk in plan.chunks:
+            n = chunk.num_tokens
+            input_ids.extend(chunk.token_ids)
+            for pos in range(chunk.start, chunk.start + n):
+                slots.append(chunk.block_ids[pos // bs] * bs + pos % bs)
+            positions.extend(range(chunk.start, chunk.start + n))
+            query_start.append(query_start[-1] + n)
+            context_lens.append(chunk.start + n)
+            if chunk.sample:
+                logits_rows.append(query_start[-1] - 1)
+        width = max(len(c.block_ids) for c in plan.chunks)
+        tables = [list(c.block_ids) + [0] * (width - len(c.block_ids)) for c in plan.chunks]
+
+        def t(values, dtype=torch.int64):
+            return torch.tensor(values, dtype=dtype, device=self.device)
+
+        return ForwardBatch(
+            input_ids=t(input_ids), positions=t(positions), query_start=t(query_start),
+            context_lens=t(context_lens), block_tables=t(tables).reshape(len(tables), width),
+            slot_mapping=t(slots), logits_rows=t(logits_rows),
+            state_slots=t([c.state_slot for c in plan.chunks]),
+            state_fresh=t([c.start == 0 for c in plan.chunks], torch.bool),
+            query_lens_host=tuple(c.num_tokens for c in plan.chunks),
+            context_lens_host=tuple(context_lens), block_size=bs)
+
+    def execute(self, plan: SchedulerOutput) -> torch.Tensor | None:
+        """Run the model over ``plan``; returns ``[N, vocab]`` float32 logits of the sampled rows
+        (None for an empty plan)."""
+        if plan.is_empty:
+            return None
+        batch = self.build_batch(plan)
+        logits = self.model.forward(batch, self.kv, self.state)
+        expected = int(batch.logits_rows.shape[0])
+        if logits.shape[0] != expected:
+            raise RuntimeError(f"model returned {logits.shape[0]} logits rows, expected {expected}")
+        return logits.float()

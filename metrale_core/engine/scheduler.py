@@ -1,0 +1,304 @@
+"""The scheduler: which sequences run each step, with which blocks and slots.
+
+Owner: ``LLMEngine`` calls :meth:`Scheduler.schedule` once per step and hands the plan to the
+model runner; the output processor then calls :meth:`Scheduler.advance` and
+:meth:`Scheduler.finish`.  The *policy* (a ``SchedulerSpec`` plugin, built-in ``"fcfs"`` =
+:class:`FcfsPolicy`) only chooses which waiting sequence to admit next and which running
+sequence to preempt; the bookkeeping below is the same for every policy.
+
+One step, in order:
+1. Expire requests past their deadline (``"timeout"``).
+2. Running sequences, in admission order: a decoding one feeds its last sampled token; a partly
+   prefilled one continues its prompt within the ``max_prefill_tokens`` budget (chunked
+   prefill).  A sequence that cannot get a block preempts the policy's victim (FCFS: the most
+   recently admitted not yet scheduled this step, possibly itself) by recompute: its blocks and
+   slot are freed and it goes back to the FRONT of the waiting queue with prompt + generated
+   tokens as its new prefill content.  A sequence alone in the pool that still cannot grow
+   finishes with ``"error"`` (``KVCacheExhausted``).
+3. If nothing was preempted, admit waiting sequences in policy order (continuous batching)
+   while the budget, ``max_num_seqs``, the KV pool and the state slots allow.
+
+Invariants:
+- The plan lists decode rows first (running order), then prefill chunks (admission order).
+- A chunk feeds tokens ``[num_computed_tokens, num_computed_tokens + n)``; nothing is ever fed
+  twice and no step is re-run.  A replayed history samples only at its last position, so
+  generated tokens are never resampled.
+- The scheduler never touches tensors.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol, Sequence as Seq
+
+from attrs import field, frozen
+from loguru import logger
+
+from metrale_core.engine.block_manager import BlockManager
+from metrale_core.engine.config import EngineConfig
+from metrale_core.engine.request import Sequence, SequenceStatus
+from metrale_core.engine.state_slots import StateSlots
+from metrale_core.errors import InvalidRequest, KVCacheExhausted
+from metrale_core.model_api import ModelInfo
+from metrale_core.sampling.position import PositionKind
+
+__all__ = ["FcfsPolicy", "ScheduledChunk", "Scheduler", "SchedulerOutput", "SchedulingPolicy"]
+
+
+class SchedulingPolicy(Protocol):
+    """What a ``SchedulerSpec.factory(config)`` returns."""
+
+    def next_waiting(self, waiting: Seq[Sequence]) -> Sequence:
+        """The waiting sequence to try to admit next (admission stops when it does not fit)."""
+        ...
+
+    def choose_victim(self, candidates: Seq[Sequence]) -> Sequence:
+        """The sequence to preempt among ``candidates`` (running, not yet scheduled this step,
+        in admission order; the first one is the sequence that needs room)."""
+        ...
+
+
+@frozen
+class FcfsPolicy:
+    """First come, first served: admit the queue front; preempt the most recently admitted."""
+
+    config: EngineConfig | None = None
+
+    def next_waiting(self, waiting: Seq[Sequence]) -> Sequence:
+        return waiting[0]
+
+    def choose_victim(self, candidates: Seq[Sequence]) -> Sequence:
+        return candidates[-1]
+
+
+@frozen(repr=False)
+class ScheduledChunk:
+    """Rows of one sequence in one step."""
+
+    #: The sequence (read by the runner and the output processor).
+    seq: Sequence = field(eq=False)
+    #: Absolute position of the first row.
+    start: int
+    #: Token ids fed at positions ``start .. start + len - 1``.
+    token_ids: tuple[int, ...]
+    #: The sequence's block table for this step.
+    block_ids: tuple[int, ...]
+    #: Recurrent-state slot (-1 when the model keeps none).
+    state_slot: int
+    #: The last row's logits are sampled (the chunk reaches the end of the sequence).
+    sample: bool
+    #: Position kind of the sampled row (None when ``sample`` is False).
+    kind: PositionKind | None
+    #: A single-token decode row (as opposed to a prefill chunk).
+    is_decode: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def __repr__(self) -> str:
+        return (f"ScheduledChunk({self.seq.request_id!r}, start={self.start}, "
+                f"n={len(self.token_ids)}, sample={self.sample})")
+
+
+@frozen
+class SchedulerOutput:
+    """The plan of one step."""
+
+    #: Decode rows first (running order), then prefill chunks (admission order).
+    chunks: tuple[ScheduledChunk, ...] = ()
+    #: Request ids preempted (by recompute) while planning this step.
+    preempted: tuple[str, ...] = ()
+    #: Sequences the scheduler finished since the last plan (abort, timeout, error), to report.
+    finished: tuple[Sequence, ...] = field(default=(), eq=False)
+
+    @classmethod
+    def make_empty(cls) -> "SchedulerOutput":
+        return cls()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+class Scheduler:
+    """Waiting queue, running list, KV blocks and state slots of one engine."""
+
+    def __init__(self, config: EngineConfig, info: ModelInfo, policy: SchedulingPolicy,
+                 num_blocks: int, max_model_len: int) -> None:
+        self.config = config
+        self.policy = policy
+        self.max_model_len = max_model_len
+        self.block_manager = BlockManager(num_blocks, config.block_size,
+                                          config.resolve_prefix_caching(info))
+        self.state_slots = StateSlots(config.max_num_seqs, info.has_recurrent_state)
+        self.waiting: deque[Sequence] = deque()
+        #: Admission order; the last is the most recently admitted.
+        self.running: list[Sequence] = []
+        self.seqs: dict[str, Sequence] = {}
+        #: The plan handed to the runner whose outputs are not yet processed (None between
+        #: steps); the output processor clears it when the step's update completes.
+        self.in_flight: SchedulerOutput | None = None
+        #: The most recent plan (for observers and tests).
+        self.last_plan: SchedulerOutput = SchedulerOutput.make_empty()
+        self._unreported: list[Sequence] = []
+
+    # --- requests ----------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        if seq.request_id in self.seqs:
+            raise InvalidRequest(f"request id {seq.request_id!r} is already in use")
+        self.seqs[seq.request_id] = seq
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.seqs) or bool(self._unreported)
+
+    def abort(self, request_id: str) -> bool:
+        """Finish ``request_id`` with ``"abort"`` and free its blocks now; False if unknown."""
+        seq = self.seqs.get(request_id)
+        if seq is None:
+            return False
+        self.finish(seq, "abort", report=True)
+        return True
+
+    def finish(self, seq: Sequence, reason: str, error: str | None = None,
+               report: bool = False) -> None:
+        """Mark ``seq`` finished, free its blocks and slot; ``report`` queues it for the next plan."""
+        if seq.is_finished:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        self.state_slots.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason, seq.error = reason, error
+        self.seqs.pop(seq.request_id, None)
+        if report:
+            self._unreported.append(seq)
+
+    # --- one step ----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step (see the module docstring)."""
+        self._expire()
+        budget = self.config.max_prefill_tokens
+        decodes: list[ScheduledChunk] = []
+        prefills: list[ScheduledChunk] = []
+        preempted: list[str] = []
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            want = min(seq.num_prefill_tokens - seq.num_computed_tokens, budget) \
+                if seq.is_prefilling else 1
+            if want == 0:
+                i += 1
+                continue
+            n = self._reserve(seq, want, i, preempted)
+            if n == 0:  # seq itself was preempted or failed; running[i] is now the next one
+                continue
+            chunk = self._chunk(seq, n)
+            if chunk.is_decode:
+                decodes.append(chunk)
+            else:
+                prefills.append(chunk)
+                budget -= n
+            i += 1
+        if not preempted:
+            budget = self._admit(budget, prefills)
+        finished, self._unreported = tuple(self._unreported), []
+        plan = SchedulerOutput(tuple(decodes + prefills), tuple(preempted), finished)
+        self.in_flight = plan if plan.chunks else None
+        self.last_plan = plan
+        return plan
+
+    def advance(self, plan: SchedulerOutput) -> None:
+        """Record that the model consumed every chunk of ``plan`` (called once per plan)."""
+        for chunk in plan.chunks:
+            seq = chunk.seq
+            if seq.is_finished:
+                continue
+            seq.num_computed_tokens = chunk.start + chunk.num_tokens
+            self.block_manager.cache_full_blocks(seq)
+
+    # --- internals ---------------------------------------------------------------------------
+    def _expire(self) -> None:
+        now = self.config.clock()
+        for seq in [*self.running, *self.waiting]:
+            if seq.deadline is not None and now >= seq.deadline:
+                logger.info("request {} timed out", seq.request_id)
+                self.finish(seq, "timeout", report=True)
+
+    def _reserve(self, seq: Sequence, want: int, index: int, preempted: list[str]) -> int:
+        """Grow ``seq`` to hold ``want`` more tokens (fewer for a prefill chunk), preempting as
+        needed; returns the tokens granted, 0 when ``seq`` itself was preempted or failed."""
+        bm = self.block_manager
+        while True:
+            computed = seq.num_computed_tokens
+            room = (len(seq.block_ids) + bm.num_free_blocks) * bm.block_size - computed
+            n = min(want, room) if seq.is_prefilling else (want if room >= want else 0)
+            if n > 0:
+                bm.grow(seq, computed + n)
+                return n
+            victim = self.policy.choose_victim(self.running[index:])
+            if victim is seq and len(self.running) == 1:
+                self._fail_exhausted(seq, computed + want)
+                return 0
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is seq:
+                return 0
+
+    def _preempt(self, seq: Sequence) -> None:
+        logger.debug("preempting {} (recompute of {} tokens)", seq.request_id, seq.num_tokens)
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        self.state_slots.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_prefill_tokens = seq.num_tokens
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+
+    def _fail_exhausted(self, seq: Sequence, num_tokens: int) -> None:
+        bm = self.block_manager
+        error = KVCacheExhausted(
+            f"request {seq.request_id!r} needs {bm.blocks_for(num_tokens)} KV blocks of "
+            f"{bm.block_size} tokens for {num_tokens} tokens, but the whole pool holds "
+            f"{bm.num_blocks} blocks; raise kv_cache_memory / num_kv_blocks or lower "
+            f"max_tokens / max_model_len")
+        logger.warning("{}", error)
+        self.finish(seq, "error", error=str(error), report=True)
+
+    def _admit(self, budget: int, prefills: list[ScheduledChunk]) -> int:
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.policy.next_waiting(self.waiting)
+            if bm.blocks_for(seq.num_prefill_tokens) > bm.num_blocks:
+                self._fail_exhausted(seq, seq.num_prefill_tokens)
+                continue
+            if not self.state_slots.can_allocate():
+                break
+            hits = bm.match_prefix(seq)
+            cached = len(hits) * bm.block_size
+            n = min(seq.num_prefill_tokens - cached, budget)
+            if not bm.can_allocate(hits, cached + n):
+                break
+            self.waiting.remove(seq)
+            bm.allocate(seq, hits, cached + n)
+            self.state_slots.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            prefills.append(self._chunk(seq, n))
+            budget -= n
+        return budget
+
+    def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
+        start = seq.num_computed_tokens
+        sample = start + n == seq.num_tokens
+        kind = None
+        if sample:
+            kind = PositionKind.FINAL_DECODE if seq.output_ids else PositionKind.PREFILL_LAST
+        return ScheduledChunk(seq=seq, start=start, token_ids=seq.token_ids(start, start + n),
+                              block_ids=tuple(seq.block_ids), state_slot=seq.state_slot,
+                              sample=sample, kind=kind, is_decode=not seq.is_prefilling)

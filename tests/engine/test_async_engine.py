@@ -1,0 +1,160 @@
+"""AsyncEngine: streaming on an engine thread, cancellation, failed steps, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from metrale_core.engine import AsyncEngine, EngineStopped
+from metrale_core.errors import InvalidRequest
+from metrale_core.sampling import SamplingParams
+
+
+def wait_until(predicate, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+@pytest.fixture
+def async_engine(make_engine):
+    engines = []
+
+    def make(model=None, **config):
+        eng = AsyncEngine(make_engine(model, **config))
+        eng.start()
+        engines.append(eng)
+        return eng
+
+    yield make
+    for eng in engines:
+        eng.shutdown()
+        assert not eng.is_running
+
+
+async def collect(agen):
+    return [d async for d in agen]
+
+
+def test_streams_the_same_tokens_as_the_sync_engine(async_engine, make_engine, run, tokens):
+    prompts = [[1, 2, 3], list(range(5, 25)), [9]]
+    expected = []
+    for p in prompts:
+        e = make_engine()
+        e.add_request("x", p, SamplingParams(temperature=0.0, max_tokens=6))
+        expected.append(tokens(run(e)["x"]))
+    eng = async_engine(max_prefill_tokens=8)
+
+    async def main():
+        return await asyncio.gather(*(collect(eng.generate(p, SamplingParams(
+            temperature=0.0, max_tokens=6), request_id=f"r{i}")) for i, p in enumerate(prompts)))
+
+    results = asyncio.run(main())
+    for deltas, want in zip(results, expected):
+        assert tokens(deltas) == want
+        assert [d.finished for d in deltas] == [False] * (len(deltas) - 1) + [True]
+        assert deltas[-1].finish_reason == "length"
+
+
+def test_bad_request_raises_before_streaming(async_engine):
+    eng = async_engine()
+
+    async def main():
+        with pytest.raises(InvalidRequest, match="empty"):
+            await collect(eng.generate([], SamplingParams()))
+        with pytest.raises(InvalidRequest, match="vocabulary"):
+            await collect(eng.generate([1, 999], SamplingParams()))
+
+    asyncio.run(main())
+
+
+def test_aclose_aborts_and_frees_blocks(async_engine):
+    eng = async_engine()
+    engine = eng.engine
+
+    async def main():
+        agen = eng.generate([1, 2, 3, 4, 5], SamplingParams(temperature=0.0, max_tokens=10_000,
+                                                            ignore_eos=True), request_id="long")
+        first = await agen.__anext__()
+        assert first.new_token_ids and not first.finished
+        await agen.aclose()
+
+    asyncio.run(main())
+    assert wait_until(lambda: not engine.has_unfinished())
+    stats = engine.stats()
+    assert stats.num_free_blocks == stats.num_blocks and stats.num_running == 0
+
+
+def test_cancelled_consumer_aborts(async_engine):
+    eng = async_engine()
+    engine = eng.engine
+    seen = []
+
+    async def consume():
+        async for d in eng.generate([7, 8], SamplingParams(temperature=0.0, max_tokens=10_000),
+                                    request_id="c"):
+            seen.append(d)
+
+    async def main():
+        task = asyncio.create_task(consume())
+        while not seen:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert wait_until(lambda: not engine.has_unfinished())
+    assert engine.stats().num_free_blocks == engine.stats().num_blocks
+
+
+def test_a_failing_step_fails_its_requests_and_the_loop_survives(async_engine, toy_model):
+    model = toy_model()
+    real_forward = model.forward
+    eng = async_engine(model)
+
+    def flaky(batch, kv, state=None):
+        if 13 in batch.input_ids.tolist():
+            raise RuntimeError("kernel fault")
+        return real_forward(batch, kv, state)
+
+    model.forward = flaky
+
+    async def main():
+        bad = await collect(eng.generate([13, 1], SamplingParams(temperature=0.0, max_tokens=3)))
+        good = await collect(eng.generate([1, 2], SamplingParams(temperature=0.0, max_tokens=3)))
+        return bad, good
+
+    bad, good = asyncio.run(main())
+    assert len(bad) == 1 and bad[0].finish_reason == "error"
+    assert "kernel fault" in bad[0].error
+    assert good[-1].finish_reason == "length" and len(good) == 3
+    assert eng.is_running
+
+
+def test_shutdown_aborts_pending_and_joins(make_engine):
+    eng = AsyncEngine(make_engine())
+    eng.start()
+
+    async def main():
+        agen = eng.generate([1, 2], SamplingParams(temperature=0.0, max_tokens=10_000), request_id="p")
+        deltas = [await agen.__anext__()]
+        await asyncio.get_running_loop().run_in_executor(None, eng.shutdown)
+        async for d in agen:
+            deltas.append(d)
+        return deltas
+
+    deltas = asyncio.run(main())
+    assert deltas[-1].finished and deltas[-1].finish_reason == "abort"
+    assert not eng.is_running
+
+    async def after():
+        await collect(eng.generate([1], SamplingParams()))
+
+    with pytest.raises(EngineStopped):
+        asyncio.run(after())
