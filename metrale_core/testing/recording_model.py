@@ -1,0 +1,294 @@
+"""``RecordingModel``: the recording fake model that drives the real scheduler in trace tests.
+
+It implements :class:`metrale_core.model_api.CausalLM` without any maths.  Every forward is
+recorded as one readable line with its scheduling arguments (per sequence: key, start position,
+number of rows, state_fresh, and the token each requested logits row answers), and logits come
+from a per-request :class:`SeqScript`.
+
+How it answers.  A sequence is identified by its first prompt token (its *key*; seed 004's
+``recurrent_key`` with no session hash).  The key is read from the row at position 0 when this
+forward feeds it, otherwise back from the paged KV cache through ``block_tables`` — the way a
+real model reads its past.  The logits row of a row at position ``p`` is one-hot
+(:data:`LOGIT_HIGH`) on the script's token at position ``p + 1``: a prompt token inside the
+prompt, ``output[p + 1 - prompt_len]`` after it, and ``past_end`` (EOS by default) past the end.
+
+What it checks, as a real model must.
+- KV readback: each row writes its token id into K and its position into V at ``slot_mapping``;
+  then every cached position ``0 .. context_len - 1`` of the sequence is read back through
+  ``block_tables`` and compared with the script (prompt + output).  A mismatch (a wrong block
+  table, a wrong slot, a wrong fed token) is recorded as an error line and the sequence's
+  outputs in this forward are :data:`GARBAGE`.
+- Layout: the rows of sequence ``i`` must sit at ``context_len - n .. context_len - 1``.
+- Recurrent mode (``recurrent_fed_rows=True``, seed 004, see ``recurrent_state``): state keyed by
+  the key; consuming from anywhere but the expected position corrupts it for good and every
+  later output of that sequence is GARBAGE.  ``state_fresh`` must be set exactly at position 0,
+  and a continuing sequence must use the state slot its state was started in.
+- Injected faults: a forward whose call index is in ``fail_kv_at_steps`` raises
+  :class:`~metrale_core.errors.KVCacheExhausted` before consuming anything (no KV write, no
+  state change), the way a device allocation failure surfaces mid-step.  The engine as built
+  lets it out of ``LLMEngine.step``; its driver (``AsyncEngine``, or the scenario runner) then
+  calls ``LLMEngine.fail_in_flight``: every sequence of that step finishes with "error" and the
+  message ``"KVCacheExhausted: ..."``, keeping what it streamed, while waiting requests run on
+  (golden ``model_kv_exhausted``).  Since nothing was consumed, an engine could instead re-plan
+  the step (preempt and retry); the trace would show that change.
+
+Trace lines: one ``forward #i: s<key>@<start>+<rows>[ fresh][ -> answers]`` per forward, then
+the lines that forward caused (``error: ...``, ``recurrent state of ...``).
+
+Owner: tests (``metrale_core.testing``); never imported by the engine.
+Invariants: deterministic — the same calls give the same lines; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+from attrs import define, field, frozen
+
+from metrale_core.errors import KVCacheExhausted
+from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache, RecurrentLayout
+from metrale_core.testing.recurrent_state import RecurrentTracker
+
+__all__ = ["EOS", "GARBAGE", "LOGIT_HIGH", "ForwardCall", "RecordingModel", "SeqCall", "SeqScript",
+           "StatePool"]
+
+#: The token a sequence answers once its state (KV readback or recurrent) is wrong.
+GARBAGE = 1
+#: Default end-of-sequence id, answered past the end of a script.
+EOS = 2
+#: The value of the one-hot logit (every other logit is 0).
+LOGIT_HIGH = 100.0
+
+
+def _ids(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+@frozen
+class SeqScript:
+    """What one request's sequence holds: its prompt and the tokens the model answers after it."""
+
+    prompt: tuple[int, ...] = field(converter=_ids)
+    output: tuple[int, ...] = field(converter=_ids)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError("SeqScript needs a non-empty prompt (its first token is the key)")
+
+    @property
+    def key(self) -> int:
+        return self.prompt[0]
+
+    def token_at(self, position: int, past_end: int) -> int:
+        """The token the sequence holds at ``position`` (prompt, then output, then ``past_end``)."""
+        if position < len(self.prompt):
+            return self.prompt[position]
+        index = position - len(self.prompt)
+        return self.output[index] if index < len(self.output) else past_end
+
+
+@frozen
+class SeqCall:
+    """One sequence's part of a forward, as recorded."""
+
+    key: int
+    start: int
+    num_rows: int
+    fresh: bool
+    #: Tokens answered for this sequence's logits rows, in row order (empty: no logits asked).
+    answers: tuple[int, ...]
+
+    def render(self) -> str:
+        text = f"s{self.key}@{self.start}+{self.num_rows}"
+        if self.fresh:
+            text += " fresh"
+        if self.answers:
+            text += " -> " + ",".join("GARBAGE" if t == GARBAGE else str(t) for t in self.answers)
+        return text
+
+
+@frozen
+class ForwardCall:
+    """One recorded forward."""
+
+    index: int
+    seqs: tuple[SeqCall, ...]
+
+    def render(self) -> str:
+        return f"forward #{self.index}: " + " | ".join(s.render() for s in self.seqs)
+
+
+@define
+class StatePool:
+    """The recurrent-state pool handed to the engine: which key's state each slot holds."""
+
+    owners: list[int | None]
+
+
+@define
+class RecordingModel:
+    """The recording fake model; see the module docstring."""
+
+    scripts: Mapping[int, SeqScript]
+    info: ModelInfo
+    past_end: int
+    fail_kv_at_steps: frozenset[int]
+    recurrent_fed_rows: bool
+    #: Every recorded line, in order: forwards, injected faults, errors, recurrent corruption.
+    lines: list[str] = field(factory=list)
+    #: The structured forwards (same order as their lines).
+    calls: list[ForwardCall] = field(factory=list)
+    #: Only the error lines (readback, layout, state slot, unknown key).
+    errors: list[str] = field(factory=list)
+    _num_forwards: int = 0
+    _tracker: RecurrentTracker | None = None
+    #: Lines noted while a forward runs, written after its own line.
+    _pending: list[str] = field(factory=list)
+
+    def __init__(self, scripts: Mapping[int, SeqScript] | Iterable[SeqScript], *, vocab_size: int = 64,
+                 eos_token_id: int = EOS, past_end: int | None = None,
+                 fail_kv_at_steps: Iterable[int] = (), recurrent_fed_rows: bool = False,
+                 max_position: int = 4096) -> None:
+        items = list(scripts.values()) if isinstance(scripts, Mapping) else list(scripts)
+        by_key: dict[int, SeqScript] = {}
+        for script in items:
+            if script.key in by_key:
+                raise ValueError(f"two scripts share the first prompt token {script.key}; "
+                                 "the recording model keys sequences by it, so make them distinct")
+            by_key[script.key] = script
+        if isinstance(scripts, Mapping):
+            for key, script in scripts.items():
+                if key != script.key:
+                    raise ValueError(f"script under key {key} starts with {script.key}")
+        tokens = [t for s in by_key.values() for t in s.prompt + s.output]
+        if any(not 0 <= t < vocab_size for t in tokens):
+            raise ValueError(f"script tokens must lie in [0, {vocab_size})")
+        info = ModelInfo(
+            architecture="recording-fake", vocab_size=vocab_size, max_position=max_position,
+            kv=KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32),
+            recurrent=RecurrentLayout(num_layers=1, bytes_per_sequence=64) if recurrent_fed_rows else None,
+            eos_token_ids=(eos_token_id,),
+        )
+        self.__attrs_init__(scripts=by_key, info=info,
+                            past_end=eos_token_id if past_end is None else past_end,
+                            fail_kv_at_steps=frozenset(fail_kv_at_steps),
+                            recurrent_fed_rows=recurrent_fed_rows)
+        self._tracker = RecurrentTracker(enabled=recurrent_fed_rows, record=self._pending.append)
+
+    # -- CausalLM ----------------------------------------------------------------------------
+
+    def make_state_pool(self, num_slots: int) -> StatePool | None:
+        return StatePool(owners=[None] * num_slots) if self.recurrent_fed_rows else None
+
+    def forward(self, batch: ForwardBatch, kv: PagedKVCache | None, state: object | None = None) -> torch.Tensor:
+        index = self._num_forwards
+        self._num_forwards += 1
+        if index in self.fail_kv_at_steps:
+            self.lines.append(f"forward #{index}: raise KVCacheExhausted (injected)")
+            raise KVCacheExhausted(f"KV cache exhausted (injected by RecordingModel at forward #{index})")
+        if kv is None:
+            raise ValueError("RecordingModel declares a KV layout; forward needs the paged cache")
+        ids = [int(t) for t in batch.input_ids.tolist()]
+        positions = [int(p) for p in batch.positions.tolist()]
+        starts = [int(q) for q in batch.query_start.tolist()]
+        tables = batch.block_tables.tolist()
+        fresh_flags = [bool(f) for f in batch.state_fresh.tolist()]
+        slots = [int(s) for s in batch.state_slots.tolist()]
+        wanted = [int(r) for r in batch.logits_rows.tolist()]
+        self._write_kv(kv, ids, positions, [int(s) for s in batch.slot_mapping.tolist()])
+
+        answer_of_row: dict[int, int] = {}
+        seqs: list[SeqCall] = []
+        pending = self._pending
+        for i, ctx in enumerate(batch.context_lens_host):
+            lo, hi = starts[i], starts[i + 1]
+            start = ctx - (hi - lo)
+            key = ids[lo] if start == 0 else self._read(kv, tables[i], 0)[0]
+            clean = self._check_sequence(i, key, lo, hi, ctx, positions, tables[i], kv, pending)
+            clean = self._check_state(key, start, fresh_flags[i], slots[i], state, pending) and clean
+            clean = self._tracker.consume(key, start, hi - lo) and clean
+            rows = [r for r in wanted if lo <= r < hi]
+            script = self.scripts.get(key)
+            for r in rows:
+                answer_of_row[r] = script.token_at(positions[r] + 1, self.past_end) if clean else GARBAGE
+            seqs.append(SeqCall(key=key, start=start, num_rows=hi - lo, fresh=fresh_flags[i],
+                                answers=tuple(answer_of_row[r] for r in rows)))
+        call = ForwardCall(index=index, seqs=tuple(seqs))
+        self.calls.append(call)
+        self.lines.append(call.render())
+        for line in pending:
+            if line.startswith("error:"):
+                self.errors.append(line)
+            self.lines.append(line)
+        pending.clear()
+        logits = torch.zeros((len(wanted), self.info.vocab_size), dtype=torch.float32)
+        for n, r in enumerate(wanted):
+            logits[n, answer_of_row[r]] = LOGIT_HIGH
+        return logits
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def trace(self) -> str:
+        """All recorded lines joined, one per line."""
+        return "\n".join(self.lines)
+
+    @staticmethod
+    def _write_kv(kv: PagedKVCache, ids: list[int], positions: list[int], slot_mapping: list[int]) -> None:
+        bs = kv.block_size
+        for token, pos, slot in zip(ids, positions, slot_mapping):
+            for k, v in zip(kv.k, kv.v):
+                k[slot // bs, slot % bs] = float(token)
+                v[slot // bs, slot % bs] = float(pos)
+
+    @staticmethod
+    def _read(kv: PagedKVCache, table: Sequence[int], position: int) -> tuple[int, int, int]:
+        """``(token, position, block)`` stored for ``position`` through one block table."""
+        bs = kv.block_size
+        block = int(table[position // bs]) if position // bs < len(table) else -1
+        if not 0 <= block < kv.num_blocks:
+            return -1, -1, block
+        return int(kv.k[0][block, position % bs, 0, 0]), int(kv.v[0][block, position % bs, 0, 0]), block
+
+    def _check_sequence(self, i: int, key: int, lo: int, hi: int, ctx: int, positions: list[int],
+                        table: Sequence[int], kv: PagedKVCache, pending: list[str]) -> bool:
+        """Layout and KV readback of sequence ``i``; appends error lines, returns clean."""
+        script = self.scripts.get(key)
+        if script is None:
+            pending.append(f"error: sequence {i} reads first token {key}, which no script starts with")
+            return False
+        expected_positions = list(range(ctx - (hi - lo), ctx))
+        if positions[lo:hi] != expected_positions:
+            pending.append(f"error: s{key} rows at positions {positions[lo:hi]}, expected "
+                           f"{expected_positions[0]}..{expected_positions[-1]} (context_len {ctx})")
+            return False
+        for q in range(ctx):
+            want = script.token_at(q, self.past_end)
+            token, pos, block = self._read(kv, table, q)
+            if (token, pos) != (want, q):
+                pending.append(f"error: s{key} KV readback at position {q} (block {block}) holds "
+                               f"token {token}@{pos}, expected {want}@{q}")
+                return False
+        return True
+
+    def _check_state(self, key: int, start: int, fresh: bool, slot: int, state: object | None,
+                     pending: list[str]) -> bool:
+        """Recurrent-mode contract: state_fresh exactly at 0, a valid slot that holds this key."""
+        if not self.recurrent_fed_rows:
+            return True
+        if fresh != (start == 0):
+            pending.append(f"error: s{key} state_fresh={fresh} at start {start}")
+            self._tracker.corrupt(key)
+            return False
+        if not isinstance(state, StatePool) or not 0 <= slot < len(state.owners):
+            pending.append(f"error: s{key} has state slot {slot}, outside the pool it was given")
+            self._tracker.corrupt(key)
+            return False
+        if fresh:
+            state.owners[slot] = key
+        elif state.owners[slot] != key:
+            pending.append(f"error: s{key} continues in state slot {slot}, which holds the state of "
+                           f"s{state.owners[slot]}")
+            self._tracker.corrupt(key)
+            return False
+        return True
