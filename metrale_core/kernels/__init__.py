@@ -1,0 +1,49 @@
+"""The kernel contract shared by every plugin: ``CustomOp`` plus CuPy loading and PTX checks.
+
+Owner: ``metrale_core.kernels``.  Plugins subclass :class:`CustomOp` (a torch ``forward_native``
+oracle and a CuPy ``forward_cuda``), ship ``.cu`` sources as package data, and test them with
+:func:`find_cu_files` / :func:`compile_ptx`.
+
+Invariants: importing this package never imports CuPy; ``METRALE_KERNELS=native|cuda`` forces a
+path for every op and forcing ``cuda`` where it cannot run is a ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+from metrale_core.kernels.checks import (
+    KernelInputError,
+    check_contiguous,
+    check_dtype,
+    check_same_device,
+    check_shape,
+    check_tensor,
+)
+from metrale_core.kernels.cuda import cupy_unavailable_reason, load_raw_module
+from metrale_core.kernels.custom_op import (
+    KERNELS_ENV,
+    CustomOp,
+    KernelPath,
+    requested_path,
+    select_path,
+)
+from metrale_core.kernels.ptx import KernelCompileError, compile_ptx, find_cu_files, nvcc_path
+
+__all__ = [
+    "KERNELS_ENV",
+    "CustomOp",
+    "KernelCompileError",
+    "KernelInputError",
+    "KernelPath",
+    "check_contiguous",
+    "check_dtype",
+    "check_same_device",
+    "check_shape",
+    "check_tensor",
+    "compile_ptx",
+    "cupy_unavailable_reason",
+    "find_cu_files",
+    "load_raw_module",
+    "nvcc_path",
+    "requested_path",
+    "select_path",
+]

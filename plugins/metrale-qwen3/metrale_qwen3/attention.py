@@ -1,0 +1,134 @@
+"""Paged attention in torch: the CPU path and the oracle of the decode kernel.
+
+Owner: ``metrale_qwen3``.  :class:`AttentionPlan` is built once per forward from the batch's
+host-side lengths and shared by every layer.
+
+Invariants:
+- K/V of every row are written at ``slot_mapping`` before any row attends.
+- Each row at absolute position ``p`` attends to cached positions ``0..p`` of its own sequence,
+  read through that sequence's block table (padding entries beyond the context are never used).
+- Decode rows (sequences feeding exactly one row) are attended in one batched call with no
+  per-sequence Python loop; multi-row sequences (prefill chunks, verify rows) are attended one
+  sequence at a time.
+- GQA: KV head ``j`` serves query heads ``[j*G, (j+1)*G)``; softmax runs in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from attrs import frozen
+
+from metrale_core.model_api import ForwardBatch
+
+__all__ = ["AttentionPlan", "decode_attention", "paged_attention", "prefill_attention", "write_kv"]
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store ``k``/``v`` ``[T, Hk, d]`` at flat slots ``[T]`` of ``[blocks, bs, Hk, d]`` caches."""
+    hk, d = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, hk, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, hk, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def _gather(cache: torch.Tensor, tables: torch.Tensor, num_blocks: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[..., num_blocks * bs, Hk, d]`` view of the first ``num_blocks`` blocks of ``tables``."""
+    gathered = cache[tables[..., :num_blocks]]  # [..., nb, bs, Hk, d]
+    shape = (*gathered.shape[:-4], -1, *gathered.shape[-2:])
+    return gathered.reshape(shape).to(dtype)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                     max_context: int) -> torch.Tensor:
+    """One query row per sequence: ``q`` ``[B, Hq, d]`` -> ``[B, Hq, d]``, batched over B."""
+    bsz, hq, d = q.shape
+    block_size, hk = k_cache.shape[1], k_cache.shape[2]
+    num_blocks = -(-max_context // block_size)
+    k = _gather(k_cache, block_tables, num_blocks, torch.float32)  # [B, L, Hk, d]
+    v = _gather(v_cache, block_tables, num_blocks, torch.float32)
+    q4 = q.float().view(bsz, hk, hq // hk, d)
+    scores = torch.einsum("bhgd,blhd->bhgl", q4, k) * scale
+    pad = torch.arange(k.shape[1], device=q.device)[None, :] >= context_lens[:, None]  # [B, L]
+    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhgl,blhd->bhgd", probs, v)
+    return out.reshape(bsz, hq, d).to(q.dtype)
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      block_table: torch.Tensor, context_len: int, scale: float) -> torch.Tensor:
+    """Rows ``q`` ``[n, Hq, d]`` of one sequence, the last ``n`` of its ``context_len`` positions."""
+    n = q.shape[0]
+    block_size = k_cache.shape[1]
+    num_blocks = -(-context_len // block_size)
+    k = _gather(k_cache, block_table, num_blocks, q.dtype)[:context_len]  # [c, Hk, d]
+    v = _gather(v_cache, block_table, num_blocks, q.dtype)[:context_len]
+    rows = torch.arange(context_len - n, context_len, device=q.device)
+    keys = torch.arange(context_len, device=q.device)
+    allowed = keys[None, :] <= rows[:, None]  # [n, c] causal over prefix + this chunk
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0), attn_mask=allowed, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+@frozen
+class AttentionPlan:
+    """How the rows of one batch are attended; built once per forward, used by every layer."""
+
+    #: Softmax scale (``head_dim ** -0.5``).
+    scale: float
+    #: Every sequence feeds one row, in sequence order (the whole batch is one decode call).
+    pure_decode: bool
+    #: ``[Bd]`` row indices of the decode rows (None when there are none).
+    decode_rows: torch.Tensor | None
+    #: ``[Bd, max_blocks]`` block tables and ``[Bd]`` context lengths of those rows' sequences.
+    decode_tables: torch.Tensor | None
+    decode_context: torch.Tensor | None
+    #: Host-side maximum of ``decode_context``.
+    decode_max_context: int
+    #: ``(row_start, row_end, sequence_index, context_len)`` of each multi-row sequence.
+    multi_row: tuple[tuple[int, int, int, int], ...]
+    #: ``[B, max_blocks]`` block tables of the batch.
+    block_tables: torch.Tensor
+
+    @classmethod
+    def from_batch(cls, batch: ForwardBatch, scale: float) -> "AttentionPlan":
+        qlens, clens = batch.query_lens_host, batch.context_lens_host
+        if batch.is_pure_decode:
+            return cls(scale, True, None, batch.block_tables, batch.context_lens,
+                       max(clens, default=0), (), batch.block_tables)
+        decode_seqs, decode_rows, multi = [], [], []
+        start = 0
+        for i, (n, c) in enumerate(zip(qlens, clens)):
+            if n == 1:
+                decode_seqs.append(i)
+                decode_rows.append(start)
+            elif n > 1:
+                multi.append((start, start + n, i, c))
+            start += n
+        device = batch.input_ids.device
+        if decode_seqs:
+            seqs = torch.tensor(decode_seqs, dtype=torch.int64, device=device)
+            return cls(scale, False, torch.tensor(decode_rows, dtype=torch.int64, device=device),
+                       batch.block_tables[seqs], batch.context_lens[seqs],
+                       max(clens[i] for i in decode_seqs), tuple(multi), batch.block_tables)
+        return cls(scale, False, None, None, None, 0, tuple(multi), batch.block_tables)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    plan: AttentionPlan, decode_op) -> torch.Tensor:
+    """Attend every row of ``q`` ``[T, Hq, d]``; ``decode_op`` is the batched decode kernel op."""
+    if plan.pure_decode:
+        return decode_op(q, k_cache, v_cache, plan.decode_tables, plan.decode_context, plan.scale,
+                         plan.decode_max_context)
+    out = torch.empty_like(q)
+    if plan.decode_rows is not None:
+        out[plan.decode_rows] = decode_op(q[plan.decode_rows], k_cache, v_cache, plan.decode_tables,
+                                          plan.decode_context, plan.scale, plan.decode_max_context)
+    for start, end, seq, context_len in plan.multi_row:
+        out[start:end] = prefill_attention(q[start:end], k_cache, v_cache, plan.block_tables[seq],
+                                           context_len, plan.scale)
+    return out

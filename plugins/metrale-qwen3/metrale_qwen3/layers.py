@@ -1,0 +1,73 @@
+"""Torch reference maths of the decoder layers (the oracle for every kernel in ``kernels/``).
+
+Owner: ``metrale_qwen3``; the ``forward_native`` of each op in ``ops.py`` calls these.
+
+Invariants (HF transformers semantics, see specs §1.3-1.4):
+- RMSNorm normalises in float32 and casts back to the input dtype *before* multiplying by the
+  weight.
+- RoPE is the non-interleaved "rotate_half" form; ``inv_freq`` and ``pos * inv_freq`` are float32,
+  cos/sin are cast to the activation dtype before they are applied.
+- SwiGLU takes the fused ``[gate | up]`` projection and returns ``silu(gate) * up``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from metrale_core.errors import ConfigError
+
+__all__ = ["apply_rope", "rms_norm", "rope_cos_sin", "rope_inv_freq", "swiglu"]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * cast(x32 * rsqrt(mean(x32^2) + eps), x.dtype)`` over the last dimension."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping | None = None) -> torch.Tensor:
+    """``[head_dim/2]`` float32 inverse frequencies for rope types default, linear and llama3."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise ConfigError(f"rope type {kind!r} is not supported (supported: default, linear, llama3)")
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[T, head_dim]`` cos and sin in ``dtype`` for int positions ``[T]`` (halves identical)."""
+    freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[T, H, d]`` by ``cos``/``sin`` ``[T, d]``: ``x*cos + rotate_half(x)*sin``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up = [gate | up]`` along the last dimension."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

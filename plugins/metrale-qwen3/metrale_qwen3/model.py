@@ -1,0 +1,88 @@
+"""``DecoderLM``: the Llama / Qwen2 / Qwen3 dense decoder over the paged KV cache.
+
+Owner: ``metrale_qwen3``; implements ``metrale_core.model_api.CausalLM``.
+
+Invariants:
+- ``forward`` consumes a flat batch mixing prefill chunks, decode rows and verify rows; it writes
+  every row's K/V (post-norm, post-RoPE keys) into ``kv`` before attending, and returns float32
+  logits ``[N, vocab]`` for ``batch.logits_rows`` only (the head runs on those rows alone).
+- Pre-norm residual layers: ``h = x + attn(norm(x))``, ``y = h + mlp(norm(h))``.
+- The model keeps no recurrent state: ``make_state_pool`` returns None and ``state`` is ignored.
+- Ops are built once per model, so the kernel path is chosen once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache
+
+from metrale_qwen3.attention import AttentionPlan, paged_attention
+from metrale_qwen3.layers import rope_cos_sin, rope_inv_freq
+from metrale_qwen3.loader import DecoderWeights, LayerWeights, ModelDims
+from metrale_qwen3.ops import DecoderOps
+
+__all__ = ["DecoderLM"]
+
+
+class DecoderLM:
+    """A loaded decoder; see the module docstring."""
+
+    def __init__(self, dims: ModelDims, weights: DecoderWeights, *, architecture: str,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        self.dims = dims
+        self.weights = weights
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.info = ModelInfo(
+            architecture=architecture, vocab_size=dims.vocab_size, max_position=dims.max_position,
+            kv=KVLayout(num_layers=dims.num_layers, num_kv_heads=dims.num_kv_heads,
+                        head_dim=dims.head_dim, dtype=dtype),
+            eos_token_ids=dims.eos_token_ids, dtype=dtype)
+        self.ops = DecoderOps(self.device)
+        self.inv_freq = rope_inv_freq(dims.head_dim, dims.rope_theta, dims.rope_scaling).to(self.device)
+        self._scale = dims.head_dim ** -0.5
+
+    def __repr__(self) -> str:
+        d = self.dims
+        return (f"DecoderLM({self.info.architecture}, layers={d.num_layers}, hidden={d.hidden_size}, "
+                f"heads={d.num_heads}/{d.num_kv_heads}x{d.head_dim}, dtype={self.dtype}, {self.ops})")
+
+    def make_state_pool(self, num_slots: int) -> None:
+        return None
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, kv: PagedKVCache | None,
+                state: object | None = None) -> torch.Tensor:
+        if kv is None or len(kv.k) != self.dims.num_layers:
+            raise ValueError(f"{self.info.architecture} needs a paged KV cache with "
+                             f"{self.dims.num_layers} layers")
+        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)
+        plan = AttentionPlan.from_batch(batch, self._scale)
+        x = F.embedding(batch.input_ids, self.weights.embed)
+        for i, layer in enumerate(self.weights.layers):
+            x = self._layer(x, layer, kv.k[i], kv.v[i], batch, plan, cos, sin)
+        x = x[batch.logits_rows]
+        x = self.ops.rms_norm(x, self.weights.norm, self.dims.rms_norm_eps)
+        return F.linear(x, self.weights.lm_head).float()
+
+    def _layer(self, x: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               batch: ForwardBatch, plan: AttentionPlan, cos: torch.Tensor,
+               sin: torch.Tensor) -> torch.Tensor:
+        d = self.dims
+        ops = self.ops
+        h = ops.rms_norm(x, w.input_norm, d.rms_norm_eps)
+        qkv = F.linear(h, w.qkv, w.qkv_bias)
+        q_size, kv_size = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(-1, d.num_heads, d.head_dim)
+        k = k.view(-1, d.num_kv_heads, d.head_dim)
+        v = v.view(-1, d.num_kv_heads, d.head_dim)
+        q, k = ops.qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, d.rms_norm_eps)
+        ops.kv_write(k, v, k_cache, v_cache, batch.slot_mapping)
+        o = paged_attention(q, k_cache, v_cache, plan, ops.decode_attention)
+        x = x + F.linear(o.reshape(-1, q_size), w.o_proj, w.o_bias)
+        h = ops.rms_norm(x, w.post_norm, d.rms_norm_eps)
+        act = ops.swiglu(F.linear(h, w.gate_up, w.gate_up_bias))
+        return x + F.linear(act, w.down, w.down_bias)

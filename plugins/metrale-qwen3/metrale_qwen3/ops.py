@@ -1,0 +1,205 @@
+"""The hot ops of the decoder as ``CustomOp``s: a torch oracle plus a CuPy kernel each.
+
+Owner: ``metrale_qwen3``; :class:`DecoderOps` builds all of them once per model.
+
+Invariants:
+- ``forward_native`` delegates to ``layers.py`` / ``attention.py`` (the oracles); ``forward_cuda``
+  checks its inputs and launches the matching ``kernels/*.cu`` entry point (``<name>_f32`` or
+  ``<name>_bf16``); dtypes without a kernel (float16) route to ``forward_native``.
+- ``QKNormRope`` and ``KVCacheWrite`` may work in place: callers use the returned tensors.
+- All kernels run on torch's current CUDA stream.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from metrale_core.kernels import CustomOp, KernelInputError, check_dtype, check_shape, check_tensor
+from metrale_core.kernels.cuda import f32, i32, i64, ptr, torch_stream
+
+from metrale_qwen3 import attention, layers
+
+__all__ = ["DecoderOps", "KVCacheWrite", "PagedAttentionDecode", "QKNormRope", "RMSNorm", "SwiGLU"]
+
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_THREADS = 256
+
+
+def _round_up_32(n: int) -> int:
+    return max(32, (n + 31) // 32 * 32)
+
+
+def _check_heads(op: str, name: str, t: torch.Tensor, heads: int, head_dim: int) -> None:
+    """``t`` is ``[T, heads, head_dim]`` with dense heads (tokens may be strided)."""
+    check_shape(op, name, t, (-1, heads, head_dim))
+    if t.stride(-1) != 1 or t.stride(-2) != head_dim:
+        raise KernelInputError(f"{op}: {name} needs dense [heads, head_dim] rows, got strides {t.stride()}")
+
+
+class RMSNorm(CustomOp):
+    """``rms_norm(x, weight, eps)`` over the last dimension."""
+
+    kernel_package = "metrale_qwen3"
+    kernel_file = "rmsnorm.cu"
+
+    def forward_native(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return layers.rms_norm(x, weight, eps)
+
+    def forward_cuda(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if x.dtype not in _SUFFIX or x.shape[-1] == 0:
+            return self.forward_native(x, weight, eps)
+        dim = x.shape[-1]
+        x = x.contiguous()
+        check_tensor(self.name, "weight", weight, dtypes=(x.dtype,), shape=(dim,))
+        out = torch.empty_like(x)
+        rows = x.numel() // dim
+        if rows:
+            with torch_stream(x.device):
+                self.kernel(f"rmsnorm_{_SUFFIX[x.dtype]}")(
+                    (rows,), (_THREADS,), (ptr(x), ptr(weight), ptr(out), i32(rows), i32(dim), f32(eps)))
+        return out
+
+
+class QKNormRope(CustomOp):
+    """Per-head RMSNorm of q and k (skipped when the weights are None) followed by RoPE.
+
+    ``q`` ``[T, Hq, d]``, ``k`` ``[T, Hk, d]``, ``cos``/``sin`` ``[T, d]`` in the activation dtype.
+    Returns ``(q, k)``; the CUDA path rotates the inputs in place.
+    """
+
+    kernel_package = "metrale_qwen3"
+    kernel_file = "qk_norm_rope.cu"
+
+    def forward_native(self, q, k, q_weight, k_weight, cos, sin, eps: float):
+        if q_weight is not None:
+            q = layers.rms_norm(q, q_weight, eps)
+            k = layers.rms_norm(k, k_weight, eps)
+        return layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin)
+
+    def forward_cuda(self, q, k, q_weight, k_weight, cos, sin, eps: float):
+        num_tokens, hq, d = q.shape
+        hk = k.shape[1]
+        if q.dtype not in _SUFFIX or d % 2 or d > 2048 or num_tokens == 0:
+            return self.forward_native(q, k, q_weight, k_weight, cos, sin, eps)
+        _check_heads(self.name, "q", q, hq, d)
+        _check_heads(self.name, "k", k, hk, d)
+        check_dtype(self.name, "k", k, (q.dtype,))
+        check_tensor(self.name, "cos", cos, dtypes=(q.dtype,), shape=(num_tokens, d))
+        check_tensor(self.name, "sin", sin, dtypes=(q.dtype,), shape=(num_tokens, d))
+        use_norm = q_weight is not None
+        if use_norm:
+            check_tensor(self.name, "q_weight", q_weight, dtypes=(q.dtype,), shape=(d,))
+            check_tensor(self.name, "k_weight", k_weight, dtypes=(q.dtype,), shape=(d,))
+        qw = q_weight if use_norm else cos  # any valid pointer; not read without the norm
+        kw = k_weight if use_norm else cos
+        with torch_stream(q.device):
+            self.kernel(f"qk_norm_rope_{_SUFFIX[q.dtype]}")(
+                (num_tokens, hq + hk), (_round_up_32(d // 2),),
+                (ptr(q), ptr(k), ptr(qw), ptr(kw), ptr(cos), ptr(sin), i32(num_tokens), i32(hq),
+                 i32(hk), i32(d), i64(q.stride(0)), i64(k.stride(0)), f32(eps), i32(int(use_norm))))
+        return q, k
+
+
+class SwiGLU(CustomOp):
+    """``silu(gate) * up`` on the fused ``[T, 2I]`` gate/up projection; returns ``[T, I]``."""
+
+    kernel_package = "metrale_qwen3"
+    kernel_file = "swiglu.cu"
+
+    def forward_native(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return layers.swiglu(gate_up)
+
+    def forward_cuda(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if gate_up.dtype not in _SUFFIX or gate_up.shape[-1] % 2:
+            return self.forward_native(gate_up)
+        gate_up = gate_up.contiguous()
+        inter = gate_up.shape[-1] // 2
+        rows = gate_up.numel() // max(1, 2 * inter)
+        out = torch.empty((*gate_up.shape[:-1], inter), dtype=gate_up.dtype, device=gate_up.device)
+        total = rows * inter
+        if total:
+            blocks = min((total + _THREADS - 1) // _THREADS, 65535)
+            with torch_stream(gate_up.device):
+                self.kernel(f"swiglu_{_SUFFIX[gate_up.dtype]}")(
+                    (blocks,), (_THREADS,), (ptr(gate_up), ptr(out), i64(rows), i32(inter)))
+        return out
+
+
+class KVCacheWrite(CustomOp):
+    """Write ``k``/``v`` ``[T, Hk, d]`` into ``k_cache``/``v_cache`` at ``slot_mapping`` ``[T]``."""
+
+    kernel_package = "metrale_qwen3"
+    kernel_file = "kv_cache_write.cu"
+
+    def forward_native(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        attention.write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+    def forward_cuda(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        if k_cache.dtype not in _SUFFIX or k.dtype != k_cache.dtype:
+            return self.forward_native(k, v, k_cache, v_cache, slot_mapping)
+        num_tokens, hk, d = k.shape
+        _check_heads(self.name, "k", k, hk, d)
+        _check_heads(self.name, "v", v, hk, d)
+        check_tensor(self.name, "k_cache", k_cache, dtypes=(k.dtype,), shape=(-1, -1, hk, d))
+        check_tensor(self.name, "v_cache", v_cache, dtypes=(k.dtype,), shape=tuple(k_cache.shape))
+        check_tensor(self.name, "slot_mapping", slot_mapping, dtypes=(torch.int64,), shape=(num_tokens,))
+        if num_tokens:
+            with torch_stream(k.device):
+                self.kernel(f"kv_cache_write_{_SUFFIX[k.dtype]}")(
+                    (num_tokens,), (128,),
+                    (ptr(k), ptr(v), ptr(k_cache), ptr(v_cache), ptr(slot_mapping), i32(num_tokens),
+                     i32(hk * d), i64(k.stride(0)), i64(v.stride(0))))
+        return None
+
+
+class PagedAttentionDecode(CustomOp):
+    """One query row per sequence attending over its paged cache; returns ``[B, Hq, d]``.
+
+    ``max_context`` is the host-side maximum of ``context_lens`` (saves a device sync).
+    """
+
+    kernel_package = "metrale_qwen3"
+    kernel_file = "paged_attention_decode.cu"
+
+    def forward_native(self, q, k_cache, v_cache, block_tables, context_lens, scale: float,
+                       max_context: int) -> torch.Tensor:
+        return attention.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                          max_context)
+
+    def forward_cuda(self, q, k_cache, v_cache, block_tables, context_lens, scale: float,
+                     max_context: int) -> torch.Tensor:
+        bsz, hq, d = q.shape
+        if q.dtype not in _SUFFIX or k_cache.dtype != q.dtype or d > 256 or bsz == 0:
+            return self.forward_native(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                       max_context)
+        hk = k_cache.shape[2]
+        if hq % hk:
+            raise KernelInputError(f"{self.name}: {hq} query heads are not a multiple of {hk} KV heads")
+        q = q.contiguous()
+        check_tensor(self.name, "k_cache", k_cache, dtypes=(q.dtype,), shape=(-1, -1, hk, d))
+        check_tensor(self.name, "v_cache", v_cache, dtypes=(q.dtype,), shape=tuple(k_cache.shape))
+        check_tensor(self.name, "block_tables", block_tables, dtypes=(torch.int64,), shape=(bsz, -1))
+        check_tensor(self.name, "context_lens", context_lens, dtypes=(torch.int64,), shape=(bsz,))
+        out = torch.empty_like(q)
+        with torch_stream(q.device):
+            self.kernel(f"paged_attention_decode_{_SUFFIX[q.dtype]}")(
+                (hq, bsz), (128,),
+                (ptr(out), ptr(q), ptr(k_cache), ptr(v_cache), ptr(block_tables), ptr(context_lens),
+                 f32(scale), i32(hq), i32(hk), i32(d), i32(k_cache.shape[1]),
+                 i32(block_tables.shape[1])))
+        return out
+
+
+class DecoderOps:
+    """Every op the decoder uses, built once for one device (so the path is chosen once)."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.rms_norm = RMSNorm(device)
+        self.qk_norm_rope = QKNormRope(device)
+        self.swiglu = SwiGLU(device)
+        self.kv_write = KVCacheWrite(device)
+        self.decode_attention = PagedAttentionDecode(device)
+
+    def __repr__(self) -> str:
+        ops = (self.rms_norm, self.qk_norm_rope, self.swiglu, self.kv_write, self.decode_attention)
+        return "DecoderOps(" + ", ".join(map(repr, ops)) + ")"

@@ -1,0 +1,198 @@
+"""Test harness for the qwen3 plugin: HF reference models, weight stores and a tiny paged runner.
+
+Owner: ``plugins/metrale-qwen3/tests``.  It plays the engine's role by hand: it allocates KV blocks
+on demand from a shuffled free list (so block tables are not the identity), builds
+``ForwardBatch`` records exactly as ``metrale_core.model_api`` documents them and records the
+logits of every row, keyed by (sequence, position), for comparison with HF transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from metrale_core.components import LoadOptions
+from metrale_core.errors import ShapeMismatch, WeightsError
+from metrale_core.model_api import ForwardBatch, PagedKVCache
+
+
+def real_open_weights():
+    """``metrale_core.weights.open_weights`` once it exists, else None."""
+    try:
+        module = importlib.import_module("metrale_core.weights")
+    except ImportError:
+        return None
+    return getattr(module, "open_weights", None)
+
+
+class FakeStore:
+    """The WeightStore surface the loader uses, over a saved checkpoint's state dict."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], config: dict) -> None:
+        self.config = config
+        self._tensors = tensors
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def names(self) -> list[str]:
+        return sorted(self._tensors)
+
+    def get(self, name: str, *, dtype: torch.dtype = torch.float32, shape=None) -> torch.Tensor:
+        if name not in self._tensors:
+            raise WeightsError(f"tensor {name!r} is not in the checkpoint")
+        t = self._tensors[name]
+        if shape is not None and tuple(t.shape) != tuple(shape):
+            raise ShapeMismatch(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
+        return t.to(dtype).clone()
+
+
+def randomize_(model: torch.nn.Module, seed: int) -> None:
+    """Give every parameter random values so that norms, biases and heads all matter."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * noise)
+            elif name.endswith("bias"):
+                p.copy_(0.1 * noise)
+            else:
+                p.copy_(0.08 * noise)
+
+
+def build_hf(config_cls, model_cls, seed: int, **config_kwargs):
+    """A random HF model (eager attention, fp32, eval mode)."""
+    torch.manual_seed(seed)
+    config = config_cls(**config_kwargs)
+    config._attn_implementation = "eager"
+    model = model_cls(config).eval()
+    randomize_(model, seed)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return model
+
+
+def save_checkpoint(model, directory: Path) -> Path:
+    model.save_pretrained(directory)
+    return directory
+
+
+def open_store(directory: Path, *, use_real: bool | None = None) -> Any:
+    """The real ``open_weights`` store when it exists (or when asked), else a FakeStore."""
+    opener = real_open_weights()
+    if use_real is None:
+        use_real = opener is not None
+    if use_real:
+        return opener(directory)
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    return FakeStore(tensors, json.loads((directory / "config.json").read_text()))
+
+
+def load(spec_name: str, store: Any, dtype: str = "float32", device: str = "cpu"):
+    """Build a model through the registered loader factory (as the engine does)."""
+    from metrale_qwen3 import metrale_model_loaders
+
+    specs = {}
+    metrale_model_loaders(lambda spec: specs.__setitem__(spec.name, spec))
+    return specs[spec_name].factory(store, LoadOptions(dtype=dtype, device=device))
+
+
+class PagedRunner:
+    """Plays the engine: owns a paged cache, allocates blocks on demand, runs mixed batches."""
+
+    def __init__(self, model, *, num_blocks: int = 96, block_size: int = 4, seed: int = 0,
+                 device: str = "cpu") -> None:
+        self.model = model
+        self.block_size = block_size
+        self.device = torch.device(device)
+        self.kv = PagedKVCache.allocate(model.info.kv, num_blocks, block_size, device=device)
+        gen = torch.Generator().manual_seed(seed)
+        self.free = torch.randperm(num_blocks, generator=gen).tolist()
+        self.tables: dict[int, list[int]] = {}
+        self.tokens: dict[int, list[int]] = {}
+        #: (seq, position) -> float32 logits row.
+        self.logits: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _slots(self, seq: int, start: int, n: int) -> list[int]:
+        table = self.tables.setdefault(seq, [])
+        while len(table) * self.block_size < start + n:
+            table.append(self.free.pop())
+        return [table[p // self.block_size] * self.block_size + p % self.block_size
+                for p in range(start, start + n)]
+
+    def step(self, work: list[tuple[int, list[int]]]) -> dict[int, torch.Tensor]:
+        """Feed ``tokens`` to each ``seq``; return the logits of each sequence's last row."""
+        ids, positions, slots, qlens, clens, fresh = [], [], [], [], [], []
+        for seq, toks in work:
+            start = len(self.tokens.get(seq, []))
+            ids += toks
+            positions += range(start, start + len(toks))
+            slots += self._slots(seq, start, len(toks))
+            qlens.append(len(toks))
+            clens.append(start + len(toks))
+            fresh.append(start == 0)
+        width = max(len(self.tables[seq]) for seq, _ in work)
+        tables = [self.tables[seq] + [0] * (width - len(self.tables[seq])) for seq, _ in work]
+        t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
+        batch = ForwardBatch(
+            input_ids=t(ids), positions=t(positions),
+            query_start=t([0] + torch.tensor(qlens).cumsum(0).tolist()), context_lens=t(clens),
+            block_tables=t(tables), slot_mapping=t(slots), logits_rows=t(list(range(len(ids)))),
+            state_slots=t([-1] * len(work)), state_fresh=torch.tensor(fresh, device=self.device),
+            query_lens_host=tuple(qlens), context_lens_host=tuple(clens), block_size=self.block_size)
+        out = self.model.forward(batch, self.kv).cpu()
+        assert out.dtype == torch.float32 and out.shape == (len(ids), self.model.info.vocab_size)
+        last: dict[int, torch.Tensor] = {}
+        row = 0
+        for seq, toks in work:
+            start = len(self.tokens.get(seq, []))
+            for j in range(len(toks)):
+                self.logits[(seq, start + j)] = out[row + j]
+            self.tokens.setdefault(seq, []).extend(toks)
+            row += len(toks)
+            last[seq] = out[row - 1]
+        return last
+
+
+def run_mixed_schedule(model, prompts: list[list[int]], *, decode_steps: int = 8,
+                       block_size: int = 4, device: str = "cpu") -> PagedRunner:
+    """Chunked prefill of every prompt in 2 chunks, interleaved with greedy decode rows of the
+    sequences already prefilled, then ``decode_steps`` pure-decode steps of all sequences."""
+    runner = PagedRunner(model, block_size=block_size, device=device)
+    next_token: dict[int, int] = {}
+    pending = {i: [p[: len(p) // 2], p[len(p) // 2:]] for i, p in enumerate(prompts)}
+    active: list[int] = []
+    order = list(range(len(prompts)))
+    while any(pending.values()):
+        work = [(s, [next_token[s]]) for s in active]  # decode rows first
+        for s in order[:2]:  # two sequences prefill a chunk each step
+            work.append((s, pending[s].pop(0)))
+        for s in [s for s in order[:2] if not pending[s]]:
+            order.remove(s)
+            active.append(s)
+        last = runner.step(work)
+        next_token.update({s: int(v.argmax()) for s, v in last.items()})
+    for _ in range(decode_steps):
+        last = runner.step([(s, [next_token[s]]) for s in sorted(active)])
+        next_token.update({s: int(v.argmax()) for s, v in last.items()})
+    return runner
+
+
+@torch.no_grad()
+def max_logit_diff(hf_model, runner: PagedRunner) -> float:
+    """Largest |ours - HF| over every (sequence, position) the runner produced logits for."""
+    worst = 0.0
+    for seq, toks in runner.tokens.items():
+        ref = hf_model(torch.tensor([toks])).logits[0].float()
+        ours = torch.stack([runner.logits[(seq, p)] for p in range(len(toks))])
+        worst = max(worst, float((ours - ref).abs().max()))
+    return worst

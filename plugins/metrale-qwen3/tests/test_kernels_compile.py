@@ -1,0 +1,58 @@
+"""Every ``.cu`` file of the project compiles with ``nvcc --ptx`` and exports its entry points."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from metrale_core.kernels import compile_ptx, find_cu_files, nvcc_path
+
+REPO = Path(__file__).resolve().parents[3]
+CU_FILES = [p for root in (REPO / "plugins", REPO / "metrale_core") if root.is_dir()
+            for p in find_cu_files(root)]
+OWN_KERNELS = {
+    "rmsnorm.cu": "rmsnorm",
+    "qk_norm_rope.cu": "qk_norm_rope",
+    "swiglu.cu": "swiglu",
+    "kv_cache_write.cu": "kv_cache_write",
+    "paged_attention_decode.cu": "paged_attention_decode",
+}
+
+needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
+
+
+def test_plugin_ships_all_its_kernels():
+    import metrale_qwen3
+
+    found = {p.name for p in find_cu_files("metrale_qwen3")}
+    assert set(OWN_KERNELS) <= found
+    assert all(p in CU_FILES for p in find_cu_files("metrale_qwen3"))
+    assert (Path(metrale_qwen3.__file__).parent / "kernels" / "common.cuh").is_file()
+
+
+@needs_nvcc
+@pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_cu_file_compiles_to_ptx(cu, tmp_path):
+    ptx = compile_ptx(cu, tmp_path, arch="sm_90")
+    text = ptx.read_text()
+    assert ".target sm_90" in text
+    if cu.name in OWN_KERNELS:
+        entries = set(re.findall(r"\.entry\s+(\w+)", text))
+        stem = OWN_KERNELS[cu.name]
+        assert {f"{stem}_f32", f"{stem}_bf16"} <= entries
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", sorted(OWN_KERNELS))
+def test_runtime_source_with_inlined_headers_compiles(name, tmp_path):
+    """What NVRTC gets at run time (``load_raw_module`` inlines quoted includes) builds too."""
+    from metrale_core.kernels.cuda import expand_includes, kernel_path
+
+    source = expand_includes(kernel_path("metrale_qwen3", name))
+    assert "#include" not in source and source.count("struct bf16 {") == 1
+    flat = tmp_path / name
+    flat.write_text(source)
+    text = compile_ptx(flat, tmp_path / "ptx", options=("-Werror", "all-warnings")).read_text()
+    assert f".entry {OWN_KERNELS[name]}_bf16" in text

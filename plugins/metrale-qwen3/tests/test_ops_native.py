@@ -1,0 +1,134 @@
+"""The torch reference ops (``forward_native``) against straightforward float64 formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from metrale_qwen3.attention import prefill_attention
+from metrale_qwen3.layers import rope_cos_sin, rope_inv_freq
+from metrale_qwen3.ops import DecoderOps
+
+OPS = DecoderOps("cpu")
+GEN = torch.Generator().manual_seed(1234)
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(shape, generator=GEN).to(dtype)
+
+
+def test_ops_choose_the_native_path_on_cpu():
+    for op in (OPS.rms_norm, OPS.qk_norm_rope, OPS.swiglu, OPS.kv_write, OPS.decode_attention):
+        assert op.path == "native" and op.device.type == "cpu"
+
+
+def test_rms_norm_matches_formula_and_casts_before_weight():
+    x, w = randn(5, 24), randn(24)
+    ref = x.double() / torch.sqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    torch.testing.assert_close(OPS.rms_norm(x, w, 1e-6).double(), ref, rtol=1e-5, atol=1e-5)
+    xb, wb = x.bfloat16(), w.bfloat16()
+    x32 = xb.float()
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
+    out = OPS.rms_norm(xb, wb, 1e-6)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, wb * normed)  # bf16 product of bf16 operands, as HF computes it
+
+
+@pytest.mark.parametrize("use_norm", [True, False])
+def test_qk_norm_rope_rotates_pairs_i_and_i_plus_half(use_norm):
+    tokens, hq, hk, d, theta = 6, 4, 2, 16, 10000.0
+    q, k = randn(tokens, hq, d), randn(tokens, hk, d)
+    qw, kw = (randn(d), randn(d)) if use_norm else (None, None)
+    positions = torch.tensor([0, 1, 5, 6, 7, 40])
+    cos, sin = rope_cos_sin(positions, rope_inv_freq(d, theta), torch.float32)
+    q_out, k_out = OPS.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
+
+    def reference(x, w):
+        x = x.double()
+        if w is not None:
+            x = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+        half = d // 2
+        ang = positions.double()[:, None] * theta ** (-2 * torch.arange(half).double() / d)  # [T, d/2]
+        c, s = torch.cos(ang)[:, None, :], torch.sin(ang)[:, None, :]
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+    torch.testing.assert_close(q_out.double(), reference(q, qw), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(k_out.double(), reference(k, kw), rtol=1e-4, atol=1e-4)
+
+
+def test_rope_linear_and_llama3_scaling():
+    base = rope_inv_freq(32, 500000.0)
+    torch.testing.assert_close(rope_inv_freq(32, 500000.0, {"rope_type": "linear", "factor": 4.0}), base / 4)
+    llama3 = rope_inv_freq(32, 500000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    wavelen = 2 * math.pi / base
+    assert torch.equal(llama3[wavelen < 8192 / 4], base[wavelen < 8192 / 4])  # high freq untouched
+    torch.testing.assert_close(llama3[wavelen > 8192], base[wavelen > 8192] / 8)  # low freq / factor
+    middle = (wavelen >= 8192 / 4) & (wavelen <= 8192)
+    assert middle.any() and torch.all(llama3[middle] < base[middle])
+    assert torch.all(llama3[middle] > base[middle] / 8)
+
+
+def test_swiglu_matches_formula():
+    gate_up = randn(7, 2 * 12)
+    g, u = gate_up[:, :12].double(), gate_up[:, 12:].double()
+    torch.testing.assert_close(OPS.swiglu(gate_up).double(), g * torch.sigmoid(g) * u, rtol=1e-6, atol=1e-6)
+
+
+def test_kv_write_touches_only_the_mapped_slots():
+    k_cache, v_cache = torch.zeros(6, 4, 2, 8), torch.zeros(6, 4, 2, 8)
+    k, v = randn(3, 2, 8), randn(3, 2, 8)
+    slots = torch.tensor([9, 22, 3])
+    OPS.kv_write(k, v, k_cache, v_cache, slots)
+    flat_k, flat_v = k_cache.view(-1, 2, 8), v_cache.view(-1, 2, 8)
+    assert torch.equal(flat_k[slots], k) and torch.equal(flat_v[slots], v)
+    untouched = torch.ones(24, dtype=torch.bool)
+    untouched[slots] = False
+    assert flat_k[untouched].abs().sum() == 0 and flat_v[untouched].abs().sum() == 0
+
+
+def _naive_attention(q, keys, values, scale):
+    """q [n, Hq, d] over keys/values [c, Hk, d], row i attending to keys 0..c-n+i (float64)."""
+    n, hq, _ = q.shape
+    c, hk, _ = keys.shape
+    keys = keys.double().repeat_interleave(hq // hk, dim=1)
+    values = values.double().repeat_interleave(hq // hk, dim=1)
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for i in range(n):
+        visible = c - n + i + 1
+        for h in range(hq):
+            p = torch.softmax(keys[:visible, h] @ q[i, h].double() * scale, dim=0)
+            out[i, h] = p @ values[:visible, h]
+    return out
+
+
+def _paged_cache(num_blocks=10, block_size=4, hk=2, d=8):
+    return randn(num_blocks, block_size, hk, d), randn(num_blocks, block_size, hk, d)
+
+
+@pytest.mark.parametrize("hq", [2, 8])
+def test_decode_attention_matches_per_sequence_softmax(hq):
+    k_cache, v_cache = _paged_cache()
+    tables = torch.tensor([[7, 2, 9, 0], [4, 0, 0, 0], [1, 3, 5, 8]])  # 0 = padding
+    context = torch.tensor([9, 4, 16])  # crosses, ends on, and fills block boundaries
+    q = randn(3, hq, 8)
+    out = OPS.decode_attention(q, k_cache, v_cache, tables, context, 8 ** -0.5, 16)
+    for b in range(3):
+        c = int(context[b])
+        keys = k_cache[tables[b]].reshape(-1, 2, 8)[:c]
+        vals = v_cache[tables[b]].reshape(-1, 2, 8)[:c]
+        ref = _naive_attention(q[b:b + 1], keys, vals, 8 ** -0.5)[0]
+        torch.testing.assert_close(out[b].double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_attention_attends_to_prefix_and_causal_rows():
+    k_cache, v_cache = _paged_cache()
+    table = torch.tensor([6, 1, 8, 0])
+    q = randn(5, 4, 8)  # the last 5 of 11 positions: 6 cached before this chunk
+    out = prefill_attention(q, k_cache, v_cache, table, 11, 8 ** -0.5)
+    keys = k_cache[table].reshape(-1, 2, 8)[:11]
+    vals = v_cache[table].reshape(-1, 2, 8)[:11]
+    torch.testing.assert_close(out.double(), _naive_attention(q, keys, vals, 8 ** -0.5), rtol=1e-5, atol=1e-5)

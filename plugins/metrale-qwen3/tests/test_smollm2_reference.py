@@ -1,0 +1,41 @@
+"""The real SmolLM2-135M-Instruct Q4_1 GGUF through the llama loader: reference ids of models.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from qwen3_harness import PagedRunner, load, real_open_weights
+
+GGUF = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT_PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411,
+               407, 19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1,
+               520, 9531, 198]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} is not downloaded"),
+    pytest.mark.skipif(real_open_weights() is None, reason="metrale_core.weights.open_weights missing"),
+]
+
+
+def test_smollm2_matches_hf_reference_outputs():
+    torch.set_num_threads(2)
+    model = load("llama", real_open_weights()(GGUF))
+    assert model.info.architecture == "llama" and model.info.vocab_size == 49152
+    assert model.weights.lm_head is model.weights.embed  # no output.weight: tied
+    runner = PagedRunner(model, num_blocks=32, block_size=16)
+    # Raw "Once upon a time" (prefilled in one chunk) batched with the chat prompt's first chunk.
+    last = runner.step([(0, [6403, 1980, 253, 655]), (1, CHAT_PROMPT[:20])])
+    top = last[0].topk(5)
+    assert top.indices.tolist() == [28, 281, 665, 260, 253]
+    torch.testing.assert_close(top.values, torch.tensor([18.142, 14.083, 13.367, 12.936, 12.928]),
+                               rtol=0, atol=2e-3)
+    last = runner.step([(0, [28]), (1, CHAT_PROMPT[20:])])
+    new_ids = []
+    for _ in range(8):
+        new_ids.append(int(last[1].argmax()))
+        last = runner.step([(0, [int(last[0].argmax())]), (1, [new_ids[-1]])])
+    assert new_ids == [504, 3575, 282, 4649, 314, 7042, 30, 2]  # "The capital of France is Paris.<|im_end|>"

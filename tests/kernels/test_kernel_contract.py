@@ -1,0 +1,123 @@
+"""The kernel contract of ``metrale_core.kernels``: path choice, forcing, input checks, PTX builds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from loguru import logger
+
+from metrale_core.errors import ConfigError
+from metrale_core.kernels import (
+    KERNELS_ENV,
+    CustomOp,
+    KernelCompileError,
+    KernelInputError,
+    check_contiguous,
+    check_dtype,
+    check_shape,
+    check_tensor,
+    compile_ptx,
+    cupy_unavailable_reason,
+    find_cu_files,
+    load_raw_module,
+    nvcc_path,
+    select_path,
+)
+
+
+class AddOne(CustomOp):
+    kernel_package = "metrale_core"
+    kernel_file = "add_one.cu"
+
+    def forward_native(self, x):
+        return x + 1
+
+    def forward_cuda(self, x):  # pragma: no cover - needs a GPU
+        raise AssertionError("the CPU test must never take the CUDA path")
+
+
+class NoKernel(CustomOp):
+    def forward_native(self, x):
+        return x * 2
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    monkeypatch.delenv(KERNELS_ENV, raising=False)
+
+
+def test_cpu_ops_take_the_native_path_and_dispatch_to_it():
+    op = AddOne("cpu")
+    assert op.path == "native"
+    assert torch.equal(op(torch.zeros(3)), torch.ones(3))
+    assert "path=native" in repr(op)
+    with pytest.raises(ConfigError, match="no CUDA module"):
+        op.kernel("add_one_f32")
+
+
+def test_forcing_cuda_where_it_cannot_run_is_an_error(monkeypatch):
+    monkeypatch.setenv(KERNELS_ENV, "cuda")
+    with pytest.raises(ConfigError, match=f"{KERNELS_ENV}=cuda.*AddOne.*runs on cpu"):
+        AddOne("cpu")
+    with pytest.raises(ConfigError, match="no CUDA kernel"):
+        NoKernel(torch.device("cuda"))
+
+
+def test_forcing_native_and_rejecting_bad_values(monkeypatch):
+    monkeypatch.setenv(KERNELS_ENV, "native")
+    assert select_path("AddOne", torch.device("cuda")) == "native"
+    monkeypatch.setenv(KERNELS_ENV, "triton")
+    with pytest.raises(ConfigError, match="native.*cuda"):
+        select_path("AddOne", torch.device("cpu"))
+
+
+@pytest.mark.skipif(cupy_unavailable_reason() is None, reason="cupy is usable here")
+def test_cuda_model_without_cupy_falls_back_and_logs_the_reason_once():
+    lines: list[str] = []
+    sink = logger.add(lines.append, level="WARNING", format="{message}")
+    logger.enable("metrale_core")
+    try:
+        for _ in range(3):
+            assert AddOne(torch.device("cuda")).path == "native"
+    finally:
+        logger.remove(sink)
+    assert len(lines) == 1 and "AddOne" in lines[0] and "cupy" in lines[0]
+    with pytest.raises(ConfigError, match="cupy"):
+        load_raw_module("metrale_qwen3", "rmsnorm.cu")
+
+
+def test_input_checks_name_the_op_and_argument():
+    x = torch.zeros(4, 6)
+    check_tensor("Op", "x", x, dtypes=(torch.float32,), shape=(-1, 6))
+    with pytest.raises(KernelInputError, match="Op: x has dtype torch.float64"):
+        check_dtype("Op", "x", x.double(), (torch.float32, torch.bfloat16))
+    with pytest.raises(KernelInputError, match=r"x has shape \[4, 6\], expected \[\*, 5\]"):
+        check_shape("Op", "x", x, (-1, 5))
+    with pytest.raises(KernelInputError, match="must be contiguous"):
+        check_contiguous("Op", "x", x.t())
+    assert issubclass(KernelInputError, ValueError)
+
+
+def test_find_cu_files_by_directory_and_by_package(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "z.cu").write_text("")
+    (tmp_path / "y.cu").write_text("")
+    (tmp_path / "x.cuh").write_text("")
+    assert [p.name for p in find_cu_files(tmp_path)] == ["z.cu", "y.cu"]
+    assert all(p.is_absolute() for p in find_cu_files(tmp_path))
+    assert isinstance(find_cu_files("metrale_core"), list)
+    with pytest.raises(ConfigError, match="not importable"):
+        find_cu_files("no_such_package_xyz")
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
+def test_compile_ptx_builds_and_reports_nvcc_errors(tmp_path):
+    good = tmp_path / "ok.cu"
+    good.write_text('extern "C" __global__ void add_one_f32(float* x, int n) {\n'
+                    "  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }\n")
+    ptx = compile_ptx(good, tmp_path / "out")
+    assert ptx == tmp_path / "out" / "ok.ptx" and ".entry add_one_f32" in ptx.read_text()
+    bad = tmp_path / "bad.cu"
+    bad.write_text('extern "C" __global__ void broken(float* x) { x[0] = undefined_name; }\n')
+    with pytest.raises(KernelCompileError, match="undefined_name"):
+        compile_ptx(bad, tmp_path / "out")
