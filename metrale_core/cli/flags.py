@@ -1,0 +1,99 @@
+"""The one definition of the engine flags, shared by ``met generate`` and ``met serve``.
+
+Owner: the CLI.  Plugins add their own flags through the ``metrale_engine_flags`` hook, which
+receives the same argparse group.
+
+Invariants:
+- Every flag maps to one :class:`metrale_core.engine.EngineConfig` field or one model-loading
+  option; :func:`engine_config_from_args` is the only place that maps them.
+- Sizes accept ``512M`` / ``2G`` / plain bytes; a bad value is an argparse error naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+__all__ = ["add_engine_flags", "engine_config_from_args", "load_options_from_args", "parse_size"]
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Parse ``"512M"``, ``"1.5G"``, ``"2GiB"`` or ``"1048576"`` into bytes."""
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M or 2G)")
+    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+    return int(value)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse._ArgumentGroup:
+    """Add the model and engine flags to ``parser``; plugins add theirs to the same group."""
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", "-m", metavar="PATH", default=None,
+                       help="HF checkpoint directory or .gguf file (default: the embedded "
+                            "SmolLM2-135M-Instruct, fetched on first use)")
+    model.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                       help="activation and weight dtype (default: float32)")
+    model.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+
+    group = parser.add_argument_group("engine")
+    group.add_argument("--kv-cache-memory", type=parse_size, default=parse_size("512M"),
+                       metavar="SIZE", help="bytes for the paged KV cache pool (default: 512M)")
+    group.add_argument("--block-size", type=_positive_int, default=16,
+                       help="tokens per KV block (default: 16)")
+    group.add_argument("--max-prefill-tokens", type=_positive_int, default=2048,
+                       help="prompt tokens prefilled per step; longer prompts are chunked "
+                            "(default: 2048)")
+    group.add_argument("--max-num-seqs", type=_positive_int, default=64,
+                       help="sequences running at once (default: 64)")
+    group.add_argument("--max-model-len", type=_positive_int, default=None,
+                       help="longest prompt + output (default: the model's context)")
+    group.add_argument("--no-prefix-caching", dest="enable_prefix_caching",
+                       action="store_const", const=False, default=None,
+                       help="turn prefix caching off (on by default for pure-attention models)")
+    group.add_argument("--scheduler", default="fcfs", help="scheduling policy plugin (default: fcfs)")
+    group.add_argument("--sampler", default="default", help="sampler plugin (default: default)")
+    group.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                       help="finish a request with finish_reason 'timeout' after this long")
+    if registry is not None:
+        registry.add_engine_flags(group)
+    return group
+
+
+def engine_config_from_args(args: argparse.Namespace):
+    """Build the :class:`EngineConfig` the flags describe."""
+    from metrale_core.engine import EngineConfig
+
+    return EngineConfig(
+        block_size=args.block_size,
+        kv_cache_memory=args.kv_cache_memory,
+        max_prefill_tokens=args.max_prefill_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=args.enable_prefix_caching,
+        request_timeout_s=args.request_timeout,
+        scheduler=args.scheduler,
+        sampler=args.sampler,
+    )
+
+
+def load_options_from_args(args: argparse.Namespace):
+    """Build the :class:`LoadOptions` the flags describe."""
+    from metrale_core.components import LoadOptions
+
+    return LoadOptions(dtype=args.dtype, device=args.device)

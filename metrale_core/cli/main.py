@@ -1,0 +1,99 @@
+"""``met``: the command-line entry point.
+
+Owner: the CLI.  Sub-commands live in their own modules (``generate``, ``plugins_cmd``, ...);
+this module builds the parser, configures logging once (stderr only) and turns every
+``MetraleError`` into a one-line message with exit code 2 instead of a traceback.
+
+Invariants:
+- stdout carries only the command's output (generated text, tables); logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from loguru import logger
+
+import metrale_core
+from metrale_core.errors import MetraleError
+
+__all__ = ["build_parser", "main"]
+
+
+def configure_logging(level: str) -> None:
+    """The one place that adds a loguru sink: stderr, at ``level``."""
+    logger.remove()
+    logger.add(sys.stderr, level=level.upper(),
+               format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
+
+
+def build_parser(registry=None) -> argparse.ArgumentParser:
+    from metrale_core.cli import generate
+
+    parser = argparse.ArgumentParser(
+        prog="met", description="Metrale: an LLM inference server built as a plugin framework")
+    parser.add_argument("--version", action="version",
+                        version=f"met {metrale_core.__version__}")
+    parser.add_argument("--log-level", default=os.environ.get("METRALE_LOG", "warning"),
+                        choices=("trace", "debug", "info", "success", "warning", "error"),
+                        help="stderr log level (default: $METRALE_LOG or warning)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    generate.add_parser(sub, registry)
+    _add_plugins_command(sub)
+    _add_optional_commands(sub, registry)
+    return parser
+
+
+def _add_plugins_command(sub) -> None:
+    cmd = sub.add_parser("plugins", help="list installed plugins and what each registers")
+    cmd.add_argument("--json", action="store_true", help="machine-readable output")
+    cmd.set_defaults(func=_run_plugins)
+
+
+def _run_plugins(args, registry) -> int:
+    import json
+
+    from metrale_core.cli.plugins_cmd import format_plugins, plugins_json
+
+    if args.json:
+        print(json.dumps(plugins_json(registry), indent=2))
+    else:
+        print(format_plugins(registry))
+    return 0
+
+
+def _add_optional_commands(sub, registry) -> None:
+    """Commands whose modules may be absent in a minimal install (e.g. the server)."""
+    try:
+        from metrale_core.cli import serve
+    except ImportError:
+        return
+    serve.add_parser(sub, registry)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    configure_logging(os.environ.get("METRALE_LOG", "warning"))
+    try:
+        from metrale_core.plugins import load_registry
+
+        registry = load_registry()
+        parser = build_parser(registry)
+        args = parser.parse_args(argv)
+        configure_logging(args.log_level)
+        if not getattr(args, "func", None):
+            parser.print_help(sys.stderr)
+            return 2
+        return int(args.func(args, registry) or 0)
+    except MetraleError as exc:
+        print(f"met: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("met: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

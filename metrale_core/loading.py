@@ -1,0 +1,88 @@
+"""From a path on disk to a ready model: weight store, loader plugin, model and tokenizer.
+
+Owner: the CLI and the server call :func:`load_model` once at start-up.
+
+Invariants:
+- The loader is chosen by what the checkpoint declares (``model_type`` / ``architectures``)
+  among the installed model-loader plugins; an unknown one is an ``UnknownArchitecture`` error
+  listing what is installed.
+- Progress is shown on stderr (one bar over the tensors read) and never on stdout.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from attrs import frozen
+from loguru import logger
+
+from metrale_core.components import LoadOptions
+
+__all__ = ["LoadedModel", "load_model", "resolve_model_path"]
+
+
+@frozen
+class LoadedModel:
+    """What :func:`load_model` returns."""
+
+    model: Any
+    store: Any
+    tokenizer: Any
+    loader_name: str
+    path: Path
+
+
+class _ProgressStore:
+    """Wraps a weight store and advances a progress bar on each tensor read."""
+
+    def __init__(self, store, bar):
+        self._store = store
+        self._bar = bar
+
+    def get(self, name, *args, **kwargs):
+        tensor = self._store.get(name, *args, **kwargs)
+        self._bar.update(1)
+        return tensor
+
+    def __contains__(self, name) -> bool:
+        return name in self._store
+
+    def __getattr__(self, attr):
+        return getattr(self._store, attr)
+
+
+def resolve_model_path(model: str | Path | None, *, progress: bool = True) -> Path:
+    """The checkpoint path to load: ``model`` if given, else the embedded default model."""
+    if model is None:
+        from metrale_core.embedded import default_model_path
+
+        return default_model_path(progress=progress)
+    return Path(model).expanduser()
+
+
+def load_model(model: str | Path | None, options: LoadOptions | None = None, registry=None,
+               *, progress: bool = True) -> LoadedModel:
+    """Open the checkpoint, pick its loader plugin, build the model and its tokenizer."""
+    from metrale_core.plugins import load_registry
+    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.weights import open_weights
+
+    options = options or LoadOptions()
+    registry = registry if registry is not None else load_registry()
+    path = resolve_model_path(model, progress=progress)
+    store = open_weights(path)
+    spec = registry.find_model_loader(store.config)
+    logger.info("loading {} with the '{}' loader ({} tensors)", path, spec.name, len(store.names()))
+    if progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        with tqdm(total=len(store.names()), desc="loading weights", unit="tensor",
+                  file=sys.stderr, leave=False) as bar:
+            model_obj = spec.factory(_ProgressStore(store, bar), options)
+    else:
+        model_obj = spec.factory(store, options)
+    tokenizer = Tokenizer.from_store(store)
+    return LoadedModel(model=model_obj, store=store, tokenizer=tokenizer,
+                       loader_name=spec.name, path=path)

@@ -1,0 +1,89 @@
+"""``met`` end to end in a subprocess: output on stdout only, clear one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def met(*args, stdin=None, timeout=300):
+    env = dict(os.environ, METRALE_LOG="warning", PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "metrale_core", *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def assert_clean_error(proc, *needles):
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+    for needle in needles:
+        assert needle.lower() in proc.stderr.lower(), proc.stderr
+
+
+def test_version():
+    proc = met("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("met 0.")
+
+
+def test_plugins_lists_core_and_qwen3():
+    proc = met("plugins")
+    assert proc.returncode == 0, proc.stderr
+    assert "metrale-core" in proc.stdout and "metrale-qwen3" in proc.stdout
+    assert "llama" in proc.stdout and "qwen3" in proc.stdout
+    data = json.loads(met("plugins", "--json").stdout)
+    assert any(p["distribution"] == "metrale-qwen3" for p in data)
+
+
+def test_generate_chat_on_embedded_model():
+    proc = met("generate", "--chat", "What is the capital of France?", "--max-tokens", "20")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "The capital of France is Paris.\n"
+
+
+@pytest.mark.parametrize("flag,value", [("--max-tokens", "0"), ("--max-tokens", "-3"),
+                                        ("--temperature", "-1"), ("--top-p", "0")])
+def test_bad_sampling_values(flag, value):
+    assert_clean_error(met("generate", "hello", flag, value), flag.lstrip("-").replace("-", "_"))
+
+
+def test_empty_prompt():
+    assert_clean_error(met("generate", ""), "empty")
+
+
+def test_prompt_longer_than_context():
+    assert_clean_error(met("generate", "word " * 50, "--max-model-len", "16"), "exceeds max_model_len")
+
+
+def test_missing_model_path(tmp_path):
+    assert_clean_error(met("generate", "--model", str(tmp_path / "nope"), "hi"), "nope")
+
+
+def test_unknown_model_type(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "frobnicator",
+                                                      "architectures": ["FrobForCausalLM"]}))
+    from safetensors.torch import save_file
+    import torch
+
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    assert_clean_error(met("generate", "--model", str(tmp_path), "hi"), "frobnicator", "qwen3", "llama")
+
+
+def test_corrupt_safetensors(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    assert_clean_error(met("generate", "--model", str(tmp_path), "hi"), "model.safetensors")
+
+
+def test_truncated_gguf(tmp_path):
+    from metrale_core.embedded import default_model_path
+
+    src = default_model_path(progress=False)
+    bad = tmp_path / "truncated.gguf"
+    with open(src, "rb") as f:
+        bad.write_bytes(f.read(5_000_000))
+    assert_clean_error(met("generate", "--model", str(bad), "hi"), "truncated.gguf")
