@@ -44,6 +44,8 @@ class EngineStats:
     num_blocks: int
     num_cached_blocks: int
     num_free_state_slots: int
+    #: Preemptions (by recompute) since start.
+    num_preemptions: int = 0
 
 
 def _component(family: dict, name: str, what: str) -> Any:
@@ -180,4 +182,5 @@ class LLMEngine:
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_free_blocks=bm.num_free_blocks, num_blocks=bm.num_blocks,
             num_cached_blocks=bm.num_cached_blocks(),
-            num_free_state_slots=self.scheduler.state_slots.num_free)
+            num_free_state_slots=self.scheduler.state_slots.num_free,
+            num_preemptions=self.scheduler.num_preemptions)

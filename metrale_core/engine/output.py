@@ -145,27 +145,6 @@ class OutputProcessor:
         if seq.detokenizer is not None:
             seq.text += seq.detokenizer.flush()
 
-    def _push_text(self, seq: Sequence, token: int) -> str | None:
-        """Detokenize ``token`` into ``seq.text``; returns "stop" when a stop string appears."""
-        if self.tokenizer is None:
-            return None
-        if seq.detokenizer is None:
-            from metrale_core.detokenizer import IncrementalDetokenizer
-
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids,
-                                                     skip_special_tokens=True)
-        previous = len(seq.text)
-        seq.text += seq.detokenizer.push([token])
-        stops = seq.params.stop
-        if not stops:
-            return None
-        begin = max(0, previous - max(len(s) for s in stops) + 1)
-        hits = [i for i in (seq.text.find(s, begin) for s in stops if s) if i >= 0]
-        if hits:
-            seq.text = seq.text[:min(hits)]
-            return "stop"
-        return None
-
     def _output(self, seq: Sequence, tokens: tuple[int, ...], logprob: tuple | None) -> RequestOutput:
         finished = seq.is_finished
         end = len(seq.text)

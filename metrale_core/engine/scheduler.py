@@ -132,6 +132,8 @@ class Scheduler:
         self.block_manager = BlockManager(num_blocks, config.block_size,
                                           config.resolve_prefix_caching(info))
         self.state_slots = StateSlots(config.max_num_seqs, info.has_recurrent_state)
+        #: Preemptions (by recompute) since start.
+        self.num_preemptions = 0
         self.waiting: deque[Sequence] = deque()
         #: Admission order; the last is the most recently admitted.
         self.running: list[Sequence] = []
@@ -257,6 +259,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_prefill_tokens = seq.num_tokens
         seq.num_preemptions += 1
+        self.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create ./.venv (if needed) and install metrale-core plus every plugin under plugins/ (and, with
+# --dev, the test extras and contrib/ plugins) in editable mode, with the CPU build of torch
+# pinned through constraints.txt. Sourced by serve.sh and test.sh.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+core="."
+dirs="plugins/*/"
+if [ "${1:-}" = "--dev" ]; then
+    core=".[test]"
+    dirs="plugins/*/ contrib/*/"
+fi
+# shellcheck disable=SC2086
+python -m pip install -q --disable-pip-version-check -c constraints.txt \
+    -e "$core" $(ls -d $dirs 2>/dev/null | sed 's/^/-e /')
