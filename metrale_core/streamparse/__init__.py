@@ -1,0 +1,36 @@
+"""Streaming parsers of generated text: reasoning (``<think>``) and tool calls.
+
+Owner: the server builds one :class:`StreamParser` per sequence with :func:`make_stream_parser`
+and passes it to the engine as ``extras={"stream_parser": parser}``; the engine feeds it and puts
+the parsed pieces on ``RequestOutput.parsed``.  Tool-call formats are plugins
+(``metrale_tool_call_parsers`` hook); the built-ins are ``hermes``, ``qwen3_coder`` and ``glm47``.
+
+Invariants: see ``parser`` (stream guarantees) and ``base`` (parser contract, B1 state).
+"""
+
+from __future__ import annotations
+
+from metrale_core.streamparse.base import CompletedCall, ParsedDelta, ToolCallParser
+from metrale_core.streamparse.parser import (
+    BUILTIN_TOOL_PARSERS,
+    StreamParser,
+    StreamParserClosed,
+    default_reasoning,
+    make_stream_parser,
+    new_tool_call_id,
+)
+from metrale_core.streamparse.reasoning import REASONING_FORMATS, ReasoningSplitter
+
+__all__ = [
+    "BUILTIN_TOOL_PARSERS",
+    "REASONING_FORMATS",
+    "CompletedCall",
+    "ParsedDelta",
+    "ReasoningSplitter",
+    "StreamParser",
+    "StreamParserClosed",
+    "ToolCallParser",
+    "default_reasoning",
+    "make_stream_parser",
+    "new_tool_call_id",
+]

@@ -1,0 +1,220 @@
+"""``StreamParser``: reasoning split + tool-call parsing of one sequence's generated text.
+
+Owner: the frontend builds one per sequence with :func:`make_stream_parser` and hands it to the
+engine as ``extras={"stream_parser": parser}``; the engine's output processor feeds it every text
+delta (after stop-string hold-back) in the engine thread, calls ``finish()`` when the sequence
+ends and puts the deltas on ``RequestOutput.parsed``.  The B1 observer reads its state properties
+from ``row.extras["stream_parser"]`` while the next position is sampled.
+
+Invariants:
+- Any split of the same text over ``feed`` calls gives the same concatenated ``content``, the same
+  concatenated ``reasoning``, the same tool calls (index, name) and the same concatenated
+  ``arguments`` per call index.  Adjacent pieces of the same kind are merged.
+- The first piece of a tool call carries ``tool_call_index``, ``tool_call_id`` (``call_<16 hex>``,
+  unique per call) and ``name``; later pieces carry the index and an ``arguments`` fragment.
+- Text inside the reasoning span never reaches the tool-call parser, so it is never a tool call
+  and never a parameter body.
+- ``finish()`` never raises on model output; a second call returns ``[]``; ``feed`` after it
+  raises :class:`StreamParserClosed`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Callable
+
+from metrale_core.errors import ConfigError, MetraleError
+from metrale_core.streamparse.base import ParsedDelta, ToolCallParser
+from metrale_core.streamparse.reasoning import REASONING_FORMATS, ReasoningSplitter
+
+__all__ = [
+    "BUILTIN_TOOL_PARSERS",
+    "StreamParser",
+    "StreamParserClosed",
+    "default_reasoning",
+    "make_stream_parser",
+    "new_tool_call_id",
+]
+
+#: Built-in parsers: name -> (factory target, default model types).  ``builtins.py`` registers
+#: them through the hook; :func:`make_stream_parser` falls back to this table without a registry.
+BUILTIN_TOOL_PARSERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "hermes": ("metrale_core.streamparse.hermes:HermesParser",
+               ("qwen3", "qwen2", "qwen3_moe", "qwen2_moe", "qwen3_next")),
+    "qwen3_coder": ("metrale_core.streamparse.qwen3_coder:Qwen3CoderParser",
+                    ("qwen3_coder", "qwen3_5", "qwen3_5_moe")),
+    "glm47": ("metrale_core.streamparse.glm47:Glm47Parser",
+              ("glm5_next", "glm_moe_dsa", "glm4_moe")),
+}
+#: ``tool_parser="none"`` turns tool-call parsing off (content and reasoning only).
+NO_TOOL_PARSER = "none"
+
+
+class StreamParserClosed(MetraleError):
+    """``feed`` was called after ``finish``."""
+
+
+def new_tool_call_id() -> str:
+    """A fresh OpenAI-style tool-call id: ``call_`` and 16 hex digits."""
+    return "call_" + secrets.token_hex(8)
+
+
+class StreamParser:
+    """One sequence's streaming parser: reasoning first, then tool calls."""
+
+    def __init__(self, tool_parser: ToolCallParser | None = None,
+                 reasoning: ReasoningSplitter | None = None,
+                 id_factory: Callable[[], str] = new_tool_call_id) -> None:
+        self.tool_parser = tool_parser
+        self.reasoning = reasoning
+        self.id_factory = id_factory
+        self._ids: dict[int, str] = {}
+        self._closed = False
+
+    # --- B1 state ----------------------------------------------------------------------------
+    @property
+    def in_reasoning(self) -> bool:
+        return self.reasoning is not None and self.reasoning.in_reasoning
+
+    @property
+    def inside_tool_call(self) -> bool:
+        return self.tool_parser is not None and self.tool_parser.inside_tool_call
+
+    @property
+    def inside_parameter_body(self) -> bool:
+        return self.tool_parser is not None and self.tool_parser.inside_parameter_body
+
+    @property
+    def param_body_chars_emitted(self) -> int:
+        if self.tool_parser is None or not self.tool_parser.inside_parameter_body:
+            return 0
+        return self.tool_parser.param_body_chars_emitted
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        """Completed well-formed calls so far: ``[{"id", "name", "arguments"}]`` (arguments: JSON)."""
+        if self.tool_parser is None:
+            return []
+        return [{"id": self._id(c.index), "name": c.name, "arguments": c.arguments}
+                for c in self.tool_parser.completed_calls]
+
+    # --- streaming ---------------------------------------------------------------------------
+    def feed(self, text: str) -> list[ParsedDelta]:
+        if self._closed:
+            raise StreamParserClosed("StreamParser.feed() after finish(); build a new parser "
+                                     "for each sequence")
+        if not text:
+            return []
+        if self.reasoning is None:
+            return self._merge(self._tools(text))
+        return self._merge(self._route(self.reasoning.feed(text)))
+
+    def finish(self) -> list[ParsedDelta]:
+        if self._closed:
+            return []
+        self._closed = True
+        out = self._route(self.reasoning.finish()) if self.reasoning is not None else []
+        if self.tool_parser is not None:
+            out += self.tool_parser.finish()
+        return self._merge(out)
+
+    # --- internals ---------------------------------------------------------------------------
+    def _route(self, segments: list[tuple[str, str]]) -> list[ParsedDelta]:
+        out: list[ParsedDelta] = []
+        for kind, text in segments:
+            if kind == "reasoning":
+                out.append(ParsedDelta(reasoning=text))
+            else:
+                out += self._tools(text)
+        return out
+
+    def _tools(self, text: str) -> list[ParsedDelta]:
+        if self.tool_parser is None:
+            return [ParsedDelta(content=text)]
+        return self.tool_parser.feed(text)
+
+    def _id(self, index: int) -> str:
+        if index not in self._ids:
+            self._ids[index] = self.id_factory()
+        return self._ids[index]
+
+    def _merge(self, deltas: list[ParsedDelta]) -> list[ParsedDelta]:
+        out: list[ParsedDelta] = []
+        for d in deltas:
+            if d.name is not None and d.tool_call_id is None:
+                d = ParsedDelta(tool_call_index=d.tool_call_index, tool_call_id=self._id(d.tool_call_index),
+                                name=d.name, arguments=d.arguments)
+            last = out[-1] if out else None
+            if last is not None and _mergeable(last, d):
+                out[-1] = ParsedDelta(content=last.content + d.content,
+                                      reasoning=last.reasoning + d.reasoning,
+                                      tool_call_index=last.tool_call_index,
+                                      tool_call_id=last.tool_call_id, name=last.name,
+                                      arguments=last.arguments + d.arguments)
+            elif d.content or d.reasoning or d.arguments or d.name is not None:
+                out.append(d)
+        return out
+
+
+def _mergeable(a: ParsedDelta, b: ParsedDelta) -> bool:
+    if b.name is not None:
+        return False
+    if a.tool_call_index is None and b.tool_call_index is None:
+        return bool(a.content) == bool(b.content) and bool(a.reasoning) == bool(b.reasoning)
+    return a.tool_call_index == b.tool_call_index
+
+
+def default_reasoning(model_type: str | None) -> str | None:
+    """The reasoning format a model type uses by default (None: no reasoning split)."""
+    if not model_type:
+        return None
+    if model_type.startswith("qwen3"):
+        return "qwen3"
+    if model_type.startswith("glm"):
+        return "glm45"
+    return None
+
+
+def _tool_factory(registry: Any, name: str | None, model_type: str | None) -> Callable | None:
+    if registry is not None:
+        specs = {n: (s.factory, tuple(s.model_types)) for n, s in registry.tool_call_parsers.items()}
+    else:
+        from metrale_core.plugins import lazy_factory
+
+        specs = {n: (lazy_factory(t), types) for n, (t, types) in BUILTIN_TOOL_PARSERS.items()}
+    if name == NO_TOOL_PARSER:
+        return None
+    if name is None:
+        name = next((n for n, (_, types) in sorted(specs.items()) if model_type in types), "hermes")
+    if name not in specs:
+        known = ", ".join(sorted(specs)) or "none"
+        raise ConfigError(f"no tool-call parser named {name!r} is installed (installed: {known}; "
+                          f"'{NO_TOOL_PARSER}' turns tool-call parsing off)")
+    return specs[name][0]
+
+
+def make_stream_parser(registry: Any = None, *, tool_parser: str | None = None,
+                       reasoning: str | None = None, tools: list[dict] | None = None,
+                       model_type: str | None = None, starts_in_reasoning: bool = False,
+                       id_factory: Callable[[], str] = new_tool_call_id) -> StreamParser:
+    """Build one sequence's :class:`StreamParser`.
+
+    ``tool_parser``: a registered parser name, ``"none"``, or None to pick the parser whose
+    ``model_types`` lists ``model_type`` (else ``hermes``).  ``reasoning``: None (no split), a name
+    of :data:`~metrale_core.streamparse.reasoning.REASONING_FORMATS`, or ``"auto"`` (by
+    ``model_type``, see :func:`default_reasoning`).  ``starts_in_reasoning``: the prompt already
+    opened ``<think>``.  ``tools``: the request's OpenAI tools (parameter types for conversion).
+    ``registry``: a ``metrale_core.plugins.Registry``; None uses the built-in parsers only.
+    """
+    if reasoning == "auto":
+        reasoning = default_reasoning(model_type)
+    splitter = None
+    if reasoning is not None:
+        fmt = REASONING_FORMATS.get(reasoning)
+        if fmt is None:
+            raise ConfigError(f"unknown reasoning format {reasoning!r} (known: "
+                              f"{', '.join(sorted(REASONING_FORMATS))}, auto, or none)")
+        splitter = ReasoningSplitter(fmt, starts_in_reasoning=starts_in_reasoning)
+    factory = _tool_factory(registry, tool_parser, model_type)
+    parser = factory(tools=tools) if factory is not None else None
+    return StreamParser(parser, splitter, id_factory=id_factory)

@@ -1,0 +1,110 @@
+"""Splits ``<think>…</think>`` reasoning off the front of a generated stream.
+
+Owner: :class:`metrale_core.streamparse.parser.StreamParser` runs one :class:`ReasoningSplitter`
+before the tool-call parser; only the content it yields reaches the tool-call parser.
+
+Behaviour.
+- ``starts_in_reasoning=False``: the stream is content unless it begins (after optional
+  whitespace) with ``<think>``; that tag and the whitespace before it are dropped.  A ``<think>``
+  after content is content.
+- ``starts_in_reasoning=True``: the prompt already opened ``<think>`` (templates that end the
+  generation prompt with it); the stream is reasoning from its first character.
+- Reasoning ends at ``</think>`` (dropped) or, in the glm variant, at ``<tool_call>``, which is
+  kept and handed on as content so the tool-call parser sees it.  A stream that ends inside
+  reasoning was all reasoning.  There is one reasoning span at most.
+
+Invariants:
+- Any split of the same text over ``feed`` calls gives the same reasoning and content.
+- Only a partial tag (at most one tag long) or the leading whitespace before a possible
+  ``<think>`` (at most :data:`MAX_LEADING_WS` characters) is ever held back.
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from metrale_core.streamparse.base import scan_tags
+
+__all__ = ["MAX_LEADING_WS", "REASONING_FORMATS", "ReasoningFormat", "ReasoningSplitter"]
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+#: Leading whitespace held while waiting for a ``<think>``; past this the stream is content.
+MAX_LEADING_WS = 64
+
+
+@frozen
+class ReasoningFormat:
+    """Which tags end a reasoning span."""
+
+    name: str
+    #: Tags that end reasoning and are dropped.
+    close_tags: tuple[str, ...] = (THINK_CLOSE,)
+    #: Tags that end reasoning and are handed on as content (glm: ``<tool_call>``).
+    handover_tags: tuple[str, ...] = ()
+
+
+#: Reasoning formats by name (``make_stream_parser(reasoning=...)``).
+REASONING_FORMATS: dict[str, ReasoningFormat] = {
+    "qwen3": ReasoningFormat("qwen3"),
+    "think": ReasoningFormat("think"),
+    "deepseek_r1": ReasoningFormat("deepseek_r1"),
+    "glm45": ReasoningFormat("glm45", handover_tags=("<tool_call>",)),
+    "glm47": ReasoningFormat("glm47", handover_tags=("<tool_call>",)),
+}
+
+
+class ReasoningSplitter:
+    """Streaming splitter: ``feed(text)`` -> ``[("reasoning" | "content", text), ...]``."""
+
+    def __init__(self, fmt: ReasoningFormat | None = None, starts_in_reasoning: bool = False) -> None:
+        self.format = fmt if fmt is not None else REASONING_FORMATS["think"]
+        self._tags = self.format.close_tags + self.format.handover_tags
+        self._state = "reasoning" if starts_in_reasoning else "start"
+        self._buf = ""
+        self._finished = False
+
+    @property
+    def in_reasoning(self) -> bool:
+        """True while the committed text is inside the reasoning span."""
+        return self._state == "reasoning"
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        if self._state == "content":
+            return [("content", text)] if text else []
+        self._buf += text
+        return self._run(final=False)
+
+    def finish(self) -> list[tuple[str, str]]:
+        if self._finished:
+            return []
+        self._finished = True
+        return self._run(final=True)
+
+    def _run(self, final: bool) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        if self._state == "start":
+            self._start(final)
+        if self._state == "reasoning" and self._buf:
+            i, tag = scan_tags(self._buf, 0, self._tags, final)
+            if i:
+                out.append(("reasoning", self._buf[:i]))
+            if tag is None:
+                self._buf = self._buf[i:]
+                return out
+            self._state = "content"
+            self._buf = self._buf[i + len(tag):] if tag in self.format.close_tags else self._buf[i:]
+        if self._state == "content" and self._buf:
+            out.append(("content", self._buf))
+            self._buf = ""
+        return out
+
+    def _start(self, final: bool) -> None:
+        body = self._buf.lstrip()
+        if len(self._buf) - len(body) > MAX_LEADING_WS:
+            self._state = "content"
+        elif body.startswith(THINK_OPEN):
+            self._buf = body[len(THINK_OPEN):]
+            self._state = "reasoning"
+        elif final or not THINK_OPEN.startswith(body):
+            self._state = "content"
