@@ -12,7 +12,7 @@ Invariants:
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.components import SamplerSpec, SchedulerSpec
+from metrale_core.components import SamplerSpec, SchedulerSpec, ToolCallParserSpec
 from metrale_core.plugins import lazy_factory
 
 
@@ -36,3 +36,12 @@ def metrale_schedulers(register):
             description="first come, first served scheduling policy",
         )
     )
+
+
+@hookimpl
+def metrale_tool_call_parsers(register):
+    from metrale_core.streamparse.parser import BUILTIN_TOOL_PARSERS  # a table; no parser imported
+
+    for name, (target, model_types) in BUILTIN_TOOL_PARSERS.items():
+        register(ToolCallParserSpec(name=name, factory=lazy_factory(target), model_types=model_types,
+                                    description=f"streaming {name} tool-call parser"))

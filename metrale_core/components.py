@@ -65,7 +65,12 @@ class ModelLoaderSpec:
 
 @frozen
 class KVScaleSourceSpec:
-    """Where FP8 K/V scales come from (checkpoint, online calibration, 1.0)."""
+    """A KV storage dtype served by a plugin (``--kv-cache-dtype fp8``) and where its scales come from.
+
+    ``factory(request)`` receives a ``metrale_core.engine.kv_dtype.KVCodecRequest`` for every
+    engine built and returns a ``metrale_core.model_api.KVCodec`` when ``request.kv_cache_dtype``
+    is the dtype it serves, else None (after refusing its own options that need that dtype).
+    """
 
     name: str
     factory: Callable[..., Any]
@@ -76,8 +81,10 @@ class KVScaleSourceSpec:
 class LogitProcessorSpec:
     """A stage of the logit pipeline.
 
-    ``factory(engine_config)`` returns an object with ``__call__(logits, ctx)``; it is run on the
-    ``[N, V]`` logits of the positions whose kind is in ``kinds``, in ascending ``order``.
+    ``factory(engine_config)`` returns an object with ``__call__(logits, ctx)``, or None to stay
+    out of this engine's pipeline (say, when its enabling flag in
+    ``engine_config.plugin_options`` is off); it is run on the ``[N, V]`` logits of the positions
+    whose kind is in ``kinds``, in ascending ``order``.
     A ``read_only`` processor (an observer) must not write the logits; the pipeline checks it in
     debug mode and tests compare bit-for-bit.
     """

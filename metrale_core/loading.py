@@ -7,13 +7,15 @@ Invariants:
   among the installed model-loader plugins; an unknown one is an ``UnknownArchitecture`` error
   listing what is installed.
 - Progress is shown on stderr (one bar over the tensors read) and never on stdout.
+- The built model gets a ``weight_store`` attribute (the open ``WeightStore``) unless it already
+  has one, so engine-side plugins (FP8 KV scales) can read the checkpoint and its path.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from attrs import frozen
 from loguru import logger
@@ -35,15 +37,21 @@ class LoadedModel:
 
 
 class _ProgressStore:
-    """Wraps a weight store and advances a progress bar on each tensor read."""
+    """Wraps a weight store; each tensor read advances a progress bar and/or calls ``on_tensor``."""
 
-    def __init__(self, store, bar):
+    def __init__(self, store, bar, on_tensor=None):
         self._store = store
         self._bar = bar
+        self._on_tensor = on_tensor
+        self._done, self._total = 0, len(store.names())
 
     def get(self, name, *args, **kwargs):
         tensor = self._store.get(name, *args, **kwargs)
-        self._bar.update(1)
+        self._done += 1
+        if self._bar is not None:
+            self._bar.update(1)
+        if self._on_tensor is not None:
+            self._on_tensor(self._done, self._total, tensor.numel() * tensor.element_size())
         return tensor
 
     def __contains__(self, name) -> bool:
@@ -63,8 +71,13 @@ def resolve_model_path(model: str | Path | None, *, progress: bool = True) -> Pa
 
 
 def load_model(model: str | Path | None, options: LoadOptions | None = None, registry=None,
-               *, progress: bool = True) -> LoadedModel:
-    """Open the checkpoint, pick its loader plugin, build the model and its tokenizer."""
+               *, progress: bool = True,
+               on_tensor: Callable[[int, int, int], None] | None = None) -> LoadedModel:
+    """Open the checkpoint, pick its loader plugin, build the model and its tokenizer.
+
+    ``on_tensor(done, total, nbytes)`` (optional) is called after each tensor is read, with the
+    tensors read so far, the tensors in the checkpoint and the bytes of the tensor just read.
+    """
     from metrale_core.plugins import load_registry
     from metrale_core.tokenizer import Tokenizer
     from metrale_core.weights import open_weights
@@ -80,9 +93,13 @@ def load_model(model: str | Path | None, options: LoadOptions | None = None, reg
 
         with tqdm(total=len(store.names()), desc="loading weights", unit="tensor",
                   file=sys.stderr, leave=False) as bar:
-            model_obj = spec.factory(_ProgressStore(store, bar), options)
+            model_obj = spec.factory(_ProgressStore(store, bar, on_tensor), options)
+    elif on_tensor is not None:
+        model_obj = spec.factory(_ProgressStore(store, None, on_tensor), options)
     else:
         model_obj = spec.factory(store, options)
+    if getattr(model_obj, "weight_store", None) is None:
+        model_obj.weight_store = store
     tokenizer = Tokenizer.from_store(store)
     return LoadedModel(model=model_obj, store=store, tokenizer=tokenizer,
                        loader_name=spec.name, path=path)

@@ -15,7 +15,23 @@ Invariants:
 - ``forward`` returns float32 logits for exactly the rows listed in ``logits_rows``, in order.
 - The engine never asks a model that declares recurrent layers to consume a position twice:
   ``state_fresh[i]`` is True exactly when sequence ``i`` starts at position 0, in which case the
-  model must reset the recurrent state in ``state_slots[i]`` before consuming.
+  model must reset the recurrent state in ``state_slots[i]`` before consuming.  The one
+  exception is speculative verify, below: rejected rows are rolled back by ``commit_verify``
+  before their positions are fed again.
+
+Optional extensions (the engine checks with ``hasattr``):
+- Speculative verify (``verify_host[i]`` True): sequence ``i``'s rows are ``[last, d1..dk]``;
+  all k+1 rows ask for logits.  Attention K/V of rejected rows is discarded by the engine
+  (rolling back the sequence length).  A model with recurrent state must implement
+  ``commit_verify(state, slots, num_kept)``: the engine calls it once after every forward that
+  had verify rows, before the next forward, for each still-running verify sequence (state slot
+  ``slots[j]``); afterwards that slot's state must equal the state after consuming only the
+  first ``num_kept[j]`` rows (1..k+1) of its verify chunk, bit for bit, as if the rest had never
+  been fed.  Keeping per-row snapshots during a verify forward (vLLM/SGLang) or a checkpoint
+  plus replay of the kept rows (the Rust KDA engine) both satisfy it.  Without
+  ``commit_verify`` a recurrent model cannot be speculated on (``ConfigError``).
+- ``forward_with_hidden(batch, kv, state) -> (logits, hidden)``: like ``forward`` and also the
+  final-normed hidden states ``[T, D]`` of every row (MTP draft heads read them).
 - Nothing here imports a model plugin; plugins import this module.
 """
 
@@ -29,10 +45,13 @@ from attrs import define, field, frozen
 __all__ = [
     "CausalLM",
     "ForwardBatch",
+    "KVCodec",
     "KVLayout",
     "ModelInfo",
     "PagedKVCache",
+    "PlainKVCodec",
     "RecurrentLayout",
+    "gather_blocks",
 ]
 
 
@@ -48,11 +67,20 @@ class KVLayout:
     head_dim: int
     #: Storage dtype of the cache (the model dtype unless a KV-dtype plugin changes it).
     dtype: torch.dtype = torch.float32
+    #: Last dimension of the V tensors when it differs from K's (an MLA latent cache keeps the
+    #: latent in K and a per-token side cache, e.g. a sparse-attention indexer's keys, in V);
+    #: None means ``head_dim``.
+    v_head_dim: int | None = None
+
+    @property
+    def v_dim(self) -> int:
+        """Last dimension of the V tensors."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
     def bytes_per_token(self) -> int:
         """Bytes of K plus V across all layers for one token."""
         itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+        return self.num_layers * self.num_kv_heads * (self.head_dim + self.v_dim) * itemsize
 
 
 @frozen
@@ -90,11 +118,77 @@ class ModelInfo:
         return self.recurrent is not None and self.recurrent.num_layers > 0
 
 
+class KVCodec(Protocol):
+    """How a :class:`PagedKVCache` stores K/V and reads them back (the KV-dtype seam).
+
+    Model plugins never touch ``k``/``v`` storage directly when ``cache.plain`` is False; they
+    call :meth:`PagedKVCache.write` / :meth:`PagedKVCache.gather`, which delegate here.  A
+    KV-dtype plugin (FP8, ...) supplies its own codec through ``metrale_kv_scale_sources``.
+    """
+
+    #: Short name shown in logs ("plain", "fp8").
+    name: str
+    #: True when the storage tensors hold K/V as plain floats a kernel may read directly.
+    plain: bool
+    #: Storage dtype of the pool (None: the layout's dtype).
+    storage_dtype: torch.dtype | None
+
+    def write(self, cache: "PagedKVCache", layer: int, slot_mapping: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor, kernel=None) -> None:
+        """Store ``k`` / ``v`` ``[T, Hk, d]`` of ``layer`` at the flat slots ``[T]``."""
+        ...
+
+    def gather(self, cache: "PagedKVCache", layer: int, block_ids: torch.Tensor,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the blocks ``block_ids`` ``[..., nb]`` as ``[..., nb * bs, Hk, d]`` in ``dtype``."""
+        ...
+
+    def decode_attention(self, cache: "PagedKVCache", layer: int, q: torch.Tensor,
+                         block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                         max_context: int) -> torch.Tensor | None:
+        """A fused decode kernel over this storage, or None to let the model gather and attend."""
+        ...
+
+
+class PlainKVCodec:
+    """The default codec: K/V stored as they are (cast to the storage dtype), read back cast."""
+
+    name = "plain"
+    plain = True
+    storage_dtype = None
+
+    def write(self, cache: "PagedKVCache", layer: int, slot_mapping: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor, kernel=None) -> None:
+        """``kernel(k, v, k_cache, v_cache, slot_mapping)`` is a model's fused store, if any."""
+        k_cache, v_cache = cache.k[layer], cache.v[layer]
+        if kernel is not None:
+            kernel(k, v, k_cache, v_cache, slot_mapping)
+            return
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+    def gather(self, cache: "PagedKVCache", layer: int, block_ids: torch.Tensor,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return (gather_blocks(cache.k[layer], block_ids, dtype),
+                gather_blocks(cache.v[layer], block_ids, dtype))
+
+    def decode_attention(self, cache, layer, q, block_tables, context_lens, scale, max_context):
+        return None
+
+
+def gather_blocks(storage: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[..., nb * bs, H, d]`` rows of ``storage`` ``[blocks, bs, H, d]`` for ``block_ids`` ``[..., nb]``."""
+    gathered = storage[block_ids]  # [..., nb, bs, H, d]
+    shape = (*gathered.shape[:-4], -1, *gathered.shape[-2:])
+    return gathered.reshape(shape).to(dtype)
+
+
 @define
 class PagedKVCache:
     """The paged K/V pool: one K and one V tensor per attention layer.
 
-    ``k[layer]`` and ``v[layer]`` have shape ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+    ``k[layer]`` has shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` and ``v[layer]``
+    the same with ``KVLayout.v_dim`` last.
     A token at slot ``s`` lives at ``[s // block_size, s % block_size]``.
     """
 
@@ -103,20 +197,44 @@ class PagedKVCache:
     block_size: int
     #: Free-form per-layer extras owned by KV-dtype plugins (e.g. FP8 scales).
     extras: dict = field(factory=dict)
+    #: How K/V are stored and read back (:class:`PlainKVCodec` unless a KV-dtype plugin's).
+    codec: KVCodec = field(factory=PlainKVCodec)
 
     @classmethod
     def allocate(cls, layout: KVLayout, num_blocks: int, block_size: int,
-                 device: torch.device | str = "cpu") -> "PagedKVCache":
+                 device: torch.device | str = "cpu", codec: KVCodec | None = None) -> "PagedKVCache":
+        """Zeroed storage of ``layout.dtype`` (the codec's storage dtype) for ``num_blocks`` blocks."""
         shape = (num_blocks, block_size, layout.num_kv_heads, layout.head_dim)
+        v_shape = (num_blocks, block_size, layout.num_kv_heads, layout.v_dim)
         return cls(
             k=[torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)],
-            v=[torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)],
+            v=[torch.zeros(v_shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)],
             block_size=block_size,
+            codec=codec if codec is not None else PlainKVCodec(),
         )
 
     @property
     def num_blocks(self) -> int:
         return self.k[0].shape[0] if self.k else 0
+
+    @property
+    def plain(self) -> bool:
+        """True when ``k[layer]`` / ``v[layer]`` hold plain floats a kernel may read directly."""
+        return self.codec.plain
+
+    def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              *, kernel=None) -> None:
+        """Store ``k`` / ``v`` ``[T, Hk, d]`` of ``layer`` at flat slots ``slot_mapping`` ``[T]``.
+
+        ``kernel(k, v, k_cache, v_cache, slot_mapping)`` is the model's own fused store; the
+        plain codec uses it, other codecs (which quantize) ignore it.
+        """
+        self.codec.write(self, layer, slot_mapping, k, v, kernel)
+
+    def gather(self, layer: int, block_ids: torch.Tensor,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of ``block_ids`` ``[..., nb]`` as ``[..., nb * block_size, Hk, d]`` in ``dtype``."""
+        return self.codec.gather(self, layer, block_ids, dtype)
 
 
 @frozen
@@ -150,6 +268,8 @@ class ForwardBatch:
     context_lens_host: tuple[int, ...]
     #: Block size of the cache the block tables index.
     block_size: int
+    #: Per sequence: its rows are a speculative verify chunk (see the module docstring).
+    verify_host: tuple[bool, ...] = ()
 
     @property
     def num_seqs(self) -> int:

@@ -73,8 +73,12 @@ class AsyncEngine:
 
     async def generate(self, prompt_ids: Seq[int], params: SamplingParams,
                        request_id: str | None = None,
-                       timeout_s: float | None = None) -> AsyncIterator[RequestOutput]:
+                       timeout_s: float | None = None,
+                       extras: dict | None = None) -> AsyncIterator[RequestOutput]:
         """Stream the deltas of one request; the last one has ``finished`` True.
+
+        ``extras`` goes to ``LLMEngine.add_request`` (per-sequence plugin state, e.g. the
+        ``stream_parser``); it is handed to the engine thread, which alone touches it from then on.
 
         Raises ``InvalidRequest`` / ``PromptTooLong`` before streaming for a bad request.
         """
@@ -87,7 +91,7 @@ class AsyncEngine:
             if request_id in self._streams:
                 raise InvalidRequest(f"request id {request_id!r} is already in use")
             self._streams[request_id] = (asyncio.get_running_loop(), stream)
-        self._inbox.put(("add", request_id, prompt, params, timeout_s))
+        self._inbox.put(("add", request_id, prompt, params, timeout_s, extras))
         finished = False
         try:
             while not finished:
@@ -137,9 +141,9 @@ class AsyncEngine:
         if item[0] == "abort":
             self.engine.abort(item[1])
             return
-        _, request_id, prompt, params, timeout_s = item
+        _, request_id, prompt, params, timeout_s, extras = item
         try:
-            self.engine.add_request(request_id, prompt, params, timeout_s=timeout_s)
+            self.engine.add_request(request_id, prompt, params, timeout_s=timeout_s, extras=extras)
         except Exception as exc:  # noqa: BLE001 - delivered to the consumer, who raises it
             self._put(request_id, exc)
 

@@ -152,17 +152,16 @@ class BlockManager:
         for _ in range(needed):
             seq.block_ids.append(self._take_free())
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back ``seq``'s blocks past the first ``num_tokens`` positions (speculative
+        rollback: they hold only rejected drafts, never a prefix-cache key)."""
+        keep = self.blocks_for(num_tokens)
+        tail, seq.block_ids = seq.block_ids[keep:], seq.block_ids[:keep]
+        self._release(tail)
+
     def free(self, seq: Sequence) -> None:
         """Drop ``seq``'s references; blocks reaching 0 go to the free list (tail first)."""
-        for block_id in reversed(seq.block_ids):
-            block = self._blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count < 0:
-                raise RuntimeError(f"block {block_id} freed twice")
-            if block.ref_count == 0:
-                self._free[block_id] = None
-                if block.key is None:
-                    self._free.move_to_end(block_id, last=False)
+        self._release(seq.block_ids)
         seq.block_ids = []
         self._seq_keys.pop(seq.request_id, None)
 
@@ -192,6 +191,17 @@ class BlockManager:
         self._cached.clear()
         for keys in self._seq_keys.values():
             keys.clear()
+
+    def _release(self, block_ids: Seq[int]) -> None:
+        for block_id in reversed(block_ids):
+            block = self._blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count < 0:
+                raise RuntimeError(f"block {block_id} freed twice")
+            if block.ref_count == 0:
+                self._free[block_id] = None
+                if block.key is None:
+                    self._free.move_to_end(block_id, last=False)
 
     def _take_free(self) -> int:
         block_id, _ = self._free.popitem(last=False)

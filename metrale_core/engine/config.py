@@ -51,6 +51,18 @@ def _optional_bool(instance, attribute, value) -> None:
                           f"got {value!r}")
 
 
+def _option_keys(instance, attribute, value) -> None:
+    bad = [key for key in value if not isinstance(key, str) or not key]
+    if bad:
+        raise ConfigError(f"EngineConfig.{attribute.name} keys must be non-empty flag dests, "
+                          f"got {bad!r}")
+
+
+def _optional_name(instance, attribute, value) -> None:
+    if value is not None:
+        _name(instance, attribute, value)
+
+
 def _callable(instance, attribute, value) -> None:
     if not callable(value):
         raise ConfigError(f"EngineConfig.{attribute.name} must be a callable returning seconds")
@@ -68,8 +80,12 @@ class EngineConfig:
     num_kv_blocks: int | None = field(default=None, validator=_optional_positive)
     #: Token budget of the prefill chunks of one step (a longer prompt is split across steps).
     max_prefill_tokens: int = field(default=8192, validator=_positive)
-    #: Most sequences running at once (also the number of recurrent-state slots).
+    #: Most sequences running at once (also the most recurrent-state slots).
     max_num_seqs: int = field(default=128, validator=_positive)
+    #: Byte budget of the recurrent-state pool of a model with recurrent layers: the pool gets
+    #: ``min(max_num_seqs, recurrent_state_memory // bytes_per_sequence)`` slots, and sequences
+    #: beyond that wait for a slot (see ``num_state_slots_for``).
+    recurrent_state_memory: int = field(default=4 << 30, validator=_positive)
     #: Longest sequence (prompt + output); None means the model's ``max_position``.
     max_model_len: int | None = field(default=None, validator=_optional_positive)
     #: Prefix caching; None means on exactly when the model keeps no recurrent state.
@@ -80,8 +96,15 @@ class EngineConfig:
     scheduler: str = field(default="fcfs", validator=_name)
     #: Registered sampler name.
     sampler: str = field(default="default", validator=_name)
+    #: KV-cache storage dtype: None = the model dtype; "fp32" / "fp16" / "bf16" (core) or a
+    #: plugin dtype such as "fp8" (metrale-fp8); see ``metrale_core.engine.kv_dtype``.
+    kv_cache_dtype: str | None = field(default=None, validator=_optional_name)
     #: Monotonic clock in seconds (tests inject a fake one).
     clock: Callable[[], float] = field(default=time.monotonic, validator=_callable, repr=False)
+    #: Values of the flags plugins add through the ``metrale_engine_flags`` hook, keyed by each
+    #: flag's argparse ``dest`` (``{"dry_multiplier": 0.8}``); a plugin's factories read their own
+    #: keys with ``.get(key, default)``, so an engine built without the CLI still works.
+    plugin_options: dict = field(factory=dict, converter=dict, validator=_option_keys, hash=False)
 
     def num_blocks_for(self, layout: KVLayout | None, max_model_len: int) -> int:
         """Blocks in the KV pool for ``layout``.
@@ -99,6 +122,19 @@ class EngineConfig:
                 f"kv_cache_memory={self.kv_cache_memory} bytes holds no block of {self.block_size} "
                 f"tokens ({layout.bytes_per_token()} bytes per token); raise kv_cache_memory")
         return blocks
+
+    def num_state_slots_for(self, info: ModelInfo) -> int:
+        """Recurrent-state slots: ``max_num_seqs`` capped by ``recurrent_state_memory`` (0 when
+        the model keeps no recurrent state)."""
+        if not info.has_recurrent_state:
+            return 0
+        per_seq = max(1, info.recurrent.bytes_per_sequence)
+        slots = min(self.max_num_seqs, self.recurrent_state_memory // per_seq)
+        if slots < 1:
+            raise ConfigError(
+                f"recurrent_state_memory={self.recurrent_state_memory} bytes holds no sequence's "
+                f"recurrent state ({per_seq} bytes for {info.architecture}); raise it")
+        return slots
 
     def resolve_max_model_len(self, info: ModelInfo) -> int:
         """The context limit: ``max_model_len`` capped by the model's ``max_position``."""

@@ -25,8 +25,11 @@ from loguru import logger
 from metrale_core.engine.config import EngineConfig
 from metrale_core.engine.output import OutputProcessor, RequestOutput
 from metrale_core.engine.request import Request, Sequence
-from metrale_core.engine.runner import ModelRunner
+from metrale_core.engine.kv_dtype import resolve_kv_storage
+from metrale_core.engine.runner import ModelRunner, model_device
 from metrale_core.engine.scheduler import FcfsPolicy, Scheduler
+from metrale_core.engine.spec_driver import build_spec_driver
+from metrale_core.engine.snapshot import SnapshotPublisher
 from metrale_core.errors import ConfigError, InvalidRequest, PromptTooLong
 from metrale_core.model_api import CausalLM
 from metrale_core.sampling.params import SamplingParams
@@ -65,7 +68,9 @@ def build_pipeline(config: EngineConfig, registry: Any = None) -> Any:
     sampler = _component(registry.samplers, config.sampler, "sampler").factory()
     specs = sorted((s for s in registry.logit_processors.values() if s.default_enabled),
                    key=lambda s: (s.order, s.name))
-    return LogitPipeline(processors=[(spec, spec.factory(config)) for spec in specs], sampler=sampler)
+    built = [(spec, spec.factory(config)) for spec in specs]
+    # a factory returns None when the configuration leaves its processor off (e.g. a flag at 0)
+    return LogitPipeline(processors=[(s, p) for s, p in built if p is not None], sampler=sampler)
 
 
 def _build_policy(config: EngineConfig, registry: Any) -> Any:
@@ -81,7 +86,7 @@ class LLMEngine:
     """One model, one scheduler, one KV cache."""
 
     def __init__(self, model: CausalLM, config: EngineConfig | None = None,
-                 tokenizer: Any = None, registry: Any = None) -> None:
+                 tokenizer: Any = None, registry: Any = None, *, speculator: Any = None) -> None:
         self.model = model
         self.config = config = config if config is not None else EngineConfig()
         self.tokenizer = tokenizer
@@ -90,13 +95,23 @@ class LLMEngine:
         if info.has_recurrent_state and config.enable_prefix_caching:
             logger.warning("prefix caching is off: {} keeps recurrent state outside the KV cache",
                            info.architecture)
-        num_blocks = config.num_blocks_for(info.kv, self.max_model_len)
+        #: The KV pool's storage layout (storage dtype) and codec (``--kv-cache-dtype``).
+        self.kv_storage = resolve_kv_storage(config, model, registry, model_device(model))
+        num_blocks = config.num_blocks_for(self.kv_storage.layout, self.max_model_len)
         self.scheduler = Scheduler(config, info, _build_policy(config, registry), num_blocks,
                                    self.max_model_len)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, config.max_num_seqs)
+        self.runner = ModelRunner(model, num_blocks, config.block_size,
+                                  self.scheduler.state_slots.num_slots, kv_storage=self.kv_storage)
         self.output_processor = OutputProcessor(build_pipeline(config, registry), self.scheduler,
                                                 tokenizer, info.eos_token_ids, self.max_model_len)
         self._order = itertools.count()
+        #: Speculative decoding (None when off): a given ``speculator``, or the proposer named
+        #: by the ``speculative`` plugin option (``--speculative``), built from the registry.
+        self.spec_driver = build_spec_driver(
+            config, model, self.output_processor.pipeline, registry, self.scheduler, self.runner,
+            self.output_processor, self.max_model_len, speculator)
+        #: Publishes an immutable ``EngineSnapshot`` each step (``engine.snapshots.latest``).
+        self.snapshots = SnapshotPublisher(self.scheduler, config.clock)
         logger.info("engine: {} KV blocks x {} tokens, max_model_len {}, prefix caching {}",
                     num_blocks, config.block_size, self.max_model_len,
                     "on" if self.scheduler.block_manager.enable_prefix_caching else "off")
@@ -132,18 +147,28 @@ class LLMEngine:
         return ids
 
     def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, *,
-                    timeout_s: float | None = None) -> None:
-        """Queue a request; its deltas come from later ``step()`` calls."""
+                    timeout_s: float | None = None, extras: dict | None = None) -> None:
+        """Queue a request; its deltas come from later ``step()`` calls.
+
+        ``extras`` is merged into the sequence's per-sequence plugin state (``seq.extras``), e.g.
+        ``{"stream_parser": make_stream_parser(...)}`` (see ``metrale_core.streamparse``).
+        """
         prompt_ids = self.validate_request(request_id, prompt_ids, params)
         if timeout_s is not None and not timeout_s > 0:
             raise InvalidRequest(f"request {request_id!r}: timeout_s must be > 0, got {timeout_s!r}")
+        if extras is not None and not isinstance(extras, dict):
+            raise InvalidRequest(f"request {request_id!r}: extras must be a dict, got "
+                                 f"{type(extras).__name__}")
         if request_id in self.scheduler.seqs:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
         now = self.config.clock()
         limit = timeout_s if timeout_s is not None else self.config.request_timeout_s
         request = Request(request_id, prompt_ids, params, arrival_time=now,
                           deadline=None if limit is None else now + limit)
-        self.scheduler.add(Sequence(request, next(self._order)))
+        seq = Sequence(request, next(self._order))
+        seq.extras.update(extras or {})
+        self.scheduler.add(seq)
+        self.snapshots.request_added(request_id, now)
 
     def abort(self, request_id: str) -> bool:
         """Finish ``request_id`` with ``"abort"``, freeing its blocks now; False if unknown."""
@@ -156,9 +181,20 @@ class LLMEngine:
     # --- the loop ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one step; returns the deltas it produced."""
-        plan = self.scheduler.schedule()
-        logits = self.runner.execute(plan)
-        return self.output_processor.update(plan, logits)
+        spec = self.spec_driver
+        if spec is None:
+            plan = self.scheduler.schedule()
+            logits = self.runner.execute(plan)
+            outputs = self.output_processor.update(plan, logits)
+        else:  # speculative: drafts -> verify chunks -> accept -> rollback -> report
+            started = self.config.clock()
+            drafts = spec.drafts()
+            plan = self.scheduler.schedule(drafts)
+            logits = self.runner.execute(plan, want_hidden=spec.wants_hidden)
+            outputs = self.output_processor.update(plan, logits, drafts)
+            spec.after_step(plan, outputs, self.config.clock() - started)
+        self.snapshots.publish(plan, outputs)
+        return outputs
 
     def fail_in_flight(self, error: str) -> list[RequestOutput]:
         """After a step raised: finish the sequences of the failed step with ``"error"``.
@@ -174,6 +210,7 @@ class LLMEngine:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "error", error=error)
                 outputs.append(self.output_processor.final_output(seq))
+        self.snapshots.publish(None, outputs)
         return outputs
 
     def stats(self) -> EngineStats:

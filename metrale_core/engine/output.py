@@ -17,14 +17,18 @@ Invariants:
 - Text that could be the start of a stop string is held back until it cannot be; a finished
   sequence flushes whatever is held.
 - Without a tokenizer ``text_delta`` is always ``""`` and stop strings are not checked.
+- A sequence's ``extras["stream_parser"]`` is fed exactly the emitted text deltas, in
+  order, in the engine thread, and finished with the sequence; its pieces are
+  ``RequestOutput.parsed``.  So its state is current when the next position is sampled.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from attrs import frozen
+from loguru import logger
 
 from metrale_core.engine.request import Sequence
 from metrale_core.engine.scheduler import Scheduler, SchedulerOutput
@@ -51,6 +55,9 @@ class RequestOutput:
     #: When the request asked for logprobs: per new token ``(token_id, logprob, top)`` with
     #: ``top`` a tuple of ``(token_id, logprob)`` pairs, most likely first; else None.
     logprobs: tuple | None = None
+    #: The ``ParsedDelta`` pieces of ``text_delta`` when the request has a ``stream_parser`` extra
+    #: (``metrale_core.streamparse``); the final delta includes what ``finish()`` flushed.
+    parsed: tuple = ()
 
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
@@ -64,6 +71,35 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
     return best
 
 
+def _parse(seq: Sequence, delta: str, finished: bool) -> tuple:
+    """Feed ``delta`` to the sequence's stream parser (if any); finish it with the sequence.
+
+    A parser that raises is dropped (logged): the rest of the stream comes as plain content, so
+    one broken parser plugin cannot fail the step of every other sequence.
+    """
+    parser = seq.extras.get("stream_parser")
+    if parser is None:
+        failed = delta and seq.extras.get("stream_parser_failed")
+        return (_content_delta(delta),) if failed else ()
+    try:
+        parsed = parser.feed(delta) if delta else []
+        if finished:
+            parsed = parsed + parser.finish()
+    except Exception:  # noqa: BLE001 - a plugin bug must not fail the batch
+        logger.exception("stream parser of request {!r} failed; sending plain content from here",
+                         seq.request_id)
+        seq.extras.pop("stream_parser", None)
+        seq.extras["stream_parser_failed"] = True
+        return (_content_delta(delta),) if delta else ()
+    return tuple(parsed)
+
+
+def _content_delta(text: str) -> Any:
+    from metrale_core.streamparse import ParsedDelta
+
+    return ParsedDelta(content=text)
+
+
 class OutputProcessor:
     """Samples, appends tokens, detokenizes and applies stop rules."""
 
@@ -75,21 +111,50 @@ class OutputProcessor:
         tok_eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ()) if tokenizer else ()
         self.eos_token_ids = frozenset(eos_token_ids) | frozenset(tok_eos)
         self.max_model_len = max_model_len
+        #: ``VerifyOutcome`` records of the last step's verify chunks.
+        self.last_verify_outcomes: list = []
 
-    def update(self, plan: SchedulerOutput, logits: torch.Tensor | None) -> list[RequestOutput]:
-        """Process one step; returns the deltas in plan order (scheduler-finished ones first)."""
+    def update(self, plan: SchedulerOutput, logits: torch.Tensor | None,
+               drafts: Mapping[str, Any] | None = None) -> list[RequestOutput]:
+        """Process one step; returns the deltas in plan order (scheduler-finished ones first).
+
+        Verify chunks (speculative decoding; ``drafts`` holds their ``Draft`` records) are
+        accepted and committed by ``metrale_core.engine.verifier``; their outcomes are left in
+        ``last_verify_outcomes``.
+        """
         outputs = [self.final_output(seq) for seq in plan.finished]
         self.scheduler.advance(plan)
-        sampled = [chunk for chunk in plan.chunks if chunk.sample and not chunk.seq.is_finished]
-        if sampled:
-            rows = [chunk.seq for chunk in sampled]
-            result = self.pipeline.sample(logits, rows, [chunk.kind for chunk in sampled])
-            for j, seq in enumerate(rows):
+        self.last_verify_outcomes = []
+        offsets, row = [], 0  # first logits row of each chunk
+        for chunk in plan.chunks:
+            offsets.append(row)
+            row += chunk.num_logits
+        sampled = [(i, chunk) for i, chunk in enumerate(plan.chunks)
+                   if chunk.sample and not chunk.seq.is_finished]
+        plain = [(i, chunk) for i, chunk in sampled if not chunk.is_verify]
+        by_chunk: dict[int, RequestOutput] = {}
+        if plain:
+            rows = [chunk.seq for _, chunk in plain]
+            rows_logits = logits if len(plain) == logits.shape[0] else \
+                logits[torch.tensor([offsets[i] for i, _ in plain], device=logits.device)]
+            result = self.pipeline.sample(rows_logits, rows, [chunk.kind for _, chunk in plain])
+            for j, (i, chunk) in enumerate(plain):
+                seq = chunk.seq
                 logprob = None
                 if seq.params.logprobs is not None and result.logprobs is not None:
                     top = tuple(result.top_logprobs[j]) if result.top_logprobs is not None else ()
                     logprob = ((result.token_ids[j], result.logprobs[j], top),)
-                outputs.append(self._append(seq, int(result.token_ids[j]), logprob))
+                by_chunk[i] = self._append(seq, int(result.token_ids[j]), logprob)
+        verify = [(i, chunk) for i, chunk in sampled if chunk.is_verify]
+        if verify:
+            from metrale_core.engine.verifier import commit_verify_chunks
+
+            verified, self.last_verify_outcomes = commit_verify_chunks(
+                self, [chunk for _, chunk in verify],
+                [logits[offsets[i]:offsets[i] + chunk.num_logits] for i, chunk in verify],
+                drafts or {})
+            by_chunk.update(zip((i for i, _ in verify), verified))
+        outputs.extend(by_chunk[i] for i, _ in sampled)
         self.scheduler.in_flight = None
         return outputs
 
@@ -157,4 +222,5 @@ class OutputProcessor:
             request_id=seq.request_id, new_token_ids=tokens, text_delta=delta, finished=finished,
             finish_reason=seq.finish_reason if finished else None,
             error=seq.error if finished else None, num_prompt_tokens=len(seq.prompt_ids),
-            num_output_tokens=len(seq.output_ids), logprobs=logprob)
+            num_output_tokens=len(seq.output_ids), logprobs=logprob,
+            parsed=_parse(seq, delta, finished))

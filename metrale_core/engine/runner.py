@@ -7,7 +7,8 @@ scheduling decisions; it owns the paged KV cache and the recurrent-state pool.
 Invariants:
 - Rows are laid out exactly in the plan's chunk order (decode rows first, then prefill chunks).
 - Logits are requested only for rows that will be sampled: the last row of a chunk that reaches
-  the end of its sequence (the prompt's last token, or a decode row).  Replayed positions of a
+  the end of its sequence (the prompt's last token, or a decode row), and every row of a
+  speculative verify chunk ``[last, d1..dk]``.  Replayed positions of a
   preempted sequence never produce logits.
 - ``state_fresh[i]`` is True exactly when chunk ``i`` starts at position 0.
 """
@@ -38,15 +39,23 @@ def model_device(model: CausalLM) -> torch.device:
 class ModelRunner:
     """Owns the KV cache and state pool of one model and runs its forward."""
 
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, num_state_slots: int) -> None:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, num_state_slots: int,
+                 kv_storage=None) -> None:
+        """``kv_storage`` (a ``kv_dtype.KVStorage``) sets the pool's dtype and codec; None keeps
+        the model's layout with plain storage."""
         self.model = model
         self.block_size = block_size
         self.device = model_device(model)
         info = model.info
         self.kv: PagedKVCache | None = None
         if info.kv is not None and info.kv.num_layers > 0:
-            self.kv = PagedKVCache.allocate(info.kv, num_blocks, block_size, device=self.device)
+            layout = info.kv if kv_storage is None else kv_storage.layout
+            codec = None if kv_storage is None else kv_storage.codec
+            self.kv = PagedKVCache.allocate(layout, num_blocks, block_size, device=self.device,
+                                            codec=codec)
         self.state = model.make_state_pool(num_state_slots) if info.has_recurrent_state else None
+        #: Hidden states of the last ``execute(want_hidden=True)`` (``[T, D]``), else None.
+        self.last_hidden: torch.Tensor | None = None
         logger.debug("model runner: {} KV blocks of {} tokens on {}, {} state slots",
                      num_blocks, block_size, self.device,
                      num_state_slots if self.state is not None else 0)
@@ -68,8 +77,8 @@ class ModelRunner:
             positions.extend(range(chunk.start, chunk.start + n))
             query_start.append(query_start[-1] + n)
             context_lens.append(chunk.start + n)
-            if chunk.sample:
-                logits_rows.append(query_start[-1] - 1)
+            if chunk.sample:  # the last row, or every row of a verify chunk
+                logits_rows.extend(range(query_start[-1] - chunk.num_logits, query_start[-1]))
         width = max(len(c.block_ids) for c in plan.chunks)
         tables = [list(c.block_ids) + [0] * (width - len(c.block_ids)) for c in plan.chunks]
 
@@ -83,16 +92,28 @@ class ModelRunner:
             state_slots=t([c.state_slot for c in plan.chunks]),
             state_fresh=t([c.start == 0 for c in plan.chunks], torch.bool),
             query_lens_host=tuple(c.num_tokens for c in plan.chunks),
-            context_lens_host=tuple(context_lens), block_size=bs)
+            context_lens_host=tuple(context_lens), block_size=bs,
+            verify_host=tuple(c.is_verify for c in plan.chunks))
 
-    def execute(self, plan: SchedulerOutput) -> torch.Tensor | None:
+    def execute(self, plan: SchedulerOutput, *, want_hidden: bool = False) -> torch.Tensor | None:
         """Run the model over ``plan``; returns ``[N, vocab]`` float32 logits of the sampled rows
-        (None for an empty plan)."""
+        (None for an empty plan).  With ``want_hidden`` the model's ``forward_with_hidden`` runs
+        and ``last_hidden`` holds the final-normed hidden states of every row."""
+        self.last_hidden = None
         if plan.is_empty:
             return None
         batch = self.build_batch(plan)
-        logits = self.model.forward(batch, self.kv, self.state)
+        if want_hidden:
+            logits, self.last_hidden = self.model.forward_with_hidden(batch, self.kv, self.state)
+        else:
+            logits = self.model.forward(batch, self.kv, self.state)
         expected = int(batch.logits_rows.shape[0])
         if logits.shape[0] != expected:
             raise RuntimeError(f"model returned {logits.shape[0]} logits rows, expected {expected}")
         return logits.float()
+
+    def commit_verify(self, slots: list[int], num_kept: list[int]) -> None:
+        """After a step with verify chunks of a recurrent model: each sequence's state must end
+        as if only the first ``num_kept[i]`` rows of its verify chunk had been consumed."""
+        if self.state is not None and slots:
+            self.model.commit_verify(self.state, slots, num_kept)

@@ -29,7 +29,7 @@ Invariants:
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol, Sequence as Seq
+from typing import Any, Mapping, Protocol, Sequence as Seq
 
 from attrs import field, frozen
 from loguru import logger
@@ -89,12 +89,22 @@ class ScheduledChunk:
     sample: bool
     #: Position kind of the sampled row (None when ``sample`` is False).
     kind: PositionKind | None
-    #: A single-token decode row (as opposed to a prefill chunk).
+    #: A single-token decode row (as opposed to a prefill chunk); a verify chunk
+    #: ``[last, d1..dk]`` (kind ``VERIFY``) is a decode row too.
     is_decode: bool
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def is_verify(self) -> bool:
+        return self.kind is PositionKind.VERIFY
+
+    @property
+    def num_logits(self) -> int:
+        """Logits rows this chunk needs: every row of a verify chunk, else the sampled one."""
+        return self.num_tokens if self.is_verify else int(self.sample)
 
     def __repr__(self) -> str:
         return (f"ScheduledChunk({self.seq.request_id!r}, start={self.start}, "
@@ -131,7 +141,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.block_manager = BlockManager(num_blocks, config.block_size,
                                           config.resolve_prefix_caching(info))
-        self.state_slots = StateSlots(config.max_num_seqs, info.has_recurrent_state)
+        self.state_slots = StateSlots(config.num_state_slots_for(info), info.has_recurrent_state)
         #: Preemptions (by recompute) since start.
         self.num_preemptions = 0
         self.waiting: deque[Sequence] = deque()
@@ -181,8 +191,13 @@ class Scheduler:
             self._unreported.append(seq)
 
     # --- one step ----------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
-        """Plan one step (see the module docstring)."""
+    def schedule(self, drafts: Mapping[str, Any] | None = None) -> SchedulerOutput:
+        """Plan one step (see the module docstring).
+
+        ``drafts`` (request id -> ``Draft``) turns those decode rows into verify chunks
+        ``[last, d1..dk]``; a draft is cut to the KV room left, so speculation never preempts.
+        """
+        drafts = drafts or {}
         self._expire()
         budget = self.config.max_prefill_tokens
         decodes: list[ScheduledChunk] = []
@@ -196,10 +211,11 @@ class Scheduler:
             if want == 0:
                 i += 1
                 continue
-            n = self._reserve(seq, want, i, preempted)
+            draft = () if seq.is_prefilling else self._fit_draft(seq, drafts.get(seq.request_id))
+            n = self._reserve(seq, want + len(draft), i, preempted)
             if n == 0:  # seq itself was preempted or failed; running[i] is now the next one
                 continue
-            chunk = self._chunk(seq, n)
+            chunk = self._chunk(seq, n, draft)
             if chunk.is_decode:
                 decodes.append(chunk)
             else:
@@ -220,8 +236,20 @@ class Scheduler:
             seq = chunk.seq
             if seq.is_finished:
                 continue
-            seq.num_computed_tokens = chunk.start + chunk.num_tokens
+            # a verify chunk's drafts count only once accepted (commit_verify)
+            seq.num_computed_tokens = chunk.start + (1 if chunk.is_verify else chunk.num_tokens)
             self.block_manager.cache_full_blocks(seq)
+
+    def commit_verify(self, chunk: ScheduledChunk, num_accepted: int) -> None:
+        """After acceptance: keep the K/V of ``last, d1..d_num_accepted`` and roll the rest back
+        (the sequence length drops, blocks past it are freed; only committed full blocks are
+        hashed into the prefix cache)."""
+        seq = chunk.seq
+        if seq.is_finished:
+            return
+        seq.num_computed_tokens = chunk.start + 1 + num_accepted
+        self.block_manager.truncate(seq, seq.num_computed_tokens)
+        self.block_manager.cache_full_blocks(seq)
 
     # --- internals ---------------------------------------------------------------------------
     def _expire(self) -> None:
@@ -296,8 +324,21 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
+    def _fit_draft(self, seq: Sequence, draft: Any) -> tuple[int, ...]:
+        """The draft tokens that fit the KV room left without preempting anyone."""
+        if draft is None or not draft.token_ids:
+            return ()
+        bm = self.block_manager
+        room = (len(seq.block_ids) + bm.num_free_blocks) * bm.block_size - seq.num_computed_tokens
+        return tuple(draft.token_ids[:max(0, room - 1)])
+
+    def _chunk(self, seq: Sequence, n: int, draft: tuple[int, ...] = ()) -> ScheduledChunk:
         start = seq.num_computed_tokens
+        if draft:
+            return ScheduledChunk(seq=seq, start=start, token_ids=(seq.token_ids(start, start + 1)
+                                                                   + draft),
+                                  block_ids=tuple(seq.block_ids), state_slot=seq.state_slot,
+                                  sample=True, kind=PositionKind.VERIFY, is_decode=True)
         sample = start + n == seq.num_tokens
         kind = None
         if sample:

@@ -90,6 +90,11 @@ class LogitPipeline:
         """Names of the plugin processors in the order they run."""
         return tuple(spec.name for spec, _ in self._stages)
 
+    def runs_on(self, kind: PositionKind) -> bool:
+        """True when some processor declared ``kind`` (speculative verify re-runs the
+        ``FINAL_DECODE`` stages on committed positions only when there are any)."""
+        return any(kind in spec.kinds for spec, _ in self._stages)
+
     def sample(
         self, logits: torch.Tensor, rows: Sequence[RowLike], kinds: Sequence[PositionKind]
     ) -> SampleOutput:

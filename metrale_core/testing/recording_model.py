@@ -23,6 +23,11 @@ What it checks, as a real model must.
   the key; consuming from anywhere but the expected position corrupts it for good and every
   later output of that sequence is GARBAGE.  ``state_fresh`` must be set exactly at position 0,
   and a continuing sequence must use the state slot its state was started in.
+- Speculative verify (``batch.verify_host``): the rows of a verify chunk after its first are
+  drafts, so the readback checks them against what was fed, not the script; every row answers
+  from the script.  In recurrent mode the chunk advances the state past its rows until the engine
+  calls :meth:`RecordingModel.commit_verify`, which rolls it back to the kept rows (a line
+  ``commit_verify s<key> keep <n>/<rows>``); an engine that forgets shows "consumed again".
 - Injected faults: a forward whose call index is in ``fail_kv_at_steps`` raises
   :class:`~metrale_core.errors.KVCacheExhausted` before consuming anything (no KV write, no
   state change), the way a device allocation failure surfaces mid-step.  The engine as built
@@ -145,6 +150,8 @@ class RecordingModel:
     _tracker: RecurrentTracker | None = None
     #: Lines noted while a forward runs, written after its own line.
     _pending: list[str] = field(factory=list)
+    #: key -> (start, rows) of its verify chunk awaiting ``commit_verify``.
+    _verifying: dict[int, tuple[int, int]] = field(factory=dict)
 
     def __init__(self, scripts: Mapping[int, SeqScript] | Iterable[SeqScript], *, vocab_size: int = 64,
                  eos_token_id: int = EOS, past_end: int | None = None,
@@ -196,6 +203,7 @@ class RecordingModel:
         fresh_flags = [bool(f) for f in batch.state_fresh.tolist()]
         slots = [int(s) for s in batch.state_slots.tolist()]
         wanted = [int(r) for r in batch.logits_rows.tolist()]
+        verify = batch.verify_host or (False,) * len(batch.context_lens_host)
         self._write_kv(kv, ids, positions, [int(s) for s in batch.slot_mapping.tolist()])
 
         answer_of_row: dict[int, int] = {}
@@ -205,7 +213,10 @@ class RecordingModel:
             lo, hi = starts[i], starts[i + 1]
             start = ctx - (hi - lo)
             key = ids[lo] if start == 0 else self._read(kv, tables[i], 0)[0]
-            clean = self._check_sequence(i, key, lo, hi, ctx, positions, tables[i], kv, pending)
+            fed = ids[lo:hi] if verify[i] else ()
+            if verify[i]:
+                self._verifying[key] = (start, hi - lo)
+            clean = self._check_sequence(i, key, lo, hi, ctx, positions, tables[i], kv, pending, fed)
             clean = self._check_state(key, start, fresh_flags[i], slots[i], state, pending) and clean
             clean = self._tracker.consume(key, start, hi - lo) and clean
             rows = [r for r in wanted if lo <= r < hi]
@@ -250,9 +261,24 @@ class RecordingModel:
             return -1, -1, block
         return int(kv.k[0][block, position % bs, 0, 0]), int(kv.v[0][block, position % bs, 0, 0]), block
 
+    def commit_verify(self, state: object | None, slots: Sequence[int], num_kept: Sequence[int]) -> None:
+        """The model-contract extension (``metrale_core.model_api``): keep only the first
+        ``num_kept[j]`` rows of the verify chunk of the sequence in state slot ``slots[j]``."""
+        for slot, kept in zip(slots, num_kept):
+            key = state.owners[slot] if isinstance(state, StatePool) else None
+            if key not in self._verifying:
+                self.lines.append(f"error: commit_verify for slot {slot} without a verify chunk")
+                self.errors.append(self.lines[-1])
+                continue
+            start, rows = self._verifying.pop(key)
+            self._tracker.rollback(key, start + kept)
+            self.lines.append(f"commit_verify s{key} keep {kept}/{rows}")
+
     def _check_sequence(self, i: int, key: int, lo: int, hi: int, ctx: int, positions: list[int],
-                        table: Sequence[int], kv: PagedKVCache, pending: list[str]) -> bool:
-        """Layout and KV readback of sequence ``i``; appends error lines, returns clean."""
+                        table: Sequence[int], kv: PagedKVCache, pending: list[str],
+                        fed: Sequence[int] = ()) -> bool:
+        """Layout and KV readback of sequence ``i``; appends error lines, returns clean.
+        ``fed`` (a verify chunk's rows) is what its positions must hold past the first row."""
         script = self.scripts.get(key)
         if script is None:
             pending.append(f"error: sequence {i} reads first token {key}, which no script starts with")
@@ -262,8 +288,9 @@ class RecordingModel:
             pending.append(f"error: s{key} rows at positions {positions[lo:hi]}, expected "
                            f"{expected_positions[0]}..{expected_positions[-1]} (context_len {ctx})")
             return False
+        first_draft = ctx - len(fed) + 1
         for q in range(ctx):
-            want = script.token_at(q, self.past_end)
+            want = fed[q - first_draft + 1] if fed and q >= first_draft else script.token_at(q, self.past_end)
             token, pos, block = self._read(kv, table, q)
             if (token, pos) != (want, q):
                 pending.append(f"error: s{key} KV readback at position {q} (block {block}) holds "

@@ -50,6 +50,15 @@ class RecurrentTracker:
             self.record(f"recurrent state of s{key} consumed again at {start} (expected {reused})")
         return not corrupted
 
+    def rollback(self, key: int, position: int) -> None:
+        """Speculative verify commit: the state is back to "consumed up to ``position``" (the
+        model restored a per-row snapshot); a corrupted state stays corrupted."""
+        if self.enabled and key in self.states:
+            expected, corrupted = self.states[key]
+            if position > expected:
+                raise ValueError(f"s{key}: cannot roll forward to {position} (state at {expected})")
+            self.states[key] = (position, corrupted)
+
     def corrupt(self, key: int) -> None:
         """Mark ``key``'s state corrupted for good (a slot bug seen by the model)."""
         if self.enabled:

@@ -90,6 +90,9 @@ class Scenario:
     engine: dict = field(factory=dict)
     #: ``RecordingModel`` keyword options (``fail_kv_at_steps``, ``recurrent_fed_rows``, ...).
     model: dict = field(factory=dict)
+    #: A speculator (or factory ``f(ProposerContext)``) for ``LLMEngine(speculator=...)``;
+    #: None runs without speculative decoding.
+    speculator: object = field(default=None, eq=False)
     max_steps: int = 200
 
 
@@ -139,14 +142,19 @@ def _render_stats(stats) -> str:
             f"free_blocks={stats.num_free_blocks}/{stats.num_blocks}")
 
 
-def run_scenario(scenario: Scenario) -> ScenarioResult:
-    """Run ``scenario`` against a fresh engine and model; see the module docstring."""
+def run_scenario(scenario: Scenario, registry=None) -> ScenarioResult:
+    """Run ``scenario`` against a fresh engine and model; see the module docstring.
+
+    ``registry`` (from ``load_registry()``) lets ``scenario.engine`` name plugin components,
+    e.g. ``{"scheduler": "slai"}``; without one only the core's FCFS policy is available.
+    """
     from metrale_core.engine.config import EngineConfig
     from metrale_core.engine.engine import LLMEngine
 
     model = RecordingModel(scripts_of(scenario.events), **scenario.model)
     clock = FakeClock()
-    engine = LLMEngine(model, EngineConfig(clock=clock, **_defaults(scenario.engine)))
+    engine = LLMEngine(model, EngineConfig(clock=clock, **_defaults(scenario.engine)),
+                       registry=registry, speculator=scenario.speculator)
     lines = [f"# scenario {scenario.name}"]
     streams: dict[str, ClientStream] = {}
     seen = 0

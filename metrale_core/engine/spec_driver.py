@@ -1,0 +1,121 @@
+"""``SpecDriver``: the engine's side of speculative decoding around one step.
+
+Owner: ``LLMEngine`` builds one when a speculator is configured (``build_spec_driver``) and
+calls :meth:`SpecDriver.drafts` before planning a step and :meth:`SpecDriver.after_step` after
+its outputs are processed.  With no speculator nothing here runs and the engine behaves (and
+traces) exactly as without speculation.
+
+Invariants:
+- Drafts are asked only for running sequences that are decoding (not prefilling) and did not opt
+  out (``seq.extras["speculative"] is False``); each is capped so that the verify chunk neither
+  generates past ``max_tokens`` nor feeds a position at or past ``max_model_len``.
+- After a step with verify chunks of a recurrent model, ``ModelRunner.commit_verify`` runs
+  before anything else can feed the model (the next ``schedule`` / ``execute``).
+- The speculator sees every non-empty step (``observe``), prefill-only steps included, so an MTP
+  head can follow the target's hidden states.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loguru import logger
+
+from metrale_core.engine.speculation import (
+    SPECULATIVE_EXTRA,
+    Draft,
+    ProposerContext,
+    StepReport,
+)
+from metrale_core.errors import ConfigError
+
+__all__ = ["SpecDriver", "build_spec_driver"]
+
+
+class SpecDriver:
+    """Asks the speculator for drafts and reports each step back to it."""
+
+    def __init__(self, speculator: Any, scheduler: Any, runner: Any, output_processor: Any,
+                 max_model_len: int) -> None:
+        self.speculator = speculator
+        self.scheduler = scheduler
+        self.runner = runner
+        self.output_processor = output_processor
+        self.max_model_len = max_model_len
+
+    @property
+    def wants_hidden(self) -> bool:
+        return bool(getattr(self.speculator, "wants_hidden", False))
+
+    def drafts(self) -> dict[str, Draft]:
+        """request id -> draft for this step's decode rows (empty drafts left out)."""
+        seqs, caps = [], []
+        for seq in self.scheduler.running:
+            if seq.is_prefilling or seq.extras.get(SPECULATIVE_EXTRA, True) is False:
+                continue
+            cap = min(seq.params.max_tokens - len(seq.output_ids) - 1,
+                      self.max_model_len - seq.num_tokens)
+            seqs.append(seq)
+            caps.append(max(0, cap))
+        if not seqs:
+            return {}
+        proposals = self.speculator.propose(seqs, caps)
+        drafts = {}
+        for seq, cap, draft in zip(seqs, caps, proposals):
+            if draft is not None and draft.token_ids and cap > 0:
+                drafts[seq.request_id] = draft.truncated(cap)
+        return drafts
+
+    def after_step(self, plan: Any, outputs: list, duration_s: float) -> None:
+        """Roll recurrent state back to the committed rows, then report the step."""
+        outcomes = tuple(self.output_processor.last_verify_outcomes)
+        accepted = {o.request_id: o.num_accepted for o in outcomes if not o.finished}
+        verify_chunks = [c for c in plan.chunks if c.is_verify and c.seq.request_id in accepted]
+        if verify_chunks:
+            self.runner.commit_verify([c.state_slot for c in verify_chunks],
+                                      [1 + accepted[c.seq.request_id] for c in verify_chunks])
+        if plan.is_empty:
+            return
+        emitted = {o.request_id: len(o.new_token_ids) for o in outputs}
+        decode = [c for c in plan.chunks if c.is_decode]
+        committed = {}
+        for chunk in plan.chunks:
+            rid = chunk.seq.request_id
+            if chunk.seq.is_finished:
+                continue
+            committed[rid] = 1 + accepted[rid] if chunk.is_verify else chunk.num_tokens
+        self.speculator.observe(StepReport(
+            num_decode_seqs=len(decode), outcomes=outcomes,
+            num_emitted=sum(emitted.get(c.seq.request_id, 0) for c in decode),
+            num_prefill_tokens=sum(c.num_tokens for c in plan.chunks if not c.is_decode),
+            duration_s=duration_s, plan=plan, hidden=self.runner.last_hidden,
+            committed_rows=committed))
+
+
+def build_spec_driver(config: Any, model: Any, pipeline: Any, registry: Any, scheduler: Any,
+                      runner: Any, output_processor: Any, max_model_len: int,
+                      speculator: Any = None) -> SpecDriver | None:
+    """The driver of ``speculator`` (a ``Speculator``, or a factory ``f(ProposerContext)`` like
+    ``ProposerSpec.factory``), else of the proposer named by the ``speculative`` plugin option
+    (``--speculative``); None when speculation is off."""
+    ctx = ProposerContext(config=config, model=model, pipeline=pipeline, registry=registry,
+                          max_model_len=max_model_len)
+    if speculator is None:
+        name = config.plugin_options.get("speculative")
+        if not name:
+            return None
+        if registry is None:
+            raise ConfigError(f"speculative decoding with {name!r} needs the plugin registry; "
+                              "build the engine with registry=load_registry()")
+        speculator = registry.get("proposers", name).factory(ctx)
+    elif not hasattr(speculator, "propose"):
+        speculator = speculator(ctx)
+    if model.info.has_recurrent_state and not hasattr(model, "commit_verify"):
+        raise ConfigError(f"{model.info.architecture} keeps recurrent state but implements no "
+                          "commit_verify(state, slots, num_kept), so rejected drafts cannot be "
+                          "rolled back; run it without speculative decoding")
+    if getattr(speculator, "wants_hidden", False) and not hasattr(model, "forward_with_hidden"):
+        raise ConfigError(f"the {type(speculator).__name__} proposer needs the target's hidden "
+                          f"states, but {model.info.architecture} has no forward_with_hidden")
+    logger.info("speculative decoding on: {}", speculator)
+    return SpecDriver(speculator, scheduler, runner, output_processor, max_model_len)
