@@ -66,16 +66,22 @@ def metrale_kv_scale_sources(register):
     """Register FP8 KV-cache scale sources (``KVScaleSourceSpec``): where K/V scales come from.
 
     Called:
-        once per plugin by ``load_registry()`` at startup. The engine picks a source later, from
-        ``--kv-cache-dtype``, ``--fp8-kv-calibration-tokens`` and the model's configuration.
+        once per plugin by ``load_registry()`` at startup. When an engine is built,
+        ``metrale_core.engine.kv_dtype.resolve_kv_storage`` calls every registered source's
+        ``spec.factory(request)`` with a ``KVCodecRequest`` (``kv_cache_dtype`` from
+        ``--kv-cache-dtype``, the model's ``KVLayout``, the device, ``plugin_options`` and the
+        checkpoint's ``WeightStore`` and path); exactly one source may answer a plugin dtype.
 
     Args:
-        register: ``register(spec: KVScaleSourceSpec) -> None``; call it once per source
-            (checkpoint scales, online calibration, unit scales, ...). A name already registered
-            by another distribution raises ``DuplicateComponent``.
+        register: ``register(spec: KVScaleSourceSpec) -> None``; call it once per KV dtype the
+            plugin stores (``fp8``). The factory returns a ``KVCodec`` (``model_api``: ``write``,
+            ``gather``, ``decode_attention``, ``storage_dtype``) for its dtype and None otherwise;
+            it may raise ``ConfigError`` for its own flags used with another dtype. A name already
+            registered by another distribution raises ``DuplicateComponent``.
 
     Returns:
-        Nothing; the return value is ignored.
+        Nothing; the return value is ignored. A request for a plugin dtype no source answers is a
+        ``ConfigError`` naming the plugin to install.
 
     Flags:
         plain hook (not firstresult, not historic): every plugin's implementation runs.
@@ -83,7 +89,7 @@ def metrale_kv_scale_sources(register):
     Example:
         @hookimpl
         def metrale_kv_scale_sources(register):
-            register(KVScaleSourceSpec(name="checkpoint", factory=CheckpointScales))
+            register(KVScaleSourceSpec(name="fp8", factory=lazy_factory("pkg.build:build_codec")))
     """
 
 
@@ -254,6 +260,46 @@ def metrale_engine_flags(parser):
     """
 
 
+# --- server ------------------------------------------------------------------------------------
+
+
+@hookspec
+def metrale_metrics(engine):
+    """Export a plugin's own counters and gauges through the server's ``GET /metrics``.
+
+    Called:
+        by the HTTP server (``metrale_core.server.metrics``) once per scrape of ``/metrics``, on
+        the server's event loop, after the engine is loaded (never while it is loading). Keep it
+        cheap and non-blocking: read counters the plugin already keeps; never step the engine.
+        An implementation that raises is logged and skipped for that scrape; the others still
+        export.
+
+    Args:
+        engine: the served ``LLMEngine`` (read-only use: ``engine.stats()``, ``engine.config``,
+            ``engine.scheduler``); it is driven by another thread, so read plain attributes and
+            expect a snapshot that may be one step stale.
+
+    Returns:
+        An iterable of ``prometheus_client`` metric families (``CounterMetricFamily``,
+        ``GaugeMetricFamily``, ``HistogramMetricFamily``, ...), exported as given; or a dict
+        ``{name: number}``, each exported as a gauge named ``name`` (use the ``metrale:``
+        prefix, e.g. ``metrale:spec_decode_num_accepted_tokens``); or None for nothing. A name the
+        server or another plugin already exports is dropped with a warning.
+
+    Flags:
+        plain hook (not firstresult, not historic): every plugin's implementation runs and all
+        results are collected.
+
+    Example:
+        @hookimpl
+        def metrale_metrics(engine):
+            from prometheus_client.core import CounterMetricFamily
+            accepted = CounterMetricFamily("metrale:spec_decode_num_accepted_tokens",
+                                           "Draft tokens accepted", value=STATS.accepted)
+            return [accepted]
+    """
+
+
 #: Sections of the generated reference: (title, introduction, hook names in order).
 GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
@@ -276,6 +322,11 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "Command-line hooks",
         "Called while the CLI builds its argument parser.",
         ("metrale_engine_flags",),
+    ),
+    (
+        "Server hooks",
+        "Called by the HTTP server (`met serve`) while it runs.",
+        ("metrale_metrics",),
     ),
 )
 

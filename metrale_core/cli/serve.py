@@ -1,0 +1,138 @@
+"""``met serve [MODEL]``: the OpenAI-compatible HTTP server (Litestar on uvicorn).
+
+Owner: the CLI.  Binds, starts listening at once and loads the model on a worker thread
+(``/health`` is 503 until it is ready), so orchestrators see the process come up immediately.
+
+Invariants:
+- Binds 127.0.0.1 unless ``--host`` says otherwise; the API key comes from ``--api-key`` or
+  ``METRALE_API_KEY`` and is never logged.
+- The engine flags are the shared ones (``metrale_core.cli.flags``), plugins' included.
+- Access logs (one line per request) go to stderr through loguru even at the default log level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_options_from_args, parse_size
+from metrale_core.errors import ConfigError
+
+__all__ = ["add_parser", "build_loader", "run", "served_name"]
+
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+
+
+def add_parser(sub, registry) -> argparse.ArgumentParser:
+    cmd = sub.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve MODEL (an HF checkpoint directory or a .gguf file; default: the "
+                    "embedded SmolLM2-135M-Instruct) at /v1/chat/completions, /v1/completions, "
+                    "/v1/models, plus /health, /metrics, /tokenize and /detokenize.")
+    cmd.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
+                     help="checkpoint directory or .gguf file (same as --model)")
+    http = cmd.add_argument_group("server")
+    http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    http.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    http.add_argument("--served-model-name", default=None, metavar="NAME",
+                      help="the model name clients send (default: the checkpoint's name)")
+    http.add_argument("--api-key", default=os.environ.get("METRALE_API_KEY"), metavar="KEY",
+                      help="require 'Authorization: Bearer KEY' on the API routes "
+                           "(default: $METRALE_API_KEY; unset: no auth)")
+    http.add_argument("--max-body-bytes", type=parse_size, default=parse_size("32M"),
+                      metavar="SIZE", help="largest request body (default: 32M)")
+    http.add_argument("--max-waiting", type=int, default=256, metavar="N",
+                      help="requests that may wait beyond --max-num-seqs running ones before "
+                           "new ones get 503 (default: 256)")
+    http.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                      help="tool-call format (hermes, qwen3_coder, glm47, ...; default: by "
+                           "model type, else hermes)")
+    http.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                      help="split <think> reasoning into reasoning_content (qwen3, think, "
+                           "deepseek_r1, glm45, none; default: by model type)")
+    http.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
+                      help="time in-flight requests get to finish on shutdown (default: 10)")
+    http.add_argument("--no-tui", action="store_true",
+                      help="plain logs instead of the terminal dashboard (also METRALE_NO_TUI=1; "
+                           "automatic when stdout is not a terminal or TERM is dumb)")
+    add_engine_flags(cmd, registry)
+    cmd.set_defaults(func=run)
+    return cmd
+
+
+def _model_path(args) -> str | None:
+    if args.model_arg and args.model and args.model_arg != args.model:
+        raise ConfigError(f"two models given: {args.model_arg!r} and --model {args.model!r}")
+    return args.model_arg or args.model
+
+
+def served_name(model: str | None) -> str:
+    """The default ``model`` name clients use: the checkpoint's file or directory name."""
+    if model is None:
+        return DEFAULT_NAME
+    path = Path(model).expanduser()
+    return path.stem if path.suffix == ".gguf" else (path.resolve().name or str(model))
+
+
+def build_loader(args, registry, model: str | None, on_tensor=None):
+    """The loader the server runs on a worker thread: weights, tokenizer, engine."""
+
+    def load():
+        from metrale_core.engine import LLMEngine
+        from metrale_core.loading import load_model
+        from metrale_core.server import ServedModel
+
+        loaded = load_model(model, load_options_from_args(args), registry, progress=False,
+                            on_tensor=on_tensor)
+        engine = LLMEngine(loaded.model, engine_config_from_args(args),
+                           tokenizer=loaded.tokenizer, registry=registry)
+        return ServedModel(engine=engine, tokenizer=loaded.tokenizer,
+                           model_type=loaded.store.config.get("model_type"))
+    return load
+
+
+def run(args, registry) -> int:
+    from loguru import logger
+
+    from metrale_core.server import ServerConfig, create_app
+    from metrale_core.server.runner import serve_forever
+
+    model = _model_path(args)
+    engine_config_from_args(args)  # fail fast on bad engine flags, before binding
+    config = ServerConfig(
+        served_model_name=args.served_model_name or served_name(model), api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting,
+        tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+        shutdown_grace_s=args.shutdown_grace)
+    from metrale_core.tui.launch import use_dashboard
+
+    if use_dashboard(args.no_tui)[0]:
+        return _run_dashboard(args, registry, model, config)
+    if args.log_level in ("warning", "error"):
+        # requests are logged at INFO; show them (and only them) even at the default level
+        logger.add(sys.stderr, level="INFO", format="<green>{time:HH:mm:ss}</green> {message}",
+                   filter=lambda record: record["name"] == "metrale_core.server.app"
+                   and record["level"].no < 30)
+    app = create_app(config, build_loader(args, registry, model), registry)
+    print(f"met serve: {config.served_model_name!r} on http://{args.host}:{args.port}/v1 "
+          f"(loading; GET /health turns 200 when ready)", file=sys.stderr, flush=True)
+    serve_forever(app, args.host, args.port, args.shutdown_grace)
+    return 0
+
+
+def _run_dashboard(args, registry, model, config) -> int:
+    """``met serve`` on a terminal: the dashboard in this thread, the server on its own."""
+    import metrale_core
+    from metrale_core.server import create_app
+    from metrale_core.tui.launch import observe_loader, serve_with_dashboard
+    from metrale_core.tui.status import ServerStatus
+
+    status = ServerStatus(version=metrale_core.__version__, model=config.served_model_name,
+                          scheduler=args.scheduler)
+    loader = build_loader(args, registry, model, on_tensor=status.tensor_loaded)
+    app = create_app(config, observe_loader(status, loader), registry)
+    level = args.log_level if args.log_level in ("trace", "debug") else "info"
+    return serve_with_dashboard(app, status, host=args.host, port=args.port,
+                                grace_s=args.shutdown_grace, log_level=level)

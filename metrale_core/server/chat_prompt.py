@@ -1,0 +1,194 @@
+"""A chat request -> the prompt ids the engine runs, and the per-sequence stream-parser factory.
+
+Owner: the chat route (and ``/tokenize`` for ``messages``).  Messages and tools become the plain
+dicts HF chat templates expect; the template is rendered by
+``Tokenizer.apply_chat_template`` (sandboxed jinja2, transformers semantics) with the request's
+``chat_template_kwargs`` (``enable_thinking``, ...).
+
+Invariants:
+- Roles are ``system``, ``developer`` (rendered as ``system``), ``user``, ``assistant``, ``tool``;
+  anything else is a 400 naming ``messages[i].role``.  Only text content parts are served; an
+  image/audio/file part is a 400 naming its path, never silently dropped.
+- Assistant ``tool_calls`` reach the template with ``arguments`` as a dict when they are a JSON
+  object (what Qwen/Llama templates expect), else as the string given.
+- ``tool_choice``: ``none`` renders the tools but parses no calls; ``auto`` and ``required`` parse
+  calls (``required`` is not enforced by a grammar: a reply without a call finishes normally);
+  a named function must be one of ``tools`` (400 otherwise) and is parsed like ``auto``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from metrale_core.server.errors import APIError
+from metrale_core.server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
+
+__all__ = ["chat_prompt", "parser_factory", "reasoning_format", "template_messages",
+           "template_tools", "wants_tool_parsing"]
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _text(message: ChatMessage, path: str) -> str | None:
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content
+    pieces = []
+    for j, part in enumerate(content):
+        if part.type == "text" and part.text is not None:
+            pieces.append(part.text)
+        elif part.type == "refusal" and part.refusal is not None:
+            pieces.append(part.refusal)
+        else:
+            raise APIError(400, f"{path}.content[{j}].type: only 'text' content parts are "
+                                f"supported, got {part.type!r}", param=f"{path}.content[{j}].type")
+    return "".join(pieces)
+
+
+def _arguments(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The conversation as template-ready dicts; 400 with a path for what cannot be served."""
+    if not messages:
+        raise APIError(400, "messages: must contain at least one message", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        path = f"messages[{i}]"
+        if m.role not in _ROLES:
+            raise APIError(400, f"{path}.role: must be one of {', '.join(_ROLES)}, got {m.role!r}",
+                           param=f"{path}.role")
+        if m.audio is not None or m.function_call is not None:
+            field = "audio" if m.audio is not None else "function_call"
+            raise APIError(400, f"{path}.{field}: not supported; use tool_calls",
+                           param=f"{path}.{field}")
+        if m.tool_calls and m.role != "assistant":
+            raise APIError(400, f"{path}.tool_calls: only assistant messages carry tool calls",
+                           param=f"{path}.tool_calls")
+        if m.role == "tool" and not m.tool_call_id:
+            raise APIError(400, f"{path}.tool_call_id: required for a tool message",
+                           param=f"{path}.tool_call_id")
+        content = _text(m, path)
+        if content is None and not (m.role == "assistant" and m.tool_calls):
+            raise APIError(400, f"{path}.content: required for a {m.role} message",
+                           param=f"{path}.content")
+        item: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                                "content": content if content is not None else ""}
+        if m.name is not None:
+            item["name"] = m.name
+        if m.tool_call_id is not None:
+            item["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content is not None:
+            item["reasoning_content"] = m.reasoning_content
+        if m.tool_calls:
+            item["tool_calls"] = [
+                {"id": c.id, "type": c.type,
+                 "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                for c in m.tool_calls]
+        out.append(item)
+    return out
+
+
+def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    """``tools`` as plain dicts (None when absent); checks ``tool_choice`` against them."""
+    if req.functions is not None or req.function_call is not None:
+        field = "functions" if req.functions is not None else "function_call"
+        raise APIError(400, f"{field}: the deprecated functions API is not supported; use tools "
+                            f"and tool_choice", param=field)
+    tools = None
+    if req.tools:
+        tools = []
+        for i, tool in enumerate(req.tools):
+            if tool.type != "function":
+                raise APIError(400, f"tools[{i}].type: must be 'function', got {tool.type!r}",
+                               param=f"tools[{i}].type")
+            fn = {"name": tool.function.name}
+            if tool.function.description is not None:
+                fn["description"] = tool.function.description
+            fn["parameters"] = tool.function.parameters or {"type": "object", "properties": {}}
+            tools.append({"type": "function", "function": fn})
+    choice = req.tool_choice
+    if isinstance(choice, str) and choice not in ("none", "auto", "required"):
+        raise APIError(400, f"tool_choice: must be 'none', 'auto', 'required' or a named "
+                            f"function, got {choice!r}", param="tool_choice")
+    if choice is not None and choice != "none" and not tools:
+        raise APIError(400, "tool_choice: needs tools", param="tool_choice")
+    if isinstance(choice, NamedToolChoice):
+        names = [t["function"]["name"] for t in tools]
+        if choice.type != "function" or choice.function.name not in names:
+            raise APIError(400, f"tool_choice.function.name: {choice.function.name!r} is not one "
+                                f"of the tools ({', '.join(names)})",
+                           param="tool_choice.function.name")
+    return tools
+
+
+def wants_tool_parsing(req: ChatCompletionRequest) -> bool:
+    return bool(req.tools) and req.tool_choice != "none"
+
+
+def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> tuple[list[int], str]:
+    """Render the conversation with the model's chat template: ``(prompt ids, prompt text)``."""
+    if req.response_format is not None and req.response_format.type != "text":
+        raise APIError(400, f"response_format.type: {req.response_format.type!r} is not supported "
+                            f"by this server (no constrained decoding); use 'text' and ask for "
+                            f"JSON in the prompt", param="response_format.type")
+    for field in ("audio", "prediction", "web_search_options"):
+        if getattr(req, field) is not None:
+            raise APIError(400, f"{field}: not supported by this server", param=field)
+    if req.modalities is not None and any(m != "text" for m in req.modalities):
+        raise APIError(400, "modalities: only 'text' output is supported", param="modalities")
+    messages = template_messages(req.messages)
+    tools = template_tools(req)
+    kwargs = dict(req.chat_template_kwargs or {})
+    for reserved in ("messages", "tools", "add_generation_prompt"):
+        if reserved in kwargs:
+            raise APIError(400, f"chat_template_kwargs.{reserved}: set it as a request field",
+                           param=f"chat_template_kwargs.{reserved}")
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
+                                         tools=tools, **kwargs)
+    return tokenizer.encode(text, add_special_tokens=False), text
+
+
+def reasoning_format(host: Any) -> str | None:
+    """The reasoning format to split off: ``--reasoning-parser``, else by the model type."""
+    from metrale_core.streamparse import default_reasoning
+
+    name = host.config.reasoning_parser
+    if name == "none":
+        return None
+    if name is None or name == "auto":
+        return default_reasoning(host.served.model_type if host.served is not None else None)
+    return name
+
+
+def parser_factory(host: Any, req: ChatCompletionRequest,
+                   prompt_text: str) -> Callable[[], dict] | None:
+    """A factory of per-sequence extras holding a fresh stream parser, or None when not needed.
+
+    A parser is attached when the request's tools are to be parsed (``--tool-call-parser``, else
+    the parser registered for the model type, else ``hermes``), or when a reasoning format
+    applies (``--reasoning-parser``, else by model type) so ``<think>`` text goes to
+    ``reasoning_content``.  A prompt that already opened ``<think>`` starts in reasoning.
+    """
+    from metrale_core.streamparse import make_stream_parser
+
+    reasoning = reasoning_format(host)
+    tools = template_tools(req) if wants_tool_parsing(req) else None
+    if tools is None and reasoning is None:
+        return None
+    tool_parser = (host.config.tool_call_parser if tools is not None else "none")
+    model_type = host.served.model_type if host.served is not None else None
+    starts_in_reasoning = reasoning is not None and prompt_text.rstrip().endswith("<think>")
+    registry = host.registry
+
+    def make() -> dict:
+        return {"stream_parser": make_stream_parser(
+            registry, tool_parser=tool_parser, reasoning=reasoning, tools=tools,
+            model_type=model_type, starts_in_reasoning=starts_in_reasoning)}
+    return make

@@ -1,0 +1,182 @@
+"""From a validated request to engine requests and back: sampling params, choices, merging.
+
+Owner: the chat and completions routes.  :func:`plan_jobs` turns one API request into one
+:class:`Job` per choice (``n`` per prompt) after every check that can fail; :func:`run_jobs`
+streams their deltas, merged, as ``(choice index, RequestOutput)`` pairs.
+
+Invariants:
+- Everything that can reject a request (prompt too long, ``max_tokens`` beyond the context,
+  token ids outside the vocabulary, a full queue) raises before the first engine request is
+  added, so a rejected request is always a clean 4xx/503 and never a half-started stream.
+- ``n`` choices are ``n`` engine requests; with a ``seed``, choice ``i`` uses ``seed + i``
+  (so ``n=2`` does not return two identical samples and a fixed seed is reproducible).
+- When the consumer stops (client gone, error, shutdown), every engine request still running is
+  aborted at once (``AsyncEngine.generate``'s ``aclose`` aborts), freeing its KV blocks.
+- Per-request timings feed the metrics: time to first token, inter-token latency, end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from contextlib import aclosing
+from typing import Any, AsyncIterator, Sequence
+
+from attrs import frozen
+
+from metrale_core.errors import InvalidRequest
+from metrale_core.sampling.params import SamplingParams
+from metrale_core.server.errors import APIError
+
+__all__ = ["Job", "plan_jobs", "run_jobs", "sampling_params", "stop_lists"]
+
+
+@frozen
+class Job:
+    """One engine request: one choice of one prompt."""
+
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    #: Per-sequence plugin state handed to the engine (e.g. ``{"stream_parser": ...}``).
+    extras: dict | None = None
+
+
+def stop_lists(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
+                    seed_offset: int = 0) -> SamplingParams:
+    """The engine's ``SamplingParams`` for one choice of ``req`` (chat or completion request)."""
+    seed = None if req.seed is None else (req.seed + seed_offset) & ((1 << 64) - 1)
+    top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
+    bias = {int(k): v for k, v in (req.logit_bias or {}).items()}
+    try:
+        return SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k,
+            min_p=req.min_p or 0.0, presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=req.repetition_penalty or 1.0, logit_bias=bias, seed=seed,
+            max_tokens=max_tokens, stop=stop_lists(req.stop),
+            stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
+            logprobs=logprobs)
+    except (TypeError, ValueError) as exc:
+        raise APIError(400, f"bad sampling parameter: {exc}") from None
+
+
+def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:
+    room = max_model_len - prompt_len
+    if room < 1:
+        raise APIError(400, f"the prompt has {prompt_len} tokens, which leaves no room for output "
+                            f"in this model's context of {max_model_len} tokens; shorten it",
+                       param="messages", code="context_length_exceeded")
+    if requested is None:
+        return room
+    if requested > room:
+        raise APIError(400, f"this model's maximum context length is {max_model_len} tokens; "
+                            f"the prompt has {prompt_len} tokens and max_tokens is {requested} "
+                            f"({prompt_len + requested} in all); lower max_tokens or shorten the "
+                            f"prompt", param="max_tokens", code="context_length_exceeded")
+    return requested
+
+
+def plan_jobs(host: Any, req: Any, prompts: Sequence[list[int]], *, max_tokens: int | None,
+              logprobs: int | None, extras_factory=None) -> list[Job]:
+    """One job per (prompt, choice), validated against the engine; raises 4xx / 503."""
+    engine = host.ready().engine
+    host.check_capacity(len(prompts) * req.n)
+    jobs = []
+    for p, prompt in enumerate(prompts):
+        limit = _max_tokens(max_tokens, len(prompt), engine.max_model_len)
+        for i in range(req.n):
+            params = sampling_params(req, max_tokens=limit, logprobs=logprobs, seed_offset=i)
+            try:
+                ids = engine.validate_request("validate", prompt, params)
+            except InvalidRequest as exc:
+                raise APIError(400, str(exc).replace("request 'validate': ", ""),
+                               param="prompt") from None
+            extras = extras_factory() if extras_factory is not None else None
+            jobs.append(Job(index=p * req.n + i, prompt_ids=ids, params=params, extras=extras))
+    return jobs
+
+
+def _generate(host: Any, job: Job, request_id: str) -> AsyncIterator:
+    kwargs: dict[str, Any] = {"request_id": request_id}
+    if job.extras:
+        kwargs["extras"] = job.extras
+    return host.async_engine.generate(job.prompt_ids, job.params, **kwargs)
+
+
+async def _timed(host: Any, job: Job, request_id: str) -> AsyncIterator:
+    """The engine stream of one job, observed for the latency and token metrics.
+
+    A stream the consumer abandons (client gone) is recorded as finished with ``"abort"`` and
+    the tokens generated so far.
+    """
+    metrics = host.metrics
+    start = last = time.perf_counter()
+    first, final = True, None
+    latest = None
+    try:
+        async with aclosing(_generate(host, job, request_id)) as stream:
+            async for out in stream:
+                now = time.perf_counter()
+                latest = out
+                if out.new_token_ids:
+                    if first:
+                        metrics.ttft.observe(now - start)
+                        first = False
+                    else:
+                        metrics.itl.observe(now - last)
+                    last = now
+                if out.finished:
+                    final = out
+                yield out
+    finally:
+        end = time.perf_counter() - start
+        if final is not None:
+            metrics.finished(final.finish_reason, final.num_prompt_tokens,
+                             final.num_output_tokens, end)
+        else:
+            metrics.finished("abort", len(job.prompt_ids),
+                             latest.num_output_tokens if latest is not None else 0, end)
+
+
+async def run_jobs(host: Any, jobs: Sequence[Job]) -> AsyncIterator[tuple[int, Any]]:
+    """Merged deltas of ``jobs`` as ``(job.index, RequestOutput)``; aborts the rest on exit."""
+    base = uuid.uuid4().hex[:16]
+    with host.admitted(len(jobs)):
+        if len(jobs) == 1:
+            async with aclosing(_timed(host, jobs[0], f"{base}-0")) as stream:
+                async for out in stream:
+                    yield jobs[0].index, out
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(job: Job, n: int) -> None:
+            try:
+                async with aclosing(_timed(host, job, f"{base}-{n}")) as stream:
+                    async for out in stream:
+                        queue.put_nowait((job.index, out))
+            except Exception as exc:  # noqa: BLE001 - re-raised in the consumer
+                queue.put_nowait((job.index, exc))
+
+        tasks = [asyncio.create_task(pump(job, n)) for n, job in enumerate(jobs)]
+        try:
+            remaining = len(jobs)
+            while remaining:
+                index, item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                if item.finished:
+                    remaining -= 1
+                yield index, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,153 @@
+"""``EngineHost``: the served model's lifecycle (loading, ready, stopping) and admission control.
+
+Owner: the app's lifespan creates one, starts :meth:`EngineHost.load` in the background and
+calls :meth:`EngineHost.shutdown` at exit; every route reads it from ``app.state.host``.
+
+Invariants:
+- The model loads on a worker thread after the server is listening: ``/health`` answers 503
+  (``model_not_loaded``) until the ``AsyncEngine`` runs, then 200; a failed load stays 503 with
+  the reason.
+- Admission is bounded: at most ``engine.max_num_seqs + config.max_waiting`` engine requests are
+  in flight; one more is a 503 with ``Retry-After`` before any work starts.
+- While stopping, new requests get 503; in-flight streams finish or are cancelled (aborted) when
+  the grace period ends; the engine thread is joined last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from attrs import define, field, frozen
+from loguru import logger
+
+from metrale_core.server.errors import APIError
+
+__all__ = ["EngineHost", "ServedModel", "ServerConfig"]
+
+
+@frozen
+class ServedModel:
+    """What the loader hands the server: a built engine and its tokenizer."""
+
+    engine: Any  # LLMEngine
+    tokenizer: Any  # Tokenizer
+    #: The checkpoint's ``model_type`` (picks the default tool-call parser), if known.
+    model_type: str | None = None
+
+
+@frozen
+class ServerConfig:
+    """Options of one server process (the engine's own are in ``EngineConfig``)."""
+
+    #: The name clients pass as ``model``.
+    served_model_name: str
+    #: Bearer key required on the API routes (None: no auth).
+    api_key: str | None = field(default=None, repr=False)
+    #: Largest accepted request body in bytes (413 above).
+    max_body_bytes: int = 32 << 20
+    #: Requests allowed to wait beyond ``max_num_seqs`` running ones (503 above).
+    max_waiting: int = 256
+    #: Tool-call parser name (None: by the model type, else ``hermes``).
+    tool_call_parser: str | None = None
+    #: Reasoning parser name (None: by the model type; ``"none"`` turns it off).
+    reasoning_parser: str | None = None
+    #: Seconds in-flight requests get to finish at shutdown before they are aborted.
+    shutdown_grace_s: float = 10.0
+    #: Unix time the server started (``created`` of ``/v1/models``).
+    created: int = field(factory=lambda: int(time.time()))
+
+
+@define
+class EngineHost:
+    """The served engine and its state; see the module docstring."""
+
+    config: ServerConfig
+    registry: Any = None
+    status: str = "loading"
+    served: ServedModel | None = None
+    async_engine: Any = None
+    error: str | None = None
+    in_flight: int = 0
+    #: The app's ``ServerMetrics`` (set by ``create_app``).
+    metrics: Any = None
+    _idle: asyncio.Event | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    async def load(self, loader: Callable[[], ServedModel]) -> None:
+        """Run ``loader`` on a worker thread, then start the engine thread."""
+        from metrale_core.engine import AsyncEngine
+
+        started = time.monotonic()
+        try:
+            served = await asyncio.to_thread(loader)
+            async_engine = AsyncEngine(served.engine)
+            async_engine.start()
+        except Exception as exc:  # noqa: BLE001 - reported through /health and the log
+            self.status, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            logger.error("model load failed: {}", self.error)
+            return
+        if self.status == "stopping":
+            async_engine.shutdown()
+            return
+        self.served, self.async_engine, self.status = served, async_engine, "ready"
+        logger.info("model {!r} ready in {:.1f}s", self.config.served_model_name,
+                    time.monotonic() - started)
+
+    async def shutdown(self) -> None:
+        """Stop admitting, give in-flight requests the grace period, then stop the engine."""
+        self.status = "stopping"
+        if self.in_flight:
+            logger.info("shutdown: waiting up to {}s for {} in-flight request(s)",
+                        self.config.shutdown_grace_s, self.in_flight)
+            try:
+                await asyncio.wait_for(self._idle_event().wait(), self.config.shutdown_grace_s)
+            except asyncio.TimeoutError:
+                logger.warning("shutdown: aborting {} request(s) still running", self.in_flight)
+        if self.async_engine is not None:
+            await asyncio.to_thread(self.async_engine.shutdown)
+
+    # --- per request ---------------------------------------------------------------------------
+    def ready(self) -> ServedModel:
+        """The served model; 503 while loading, after a failed load, or while stopping."""
+        if self.status == "ready" and self.served is not None:
+            return self.served
+        if self.status == "failed":
+            raise APIError(503, f"the model failed to load: {self.error}", code="model_load_failed")
+        if self.status == "stopping":
+            raise APIError(503, "the server is shutting down", code="shutting_down")
+        raise APIError(503, "the model is still loading; retry shortly", code="model_not_loaded",
+                       headers={"Retry-After": "5"})
+
+    @property
+    def capacity(self) -> int:
+        served = self.ready()
+        return served.engine.config.max_num_seqs + self.config.max_waiting
+
+    def check_capacity(self, n: int) -> None:
+        """503 with Retry-After when ``n`` more engine requests would overflow the queue."""
+        if self.in_flight + n > self.capacity:
+            raise APIError(503, f"the server is at capacity ({self.in_flight} requests in flight, "
+                                f"limit {self.capacity}); retry later", code="queue_full",
+                           headers={"Retry-After": "1"})
+
+    @contextmanager
+    def admitted(self, n: int) -> Iterator[None]:
+        """Count ``n`` engine requests as in flight for the duration of the block."""
+        self.in_flight += n
+        self._idle_event().clear()
+        try:
+            yield
+        finally:
+            self.in_flight -= n
+            if self.in_flight == 0:
+                self._idle_event().set()
+
+    def _idle_event(self) -> asyncio.Event:
+        if self._idle is None:
+            self._idle = asyncio.Event()
+            if self.in_flight == 0:
+                self._idle.set()
+        return self._idle

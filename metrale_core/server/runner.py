@@ -1,0 +1,74 @@
+"""Run the app under uvicorn: in the foreground (``met serve``) or on a thread (tests, benchmarks).
+
+Owner: ``metrale_core.cli.serve`` calls :func:`serve_forever`; tests and ``bench/bench_http.py``
+call :func:`serve_in_thread`.
+
+Invariants:
+- uvicorn's own access log is off (the app logs each request through loguru) and its graceful
+  shutdown timeout is the server's grace period: on SIGINT/SIGTERM in-flight streams get that
+  long to finish, then they are cancelled (which aborts their engine requests) and the app's
+  lifespan stops the engine.
+- :func:`serve_in_thread` binds the socket itself before starting (port 0 picks a free port), so
+  ``RunningServer.url`` is right as soon as it returns; it returns once the server accepts
+  connections.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+from attrs import define
+
+__all__ = ["RunningServer", "serve_forever", "serve_in_thread", "uvicorn_config"]
+
+
+def uvicorn_config(app, host: str, port: int, grace_s: float) -> uvicorn.Config:
+    return uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False,
+                          log_level="warning", timeout_graceful_shutdown=max(1, int(grace_s)),
+                          timeout_keep_alive=5)
+
+
+def serve_forever(app, host: str, port: int, grace_s: float) -> None:
+    """Serve until SIGINT/SIGTERM (blocking)."""
+    uvicorn.Server(uvicorn_config(app, host, port, grace_s)).run()
+
+
+@define
+class RunningServer:
+    """A uvicorn server on a background thread."""
+
+    server: uvicorn.Server
+    thread: threading.Thread
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Graceful stop (as on SIGTERM), then join the thread."""
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+
+def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, grace_s: float = 5.0,
+                    startup_timeout: float = 30.0) -> RunningServer:
+    """Start ``app`` on ``host:port`` in a daemon thread; returns when it accepts connections."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn_config(app, host, port, grace_s))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                              name="metrale-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the server on {host}:{port} did not start")
+        time.sleep(0.01)
+    return RunningServer(server=server, thread=thread, host=host, port=port)

@@ -1,0 +1,176 @@
+"""Test support for the server tests: a byte-level tokenizer with a ChatML template, and a
+scripted model that answers chat prompts with fixed replies (tool calls included).
+
+``ScriptedLM`` is a real ``CausalLM`` for the engine: it writes each fed token id into the paged
+K cache and reads the whole history back through the block tables (so a wrong block table or a
+leaked/reused block changes its answers).  For a chat prompt (one that ends with the
+``<|im_start|>assistant\\n`` header) it replies with the first script whose keyword occurs in the
+last user turn, one token per step, then ``<|im_end|>``; otherwise its logits are pseudo-random,
+a deterministic function of the history, so seeds and temperature matter.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+ADDED = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
+
+CHATML = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "# Tools\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools><|im_end|>\n"
+    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'system' and loop.first %}"
+    "{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>\n"
+    "{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}"
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
+    "</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+
+WEATHER_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+#: keyword in the last user turn -> reply (checked in order).
+SCRIPTS = (
+    ("<tool_response>", "It is sunny in Paris."),
+    ("weather", WEATHER_CALL),
+    ("ponder", "<think>\nTwo and two make four.\n</think>\n\nThe answer is 4."),
+    ("capital", "The capital of France is Paris."),
+    ("count", "one two three four five six seven eight nine ten"),
+    ("café", "Un café crème, s'il vous plaît ☕ merci"),
+)
+
+
+def _byte_alphabet() -> list[str]:
+    from metrale_core.tokenizer import _bytes_to_unicode
+
+    table = _bytes_to_unicode()
+    return [table[b] for b in range(256)]
+
+
+def write_tokenizer(directory: Path) -> Path:
+    """A byte-level tokenizer (one token per byte, no merges) plus ChatML specials and tags."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = {ch: i for i, ch in enumerate(_byte_alphabet())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
+              "chat_template": CHATML}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+class ScriptedLM:
+    """See the module docstring."""
+
+    def __init__(self, tokenizer, max_position: int = 4096):
+        self.tokenizer = tokenizer
+        self.eos = tokenizer.token_to_id("<|im_end|>")
+        self.info = ModelInfo(architecture="scripted", vocab_size=tokenizer.vocab_size,
+                              max_position=max_position,
+                              kv=KVLayout(num_layers=1, num_kv_heads=1, head_dim=1,
+                                          dtype=torch.float32),
+                              eos_token_ids=(self.eos,))
+        self.header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+        self.user = tokenizer.encode("<|im_start|>user\n", add_special_tokens=False)
+        self._replies: dict[tuple[int, ...], list[int] | None] = {}
+        self.num_forwards = 0
+
+    def make_state_pool(self, num_slots: int):
+        return None
+
+    def forward(self, batch: ForwardBatch, kv: PagedKVCache, state=None) -> torch.Tensor:
+        self.num_forwards += 1
+        k = kv.k[0]
+        bs = kv.block_size
+        slots = batch.slot_mapping.to(torch.long)
+        k[slots // bs, slots % bs, 0, 0] = batch.input_ids.to(torch.float32)
+        qs = batch.query_start.tolist()
+        positions = batch.positions.tolist()
+        rows = []
+        for r in batch.logits_rows.tolist():
+            i = next(j for j in range(batch.num_seqs) if qs[j] <= r < qs[j + 1])
+            pos = torch.arange(positions[r] + 1)
+            blocks = batch.block_tables[i].to(torch.long)[pos // bs]
+            history = k[blocks, pos % bs, 0, 0].to(torch.long).tolist()
+            rows.append(self._logits(history))
+        return torch.stack(rows) if rows else torch.zeros(0, self.info.vocab_size)
+
+    def _logits(self, history: list[int]) -> torch.Tensor:
+        token = self._scripted(history)
+        if token is not None:
+            logits = torch.zeros(self.info.vocab_size)
+            logits[token] = 100.0
+            return logits
+        g = torch.Generator().manual_seed(hash((tuple(history[-6:]), len(history))) & 0x7FFFFFFF)
+        logits = torch.randn(self.info.vocab_size, generator=g) * 2.0
+        logits[self.eos] = -5.0  # rare, so random continuations run to max_tokens
+        return logits
+
+    def _scripted(self, history: list[int]) -> int | None:
+        n = len(self.header)
+        start = None
+        for at in range(len(history) - n, -1, -1):
+            if history[at:at + n] == self.header:
+                start = at + n
+                break
+        if start is None:
+            return None
+        key = tuple(history[:start])
+        if key not in self._replies:
+            self._replies[key] = self._reply(history[:start])
+        reply = self._replies[key]
+        if reply is None:
+            return None
+        k = len(history) - start
+        return reply[k] if k < len(reply) else self.eos
+
+    def _reply(self, prompt: list[int]) -> list[int] | None:
+        text = self.tokenizer.decode(prompt, skip_special_tokens=False)
+        last_user = text.rsplit("<|im_start|>user\n", 1)[-1]
+        for keyword, reply in SCRIPTS:
+            if keyword in last_user:
+                return self.tokenizer.encode(reply, add_special_tokens=False)
+        return None
+
+
+def random_text(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "omega"]) for _ in range(words))
+
+
+API_KEY = "sk-test-0123456789"
+
+
+def wait_ready(url: str, timeout: float = 30.0) -> None:
+    """Poll ``/health`` until it answers 200."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if httpx.get(url + "/health").status_code == 200:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{url} never became healthy")
