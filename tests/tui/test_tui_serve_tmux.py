@@ -1,0 +1,109 @@
+"""The dashboard in a real terminal (tmux) on the real SmolLM2: the pill turns SERVING, a chat
+round trip shows the answer, quitting stops the server; and the plain-log fallback when stdout
+is not a TTY.
+
+Both run the real ``met serve`` command."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+SMOL = Path.home() / ".cache/metrale/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+MET = Path(sys.executable).with_name("met")
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not SMOL.is_file(), reason=f"the real SmolLM2 is not in {SMOL}"),
+]
+
+
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True).stdout
+
+
+def _wait_pane(session: str, needle: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        screen = _tmux("capture-pane", "-p", "-t", session)
+        if needle in screen:
+            return screen
+        assert time.monotonic() < deadline, f"{needle!r} never appeared; screen:\n{screen}"
+        time.sleep(0.25)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed "
+                    "(apt-get install -y tmux)")
+def test_dashboard_in_tmux_serves_and_chats(tmp_path):
+    session = f"metrale-tui-{uuid.uuid4().hex[:8]}"
+    exit_file = tmp_path / "exit"
+    command = (f"cd {ROOT} && unset COLUMNS LINES && TERM=xterm-256color {MET} serve --model {SMOL} "
+               f"--port 0 --kv-cache-memory 64M --max-model-len 2048; "
+               f"echo $? > {exit_file}")
+    _tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "40", command)
+    try:
+        screen = _wait_pane(session, "SERVING", timeout=120)
+        header = screen.splitlines()[0]
+        assert "M E T R A L E" in header and "model SmolLM2-135M-Instruct" in header, screen
+        assert "✓ load model" in screen and "tensors 272/272" in screen
+        _tmux("send-keys", "-t", session, "4")
+        time.sleep(0.5)
+        _tmux("send-keys", "-t", session, "-l", "What is the capital of France?")
+        _tmux("send-keys", "-t", session, "Enter")
+        screen = _wait_pane(session, "Paris", timeout=60)
+        answer = next(line for line in screen.splitlines() if "assistant " in line)
+        assert "Paris" in answer
+        _tmux("send-keys", "-t", session, "Escape")
+        time.sleep(0.5)  # apart from the next key, or the terminal reads alt+q
+        _tmux("send-keys", "-t", session, "q")
+        deadline = time.monotonic() + 30
+        while not exit_file.exists():
+            assert time.monotonic() < deadline, "quitting the dashboard did not stop the server"
+            time.sleep(0.2)
+        assert exit_file.read_text().strip() == "0"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_plain_logs_when_stdout_is_not_a_tty(tmp_path):
+    port = _free_port()
+    env = {**os.environ, "TERM": "xterm-256color"}
+    proc = subprocess.Popen([str(MET), "--log-level", "info", "serve", "--model", str(SMOL),
+                             "--port", str(port), "--kv-cache-memory", "64M"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the plain server never became healthy"
+            time.sleep(0.25)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    # uvicorn re-raises the signal after its graceful shutdown
+    assert proc.returncode in (0, 130) and "Traceback" not in err  # 130: met reports the ^C
+    assert f"on http://127.0.0.1:{port}/v1" in err and "ready in" in err  # plain log lines
+    assert "\x1b[" not in out + err and "M E T R A L E" not in out + err
