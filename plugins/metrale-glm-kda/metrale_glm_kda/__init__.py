@@ -1,0 +1,26 @@
+"""Metrale model plugin: GLM-5.3-Flash (``glm5_next``), a KDA / DSA hybrid with mHC and MoE.
+
+Owner: ``metrale_glm_kda``.  Registers the ``glm5_next`` model loader through
+``metrale_model_loaders`` (text input only); the model is ``model.GlmKdaLM``.
+
+Invariants: this package imports neither torch nor CuPy itself (the factory is lazy, so
+``met plugins`` stays fast); the factory has the signature ``factory(store, options) -> CausalLM``.
+"""
+
+from __future__ import annotations
+
+from metrale_core import hookimpl
+from metrale_core.components import ModelLoaderSpec
+from metrale_core.plugins import lazy_factory
+
+__all__ = ["metrale_model_loaders"]
+
+
+@hookimpl
+def metrale_model_loaders(register) -> None:
+    """Register the glm5_next loader."""
+    register(ModelLoaderSpec(
+        name="glm5_next", factory=lazy_factory("metrale_glm_kda.loader:load_glm5_next"),
+        model_types=("glm5_next", "glm5_next_text"),
+        architectures=("Glm5NextForConditionalGeneration",),
+        description="GLM-5.3-Flash text decoder (KDA + DSA/MLA attention, mHC, sigmoid MoE)"))

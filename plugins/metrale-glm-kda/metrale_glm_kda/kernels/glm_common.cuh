@@ -1,0 +1,61 @@
+// Shared device helpers for the metrale_glm_kda kernels (no system headers, so NVRTC compiles it).
+//
+// Owner: metrale_glm_kda/kernels.  Invariants: bf16 is carried as raw bits and converted with
+// round-to-nearest-even (torch's rounding); every reduction accumulates in float32; block
+// reductions need blockDim.x to be a multiple of 32 and at most 1024.
+#ifndef METRALE_GLM_COMMON_CUH
+#define METRALE_GLM_COMMON_CUH
+
+struct bf16 {
+    unsigned short bits;
+};
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16 x) {
+    return __uint_as_float(((unsigned int)x.bits) << 16);
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_float<bf16>(float x) {
+    unsigned int u = __float_as_uint(x);
+    bf16 out;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        out.bits = 0x7fc0u;
+        return out;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    out.bits = (unsigned short)(u >> 16);
+    return out;
+}
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// Sum of v over the block; every thread gets the total.  `slot` picks one of two scratch areas
+// so two sums may run back to back without an extra barrier.
+__device__ __forceinline__ float block_sum(float v, int slot) {
+    __shared__ float partial[2][32];
+    __shared__ float total[2];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) partial[slot][warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        const int num_warps = blockDim.x >> 5;
+        float w = lane < num_warps ? partial[slot][lane] : 0.0f;
+        w = warp_sum(w);
+        if (lane == 0) total[slot] = w;
+    }
+    __syncthreads();
+    return total[slot];
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+#endif  // METRALE_GLM_COMMON_CUH

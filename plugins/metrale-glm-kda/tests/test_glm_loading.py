@@ -1,0 +1,75 @@
+"""Loading: the registered loader, config validation, the state layout, and ``met generate`` on
+a checkpoint written with ``save_pretrained``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from metrale_core.components import LoadOptions
+from metrale_core.errors import ConfigError
+from metrale_core.plugins import load_registry
+from metrale_core.weights import open_weights
+
+from metrale_glm_kda.config import GlmDims
+
+pytest.importorskip("transformers")
+
+import glm_harness as H  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("glm_cli")
+    H.save_checkpoint("hc2", path, seed=3, tokenizer=True)
+    return path
+
+
+def test_loader_is_registered_and_declares_state(checkpoint):
+    store = open_weights(checkpoint)
+    spec = load_registry().find_model_loader(store.config)
+    assert spec.name == "glm5_next"
+    model = spec.factory(store, LoadOptions())
+    info = model.info
+    assert info.has_recurrent_state and info.recurrent.num_layers == 2
+    # 2 KDA layers x (2 heads x 8 x 8 float32 recurrent + 3 x 16 channels x 3 conv taps float32)
+    assert info.recurrent.bytes_per_sequence == 2 * (2 * 8 * 8 * 4 + 3 * 16 * 3 * 4)
+    assert info.kv.num_layers == 2 and info.kv.head_dim == 16 and info.kv.v_dim == 16
+    pool = model.make_state_pool(3)
+    assert pool.recurrent[0].shape == (3, 2, 8, 8) and pool.recurrent[0].dtype == torch.float32
+    assert pool.conv[1].shape == (3, 48, 3)
+    assert pool.nbytes() == 3 * info.recurrent.bytes_per_sequence
+
+
+def test_config_refuses_shared_indexer_without_full_layer():
+    cfg = H.hf_config("hc2").to_dict()
+    cfg["text_config"]["indexer_types"] = ["full", "shared", "shared", "full"]
+    with pytest.raises(ConfigError, match="no earlier"):
+        GlmDims.from_config(cfg)
+    cfg["text_config"]["indexer_types"] = ["full", "full", "shared", "full"]
+    cfg["text_config"]["qk_rope_head_dim"] = 4
+    with pytest.raises(ConfigError, match="NoPE"):
+        GlmDims.from_config(cfg)
+
+
+def test_flat_config_and_linear_attn_config_read_like_transformers():
+    flat = {**H.hf_config("hc2").to_dict()["text_config"], "model_type": "glm5_next"}
+    flat.pop("linear_lower_bound")
+    flat["linear_attn_config"] = {"head_dim": 8, "num_heads": 2, "short_conv_kernel_size": 4}
+    dims = GlmDims.from_config(flat)
+    assert dims.lower_bound == -5.0 and dims.layer_types == ("kda", "mla", "mla", "kda")
+    assert dims.indexer_types == ("full", "full", "shared", "full")
+
+
+def test_met_generate_runs_the_checkpoint(checkpoint):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "metrale_core", "generate", "--model", str(checkpoint), "t5 t6 t7 t8 t9",
+         "--max-tokens", "6", "--ignore-eos"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.split()
+    assert len(words) == 6 and all(w.startswith("t") for w in words), proc.stdout
