@@ -5,7 +5,8 @@ receives the same argparse group.
 
 Invariants:
 - Every flag maps to one :class:`metrale_core.engine.EngineConfig` field or one model-loading
-  option; :func:`engine_config_from_args` is the only place that maps them.
+  option; :func:`engine_config_from_args` is the only place that maps them.  The flags plugins
+  add land, by ``dest``, in ``EngineConfig.plugin_options``.
 - Sizes accept ``512M`` / ``2G`` / plain bytes; a bad value is an argparse error naming the flag.
 """
 
@@ -15,6 +16,9 @@ import argparse
 import re
 
 __all__ = ["add_engine_flags", "engine_config_from_args", "load_options_from_args", "parse_size"]
+
+#: Namespace attribute listing the dests of the flags plugins added (-> ``plugin_options``).
+PLUGIN_FLAGS_DEST = "_metrale_plugin_flags"
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -54,6 +58,9 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
     group = parser.add_argument_group("engine")
     group.add_argument("--kv-cache-memory", type=parse_size, default=parse_size("512M"),
                        metavar="SIZE", help="bytes for the paged KV cache pool (default: 512M)")
+    group.add_argument("--kv-cache-dtype", default=None, metavar="DTYPE",
+                       help="KV cache storage: bf16, fp16, fp32 or fp8 (E4M3, needs the "
+                            "metrale-fp8 plugin) (default: the model dtype)")
     group.add_argument("--block-size", type=_positive_int, default=16,
                        help="tokens per KV block (default: 16)")
     group.add_argument("--max-prefill-tokens", type=_positive_int, default=2048,
@@ -61,6 +68,9 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
                             "(default: 2048)")
     group.add_argument("--max-num-seqs", type=_positive_int, default=64,
                        help="sequences running at once (default: 64)")
+    group.add_argument("--recurrent-state-memory", type=parse_size, default=parse_size("4G"),
+                       metavar="SIZE", help="bytes for the recurrent-state slots of linear-attention "
+                            "models; caps the sequences running at once (default: 4G)")
     group.add_argument("--max-model-len", type=_positive_int, default=None,
                        help="longest prompt + output (default: the model's context)")
     group.add_argument("--no-prefix-caching", dest="enable_prefix_caching",
@@ -71,7 +81,10 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
     group.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
                        help="finish a request with finish_reason 'timeout' after this long")
     if registry is not None:
+        before = len(group._group_actions)
         registry.add_engine_flags(group)
+        added = tuple(action.dest for action in group._group_actions[before:])
+        parser.set_defaults(**{PLUGIN_FLAGS_DEST: added})
     return group
 
 
@@ -84,11 +97,14 @@ def engine_config_from_args(args: argparse.Namespace):
         kv_cache_memory=args.kv_cache_memory,
         max_prefill_tokens=args.max_prefill_tokens,
         max_num_seqs=args.max_num_seqs,
+        recurrent_state_memory=args.recurrent_state_memory,
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching,
         request_timeout_s=args.request_timeout,
         scheduler=args.scheduler,
         sampler=args.sampler,
+        kv_cache_dtype=args.kv_cache_dtype,
+        plugin_options={dest: getattr(args, dest) for dest in getattr(args, PLUGIN_FLAGS_DEST, ())},
     )
 
 

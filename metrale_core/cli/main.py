@@ -50,6 +50,21 @@ def _add_plugins_command(sub) -> None:
     cmd = sub.add_parser("plugins", help="list installed plugins and what each registers")
     cmd.add_argument("--json", action="store_true", help="machine-readable output")
     cmd.set_defaults(func=_run_plugins)
+    actions = cmd.add_subparsers(dest="plugins_command", metavar="ACTION")
+    new = actions.add_parser("new", help="create a new plugin distribution from the template",
+                             description="Write metrale-NAME/ (pyproject, plugin module, tests) "
+                                         "into DIR; install it with pip install -e.")
+    new.add_argument("name", metavar="NAME", help="plugin name, e.g. top-a (-> metrale-top-a)")
+    new.add_argument("--dir", default=".", help="folder to create metrale-NAME/ in (default: .)")
+    new.set_defaults(func=_run_plugins_new)
+
+
+def _run_plugins_new(args, registry) -> int:
+    from metrale_core.cli.plugin_template import render_plugin
+
+    target = render_plugin(args.name, args.dir)
+    print(f"created {target}; next: pip install -e {target} && python -m pytest {target / 'tests'}")
+    return 0
 
 
 def _run_plugins(args, registry) -> int:
@@ -71,6 +86,9 @@ def _add_optional_commands(sub, registry) -> None:
     except ImportError:
         return
     serve.add_parser(sub, registry)
+    from metrale_core.cli import chat
+
+    chat.add_parser(sub, registry)
 
 
 def main(argv: list[str] | None = None) -> int:

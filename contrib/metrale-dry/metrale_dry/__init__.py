@@ -1,0 +1,67 @@
+"""metrale-dry: the DRY repeat penalty and its flags, as a Metrale plugin.
+
+Owner: this module is the plugin (entry point ``metrale: dry``); the penalty lives in
+:mod:`metrale_dry.penalty` and is imported only when an engine is built.
+
+Invariants:
+- Importing this module imports nothing heavy (no torch, no numpy).
+- Off unless ``--dry-multiplier`` is above 0: the factory then returns None and the processor
+  is not in the engine's pipeline at all (no per-step cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from metrale_core import hookimpl
+from metrale_core.components import LogitProcessorSpec
+from metrale_core.plugins import lazy_factory
+from metrale_core.sampling.position import PositionKind
+
+__all__ = ["DEFAULTS", "metrale_engine_flags", "metrale_logit_processors"]
+
+#: Flag dest -> default (also what ``DrySettings.from_options`` falls back to).
+DEFAULTS = {
+    "dry_multiplier": 0.0,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "dry_penalty_last_n": 0,
+    "dry_breaker_ids": (),
+}
+
+
+def _token_ids(text: str) -> tuple[int, ...]:
+    try:
+        ids = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}") from None
+    if any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"token ids must be >= 0, got {text!r}")
+    return ids
+
+
+@hookimpl
+def metrale_logit_processors(register):
+    register(LogitProcessorSpec(
+        name="dry",
+        factory=lazy_factory("metrale_dry.penalty:build"),
+        order=200,
+        kinds={PositionKind.PREFILL_LAST, PositionKind.FINAL_DECODE},
+        description="DRY penalty on tokens that extend a verbatim repeat (--dry-multiplier)",
+    ))
+
+
+@hookimpl
+def metrale_engine_flags(parser):
+    parser.add_argument("--dry-multiplier", type=float, default=DEFAULTS["dry_multiplier"],
+                        metavar="X", help="DRY repeat penalty strength; 0 turns it off (default: 0)")
+    parser.add_argument("--dry-base", type=float, default=DEFAULTS["dry_base"], metavar="X",
+                        help="DRY: growth of the penalty per repeated token (default: 1.75)")
+    parser.add_argument("--dry-allowed-length", type=int, default=DEFAULTS["dry_allowed_length"],
+                        metavar="N", help="DRY: repeats up to this long are free (default: 2)")
+    parser.add_argument("--dry-penalty-last-n", type=int, default=DEFAULTS["dry_penalty_last_n"],
+                        metavar="N", help="DRY: look back this many tokens; 0 = whole context "
+                                          "(default: 0)")
+    parser.add_argument("--dry-breaker-ids", type=_token_ids, default=DEFAULTS["dry_breaker_ids"],
+                        metavar="IDS", help="DRY: comma-separated token ids no repeat may span "
+                                            "(e.g. the newline token)")
