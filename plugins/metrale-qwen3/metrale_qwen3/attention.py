@@ -4,7 +4,9 @@ Owner: ``metrale_qwen3``.  :class:`AttentionPlan` is built once per forward from
 host-side lengths and shared by every layer.
 
 Invariants:
-- K/V of every row are written at ``slot_mapping`` before any row attends.
+- K/V of every row are written at ``slot_mapping`` before any row attends, through the cache's
+  codec (``PagedKVCache.write`` / ``gather``): plain storage goes through the raw-cache kernels
+  unchanged; any other codec (FP8) is read through its fused decode kernel or ``gather``.
 - Each row at absolute position ``p`` attends to cached positions ``0..p`` of its own sequence,
   read through that sequence's block table (padding entries beyond the context are never used).
 - Decode rows (sequences feeding exactly one row) are attended in one batched call with no
@@ -19,9 +21,10 @@ import torch
 import torch.nn.functional as F
 from attrs import frozen
 
-from metrale_core.model_api import ForwardBatch
+from metrale_core.model_api import ForwardBatch, PagedKVCache
 
-__all__ = ["AttentionPlan", "decode_attention", "paged_attention", "prefill_attention", "write_kv"]
+__all__ = ["AttentionPlan", "attend_decode", "attend_prefill", "decode_attention", "paged_attention",
+           "prefill_attention", "write_kv"]
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -43,11 +46,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                      max_context: int) -> torch.Tensor:
     """One query row per sequence: ``q`` ``[B, Hq, d]`` -> ``[B, Hq, d]``, batched over B."""
-    bsz, hq, d = q.shape
-    block_size, hk = k_cache.shape[1], k_cache.shape[2]
-    num_blocks = -(-max_context // block_size)
+    num_blocks = -(-max_context // k_cache.shape[1])
     k = _gather(k_cache, block_tables, num_blocks, torch.float32)  # [B, L, Hk, d]
     v = _gather(v_cache, block_tables, num_blocks, torch.float32)
+    return attend_decode(q, k, v, context_lens, scale)
+
+
+def attend_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_lens: torch.Tensor,
+                  scale: float) -> torch.Tensor:
+    """``q`` ``[B, Hq, d]`` over gathered float32 ``k``/``v`` ``[B, L, Hk, d]`` (``L`` >= context)."""
+    bsz, hq, d = q.shape
+    hk = k.shape[2]
     q4 = q.float().view(bsz, hk, hq // hk, d)
     scores = torch.einsum("bhgd,blhd->bhgl", q4, k) * scale
     pad = torch.arange(k.shape[1], device=q.device)[None, :] >= context_lens[:, None]  # [B, L]
@@ -60,11 +69,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_table: torch.Tensor, context_len: int, scale: float) -> torch.Tensor:
     """Rows ``q`` ``[n, Hq, d]`` of one sequence, the last ``n`` of its ``context_len`` positions."""
+    num_blocks = -(-context_len // k_cache.shape[1])
+    k = _gather(k_cache, block_table, num_blocks, q.dtype)
+    v = _gather(v_cache, block_table, num_blocks, q.dtype)
+    return attend_prefill(q, k, v, context_len, scale)
+
+
+def attend_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int,
+                   scale: float) -> torch.Tensor:
+    """Causal rows ``q`` ``[n, Hq, d]`` over gathered ``k``/``v`` ``[>= context_len, Hk, d]``."""
     n = q.shape[0]
-    block_size = k_cache.shape[1]
-    num_blocks = -(-context_len // block_size)
-    k = _gather(k_cache, block_table, num_blocks, q.dtype)[:context_len]  # [c, Hk, d]
-    v = _gather(v_cache, block_table, num_blocks, q.dtype)[:context_len]
+    k, v = k[:context_len], v[:context_len]  # [c, Hk, d]
     rows = torch.arange(context_len - n, context_len, device=q.device)
     keys = torch.arange(context_len, device=q.device)
     allowed = keys[None, :] <= rows[:, None]  # [n, c] causal over prefix + this chunk
@@ -118,17 +133,31 @@ class AttentionPlan:
         return cls(scale, False, None, None, None, 0, tuple(multi), batch.block_tables)
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    plan: AttentionPlan, decode_op) -> torch.Tensor:
-    """Attend every row of ``q`` ``[T, Hq, d]``; ``decode_op`` is the batched decode kernel op."""
+def _decode(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan,
+            decode_op) -> torch.Tensor:
+    """The decode rows ``q`` through the plain kernel, the codec's fused kernel, or a gather."""
+    args = (plan.decode_tables, plan.decode_context, plan.scale, plan.decode_max_context)
+    if kv.plain:
+        return decode_op(q, kv.k[layer], kv.v[layer], *args)
+    fused = kv.codec.decode_attention(kv, layer, q, *args)
+    if fused is not None:
+        return fused
+    num_blocks = -(-plan.decode_max_context // kv.block_size)
+    k, v = kv.gather(layer, plan.decode_tables[:, :num_blocks], torch.float32)
+    return attend_decode(q, k, v, plan.decode_context, plan.scale)
+
+
+def paged_attention(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan,
+                    decode_op) -> torch.Tensor:
+    """Attend every row of ``q`` ``[T, Hq, d]`` over ``layer`` of ``kv``; ``decode_op`` is the
+    batched decode kernel op over plain caches."""
     if plan.pure_decode:
-        return decode_op(q, k_cache, v_cache, plan.decode_tables, plan.decode_context, plan.scale,
-                         plan.decode_max_context)
+        return _decode(q, kv, layer, plan, decode_op)
     out = torch.empty_like(q)
     if plan.decode_rows is not None:
-        out[plan.decode_rows] = decode_op(q[plan.decode_rows], k_cache, v_cache, plan.decode_tables,
-                                          plan.decode_context, plan.scale, plan.decode_max_context)
+        out[plan.decode_rows] = _decode(q[plan.decode_rows], kv, layer, plan, decode_op)
     for start, end, seq, context_len in plan.multi_row:
-        out[start:end] = prefill_attention(q[start:end], k_cache, v_cache, plan.block_tables[seq],
-                                           context_len, plan.scale)
+        num_blocks = -(-context_len // kv.block_size)
+        k, v = kv.gather(layer, plan.block_tables[seq, :num_blocks], q.dtype)
+        out[start:end] = attend_prefill(q[start:end], k, v, context_len, plan.scale)
     return out

@@ -9,7 +9,9 @@ Invariants:
   (QK-norm, which projections carry a bias).
 - The output head is tied to the embedding when the config says so or the checkpoint has no
   ``lm_head.weight``.
-- Projections are fused at load time: ``qkv = [q; k; v]`` and ``gate_up = [gate; up]``.
+- Projections are fused at load time: ``qkv = [q; k; v]`` and ``gate_up = [gate; up]``, and kept
+  in the weight format ``linear.resolve_weight_format(options)`` names (``exact`` by default:
+  dense tensors, bit-identical to the dequantized checkpoint).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from attrs import frozen
 
 from metrale_core.components import LoadOptions
 from metrale_core.errors import ConfigError
+
+from metrale_qwen3.linear import Linear, build_linear, resolve_weight_format
 
 __all__ = ["VARIANTS", "ArchVariant", "DecoderWeights", "LayerWeights", "ModelDims", "load_llama",
            "load_model", "load_qwen2", "load_qwen3", "load_weights", "torch_dtype"]
@@ -126,20 +130,24 @@ class ModelDims:
 
 @frozen
 class LayerWeights:
-    """One decoder layer's tensors (fused projections; optional ones are None)."""
+    """One decoder layer's tensors; projections are fused ``Linear`` objects (biases inside them)."""
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o_proj: torch.Tensor
-    o_bias: torch.Tensor | None
+    qkv: Linear
+    o_proj: Linear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
+    gate_up: Linear
+    down: Linear
+
+    @property
+    def qkv_bias(self) -> torch.Tensor | None:
+        return self.qkv.bias
+
+    @property
+    def o_bias(self) -> torch.Tensor | None:
+        return self.o_proj.bias
 
 
 @frozen
@@ -147,12 +155,17 @@ class DecoderWeights:
     embed: torch.Tensor
     layers: tuple[LayerWeights, ...]
     norm: torch.Tensor
-    lm_head: torch.Tensor
+    #: The dense output matrix (the embedding itself when tied); None when only ``head`` keeps it.
+    lm_head: torch.Tensor | None
+    #: The output head as the forward runs it.
+    head: Linear
+    #: The weight format the projections are kept in (``linear.WEIGHT_FORMATS``).
+    weight_format: str = "exact"
 
 
 def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
-                 device: torch.device | str) -> DecoderWeights:
-    """Read, check and fuse every tensor the decoder needs."""
+                 device: torch.device | str, weight_format: str = "exact") -> DecoderWeights:
+    """Read, check and fuse every tensor the decoder needs, projections in ``weight_format``."""
 
     def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         return store.get(name, dtype=dtype, shape=shape).to(device)
@@ -160,35 +173,44 @@ def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
     def maybe(name: str, shape: tuple[int, ...], present: bool) -> torch.Tensor | None:
         return get(name, shape) if present else None
 
+    def linear(names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None) -> Linear:
+        return build_linear(store, names, shapes, weight_format, dtype, device, bias)
+
     D, I, d = dims.hidden_size, dims.intermediate_size, dims.head_dim
     q_out, kv_out = dims.num_heads * d, dims.num_kv_heads * d
     layers = []
     for i in range(dims.num_layers):
         p = f"model.layers.{i}."
         a, m = p + "self_attn.", p + "mlp."
-        qkv = torch.cat([get(a + "q_proj.weight", (q_out, D)), get(a + "k_proj.weight", (kv_out, D)),
-                         get(a + "v_proj.weight", (kv_out, D))])
         qkv_bias = None
         if dims.qkv_bias:
             qkv_bias = torch.cat([get(a + "q_proj.bias", (q_out,)), get(a + "k_proj.bias", (kv_out,)),
                                   get(a + "v_proj.bias", (kv_out,))])
-        gate_up = torch.cat([get(m + "gate_proj.weight", (I, D)), get(m + "up_proj.weight", (I, D))])
+        qkv = linear([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"],
+                     [(q_out, D), (kv_out, D), (kv_out, D)], qkv_bias)
         gate_up_bias = None
         if dims.mlp_bias:
             gate_up_bias = torch.cat([get(m + "gate_proj.bias", (I,)), get(m + "up_proj.bias", (I,))])
+        gate_up = linear([m + "gate_proj.weight", m + "up_proj.weight"], [(I, D), (I, D)], gate_up_bias)
         layers.append(LayerWeights(
-            input_norm=get(p + "input_layernorm.weight", (D,)), qkv=qkv, qkv_bias=qkv_bias,
-            o_proj=get(a + "o_proj.weight", (D, q_out)), o_bias=maybe(a + "o_proj.bias", (D,), dims.o_bias),
+            input_norm=get(p + "input_layernorm.weight", (D,)), qkv=qkv,
+            o_proj=linear([a + "o_proj.weight"], [(D, q_out)], maybe(a + "o_proj.bias", (D,), dims.o_bias)),
             q_norm=maybe(a + "q_norm.weight", (d,), dims.qk_norm),
             k_norm=maybe(a + "k_norm.weight", (d,), dims.qk_norm),
             post_norm=get(p + "post_attention_layernorm.weight", (D,)), gate_up=gate_up,
-            gate_up_bias=gate_up_bias, down=get(m + "down_proj.weight", (D, I)),
-            down_bias=maybe(m + "down_proj.bias", (D,), dims.mlp_bias)))
+            down=linear([m + "down_proj.weight"], [(D, I)], maybe(m + "down_proj.bias", (D,), dims.mlp_bias))))
     embed = get("model.embed_tokens.weight", (dims.vocab_size, D))
     tied = dims.tie_word_embeddings or "lm_head.weight" not in store
-    lm_head = embed if tied else get("lm_head.weight", (dims.vocab_size, D))
+    head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    if tied or weight_format == "exact":
+        lm_head = embed if tied else get("lm_head.weight", (dims.vocab_size, D))
+        head = build_linear(store, [head_name], [(dims.vocab_size, D)], weight_format, dtype, device,
+                            dense=lm_head)
+    else:
+        lm_head = None
+        head = linear([head_name], [(dims.vocab_size, D)], None)
     return DecoderWeights(embed=embed, layers=tuple(layers), norm=get("model.norm.weight", (D,)),
-                          lm_head=lm_head)
+                          lm_head=lm_head, head=head, weight_format=weight_format)
 
 
 def load_model(store: Any, options: LoadOptions, variant: ArchVariant):
@@ -197,7 +219,7 @@ def load_model(store: Any, options: LoadOptions, variant: ArchVariant):
 
     dims = ModelDims.from_config(store.config, variant)
     dtype = torch_dtype(options.dtype)
-    weights = load_weights(store, dims, dtype, options.device)
+    weights = load_weights(store, dims, dtype, options.device, resolve_weight_format(options))
     return DecoderLM(dims, weights, architecture=variant.name, dtype=dtype, device=options.device)
 
 

@@ -4,7 +4,8 @@ Owner: ``metrale_qwen3``; implements ``metrale_core.model_api.CausalLM``.
 
 Invariants:
 - ``forward`` consumes a flat batch mixing prefill chunks, decode rows and verify rows; it writes
-  every row's K/V (post-norm, post-RoPE keys) into ``kv`` before attending, and returns float32
+  every row's K/V (post-norm, post-RoPE keys) into ``kv`` (through ``kv.write``, so a KV-dtype
+  codec such as FP8 sees exactly what is cached) before attending, and returns float32
   logits ``[N, vocab]`` for ``batch.logits_rows`` only (the head runs on those rows alone).
 - Pre-norm residual layers: ``h = x + attn(norm(x))``, ``y = h + mlp(norm(h))``.
 - The model keeps no recurrent state: ``make_state_pool`` returns None and ``state`` is ignored.
@@ -55,34 +56,52 @@ class DecoderLM:
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv: PagedKVCache | None,
                 state: object | None = None) -> torch.Tensor:
+        return self._run(batch, kv, None, all_hidden=False)[0]
+
+    @torch.no_grad()
+    def forward_with_hidden(self, batch: ForwardBatch, kv: PagedKVCache | None,
+                            state: object | None = None, *,
+                            inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` plus the final-normed hidden states ``[T, D]`` of every row (the model
+        contract's optional extension, read by MTP heads); ``inputs_embeds`` ``[T, D]`` replaces
+        the token embeddings (an MTP block feeds its projected inputs this way)."""
+        return self._run(batch, kv, inputs_embeds, all_hidden=True)
+
+    def _run(self, batch: ForwardBatch, kv: PagedKVCache | None, inputs_embeds: torch.Tensor | None,
+             all_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if kv is None or len(kv.k) != self.dims.num_layers:
             raise ValueError(f"{self.info.architecture} needs a paged KV cache with "
                              f"{self.dims.num_layers} layers")
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)
         plan = AttentionPlan.from_batch(batch, self._scale)
-        x = F.embedding(batch.input_ids, self.weights.embed)
+        x = F.embedding(batch.input_ids, self.weights.embed) if inputs_embeds is None \
+            else inputs_embeds.to(self.dtype)
         for i, layer in enumerate(self.weights.layers):
-            x = self._layer(x, layer, kv.k[i], kv.v[i], batch, plan, cos, sin)
-        x = x[batch.logits_rows]
-        x = self.ops.rms_norm(x, self.weights.norm, self.dims.rms_norm_eps)
-        return F.linear(x, self.weights.lm_head).float()
+            x = self._layer(x, layer, kv, i, batch, plan, cos, sin)
+        hidden = None
+        if all_hidden:
+            hidden = self.ops.rms_norm(x, self.weights.norm, self.dims.rms_norm_eps)
+            x = hidden[batch.logits_rows]
+        else:
+            x = self.ops.rms_norm(x[batch.logits_rows], self.weights.norm, self.dims.rms_norm_eps)
+        return self.weights.head(x).float(), hidden
 
-    def _layer(self, x: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    def _layer(self, x: torch.Tensor, w: LayerWeights, kv: PagedKVCache, index: int,
                batch: ForwardBatch, plan: AttentionPlan, cos: torch.Tensor,
                sin: torch.Tensor) -> torch.Tensor:
         d = self.dims
         ops = self.ops
         h = ops.rms_norm(x, w.input_norm, d.rms_norm_eps)
-        qkv = F.linear(h, w.qkv, w.qkv_bias)
+        qkv = w.qkv(h)
         q_size, kv_size = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(-1, d.num_heads, d.head_dim)
         k = k.view(-1, d.num_kv_heads, d.head_dim)
         v = v.view(-1, d.num_kv_heads, d.head_dim)
         q, k = ops.qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, d.rms_norm_eps)
-        ops.kv_write(k, v, k_cache, v_cache, batch.slot_mapping)
-        o = paged_attention(q, k_cache, v_cache, plan, ops.decode_attention)
-        x = x + F.linear(o.reshape(-1, q_size), w.o_proj, w.o_bias)
+        kv.write(index, batch.slot_mapping, k, v, kernel=ops.kv_write)
+        o = paged_attention(q, kv, index, plan, ops.decode_attention)
+        x = x + w.o_proj(o.reshape(-1, q_size))
         h = ops.rms_norm(x, w.post_norm, d.rms_norm_eps)
-        act = ops.swiglu(F.linear(h, w.gate_up, w.gate_up_bias))
-        return x + F.linear(act, w.down, w.down_bias)
+        act = ops.swiglu(w.gate_up(h))
+        return x + w.down(act)

@@ -1,0 +1,259 @@
+"""CPU benchmark: Metrale (per weight format) vs HF transformers vs llama.cpp, ratios from one run.
+
+Measures, on the embedded SmolLM2-135M-Instruct Q4_1 GGUF with greedy decoding and ``--threads``:
+single-stream decode tok/s, prefill tok/s of a 512-token prompt, and the aggregate decode tok/s of
+``--streams`` concurrent streams (in-process ``LLMEngine`` by default; with ``--http`` over HTTP
+against ``met serve`` and llama-cpp-python's OpenAI server).  Not a test: run by hand.
+
+llama-cpp-python is never a dependency of the project: install it in a separate environment
+(``python -m venv .venv-bench && .venv-bench/bin/pip install 'llama-cpp-python[server]'``) and
+point ``--llama-python`` at that interpreter.
+
+    python bench/bench_cpu.py [--formats exact,int4] [--threads 2] [--http] [--no-hf] [--no-llama]
+
+Notes: HF decode rates are (generate(n) - generate(1)) / (n - 1), i.e. prefill excluded;
+llama-cpp-python's server runs one request at a time, so its "aggregate" is its serial rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+_LLAMA_SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    from llama_cpp import Llama
+    path, threads, n, short, long_ids = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \\
+        json.loads(sys.argv[4]), json.loads(sys.argv[5])
+    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=2048,
+                n_batch=512, verbose=False)
+    def gen(ids, k):
+        llm.reset()
+        t = time.perf_counter()
+        out = llm.create_completion(ids, max_tokens=k, temperature=0.0, logit_bias={2: -1e9})
+        return time.perf_counter() - t, out["usage"]["completion_tokens"]
+    gen(short, 4)  # warm-up
+    t1, _ = gen(short, 1)
+    tn, k = gen(short, n)
+    tp, _ = gen(long_ids, 1)
+    print(json.dumps({"decode1": (k - 1) / (tn - t1), "prefill": len(long_ids) / tp}))
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- Metrale -----------------------------------------------------------------------------------
+
+def _metrale_engine(model, prompt_ids, streams, new_tokens, prefill_only=False) -> float:
+    from metrale_core.engine import EngineConfig, LLMEngine
+    from metrale_core.sampling.params import SamplingParams
+
+    engine = LLMEngine(model, EngineConfig(block_size=16, kv_cache_memory=1 << 30, max_prefill_tokens=1024,
+                                           max_num_seqs=max(16, streams), enable_prefix_caching=False))
+    params = SamplingParams(temperature=0.0, max_tokens=1 if prefill_only else new_tokens, ignore_eos=True)
+    for i in range(streams):
+        engine.add_request(f"r{i}", list(prompt_ids), params)
+    t0 = time.perf_counter()
+    first, produced = None, 0
+    while engine.has_unfinished():
+        produced += sum(len(o.new_token_ids) for o in engine.step())
+        if first is None and produced:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    if prefill_only:
+        return len(prompt_ids) * streams / (end - t0)
+    return (produced - streams) / (end - first)
+
+
+def _metrale(fmt: str, dtype: str, short, long_ids, args) -> dict:
+    from metrale_core.components import LoadOptions
+    from metrale_core.loading import load_model
+
+    os.environ["METRALE_WEIGHT_FORMAT"] = fmt
+    model = load_model(args.model, LoadOptions(dtype=dtype), progress=False).model
+    _metrale_engine(model, short, 1, 4)  # warm-up
+    row = {"decode1": _metrale_engine(model, short, 1, args.decode_tokens),
+           "prefill": _metrale_engine(model, long_ids, 1, 1, prefill_only=True)}
+    if not args.http:
+        row["decodeN"] = _metrale_engine(model, short, args.streams, args.decode_tokens)
+    return row
+
+
+# --- HF transformers -----------------------------------------------------------------------------
+
+def _hf(path: Path, short, long_ids, args) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 dtype=torch.float32).eval()
+
+    def gen(streams: int, n: int) -> float:
+        ids = torch.tensor([short] * streams)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False, pad_token_id=2)
+            t1 = time.perf_counter()
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=2)
+            t2 = time.perf_counter()
+        return (n - 1) * streams / ((t2 - t1) - (t1 - t0))
+
+    gen(1, 4)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        model(torch.tensor([long_ids]))
+        prefill = len(long_ids) / (time.perf_counter() - t0)
+    return {"decode1": gen(1, args.decode_tokens), "prefill": prefill,
+            "decodeN": gen(args.streams, args.decode_tokens)}
+
+
+# --- over HTTP -------------------------------------------------------------------------------------
+
+def _http_aggregate(port: int, model_name: str, prompt_ids, streams: int, n: int) -> float:
+    import httpx
+
+    body = {"model": model_name, "prompt": list(prompt_ids), "max_tokens": n, "temperature": 0.0,
+            "ignore_eos": True, "logit_bias": {"2": -100}}
+
+    def one(_):
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=600)
+        r.raise_for_status()
+        return r.json()["usage"]["completion_tokens"]
+
+    one(0)  # warm-up
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        tokens = sum(pool.map(one, range(streams)))
+    return tokens / (time.perf_counter() - t0)
+
+
+def _serve(cmd: list[str], env: dict, port: int) -> subprocess.Popen:
+    import httpx
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {' '.join(cmd)}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    proc.terminate()
+    raise RuntimeError(f"server did not come up: {' '.join(cmd)}")
+
+
+def _metrale_http(fmt: str, dtype: str, path: Path, short, args) -> float:
+    port = _free_port()
+    env = {**os.environ, "METRALE_WEIGHT_FORMAT": fmt, "OMP_NUM_THREADS": str(args.threads)}
+    cmd = [sys.executable, "-m", "metrale_core.cli.main", "serve", str(path), "--port", str(port),
+           "--no-tui", "--dtype", dtype, "--served-model-name", "bench", "--max-num-seqs", str(max(16, args.streams))]
+    proc = _serve(cmd, env, port)
+    try:
+        return _http_aggregate(port, "bench", short, args.streams, args.decode_tokens)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _llama_http(path: Path, short, args) -> float:
+    port = _free_port()
+    cmd = [args.llama_python, "-m", "llama_cpp.server", "--model", str(path), "--n_threads",
+           str(args.threads), "--n_ctx", "4096", "--port", str(port), "--host", "127.0.0.1"]
+    proc = _serve(cmd, dict(os.environ), port)
+    try:
+        return _http_aggregate(port, str(path), short, args.streams, args.decode_tokens)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _llama(path: Path, short, long_ids, args) -> dict:
+    out = subprocess.run([args.llama_python, "-c", _LLAMA_SCRIPT, str(path), str(args.threads),
+                          str(args.decode_tokens), json.dumps(short), json.dumps(long_ids)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# --- main ------------------------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--prefill-tokens", type=int, default=512)
+    ap.add_argument("--formats", default="exact,int4",
+                    help="comma list of weight formats, each optionally :bfloat16 for bf16 activations")
+    ap.add_argument("--http", action="store_true", help="N-stream aggregate over HTTP (met serve vs "
+                    "llama-cpp-python's server)")
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--llama-python", default=str(REPO / ".venv-bench" / "bin" / "python"))
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from metrale_core.loading import resolve_model_path
+    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.weights import open_weights
+
+    path = resolve_model_path(args.model, progress=False)
+    args.model = path
+    tok = Tokenizer.from_store(open_weights(path))
+    short = tok.encode("Once upon a time")
+    long_ids = (tok.encode("The quick brown fox jumps over the lazy dog. ") * 200)[:args.prefill_tokens]
+
+    rows: dict[str, dict] = {}
+    for spec in args.formats.split(","):
+        fmt, _, act = spec.partition(":")
+        name = f"metrale {spec}"
+        rows[name] = _metrale(fmt, act or "float32", short, long_ids, args)
+        if args.http:
+            rows[name]["decodeN"] = _metrale_http(fmt, act or "float32", path, short, args)
+        print(name, rows[name], file=sys.stderr, flush=True)
+    if not args.no_hf:
+        rows["hf-transformers fp32"] = _hf(path, short, long_ids, args)
+    if not args.no_llama and Path(args.llama_python).exists():
+        rows["llama-cpp-python"] = _llama(path, short, long_ids, args)
+        rows["llama-cpp-python"]["decodeN"] = (_llama_http(path, short, args) if args.http
+                                               else float("nan"))
+
+    where = "over HTTP" if args.http else "in-process"
+    print(f"{path.name}, {args.threads} threads, greedy, {args.decode_tokens} new tokens, "
+          f"load {os.getloadavg()[0]:.2f}")
+    print(f"{'engine':<24} {'decode 1':>10} {f'prefill {len(long_ids)}':>12} "
+          f"{f'decode {args.streams}x agg ({where})':>28}")
+    for name, r in rows.items():
+        print(f"{name:<24} {r['decode1']:>10.1f} {r['prefill']:>12.1f} {r.get('decodeN', float('nan')):>28.1f}")
+    refs = [n for n in ("hf-transformers fp32", "llama-cpp-python") if n in rows]
+    for name, r in rows.items():
+        if not name.startswith("metrale"):
+            continue
+        for ref in refs:
+            b = rows[ref]
+            print(f"{name} / {ref}: decode1 {r['decode1'] / b['decode1']:.2f}x, prefill "
+                  f"{r['prefill'] / b['prefill']:.2f}x, decode{args.streams} "
+                  f"{r.get('decodeN', float('nan')) / b.get('decodeN', float('nan')):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
