@@ -149,8 +149,10 @@ def _serve(cmd: list[str], env: dict, port: int) -> subprocess.Popen:
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}: {' '.join(cmd)}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+        try:  # ready: /health says 200 (met serve: 503 while loading), else /v1/models answers
+            health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code
+            if health == 200 or (health == 404 and
+                                 httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200):
                 return proc
         except httpx.HTTPError:
             pass

@@ -7,7 +7,8 @@ Invariants:
 - Streams are ``[T, hc, D]`` per row; everything is per row (no cross-row mixing).
 - The weight maths (norm, projection, sigmoids, softmax, Sinkhorn) runs in float32; the
   collapsed sublayer input and the expanded streams are in the streams' dtype.
-- ``comb`` is made doubly stochastic by ``hc_sinkhorn_iters`` Sinkhorn steps (column first).
+- ``comb`` is made doubly stochastic by ``hc_sinkhorn_iters`` Sinkhorn steps (column first) by
+  :func:`sinkhorn_` or the op passed as ``sinkhorn`` (``ops.HcSinkhorn``: one kernel on CUDA).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from attrs import frozen
 
-__all__ = ["HcWeights", "hc_collapse", "hc_expand"]
+__all__ = ["HcWeights", "hc_collapse", "hc_expand", "sinkhorn_"]
 
 
 @frozen
@@ -28,9 +29,20 @@ class HcWeights:
     scale: torch.Tensor
 
 
+def sinkhorn_(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """Normalise ``comb`` ``[T, hc, hc]`` in place: columns, then ``iters - 1`` x (rows, columns),
+    each ``x / (sum + eps)``; returns it."""
+    comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
+    for _ in range(iters - 1):
+        comb.div_(comb.sum(dim=-1, keepdim=True).add_(eps))
+        comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
+    return comb
+
+
 def hc_collapse(streams: torch.Tensor, w: HcWeights, eps: float, hc_eps: float,
-                iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(post [T, hc], comb [T, hc, hc], collapsed [T, D])`` of ``streams`` ``[T, hc, D]``."""
+                iters: int, sinkhorn=sinkhorn_) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(post [T, hc], comb [T, hc, hc], collapsed [T, D])`` of ``streams`` ``[T, hc, D]``;
+    ``sinkhorn(comb, iters, eps)`` normalises in place."""
     rows, hc, _ = streams.shape
     flat = streams.reshape(rows, -1).float()
     flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
@@ -40,10 +52,7 @@ def hc_collapse(streams: torch.Tensor, w: HcWeights, eps: float, hc_eps: float,
     pre = torch.sigmoid(pre_w * w.scale[0] + pre_b) + hc_eps
     post = 2 * torch.sigmoid(post_w * w.scale[1] + post_b)
     comb = torch.softmax(comb_w.view(rows, hc, hc) * w.scale[2] + comb_b.view(hc, hc), dim=-1) + hc_eps
-    comb.div_(comb.sum(dim=-2, keepdim=True).add_(hc_eps))  # in place: same values, fewer allocations
-    for _ in range(iters - 1):
-        comb.div_(comb.sum(dim=-1, keepdim=True).add_(hc_eps))
-        comb.div_(comb.sum(dim=-2, keepdim=True).add_(hc_eps))
+    comb = sinkhorn(comb, iters, hc_eps)
     collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
     return post, comb, collapsed
 

@@ -104,7 +104,8 @@ class GlmKdaLM:
         streams = x.unsqueeze(1).expand(-1, d.hc_mult, -1).contiguous()
         selection: dict = {}
         for i, layer in enumerate(self.weights.layers):
-            post, comb, h = hc_collapse(streams, layer.attn_hc, d.rms_norm_eps, d.hc_eps, d.hc_sinkhorn_iters)
+            post, comb, h = hc_collapse(streams, layer.attn_hc, d.rms_norm_eps, d.hc_eps, d.hc_sinkhorn_iters,
+                                        self.ops.sinkhorn)
             h = _rms(h, layer.input_norm, d.rms_norm_eps)
             slot = self._slot_of[i]
             if isinstance(layer.attn, MlaWeights):
@@ -113,7 +114,8 @@ class GlmKdaLM:
             else:
                 y = self._kda(h, layer.attn, state, slot, batch, seqs)
             streams = hc_expand(y, post, comb, streams)
-            post, comb, h = hc_collapse(streams, layer.ffn_hc, d.rms_norm_eps, d.hc_eps, d.hc_sinkhorn_iters)
+            post, comb, h = hc_collapse(streams, layer.ffn_hc, d.rms_norm_eps, d.hc_eps, d.hc_sinkhorn_iters,
+                                        self.ops.sinkhorn)
             h = _rms(h, layer.post_norm, d.rms_norm_eps)
             if isinstance(layer.mlp, MlpWeights):
                 y = mlp_forward(h, layer.mlp, d.swiglu_limit)

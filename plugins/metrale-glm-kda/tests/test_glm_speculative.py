@@ -85,7 +85,6 @@ def test_commit_verify_leaves_exactly_the_kept_rows(glm):
     prompt_a, prompt_b = (torch.randint(3, H.VOCAB, (n,), generator=g).tolist() for n in (11, 6))
     verify_rows = torch.randint(3, H.VOCAB, (5,), generator=g).tolist()  # [last, d1..d4]
     blocks_a, blocks_b = [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]
-    conv_w = [layer.attn.conv for layer in model.weights.layers if hasattr(layer.attn, "conv")]
     for keep in (1, 2, 3, 5):
         kv = PagedKVCache.allocate(model.info.kv, 16, BS)
         pool = model.make_state_pool(4)
