@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+PROMPT = "Once upon a time"
 
 _LLAMA_SCRIPT = textwrap.dedent("""
     import json, sys, time
@@ -123,11 +124,12 @@ def _hf(path: Path, short, long_ids, args) -> dict:
 
 # --- over HTTP -------------------------------------------------------------------------------------
 
-def _http_aggregate(port: int, model_name: str, prompt_ids, streams: int, n: int) -> float:
+def _http_aggregate(port: int, model_name: str | None, prompt: str, streams: int, n: int) -> float:
     import httpx
 
-    body = {"model": model_name, "prompt": list(prompt_ids), "max_tokens": n, "temperature": 0.0,
-            "ignore_eos": True, "logit_bias": {"2": -100}}
+    body = {"prompt": prompt, "max_tokens": n, "temperature": 0.0, "logit_bias": {"2": -100}}
+    if model_name is not None:  # met serve (llama-cpp-python's server rejects unknown fields)
+        body.update(model=model_name, ignore_eos=True)
 
     def one(_):
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=600)
@@ -161,26 +163,26 @@ def _serve(cmd: list[str], env: dict, port: int) -> subprocess.Popen:
     raise RuntimeError(f"server did not come up: {' '.join(cmd)}")
 
 
-def _metrale_http(fmt: str, dtype: str, path: Path, short, args) -> float:
+def _metrale_http(fmt: str, dtype: str, path: Path, prompt: str, args) -> float:
     port = _free_port()
     env = {**os.environ, "METRALE_WEIGHT_FORMAT": fmt, "OMP_NUM_THREADS": str(args.threads)}
     cmd = [sys.executable, "-m", "metrale_core.cli.main", "serve", str(path), "--port", str(port),
            "--no-tui", "--dtype", dtype, "--served-model-name", "bench", "--max-num-seqs", str(max(16, args.streams))]
     proc = _serve(cmd, env, port)
     try:
-        return _http_aggregate(port, "bench", short, args.streams, args.decode_tokens)
+        return _http_aggregate(port, "bench", prompt, args.streams, args.decode_tokens)
     finally:
         proc.terminate()
         proc.wait(30)
 
 
-def _llama_http(path: Path, short, args) -> float:
+def _llama_http(path: Path, prompt: str, args) -> float:
     port = _free_port()
     cmd = [args.llama_python, "-m", "llama_cpp.server", "--model", str(path), "--n_threads",
            str(args.threads), "--n_ctx", "4096", "--port", str(port), "--host", "127.0.0.1"]
     proc = _serve(cmd, dict(os.environ), port)
     try:
-        return _http_aggregate(port, str(path), short, args.streams, args.decode_tokens)
+        return _http_aggregate(port, None, prompt, args.streams, args.decode_tokens)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -221,7 +223,7 @@ def main() -> None:
     path = resolve_model_path(args.model, progress=False)
     args.model = path
     tok = Tokenizer.from_store(open_weights(path))
-    short = tok.encode("Once upon a time")
+    short = tok.encode(PROMPT)
     long_ids = (tok.encode("The quick brown fox jumps over the lazy dog. ") * 200)[:args.prefill_tokens]
 
     rows: dict[str, dict] = {}
@@ -230,13 +232,13 @@ def main() -> None:
         name = f"metrale {spec}"
         rows[name] = _metrale(fmt, act or "float32", short, long_ids, args)
         if args.http:
-            rows[name]["decodeN"] = _metrale_http(fmt, act or "float32", path, short, args)
+            rows[name]["decodeN"] = _metrale_http(fmt, act or "float32", path, PROMPT, args)
         print(name, rows[name], file=sys.stderr, flush=True)
     if not args.no_hf:
         rows["hf-transformers fp32"] = _hf(path, short, long_ids, args)
     if not args.no_llama and Path(args.llama_python).exists():
         rows["llama-cpp-python"] = _llama(path, short, long_ids, args)
-        rows["llama-cpp-python"]["decodeN"] = (_llama_http(path, short, args) if args.http
+        rows["llama-cpp-python"]["decodeN"] = (_llama_http(path, PROMPT, args) if args.http
                                                else float("nan"))
 
     where = "over HTTP" if args.http else "in-process"

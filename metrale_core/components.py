@@ -44,6 +44,9 @@ class LoadOptions:
     dtype: str = "float32"
     #: torch device string.
     device: str = "cpu"
+    #: How linear weights are kept: "exact" (dequantized to ``dtype``, the default), or a
+    #: loader-specific lossy format ("bf16", "int8", "int4"); None lets the loader decide.
+    weight_format: str | None = None
 
 
 @frozen

@@ -300,6 +300,45 @@ def metrale_metrics(engine):
     """
 
 
+# --- lifecycle ---------------------------------------------------------------------------------
+
+
+@hookspec
+def metrale_engine_started(engine):
+    """Attach per-engine state to a newly built engine: snapshot extras for the dashboard, caches.
+
+    Called:
+        once per engine, by ``LLMEngine.__init__`` as its last step (the scheduler, runner, KV
+        codec, logit pipeline, speculator and ``engine.snapshots`` all exist), and only when the
+        engine was given a plugin registry (``met serve``, ``met generate``). It runs
+        in the thread that builds the engine, before any request. Each implementation is called
+        on its own: one that raises is logged with its plugin name and skipped, and the engine
+        is still built.
+
+    Args:
+        engine: the new ``LLMEngine``. Inspect it to decide whether the plugin is active on it
+            (``engine.runner.kv.codec``, ``engine.output_processor.pipeline.processor_names``,
+            ``engine.spec_driver``); publish dashboard values with
+            ``engine.snapshots.set_extra(name, value)`` or
+            ``engine.snapshots.add_extras_provider(name, fn)`` (``fn()`` runs in the engine thread
+            at every step's publish, so it must be cheap). The stats tab labels ``speculative``
+            (a mapping with ``acceptance_rate``), ``b1_count`` and ``fp8_scale_source`` and lists
+            any other extra as ``name: value``.
+
+    Returns:
+        Nothing; the return value is ignored.
+
+    Flags:
+        plain hook (not firstresult, not historic): every plugin's implementation runs.
+
+    Example:
+        @hookimpl
+        def metrale_engine_started(engine):
+            if "my-proc" in engine.output_processor.pipeline.processor_names:
+                engine.snapshots.add_extras_provider("my_count", lambda: STATS.count)
+    """
+
+
 #: Sections of the generated reference: (title, introduction, hook names in order).
 GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
@@ -322,6 +361,12 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "Command-line hooks",
         "Called while the CLI builds its argument parser.",
         ("metrale_engine_flags",),
+    ),
+    (
+        "Lifecycle hooks",
+        "Called as the core builds its long-lived objects, so a plugin can attach per-object "
+        "state to them.",
+        ("metrale_engine_started",),
     ),
     (
         "Server hooks",

@@ -87,3 +87,20 @@ def test_truncated_gguf(tmp_path):
     with open(src, "rb") as f:
         bad.write_bytes(f.read(5_000_000))
     assert_clean_error(met("generate", "--model", str(bad), "hi"), "truncated.gguf")
+
+
+@pytest.mark.parametrize("fmt,answer", [("bf16", "The capital of France is Paris.\n"),
+                                        ("int4", "L'Étoile, la Marseillaise, la femme, la femme au\n")])
+def test_weight_format_flag_reaches_the_loader(fmt, answer):
+    """--weight-format reaches the model loader. bf16 keeps the reference answer; int4 (the GGUF's
+    own 4-bit codes through torch's int4 kernel, which rounds scales and inputs to bf16) changes
+    this chat's first token — pinned here so the lossy mode's effect stays visible."""
+    proc = met("generate", "--weight-format", fmt, "--chat", "What is the capital of France?",
+               "--max-tokens", "20")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == answer
+
+
+def test_bad_weight_format_is_an_argparse_error():
+    proc = met("generate", "--weight-format", "int3", "hi")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr

@@ -191,3 +191,45 @@ def test_hook_metrale_metrics():
     families = plugin_metric_families(registry_with(Plugin()), "the-engine", set())
     [family] = [f for f in families if f.name == "metrale:inline_seen_engine"]
     assert family.samples[0].value == 1.0
+
+
+def test_hook_metrale_engine_started():
+    from metrale_core.engine import LLMEngine
+    from metrale_core.testing.recording_model import RecordingModel, SeqScript
+
+    seen = []
+
+    class Plugin:
+        @hookimpl
+        def metrale_engine_started(self, engine):
+            seen.append(engine)
+            engine.snapshots.add_extras_provider("inline_running",
+                                                 lambda: len(engine.scheduler.running))
+
+    class Broken:
+        @hookimpl
+        def metrale_engine_started(self, engine):
+            raise RuntimeError("boom")
+
+    reg = registry_with(Plugin())
+    reg.pm.register(Broken(), name="broken")   # raises: logged and skipped, the engine is built
+
+    def model():
+        return RecordingModel([SeqScript([5, 6], [7, 8, 9])])
+
+    from loguru import logger
+
+    warnings = []
+    handle = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")
+    try:
+        engine = LLMEngine(model(), EngineConfig(num_kv_blocks=8), registry=reg)
+    finally:
+        logger.remove(handle)
+    assert seen == [engine]
+    assert any("'broken' failed in metrale_engine_started" in w and "boom" in w for w in warnings)
+    assert "inline_running" not in engine.snapshots.latest.extras   # nothing published yet
+    engine.add_request("r", [5, 6], SamplingParams(temperature=0.0, max_tokens=3))
+    engine.step()
+    assert engine.snapshots.latest.extras["inline_running"] == 1
+    LLMEngine(model(), EngineConfig(num_kv_blocks=8))   # no registry: the hook is not called
+    assert seen == [engine]

@@ -54,6 +54,10 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
     model.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                        help="activation and weight dtype (default: float32)")
     model.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    model.add_argument("--weight-format", choices=("exact", "bf16", "int8", "int4"), default=None,
+                       help="how linear weights are kept: exact (dequantized, the default; "
+                            "reproduces the reference outputs) or a faster lossy format "
+                            "(default: $METRALE_WEIGHT_FORMAT or exact)")
 
     group = parser.add_argument_group("engine")
     group.add_argument("--kv-cache-memory", type=parse_size, default=parse_size("512M"),
@@ -112,4 +116,4 @@ def load_options_from_args(args: argparse.Namespace):
     """Build the :class:`LoadOptions` the flags describe."""
     from metrale_core.components import LoadOptions
 
-    return LoadOptions(dtype=args.dtype, device=args.device)
+    return LoadOptions(dtype=args.dtype, device=args.device, weight_format=args.weight_format)

@@ -11,6 +11,8 @@ Invariants:
 - ``abort`` frees the request's blocks at once; its final delta (``"abort"``) comes with the
   next ``step()``.
 - Not thread-safe: one thread calls every method (``AsyncEngine`` keeps that rule).
+- With a plugin registry, the last step of ``__init__`` calls the ``metrale_engine_started``
+  hook (each implementation on its own; one that raises is logged and skipped).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from metrale_core.errors import ConfigError, InvalidRequest, PromptTooLong
 from metrale_core.model_api import CausalLM
 from metrale_core.sampling.params import SamplingParams
 
-__all__ = ["EngineStats", "LLMEngine", "build_pipeline"]
+__all__ = ["EngineStats", "LLMEngine", "announce_engine_started", "build_pipeline"]
 
 
 @frozen
@@ -82,6 +84,19 @@ def _build_policy(config: EngineConfig, registry: Any) -> Any:
     return _component(registry.schedulers, config.scheduler, "scheduler").factory(config)
 
 
+def announce_engine_started(engine: Any, registry: Any) -> None:
+    """Call each plugin's ``metrale_engine_started(engine)``; one that raises is logged and skipped."""
+    pm = getattr(registry, "pm", None)
+    if pm is None:  # no registry, or a hand-built one without a plugin manager (tests)
+        return
+    for impl in reversed(pm.hook.metrale_engine_started.get_hookimpls()):
+        try:
+            impl.function(*[{"engine": engine}[a] for a in impl.argnames])
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop the engine
+            logger.warning("plugin {!r} failed in metrale_engine_started and is skipped: {}: {}",
+                           impl.plugin_name, type(exc).__name__, exc)
+
+
 class LLMEngine:
     """One model, one scheduler, one KV cache."""
 
@@ -115,6 +130,7 @@ class LLMEngine:
         logger.info("engine: {} KV blocks x {} tokens, max_model_len {}, prefix caching {}",
                     num_blocks, config.block_size, self.max_model_len,
                     "on" if self.scheduler.block_manager.enable_prefix_caching else "off")
+        announce_engine_started(self, registry)
 
     # --- requests ----------------------------------------------------------------------------
     def validate_request(self, request_id: str, prompt_ids: Seq[int],

@@ -7,7 +7,7 @@ Invariants:
 - Rates (generation / prompt tok/s) are differences of two snapshots' counters over the
   dashboard's own clock, sampled on every poll (also while the tab is hidden), so an idle
   engine — which publishes nothing — reads as 0 tok/s.
-- Plugin extras render by name: ``speculative`` (acceptance rate), ``b1_count``,
+- Plugin extras render by name: ``speculative`` (acceptance rate and length), ``b1_count``,
   ``fp8_scale_source``; any other extra is listed as ``name: value``.  Absent ones are not shown.
 """
 
@@ -62,13 +62,17 @@ class RateTracker:
         return self.prompt[-1] if self.prompt else 0.0
 
 
+def _field(value: Any, name: str, default: Any = None) -> Any:
+    found = value.get(name, default) if isinstance(value, Mapping) else getattr(value, name, default)
+    return found() if callable(found) else found
+
+
 def _acceptance(value: Any) -> str:
-    rate = value.get("acceptance_rate") if isinstance(value, Mapping) else \
-        getattr(value, "acceptance_rate", value)
-    if callable(rate):
-        rate = rate()
+    rate = _field(value, "acceptance_rate", value)
     if isinstance(rate, (int, float)):
-        return f"acceptance {fmt.percent(float(rate))}"
+        length = _field(value, "acceptance_length")
+        per_verify = f", {length:.2f} tok/verify" if isinstance(length, (int, float)) else ""
+        return f"acceptance {fmt.percent(float(rate))}{per_verify}"
     return str(value)
 
 

@@ -80,7 +80,8 @@ def test_overview_stats_chat_and_quit_against_a_live_server(served):
 def test_plugin_extras_show_on_the_stats_tab(served):
     status, _ = served
     publisher = status.engine.snapshots
-    publisher.set_extra("b1_count", 3)
+    # a provider, so it replaces the one the installed metrale-b1 attaches (metrale_engine_started)
+    publisher.add_extras_provider("b1_count", lambda: 3)
     publisher.set_extra("fp8_scale_source", "checkpoint")
     publisher.add_extras_provider("speculative", lambda: {"acceptance_rate": 0.75})
     httpx.post(f"{status.base_url}/v1/completions",

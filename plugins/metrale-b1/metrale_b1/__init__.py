@@ -2,8 +2,9 @@
 
 Owner: ``metrale_b1``.  Registers the read-only logit processor ``b1-margin`` (``FINAL_DECODE``
 positions only, :data:`ORDER` in the pipeline) through ``metrale_logit_processors``, the flag
-``--b1-observer on|off`` through ``metrale_engine_flags`` and the counter
-``metrale:b1_low_margin_positions`` through ``metrale_metrics``.  The observer itself lives in
+``--b1-observer on|off`` through ``metrale_engine_flags``, the counter
+``metrale:b1_low_margin_positions`` through ``metrale_metrics`` and the dashboard's ``b1_count``
+extra through ``metrale_engine_started`` (both only on engines that run the observer).  The observer itself lives in
 :mod:`metrale_b1.b1_margin`; the counter is ``SpecStats.b1_low_margin`` of metrale-speculative.
 
 Invariants: importing this package imports neither torch nor CuPy nor prometheus_client (the
@@ -17,8 +18,8 @@ from metrale_core.components import LogitProcessorSpec
 from metrale_core.plugins import lazy_factory
 from metrale_core.sampling.position import PositionKind
 
-__all__ = ["FLAG_DEST", "METRIC_NAME", "NAME", "ORDER", "metrale_engine_flags",
-           "metrale_logit_processors", "metrale_metrics"]
+__all__ = ["EXTRA_NAME", "FLAG_DEST", "METRIC_NAME", "NAME", "ORDER", "metrale_engine_flags",
+           "metrale_engine_started", "metrale_logit_processors", "metrale_metrics"]
 
 #: The processor's name in the registry (and in ``LogitPipeline.processor_names``).
 NAME = "b1-margin"
@@ -32,6 +33,8 @@ ORDER = 150
 FLAG_DEST = "b1_observer"
 #: Prometheus counter (exposed as ``metrale:b1_low_margin_positions_total``).
 METRIC_NAME = "metrale:b1_low_margin_positions"
+#: Snapshot extra the dashboard's stats tab shows as "B1 count".
+EXTRA_NAME = "b1_count"
 
 
 @hookimpl
@@ -52,11 +55,15 @@ def metrale_engine_flags(parser) -> None:
                              "tool-call parameter bodies; warn every 100 (default: on)")
 
 
+def _runs_observer(engine) -> bool:
+    pipeline = getattr(getattr(engine, "output_processor", None), "pipeline", None)
+    return pipeline is not None and NAME in pipeline.processor_names
+
+
 @hookimpl
 def metrale_metrics(engine):
     """``metrale:b1_low_margin_positions`` while the engine runs the observer (else nothing)."""
-    pipeline = getattr(getattr(engine, "output_processor", None), "pipeline", None)
-    if pipeline is None or NAME not in pipeline.processor_names:
+    if not _runs_observer(engine):
         return None
     from prometheus_client.core import CounterMetricFamily
 
@@ -66,3 +73,13 @@ def metrale_metrics(engine):
         METRIC_NAME, "Final-decode positions inside a tool parameter body with a top-1/top-2 "
                      "logit gap below 1.5 (B1 drift gauge, SpecStats.b1_low_margin)",
         value=low_margin_count())]
+
+
+@hookimpl
+def metrale_engine_started(engine) -> None:
+    """Publish the low-margin count as the ``b1_count`` extra while the engine runs the observer."""
+    if not _runs_observer(engine):
+        return
+    from metrale_b1.b1_margin import low_margin_count
+
+    engine.snapshots.add_extras_provider(EXTRA_NAME, low_margin_count)

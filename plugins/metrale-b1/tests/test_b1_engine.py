@@ -103,3 +103,35 @@ def test_observer_off_counts_nothing():
     on = build_pipeline(EngineConfig(), registry)
     off = build_pipeline(EngineConfig(plugin_options={"b1_observer": "off"}), registry)
     assert "b1-margin" in on.processor_names and "b1-margin" not in off.processor_names
+
+
+def test_count_is_published_as_the_b1_count_extra_and_shown_on_the_stats_tab():
+    """Built with the installed plugins (``metrale_engine_started``), the engine publishes the
+    process-wide count each step; with the observer off it publishes nothing."""
+    from metrale_core.plugins import load_registry
+    from metrale_speculative.spec_stats import shared_stats
+
+    registry = load_registry()
+    scripts = [SeqScript([40, 41], CALL)]
+    model = GapModel(RecordingModel(scripts, vocab_size=64), gap=1.0, runner_up=RUNNER_UP)
+    engine = LLMEngine(model, EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=8),
+                       tokenizer=PieceTokenizer(PIECES, EOS), registry=registry)
+    before = shared_stats().b1_low_margin
+    engine.add_request("call", [40, 41], GREEDY,
+                       extras={"stream_parser": make_stream_parser(tool_parser="hermes")})
+    while engine.has_unfinished():
+        engine.step()
+    snap = engine.snapshots.latest
+    assert snap.extras["b1_count"] == before + EXPECTED == shared_stats().b1_low_margin
+
+    pytest.importorskip("textual")
+    from metrale_core.tui.stats_pane import RateTracker, stats_texts
+
+    assert f"B1 count: {before + EXPECTED}" in stats_texts(snap, RateTracker())["plugins"].plain
+
+    off = LLMEngine(model, EngineConfig(block_size=4, num_kv_blocks=64,
+                                        plugin_options={"b1_observer": "off"}),
+                    tokenizer=PieceTokenizer(PIECES, EOS), registry=registry)
+    off.add_request("call2", [40, 41], GREEDY)
+    off.step()
+    assert "b1_count" not in off.snapshots.latest.extras

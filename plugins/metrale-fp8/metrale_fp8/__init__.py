@@ -1,7 +1,8 @@
 """Metrale plugin: FP8 (E4M3) KV cache with checkpoint scales or online calibration.
 
 Owner: ``metrale_fp8``.  Registers the ``fp8`` KV-scale source (``--kv-cache-dtype fp8``), the
-flags ``--fp8-kv-calibration-tokens`` / ``--fp8-kv-headroom`` and the FP8 scale metrics.
+flags ``--fp8-kv-calibration-tokens`` / ``--fp8-kv-headroom``, the FP8 scale metrics and, on
+every FP8 engine, the dashboard's ``fp8_scale_source`` line (``metrale_engine_started``).
 
 Invariants: importing this package imports neither torch nor CuPy (the factory is lazy, so
 ``met plugins`` stays fast); the classification and log lines follow seed 001 exactly
@@ -14,7 +15,8 @@ from metrale_core import hookimpl
 from metrale_core.components import KVScaleSourceSpec
 from metrale_core.plugins import lazy_factory
 
-__all__ = ["metrale_engine_flags", "metrale_kv_scale_sources", "metrale_metrics"]
+__all__ = ["metrale_engine_flags", "metrale_engine_started", "metrale_kv_scale_sources",
+           "metrale_metrics"]
 
 
 @hookimpl
@@ -40,3 +42,11 @@ def metrale_metrics(engine):
     from metrale_fp8.metrics import metric_families
 
     return metric_families(engine)
+
+
+@hookimpl
+def metrale_engine_started(engine) -> None:
+    """Publish the per-layer scale source as the ``fp8_scale_source`` extra (FP8 engines only)."""
+    from metrale_fp8.dashboard import attach
+
+    attach(engine)

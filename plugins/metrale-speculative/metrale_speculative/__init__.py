@@ -2,8 +2,9 @@
 
 Owner: ``metrale_speculative``.  Registers the proposers ``ngram``, ``draft`` and ``mtp``
 through ``metrale_speculative_proposers``, the flags ``--speculative``, ``--num-draft-tokens``,
-``--draft-model`` and ``--spec-gate`` through ``metrale_engine_flags``, and the
-``metrale:spec_decode_*`` counters through ``metrale_metrics``.  The engine side (verify chunks,
+``--draft-model`` and ``--spec-gate`` through ``metrale_engine_flags``, the
+``metrale:spec_decode_*`` counters through ``metrale_metrics`` and, on every engine with a
+speculator, the dashboard's ``speculative`` extra (acceptance) through ``metrale_engine_started``.  The engine side (verify chunks,
 the acceptance rule, KV / recurrent rollback) lives in ``metrale_core.engine.speculation``.
 
 Invariants: importing this package imports neither torch nor a model (factories are lazy).
@@ -15,7 +16,8 @@ from metrale_core import hookimpl
 from metrale_core.components import ProposerSpec
 from metrale_core.plugins import lazy_factory
 
-__all__ = ["metrale_engine_flags", "metrale_metrics", "metrale_speculative_proposers"]
+__all__ = ["metrale_engine_flags", "metrale_engine_started", "metrale_metrics",
+           "metrale_speculative_proposers"]
 
 _PROPOSERS = {
     "ngram": "prompt lookup: copy what followed the longest earlier match of the context's suffix",
@@ -46,9 +48,23 @@ def metrale_engine_flags(parser) -> None:
                              "tokens/s than plain decode; force: always speculate (default: auto)")
 
 
+def _speculator_stats(engine):
+    """The ``SpecStats`` of the engine's speculator; None when speculation is off (or the
+    speculator keeps none)."""
+    driver = getattr(engine, "spec_driver", None)
+    return getattr(getattr(driver, "speculator", None), "stats", None)
+
+
 @hookimpl
 def metrale_metrics(engine):
     """The ``metrale:spec_decode_*`` counters of the engine's speculator (None when off)."""
-    driver = getattr(engine, "spec_driver", None)
-    stats = getattr(getattr(driver, "speculator", None), "stats", None)
+    stats = _speculator_stats(engine)
     return None if stats is None else stats.metrics()
+
+
+@hookimpl
+def metrale_engine_started(engine) -> None:
+    """Publish the speculator's acceptance as the ``speculative`` extra (speculation on only)."""
+    stats = _speculator_stats(engine)
+    if stats is not None:
+        engine.snapshots.add_extras_provider("speculative", stats.summary)

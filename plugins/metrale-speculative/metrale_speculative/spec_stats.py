@@ -2,7 +2,8 @@
 
 Owner: the ``GatedSpeculator`` bumps the draft counters after each step; the B1 margin observer
 (a logit processor, FINAL_DECODE positions only) bumps ``b1_low_margin``; ``/metrics``
-(``metrale_metrics``) and the dashboard read :meth:`SpecStats.snapshot`.
+(``metrale_metrics``) reads :meth:`SpecStats.snapshot`, the dashboard :meth:`SpecStats.summary`
+(the ``speculative`` snapshot extra).
 
 Invariants:
 - Every counter only grows; :func:`bump` is atomic (one lock per ``SpecStats``), so the engine
@@ -80,6 +81,12 @@ class SpecStats:
         out["acceptance_length"] = out["tokens_emitted"] / out["num_verifies"] \
             if out["num_verifies"] else 0.0
         return out
+
+    def summary(self) -> dict:
+        """The dashboard's ``speculative`` extra: acceptance rate and length plus the counts."""
+        snap = self.snapshot()
+        return {name: snap[name] for name in ("acceptance_rate", "acceptance_length",
+                                              "drafts_accepted", "drafts_proposed", "num_verifies")}
 
     def metrics(self, prefix: str = "metrale:spec_decode_") -> dict[str, float]:
         """Flat ``{name: value}`` for ``/metrics`` (per-position counters get an index suffix)."""
