@@ -14,11 +14,6 @@ import argparse
 import os
 import sys
 
-# Idle OpenMP workers sleep instead of spinning: with torch's 2-thread CPU kernels a spinning
-# worker collapses decode speed whenever anything else runs on the machine (measured 5 vs 41
-# tok/s on 2 cores). Must be set before torch is imported; a user's own setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 from loguru import logger
 
 import metrale_core
