@@ -28,6 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench_generate import engine_rate  # the one in-process timing loop (same folder)
+
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "Once upon a time"
 
@@ -59,38 +61,17 @@ def _free_port() -> int:
 
 # --- Metrale -----------------------------------------------------------------------------------
 
-def _metrale_engine(model, prompt_ids, streams, new_tokens, prefill_only=False) -> float:
-    from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.sampling.params import SamplingParams
-
-    engine = LLMEngine(model, EngineConfig(block_size=16, kv_cache_memory=1 << 30, max_prefill_tokens=1024,
-                                           max_num_seqs=max(16, streams), enable_prefix_caching=False))
-    params = SamplingParams(temperature=0.0, max_tokens=1 if prefill_only else new_tokens, ignore_eos=True)
-    for i in range(streams):
-        engine.add_request(f"r{i}", list(prompt_ids), params)
-    t0 = time.perf_counter()
-    first, produced = None, 0
-    while engine.has_unfinished():
-        produced += sum(len(o.new_token_ids) for o in engine.step())
-        if first is None and produced:
-            first = time.perf_counter()
-    end = time.perf_counter()
-    if prefill_only:
-        return len(prompt_ids) * streams / (end - t0)
-    return (produced - streams) / (end - first)
-
-
 def _metrale(fmt: str, dtype: str, short, long_ids, args) -> dict:
     from metrale_core.components import LoadOptions
     from metrale_core.loading import load_model
 
     os.environ["METRALE_WEIGHT_FORMAT"] = fmt
     model = load_model(args.model, LoadOptions(dtype=dtype), progress=False).model
-    _metrale_engine(model, short, 1, 4)  # warm-up
-    row = {"decode1": _metrale_engine(model, short, 1, args.decode_tokens),
-           "prefill": _metrale_engine(model, long_ids, 1, 1, prefill_only=True)}
+    engine_rate(model, short, 1, 4)  # warm-up
+    row = {"decode1": engine_rate(model, short, 1, args.decode_tokens),
+           "prefill": engine_rate(model, long_ids, 1, 1, prefill_only=True)}
     if not args.http:
-        row["decodeN"] = _metrale_engine(model, short, args.streams, args.decode_tokens)
+        row["decodeN"] = engine_rate(model, short, args.streams, args.decode_tokens)
     return row
 
 

@@ -14,23 +14,22 @@ import time
 import torch
 
 
-def _metrale(path, prompt_ids, streams, new_tokens, prefill_only=False):
+def engine_rate(model, prompt_ids, streams, new_tokens, prefill_only=False) -> float:
+    """Metrale in-process: decode tok/s after the first token (or prefill tok/s), greedy."""
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.sampling.params import SamplingParams
 
-    engine = LLMEngine(_metrale.model, EngineConfig(block_size=16, kv_cache_memory=1 << 30,
-                                                    max_prefill_tokens=1024,
-                                                    enable_prefix_caching=False))
+    engine = LLMEngine(model, EngineConfig(block_size=16, kv_cache_memory=1 << 30,
+                                           max_prefill_tokens=1024, max_num_seqs=max(16, streams),
+                                           enable_prefix_caching=False))
     params = SamplingParams(temperature=0.0, max_tokens=1 if prefill_only else new_tokens,
                             ignore_eos=True)
     for i in range(streams):
-        engine.add_request(f"r{i}", prompt_ids, params)
+        engine.add_request(f"r{i}", list(prompt_ids), params)
     t0 = time.perf_counter()
-    first = None
-    produced = 0
+    first, produced = None, 0
     while engine.has_unfinished():
-        outs = engine.step()
-        produced += sum(len(o.new_token_ids) for o in outs)
+        produced += sum(len(o.new_token_ids) for o in engine.step())
         if first is None and produced:
             first = time.perf_counter()
     end = time.perf_counter()
@@ -69,15 +68,14 @@ def main():
 
     path = default_model_path()
     loaded = load_model(path, progress=False)
-    _metrale.model = loaded.model
     tok = loaded.tokenizer
     short = tok.encode("Once upon a time")
     long_ids = (tok.encode("The quick brown fox jumps over the lazy dog. ") * 60)[:512]
 
     rows = []
-    m1 = _metrale(path, short, 1, args.decode_tokens)
-    mp = _metrale(path, long_ids, 1, 1, prefill_only=True)
-    m16 = _metrale(path, short, args.streams, args.decode_tokens)
+    m1 = engine_rate(loaded.model, short, 1, args.decode_tokens)
+    mp = engine_rate(loaded.model, long_ids, 1, 1, prefill_only=True)
+    m16 = engine_rate(loaded.model, short, args.streams, args.decode_tokens)
     rows.append(("metrale", m1, mp, m16))
     if not args.no_hf:
         from transformers import AutoModelForCausalLM
