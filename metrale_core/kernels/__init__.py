@@ -26,7 +26,15 @@ from metrale_core.kernels.custom_op import (
     requested_path,
     select_path,
 )
-from metrale_core.kernels.ptx import KernelCompileError, compile_ptx, find_cu_files, nvcc_path
+from metrale_core.kernels.ptx import (
+    KernelCompileError,
+    RuntimeBuild,
+    compile_ptx,
+    compile_runtime_source,
+    find_cu_files,
+    nvcc_path,
+    ptx_entries,
+)
 
 __all__ = [
     "KERNELS_ENV",
@@ -34,16 +42,19 @@ __all__ = [
     "KernelCompileError",
     "KernelInputError",
     "KernelPath",
+    "RuntimeBuild",
     "check_contiguous",
     "check_dtype",
     "check_same_device",
     "check_shape",
     "check_tensor",
     "compile_ptx",
+    "compile_runtime_source",
     "cupy_unavailable_reason",
     "find_cu_files",
     "load_raw_module",
     "nvcc_path",
+    "ptx_entries",
     "requested_path",
     "select_path",
 ]

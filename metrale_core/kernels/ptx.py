@@ -11,13 +11,17 @@ Invariants:
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
+from attrs import frozen
+
 from metrale_core.errors import ConfigError, MetraleError
 
-__all__ = ["KernelCompileError", "compile_ptx", "find_cu_files", "nvcc_path"]
+__all__ = ["KernelCompileError", "RuntimeBuild", "compile_ptx", "compile_runtime_source",
+           "find_cu_files", "nvcc_path", "ptx_entries"]
 
 
 class KernelCompileError(MetraleError):
@@ -65,3 +69,38 @@ def compile_ptx(cu_path: str | Path, out_dir: str | Path, arch: str = "sm_90",
         raise KernelCompileError(
             f"nvcc failed on {cu} (exit {proc.returncode}):\n{proc.stderr.strip() or proc.stdout.strip()}")
     return target
+
+
+_ENTRY = re.compile(r"\.entry\s+(\w+)")
+
+
+def ptx_entries(ptx_text: str) -> list[str]:
+    """The kernel entry points a PTX text exports, in order."""
+    return _ENTRY.findall(ptx_text)
+
+
+@frozen
+class RuntimeBuild:
+    """What :func:`compile_runtime_source` built: the inlined source and its PTX text."""
+
+    source: str
+    ptx: str
+
+    @property
+    def entries(self) -> list[str]:
+        return ptx_entries(self.ptx)
+
+
+def compile_runtime_source(package: str, filename: str, out_dir: str | Path, arch: str = "sm_90",
+                           options: tuple[str, ...] = ("-Werror", "all-warnings")) -> RuntimeBuild:
+    """Compile exactly what NVRTC gets at run time: ``package``'s kernel ``filename`` with its
+    quoted includes inlined (as ``load_raw_module`` does), warning-free by default."""
+    from metrale_core.kernels.cuda import expand_includes, kernel_path
+
+    source = expand_includes(kernel_path(package, filename))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    flat = out / filename
+    flat.write_text(source)
+    ptx = compile_ptx(flat, out / "ptx", arch=arch, options=options).read_text()
+    return RuntimeBuild(source=source, ptx=ptx)

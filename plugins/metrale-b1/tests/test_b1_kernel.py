@@ -3,12 +3,17 @@ the op's torch path is ``torch.topk``; on a GPU (``gpu`` marker) the kernel matc
 
 from __future__ import annotations
 
-import re
 
 import pytest
 import torch
 
-from metrale_core.kernels import compile_ptx, cupy_unavailable_reason, find_cu_files, nvcc_path
+from metrale_core.kernels import (
+    compile_ptx,
+    cupy_unavailable_reason,
+    find_cu_files,
+    nvcc_path,
+    ptx_entries,
+)
 
 from metrale_b1.top2 import Top2
 
@@ -28,7 +33,7 @@ def test_top2_kernel_compiles(tmp_path):
     ptx = compile_ptx(kernel_path("metrale_b1", "top2.cu"), tmp_path, arch="sm_90",
                       options=("-Werror", "all-warnings")).read_text()
     assert ".target sm_90" in ptx
-    assert re.findall(r"\.entry\s+(\w+)", ptx) == ["top2_rows_f32"]
+    assert ptx_entries(ptx) == ["top2_rows_f32"]
 
 
 def test_native_path_is_topk_and_leaves_the_input_alone():

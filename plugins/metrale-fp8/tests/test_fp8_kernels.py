@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 
 import pytest
 import torch
 
-from metrale_core.kernels import compile_ptx, find_cu_files, nvcc_path
+from metrale_core.kernels import compile_runtime_source, find_cu_files, nvcc_path
 
 KERNELS = {"fp8_kv_write.cu": "fp8_kv_write",
            "fp8_paged_attention_decode.cu": "fp8_paged_attention_decode"}
@@ -23,16 +22,9 @@ def test_plugin_ships_its_kernels():
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_kernel_compiles_with_inlined_headers(name, tmp_path):
     """What NVRTC gets at run time (quoted includes inlined) builds warning-free for sm_90."""
-    from metrale_core.kernels.cuda import expand_includes, kernel_path
-
-    source = expand_includes(kernel_path("metrale_fp8", name))
-    assert "#include" not in source
-    flat = tmp_path / name
-    flat.write_text(source)
-    text = compile_ptx(flat, tmp_path / "ptx", arch="sm_90",
-                       options=("-Werror", "all-warnings")).read_text()
-    entries = set(re.findall(r"\.entry\s+(\w+)", text))
-    assert {f"{KERNELS[name]}_f32", f"{KERNELS[name]}_bf16"} <= entries
+    build = compile_runtime_source("metrale_fp8", name, tmp_path)
+    assert "#include" not in build.source
+    assert {f"{KERNELS[name]}_f32", f"{KERNELS[name]}_bf16"} <= set(build.entries)
 
 
 @needs_cuda

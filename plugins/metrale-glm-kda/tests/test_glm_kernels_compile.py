@@ -3,11 +3,10 @@ their f32 / bf16 entry points."""
 
 from __future__ import annotations
 
-import re
 
 import pytest
 
-from metrale_core.kernels import compile_ptx, find_cu_files, nvcc_path
+from metrale_core.kernels import compile_runtime_source, find_cu_files, nvcc_path
 
 KERNELS = {"kda_decode.cu": ("kda_decode_f32", "kda_decode_bf16"),
            "short_conv.cu": ("short_conv_update_f32", "short_conv_update_bf16"),
@@ -24,12 +23,7 @@ def test_plugin_ships_its_kernels():
 @needs_nvcc
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_kernel_compiles_with_inlined_headers(name, tmp_path):
-    from metrale_core.kernels.cuda import expand_includes, kernel_path
-
-    source = expand_includes(kernel_path("metrale_glm_kda", name))
-    assert "#include" not in source
-    flat = tmp_path / name
-    flat.write_text(source)
-    text = compile_ptx(flat, tmp_path / "ptx", arch="sm_90", options=("-Werror", "all-warnings")).read_text()
-    assert ".target sm_90" in text
-    assert set(KERNELS[name]) <= set(re.findall(r"\.entry\s+(\w+)", text))
+    build = compile_runtime_source("metrale_glm_kda", name, tmp_path)
+    assert "#include" not in build.source
+    assert ".target sm_90" in build.ptx
+    assert set(KERNELS[name]) <= set(build.entries)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from metrale_core.kernels import compile_ptx, find_cu_files, nvcc_path
+from metrale_core.kernels import compile_ptx, compile_runtime_source, find_cu_files, nvcc_path, ptx_entries
 
 REPO = Path(__file__).resolve().parents[3]
 CU_FILES = [p for root in (REPO / "plugins", REPO / "metrale_core") if root.is_dir()
@@ -39,7 +38,7 @@ def test_cu_file_compiles_to_ptx(cu, tmp_path):
     text = ptx.read_text()
     assert ".target sm_90" in text
     if cu.name in OWN_KERNELS:
-        entries = set(re.findall(r"\.entry\s+(\w+)", text))
+        entries = set(ptx_entries(text))
         stem = OWN_KERNELS[cu.name]
         assert {f"{stem}_f32", f"{stem}_bf16"} <= entries
 
@@ -48,11 +47,6 @@ def test_cu_file_compiles_to_ptx(cu, tmp_path):
 @pytest.mark.parametrize("name", sorted(OWN_KERNELS))
 def test_runtime_source_with_inlined_headers_compiles(name, tmp_path):
     """What NVRTC gets at run time (``load_raw_module`` inlines quoted includes) builds too."""
-    from metrale_core.kernels.cuda import expand_includes, kernel_path
-
-    source = expand_includes(kernel_path("metrale_qwen3", name))
-    assert "#include" not in source and source.count("struct bf16 {") == 1
-    flat = tmp_path / name
-    flat.write_text(source)
-    text = compile_ptx(flat, tmp_path / "ptx", options=("-Werror", "all-warnings")).read_text()
-    assert f".entry {OWN_KERNELS[name]}_bf16" in text
+    build = compile_runtime_source("metrale_qwen3", name, tmp_path)
+    assert "#include" not in build.source and build.source.count("struct bf16 {") == 1
+    assert f"{OWN_KERNELS[name]}_bf16" in build.entries
