@@ -89,12 +89,12 @@ def test_truncated_gguf(tmp_path):
     assert_clean_error(met("generate", "--model", str(bad), "hi"), "truncated.gguf")
 
 
-@pytest.mark.parametrize("fmt,answer", [("bf16", "The capital of France is Paris.\n"),
-                                        ("int4", "L'Étoile, la Marseillaise, la femme, la femme au\n")])
-def test_weight_format_flag_reaches_the_loader(fmt, answer):
-    """--weight-format reaches the model loader. bf16 keeps the reference answer; int4 (the GGUF's
-    own 4-bit codes through torch's int4 kernel, which rounds scales and inputs to bf16) changes
-    this chat's first token — pinned here so the lossy mode's effect stays visible."""
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+def test_weight_format_flag_reaches_the_loader(fmt):
+    """--weight-format reaches the model loader, and the lossy formats keep this chat's reference
+    answer: the prompt is prefilled through the bfloat16 copy, the answer decoded from the codes
+    (int4: the GGUF's own 4-bit codes through torch's int4 kernel)."""
+    answer = "The capital of France is Paris.\n"
     proc = met("generate", "--weight-format", fmt, "--chat", "What is the capital of France?",
                "--max-tokens", "20")
     assert proc.returncode == 0, proc.stderr

@@ -12,6 +12,10 @@ Invariants:
 - Decode rows (sequences feeding exactly one row) are attended in one batched call with no
   per-sequence Python loop; multi-row sequences (prefill chunks, verify rows) are attended one
   sequence at a time.
+- On CPU the decode rows of a plain cache read it through a :class:`DecodeGather` built once per
+  forward (flat cache slots ``[B, L]`` and the context mask), so each layer costs two
+  ``index_select`` and one ``scaled_dot_product_attention``; on CUDA the decode kernel reads the
+  block tables itself and ``decode_attention`` below is its oracle.
 - GQA: KV head ``j`` serves query heads ``[j*G, (j+1)*G)``; softmax runs in float32.
 """
 
@@ -23,7 +27,7 @@ from attrs import frozen
 
 from metrale_core.model_api import ForwardBatch, PagedKVCache
 
-__all__ = ["AttentionPlan", "attend_decode", "attend_prefill", "decode_attention", "paged_attention",
+__all__ = ["AttentionPlan", "DecodeGather", "attend_decode", "attend_decode_gathered", "attend_prefill", "decode_attention", "paged_attention",
            "prefill_attention", "write_kv"]
 
 
@@ -90,6 +94,48 @@ def attend_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_le
 
 
 @frozen
+class DecodeGather:
+    """Where the decode rows' context lives in a plain cache, computed once per forward."""
+
+    #: ``[B * L]`` flat cache slots of positions ``0..L-1`` of every decode row's sequence
+    #: (positions past a sequence's context point at block-table padding and are masked).
+    slots: torch.Tensor
+    #: ``[B, 1, 1, L]`` bool, True where the position is inside the sequence's context.
+    mask: torch.Tensor
+    #: ``L``: the longest context among the decode rows.
+    length: int
+
+    @classmethod
+    def build(cls, tables: torch.Tensor, context: torch.Tensor, max_context: int,
+              block_size: int) -> "DecodeGather":
+        pos = torch.arange(max_context, device=tables.device)
+        slots = tables[:, pos // block_size] * block_size + pos % block_size  # [B, L]
+        mask = (pos[None, :] < context[:, None])[:, None, None, :]
+        return cls(slots.reshape(-1), mask, max_context)
+
+
+def attend_decode_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           gather: DecodeGather, scale: float) -> torch.Tensor:
+    """``q`` ``[B, Hq, d]`` over plain ``[blocks, bs, Hk, d]`` caches read at ``gather.slots``."""
+    hk, d = k_cache.shape[2], k_cache.shape[3]
+    shape = (q.shape[0], gather.length, hk, d)
+    k = k_cache.view(-1, hk, d).index_select(0, gather.slots).view(shape)
+    v = v_cache.view(-1, hk, d).index_select(0, gather.slots).view(shape)
+    return _attend_masked(q, k.to(q.dtype), v.to(q.dtype), gather.mask, scale)
+
+
+def _attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """``q`` ``[B, Hq, d]`` over ``k``/``v`` ``[B, L, Hk, d]`` where ``mask`` ``[B, 1, 1, L]``.
+    The G query heads of a KV head attend as G rows of one "sequence" (no K/V expansion)."""
+    bsz, hq, d = q.shape
+    hk = k.shape[2]
+    out = F.scaled_dot_product_attention(q.view(bsz, hk, hq // hk, d), k.transpose(1, 2),
+                                         v.transpose(1, 2), attn_mask=mask, scale=scale)
+    return out.reshape(bsz, hq, d)
+
+
+@frozen
 class AttentionPlan:
     """How the rows of one batch are attended; built once per forward, used by every layer."""
 
@@ -108,13 +154,19 @@ class AttentionPlan:
     multi_row: tuple[tuple[int, int, int, int], ...]
     #: ``[B, max_blocks]`` block tables of the batch.
     block_tables: torch.Tensor
+    #: The decode rows' cache slots and mask (CPU only; None on CUDA or without decode rows).
+    decode_gather: DecodeGather | None = None
 
     @classmethod
     def from_batch(cls, batch: ForwardBatch, scale: float) -> "AttentionPlan":
         qlens, clens = batch.query_lens_host, batch.context_lens_host
+        cpu = batch.input_ids.device.type == "cpu"
         if batch.is_pure_decode:
-            return cls(scale, True, None, batch.block_tables, batch.context_lens,
-                       max(clens, default=0), (), batch.block_tables)
+            max_context = max(clens, default=0)
+            gather = (DecodeGather.build(batch.block_tables, batch.context_lens, max_context,
+                                         batch.block_size) if cpu and clens else None)
+            return cls(scale, True, None, batch.block_tables, batch.context_lens, max_context, (),
+                       batch.block_tables, gather)
         decode_seqs, decode_rows, multi = [], [], []
         start = 0
         for i, (n, c) in enumerate(zip(qlens, clens)):
@@ -127,9 +179,11 @@ class AttentionPlan:
         device = batch.input_ids.device
         if decode_seqs:
             seqs = torch.tensor(decode_seqs, dtype=torch.int64, device=device)
+            tables, context = batch.block_tables[seqs], batch.context_lens[seqs]
+            max_context = max(clens[i] for i in decode_seqs)
+            gather = DecodeGather.build(tables, context, max_context, batch.block_size) if cpu else None
             return cls(scale, False, torch.tensor(decode_rows, dtype=torch.int64, device=device),
-                       batch.block_tables[seqs], batch.context_lens[seqs],
-                       max(clens[i] for i in decode_seqs), tuple(multi), batch.block_tables)
+                       tables, context, max_context, tuple(multi), batch.block_tables, gather)
         return cls(scale, False, None, None, None, 0, tuple(multi), batch.block_tables)
 
 
@@ -138,11 +192,17 @@ def _decode(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan,
     """The decode rows ``q`` through the plain kernel, the codec's fused kernel, or a gather."""
     args = (plan.decode_tables, plan.decode_context, plan.scale, plan.decode_max_context)
     if kv.plain:
+        if plan.decode_gather is not None:
+            return attend_decode_gathered(q, kv.k[layer], kv.v[layer], plan.decode_gather, plan.scale)
         return decode_op(q, kv.k[layer], kv.v[layer], *args)
     fused = kv.codec.decode_attention(kv, layer, q, *args)
     if fused is not None:
         return fused
     num_blocks = -(-plan.decode_max_context // kv.block_size)
+    if plan.decode_gather is not None:  # same maths as the plain CPU path, over decoded rows
+        length = plan.decode_gather.length
+        k, v = kv.gather(layer, plan.decode_tables[:, :num_blocks], q.dtype)
+        return _attend_masked(q, k[:, :length], v[:, :length], plan.decode_gather.mask, plan.scale)
     k, v = kv.gather(layer, plan.decode_tables[:, :num_blocks], torch.float32)
     return attend_decode(q, k, v, plan.decode_context, plan.scale)
 

@@ -25,6 +25,8 @@ __all__ = ["apply_rope", "rms_norm", "rope_cos_sin", "rope_inv_freq", "swiglu"]
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``weight * cast(x32 * rsqrt(mean(x32^2) + eps), x.dtype)`` over the last dimension."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)  # one fused call, bit-identical in float32
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
@@ -61,10 +63,13 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[T, H, d]`` by ``cos``/``sin`` ``[T, d]``: ``x*cos + rotate_half(x)*sin``."""
+    """Rotate ``x`` ``[T, H, d]`` by ``cos``/``sin`` ``[T, d]``: ``x*cos + rotate_half(x)*sin``.
+
+    Computed as ``x*cos + roll(x, d/2) * [-sin_lo | sin_hi]`` (the sign moved from ``x`` onto
+    ``sin``, which is exact), so every head costs one roll and no concatenation."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    return x * cos[:, None, :] + torch.roll(x, half, dims=-1) * sin_signed[:, None, :]
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

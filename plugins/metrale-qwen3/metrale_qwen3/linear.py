@@ -13,7 +13,7 @@ read from ``LoadOptions.weight_format`` when present, else ``$METRALE_WEIGHT_FOR
 ``int8``
     symmetric per-output-channel int8 (re-quantized from the dequantized weights), multiplied as
     two 4-bit planes through the int4 kernel below (``torch._weight_int8pack_mm`` for shapes it
-    cannot pack).
+    cannot pack); batches go through a bfloat16 copy (see below).
 ``int4``
     GGUF Q4_0 / Q4_1 / Q8_0 matrices keep their own codes and per-32 group scales through torch's
     int4 packed CPU kernel (``(q - 8) * scale + zero`` with ``scale = d``, ``zero = m + 8d``; a Q8_0
@@ -22,10 +22,19 @@ read from ``LoadOptions.weight_format`` when present, else ``$METRALE_WEIGHT_FOR
     activations enter the matmul in bfloat16; every other matrix (F16/F32 tensors, shapes the
     kernel cannot pack) is ``int8``.
 
+The packed 4-bit kernel streams few bytes but its cost grows with the number of rows, while
+oneDNN's bfloat16 matmul (AMX / AVX512-BF16) costs about the same for 1 or 64 rows.  So the
+quantized formats also keep a bfloat16 copy of each matrix (the dequantized weights, rounded
+once) and multiply a call with more than ``SMALL_BATCH_ROWS`` row-planes through it: decode of a
+few sequences reads 4-bit codes, batched decode and prefill run on bfloat16.  Memory: the codes
+plus 2 bytes per weight.
+
 Invariants:
 - Every ``Linear`` maps ``[T, in_features]`` activations of the model dtype to ``[T, out_features]``
   of the same dtype; a bias is added in the model dtype after the matmul.
 - Fused projections concatenate their parts along the output dimension (``[q; k; v]``).
+- A quantized projection's result depends on how many rows the call has (codes or bfloat16
+  copy); both stay within the format's measured error of ``exact``.
 - Only ``exact`` leaves outputs unchanged; the other formats are lossy (measured by the tests in
   ``tests/test_weight_formats.py``) and run on CPU only.
 """
@@ -51,6 +60,9 @@ WEIGHT_FORMAT_ENV = "METRALE_WEIGHT_FORMAT"
 #: Activation dtype fed to the quantized CPU kernels (they want activations and scales alike).
 QUANT_ACT_DTYPE = torch.bfloat16
 _GROUP = 32
+#: Calls with at most this many rows (times planes) use the packed kernels; larger ones the
+#: bfloat16 copy (crossover measured on SmolLM2's shapes, 2 threads: ~8 rows).
+SMALL_BATCH_ROWS = 8
 #: GGML type -> (bytes per 32-element block, 4-bit planes); Q8_0 is split into two nibble planes.
 _INT4_TYPES = {"Q4_0": (18, 1), "Q4_1": (20, 1), "Q8_0": (34, 2)}
 
@@ -114,13 +126,19 @@ class Int8Linear:
     qweight: torch.Tensor  # [N, K] int8
     scales: torch.Tensor  # [N] in QUANT_ACT_DTYPE
     bias: torch.Tensor | None = None
+    #: [N, K] bfloat16 copy for calls with more than SMALL_BATCH_ROWS rows (None: always int8).
+    dense: torch.Tensor | None = None
 
     @property
     def out_features(self) -> int:
         return int(self.qweight.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(x.to(self.scales.dtype), self.qweight, self.scales)
+        xq = x.to(self.scales.dtype)
+        if self.dense is not None and x.shape[0] > SMALL_BATCH_ROWS:
+            y = F.linear(xq, self.dense)
+        else:
+            y = torch._weight_int8pack_mm(xq, self.qweight, self.scales)
         return _add_bias(y.to(x.dtype), self.bias)
 
 
@@ -138,6 +156,8 @@ class Int4Linear:
     group_size: int
     bias: torch.Tensor | None = None
     planes: int = 1
+    #: [N, K] bfloat16 copy for calls with more than SMALL_BATCH_ROWS row-planes (None: always codes).
+    dense: torch.Tensor | None = None
 
     @property
     def out_features(self) -> int:
@@ -145,6 +165,8 @@ class Int4Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xq = x.to(self.scales_zeros.dtype)
+        if self.dense is not None and x.shape[0] * self.planes > SMALL_BATCH_ROWS:
+            return _add_bias(F.linear(xq, self.dense).to(x.dtype), self.bias)
         if self.planes > 1:
             xq = torch.cat([xq] * self.planes, dim=-1)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(xq, self.packed, self.group_size, self.scales_zeros)
@@ -160,24 +182,32 @@ def _int8_planes(q: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
 
 
 def _pack(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, planes: int,
-          bias: torch.Tensor | None) -> Int4Linear:
+          bias: torch.Tensor | None, dense: torch.Tensor | None = None) -> Int4Linear:
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
         torch.from_numpy(np.ascontiguousarray(codes, dtype=np.int32)), 1)
     sz = torch.from_numpy(np.stack([scale.T, zero.T], axis=-1)).to(QUANT_ACT_DTYPE).contiguous()
-    return Int4Linear(packed, sz, _GROUP, bias, planes=planes)
+    return Int4Linear(packed, sz, _GROUP, bias, planes=planes, dense=_batch_copy(dense))
 
 
-def quantize_int8(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear | Int4Linear:
+def _batch_copy(dense: torch.Tensor | None) -> torch.Tensor | None:
+    """The bfloat16 matrix batched calls multiply by (see the module docstring)."""
+    return None if dense is None else dense.to(QUANT_ACT_DTYPE).contiguous()
+
+
+def quantize_int8(weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                  batch_copy: bool = False) -> Int8Linear | Int4Linear:
     """Symmetric per-row int8 of a float matrix (scale = max|row| / 127); run as two 4-bit planes
-    (:class:`Int4Linear`, the faster CPU kernel) when the shape allows, else :class:`Int8Linear`."""
+    (:class:`Int4Linear`, the faster CPU kernel) when the shape allows, else :class:`Int8Linear`.
+    With ``batch_copy`` the result also keeps ``weight`` in bfloat16 for batched calls."""
+    dense = weight if batch_copy else None
     w = weight.float()
     scales = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
     q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
     n, k = q.shape
     if n % 16 == 0 and k % _GROUP == 0:
         d = np.repeat(scales.numpy()[:, None], k // _GROUP, axis=1)
-        return _pack(*_int8_planes(q.numpy(), d), planes=2, bias=bias)
-    return Int8Linear(q.contiguous(), scales.to(QUANT_ACT_DTYPE), bias)
+        return _pack(*_int8_planes(q.numpy(), d), planes=2, bias=bias, dense=dense)
+    return Int8Linear(q.contiguous(), scales.to(QUANT_ACT_DTYPE), bias, _batch_copy(dense))
 
 
 def _gguf_int4_parts(raw: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -200,12 +230,13 @@ def _gguf_int4_parts(raw: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return codes.reshape(n, k), d, zero
 
 
-def int4_from_gguf(raws: Sequence[Any], bias: torch.Tensor | None = None) -> Int4Linear:
+def int4_from_gguf(raws: Sequence[Any], bias: torch.Tensor | None = None,
+                   dense: torch.Tensor | None = None) -> Int4Linear:
     """An :class:`Int4Linear` holding the codes of GGUF Q4_0/Q4_1/Q8_0 tensors (fused along rows;
-    all parts of one GGML type)."""
+    all parts of one GGML type); ``dense`` (the dequantized matrix) becomes the batch copy."""
     parts = [_gguf_int4_parts(r) for r in raws]
     return _pack(*(np.concatenate([p[i] for p in parts]) for i in range(3)),
-                 planes=_INT4_TYPES[raws[0].quant_type][1], bias=bias)
+                 planes=_INT4_TYPES[raws[0].quant_type][1], bias=bias, dense=dense)
 
 
 def _int4_ready(store: Any, names: Sequence[str], out_features: int, in_features: int) -> bool:
@@ -229,12 +260,12 @@ def build_linear(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, i
     in_features = shapes[0][1]
     if fmt != "exact" and torch.device(device).type != "cpu":
         raise ConfigError(f"weight format {fmt!r} runs on CPU only; use --weight-format exact on {device}")
-    if fmt == "int4" and _int4_ready(store, names, out_features, in_features):
+    int4 = fmt == "int4" and _int4_ready(store, names, out_features, in_features)
+    if int4:
         for name, shape in zip(names, shapes):
             if tuple(store.shape(name)) != tuple(shape):
                 raise ShapeMismatch(f"tensor {name!r} has shape {list(store.shape(name))} but the model "
                                     f"expects {list(shape)}; the checkpoint does not match its config")
-        return int4_from_gguf([store.get_raw(n) for n in names], bias)
     if dense is None:
         parts = [store.get(n, dtype=dtype, shape=s).to(device) for n, s in zip(names, shapes)]
         dense = parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -242,4 +273,6 @@ def build_linear(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, i
         return DenseLinear(dense, bias)
     if fmt == "bf16":
         return CastLinear(dense.to(torch.bfloat16).contiguous(), bias)
-    return quantize_int8(dense, bias)
+    if int4:
+        return int4_from_gguf([store.get_raw(n) for n in names], bias, dense)
+    return quantize_int8(dense, bias, batch_copy=True)

@@ -74,7 +74,8 @@ class QKNormRope(CustomOp):
         if q_weight is not None:
             q = layers.rms_norm(q, q_weight, eps)
             k = layers.rms_norm(k, k_weight, eps)
-        return layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin)
+        qk = layers.apply_rope(torch.cat((q, k), dim=1), cos, sin)  # one rotation for all heads
+        return qk[:, :q.shape[1]], qk[:, q.shape[1]:]
 
     def forward_cuda(self, q, k, q_weight, k_weight, cos, sin, eps: float):
         num_tokens, hq, d = q.shape

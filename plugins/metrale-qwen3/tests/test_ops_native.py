@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from metrale_qwen3.attention import prefill_attention
-from metrale_qwen3.layers import rope_cos_sin, rope_inv_freq
+from metrale_qwen3.attention import DecodeGather, attend_decode_gathered, prefill_attention
+from metrale_qwen3.layers import apply_rope, rope_cos_sin, rope_inv_freq
 from metrale_qwen3.ops import DecoderOps
 
 OPS = DecoderOps("cpu")
@@ -122,6 +122,33 @@ def test_decode_attention_matches_per_sequence_softmax(hq):
         vals = v_cache[tables[b]].reshape(-1, 2, 8)[:c]
         ref = _naive_attention(q[b:b + 1], keys, vals, 8 ** -0.5)[0]
         torch.testing.assert_close(out[b].double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hq, dtype", [(2, torch.float32), (8, torch.float32), (8, torch.bfloat16)])
+def test_gathered_decode_attention_equals_the_paged_oracle(hq, dtype):
+    """The CPU decode path (slots and mask built once per forward) attends exactly the context
+    of each sequence: block-table padding and positions past a context never leak in."""
+    k_cache, v_cache = (c.to(dtype) for c in _paged_cache())
+    tables = torch.tensor([[7, 2, 9, 0], [4, 0, 0, 0], [1, 3, 5, 8]])
+    context = torch.tensor([9, 4, 16])
+    q = randn(3, hq, 8, dtype=dtype)
+    gather = DecodeGather.build(tables, context, 16, block_size=4)
+    assert gather.slots.shape == (3 * 16,) and gather.mask.shape == (3, 1, 1, 16)
+    assert gather.mask.sum().item() == 9 + 4 + 16
+    out = attend_decode_gathered(q, k_cache, v_cache, gather, 8 ** -0.5)
+    ref = OPS.decode_attention.forward_native(q, k_cache, v_cache, tables, context, 8 ** -0.5, 16)
+    assert out.dtype == dtype and out.shape == q.shape
+    tol = 1e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    k_cache[0].fill_(1e4)  # block 0 is only ever padding here: poisoning it changes nothing
+    torch.testing.assert_close(attend_decode_gathered(q, k_cache, v_cache, gather, 8 ** -0.5), out)
+
+
+def test_apply_rope_is_bit_identical_to_the_rotate_half_form():
+    x = randn(5, 3, 16)
+    cos, sin = rope_cos_sin(torch.tensor([0, 3, 9, 100, 2047]), rope_inv_freq(16, 1e4), torch.float32)
+    rotate_half = torch.cat((-x[..., 8:], x[..., :8]), dim=-1)
+    assert torch.equal(apply_rope(x, cos, sin), x * cos[:, None] + rotate_half * sin[:, None])
 
 
 def test_prefill_attention_attends_to_prefix_and_causal_rows():

@@ -16,8 +16,9 @@ from metrale_core.components import LoadOptions
 from metrale_core.errors import ConfigError
 from metrale_core.weights.gguf_dequant import dequantize
 from metrale_core.weights.store import RawTensor
-from metrale_qwen3.linear import (WEIGHT_FORMAT_ENV, DenseLinear, Int4Linear, Int8Linear,
-                                  _gguf_int4_parts, int4_from_gguf, quantize_int8,
+import metrale_qwen3.linear as linear_mod
+from metrale_qwen3.linear import (SMALL_BATCH_ROWS, WEIGHT_FORMAT_ENV, DenseLinear, Int4Linear,
+                                  Int8Linear, _gguf_int4_parts, int4_from_gguf, quantize_int8,
                                   resolve_weight_format)
 
 from qwen3_harness import PagedRunner, load, real_open_weights
@@ -60,6 +61,25 @@ def test_int8_is_per_channel_symmetric_within_half_a_step(rows, kind):
     step = w.abs().amax(1) / 127
     got = lin(torch.eye(64)).T - 1.0
     assert ((got - w).abs() <= step[:, None] * 0.51 + 1e-2 * w.abs().amax(1, keepdim=True)).all()
+
+
+@pytest.mark.parametrize("rows_kind", [(48, Int4Linear), (40, Int8Linear)])
+def test_quantized_projections_multiply_batches_by_their_bfloat16_copy(rows_kind):
+    rows, kind = rows_kind
+    torch.manual_seed(0)
+    w = torch.randn(rows, 64)
+    lin = quantize_int8(w, batch_copy=True)
+    assert isinstance(lin, kind) and lin.dense.dtype == torch.bfloat16
+    assert torch.equal(lin.dense, w.bfloat16())
+    planes = getattr(lin, "planes", 1)
+    small = SMALL_BATCH_ROWS // planes  # the largest call that still reads the int8 codes
+    x = torch.randn(small + 1, 64)
+    by_copy = lin(x)
+    torch.testing.assert_close(by_copy, (x.bfloat16() @ w.bfloat16().T).float(), rtol=0, atol=0)
+    by_codes = lin(x[:small])
+    assert not torch.equal(by_codes, by_copy[:small])  # a different (quantized) matrix ...
+    assert (by_codes - by_copy[:small]).abs().max() < 0.02 * by_copy.abs().max()  # ... close to it
+    assert quantize_int8(w).dense is None  # without batch_copy every call reads the codes
 
 
 def test_weight_format_comes_from_options_then_environment(monkeypatch):
@@ -122,8 +142,14 @@ def exact_reference():
 
 @pytest.mark.slow
 @real
+@pytest.mark.parametrize("path", ["codes", "batch-copy"])
 @pytest.mark.parametrize("fmt", sorted(BOUNDS))
-def test_lossy_formats_stay_close_to_exact_on_smollm2(fmt, exact_reference, monkeypatch):
+def test_lossy_formats_stay_close_to_exact_on_smollm2(fmt, path, exact_reference, monkeypatch):
+    """Teacher-forced prefill of whole sequences; ``path`` forces every call of a quantized
+    projection through its codes (what decode of a few sequences reads) or its bfloat16 copy."""
+    if fmt == "bf16" and path == "batch-copy":
+        pytest.skip("bf16 has no second path")
+    monkeypatch.setattr(linear_mod, "SMALL_BATCH_ROWS", 10 ** 9 if path == "codes" else 0)
     monkeypatch.setenv(WEIGHT_FORMAT_ENV, fmt)
     model = load("llama", real_open_weights()(GGUF))
     assert model.weights.weight_format == fmt
@@ -135,7 +161,7 @@ def test_lossy_formats_stay_close_to_exact_on_smollm2(fmt, exact_reference, monk
     ref, new = torch.cat(reference), torch.cat(got)
     agreement = (ref.argmax(-1) == new.argmax(-1)).float().mean().item()
     kl = (ref.exp() * (ref - new)).sum(-1).mean().item()
-    print(f"\n{fmt}: teacher-forced top-1 agreement {agreement:.3f}, mean KL {kl:.4f} "
+    print(f"\n{fmt} ({path}): teacher-forced top-1 agreement {agreement:.3f}, mean KL {kl:.4f} "
           f"over {ref.shape[0]} positions")
-    min_agree, max_kl = BOUNDS[fmt]
+    min_agree, max_kl = BOUNDS[fmt] if path == "codes" else BOUNDS["bf16"]
     assert agreement >= min_agree and kl <= max_kl, (fmt, agreement, kl)
