@@ -140,8 +140,10 @@ def test_health_is_503_while_loading_then_200(start_server, byte_tokenizer):
     from server_testlib import ScriptedLM
 
     gate = threading.Event()
+    loaded_on = []
 
     def slow_loader():
+        loaded_on.append(threading.current_thread())
         gate.wait(30)
         engine = LLMEngine(ScriptedLM(byte_tokenizer), EngineConfig(num_kv_blocks=64),
                            tokenizer=byte_tokenizer)
@@ -161,6 +163,11 @@ def test_health_is_503_while_loading_then_200(start_server, byte_tokenizer):
         gate.set()
         wait_ready(server.url)
         assert httpx.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 200
+        # the loader ran on a thread of its own that is gone now (no pooled executor thread
+        # keeps an OpenMP team alive next to the engine thread)
+        assert loaded_on[0].name == "metrale-loader"
+        loaded_on[0].join(5)
+        assert not loaded_on[0].is_alive() and loaded_on[0] is not threading.main_thread()
     finally:
         gate.set()
         server.stop()
