@@ -19,7 +19,7 @@ import asyncio
 import queue
 import threading
 import uuid
-from typing import AsyncIterator, Sequence as Seq
+from typing import Any, AsyncIterator, Sequence as Seq
 
 from loguru import logger
 
@@ -148,9 +148,23 @@ class AsyncEngine:
             self._put(request_id, exc)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
-        for out in outputs:
-            if not self._put(out.request_id, out) and not out.finished:
-                self.engine.abort(out.request_id)  # nobody is listening any more
+        """Hand one step's outputs to their consumers: one wake-up per event loop, not per output."""
+        with self._lock:
+            targets = [(out, self._streams.get(out.request_id)) for out in outputs]
+        by_loop: dict[Any, list] = {}
+        for out, target in targets:
+            if target is None:
+                if not out.finished:
+                    self.engine.abort(out.request_id)  # nobody is listening any more
+                continue
+            by_loop.setdefault(target[0], []).append((target[1], out))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the consumers' loop is closed
+                for _, out in items:
+                    if not out.finished:
+                        self.engine.abort(out.request_id)
 
     def _put(self, request_id: str, item) -> bool:
         with self._lock:
@@ -171,3 +185,9 @@ class AsyncEngine:
             engine.abort(request_id)
         if engine.has_unfinished():
             self._deliver(engine.step())
+
+
+def _put_all(items: list) -> None:
+    """On a consumer loop: put each ``(stream, item)`` of one engine step."""
+    for stream, item in items:
+        stream.put_nowait(item)
