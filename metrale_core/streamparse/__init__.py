@@ -4,13 +4,15 @@ Owner: the server builds one :class:`StreamParser` per sequence with :func:`make
 and passes it to the engine as ``extras={"stream_parser": parser}``; the engine feeds it and puts
 the parsed pieces on ``RequestOutput.parsed``.  Tool-call formats are plugins
 (``metrale_tool_call_parsers`` hook); the built-ins are ``hermes``, ``qwen3_coder`` and ``glm47``.
+A plugin parser may use :func:`held_back_len` to hold back a possible partial marker at the end
+of the streamed text, as the built-ins do.
 
 Invariants: see ``parser`` (stream guarantees) and ``base`` (parser contract, B1 state).
 """
 
 from __future__ import annotations
 
-from metrale_core.streamparse.base import CompletedCall, ParsedDelta, ToolCallParser
+from metrale_core.streamparse.base import CompletedCall, ParsedDelta, ToolCallParser, held_back_len
 from metrale_core.streamparse.parser import (
     BUILTIN_TOOL_PARSERS,
     StreamParser,
@@ -31,6 +33,7 @@ __all__ = [
     "StreamParserClosed",
     "ToolCallParser",
     "default_reasoning",
+    "held_back_len",
     "make_stream_parser",
     "new_tool_call_id",
 ]

@@ -2,7 +2,9 @@
 
 Owner: the parsers of this package (``hermes``, ``qwen3_coder``, ``glm47``) subclass
 :class:`TagParserBase`; :class:`metrale_core.streamparse.parser.StreamParser` drives one parser per
-sequence.  Plugins may register any object that satisfies :class:`ToolCallParser`.
+sequence.  Plugins may register any object that satisfies :class:`ToolCallParser`.  Of the rest,
+only :func:`held_back_len` is public (re-exported by ``metrale_core.streamparse`` for plugin
+parsers); ``TagParserBase`` and ``scan_tags`` are the core's own.
 
 How a parser runs.  ``feed(text)`` appends to a small buffer and calls the handler of the current
 state (``_st_<state>``) until a handler needs more text.  A handler consumes a prefix of the
@@ -42,7 +44,7 @@ __all__ = [
     "ParsedDelta",
     "TagParserBase",
     "ToolCallParser",
-    "partial_tag_len",
+    "held_back_len",
     "scan_tags",
 ]
 
@@ -94,21 +96,38 @@ class ToolCallParser(Protocol):
     def finish(self) -> list[ParsedDelta]: ...
 
 
-def partial_tag_len(text: str, start: int, tags: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text[start:]`` that is a proper prefix of one of ``tags``."""
-    longest, firsts = _tag_info(tags)
+def held_back_len(text: str, markers: str | tuple[str, ...], start: int = 0) -> int:
+    """How many characters at the end of ``text[start:]`` to hold back while streaming.
+
+    Contract: the length of the longest suffix of ``text[start:]`` that is a *proper* prefix of
+    any of ``markers`` (one marker string, or a tuple of them); 0 when there is none.  Those
+    characters may still grow into a marker, so a streaming parser keeps them until the next
+    ``feed`` decides (and emits them at the end of the stream).  A complete marker is not a
+    proper prefix of itself: find whole markers first, then hold back what this returns.
+    Empty markers are ignored.  Only the last ``max(map(len, markers)) - 1`` characters are
+    looked at, so calling it on every feed keeps a stream linear.
+
+    >>> held_back_len("text </par", ("</parameter>", "</tool_call>"))
+    5
+    >>> held_back_len("abc", "[ARGS]")
+    0
+    """
+    if isinstance(markers, str):
+        markers = (markers,)
+    longest, firsts = _marker_info(markers)
     end = len(text)
     for j in range(max(start, end - longest + 1), end):
         if text[j] in firsts:
             rest = text[j:]
-            if any(len(tag) > len(rest) and tag.startswith(rest) for tag in tags):
+            if any(len(marker) > len(rest) and marker.startswith(rest) for marker in markers):
                 return end - j
     return 0
 
 
 @functools.lru_cache(maxsize=64)
-def _tag_info(tags: tuple[str, ...]) -> tuple[int, frozenset[str]]:
-    return max(map(len, tags)), frozenset(tag[0] for tag in tags)
+def _marker_info(markers: tuple[str, ...]) -> tuple[int, frozenset[str]]:
+    """The longest marker's length and the markers' first characters (empty markers ignored)."""
+    return max(map(len, markers), default=0), frozenset(m[0] for m in markers if m)
 
 
 def scan_tags(text: str, start: int, tags: tuple[str, ...], final: bool) -> tuple[int, str | None]:
@@ -128,7 +147,7 @@ def scan_tags(text: str, start: int, tags: tuple[str, ...], final: bool) -> tupl
         return best, found
     if final:
         return len(text), None
-    return len(text) - partial_tag_len(text, start, tags), None
+    return len(text) - held_back_len(text, tags, start), None
 
 
 class TagParserBase:

@@ -27,7 +27,7 @@ import re
 
 from loguru import logger
 
-from metrale_core.streamparse import CompletedCall, ParsedDelta
+from metrale_core.streamparse import CompletedCall, ParsedDelta, held_back_len
 
 __all__ = ["ARGS", "TOOL_CALLS", "MistralToolParser", "ObjectScanner"]
 
@@ -36,14 +36,6 @@ ARGS = "[ARGS]"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _MAX_NAME = 128
 _WS = " \t\r\n"
-
-
-def _held_back(text: str, tag: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
 
 
 class ObjectScanner:
@@ -180,7 +172,7 @@ class MistralToolParser:
     def _st_out(self, final: bool) -> bool:
         i = self._buf.find(TOOL_CALLS)
         if i < 0:
-            end = len(self._buf) - (0 if final else _held_back(self._buf, TOOL_CALLS))
+            end = len(self._buf) - (0 if final else held_back_len(self._buf, TOOL_CALLS))
             self._content(self._buf[:end])
             self._buf = self._buf[end:]
             return False
@@ -195,7 +187,7 @@ class MistralToolParser:
 
     def _st_name(self, final: bool) -> bool:
         i = self._buf.find(ARGS)
-        keep = 0 if i >= 0 or final else _held_back(self._buf, ARGS)
+        keep = 0 if i >= 0 or final else held_back_len(self._buf, ARGS)
         text = self._buf[:i] if i >= 0 else self._buf[:len(self._buf) - keep]
         name = (self._name_text + text).strip()
         if name and (len(name) > _MAX_NAME or not _NAME.fullmatch(name)):
@@ -264,7 +256,7 @@ class MistralToolParser:
         if not consumed:  # the rest of this call runs to the next [TOOL_CALLS]
             i = self._buf.find(TOOL_CALLS)
             if i < 0 and not self._finished:
-                i = len(self._buf) - _held_back(self._buf, TOOL_CALLS)
+                i = len(self._buf) - held_back_len(self._buf, TOOL_CALLS)
             self._take_raw(len(self._buf) if i < 0 else i)
         self._fallback(why)
         return True
