@@ -1,11 +1,15 @@
 """CuPy access for kernels: lazy import, cached ``RawModule`` loading, launch argument helpers.
 
 Owner: ``metrale_core.kernels``.  Kernel sources are ``.cu`` files shipped as package data of the
-package that owns the op (``load_raw_module("metrale_qwen3", "rmsnorm.cu")``).
+package that owns the op (``load_raw_module("metrale_qwen3", "rmsnorm.cu")``).  Device headers
+shared by every plugin (``metrale_bf16.cuh``) live in :data:`CORE_INCLUDE_DIR`.
 
 Invariants:
 - CuPy is imported only when a CUDA path is actually built; importing this module never needs it.
 - A given (package, file, options) triple is compiled once per process (``functools.cache``).
+- A quoted include (``#include "x.cuh"``) resolves beside the including file first, then in each
+  of :data:`KERNEL_INCLUDE_DIRS` in order -- the order nvcc uses for ``compile_ptx``'s ``-I``, so
+  NVRTC and the PTX tests compile the same headers.  Each header is inlined once per source.
 - Kernels receive raw device pointers (``ptr(t)``) and explicit 32-bit / float32 scalars, and run
   on torch's current CUDA stream so they order correctly with torch ops.
 """
@@ -23,8 +27,13 @@ import torch
 
 from metrale_core.errors import ConfigError
 
-__all__ = ["cupy_unavailable_reason", "expand_includes", "f32", "i32", "i64", "kernel_path", "load_raw_module",
-           "ptr", "torch_stream"]
+__all__ = ["CORE_INCLUDE_DIR", "KERNEL_INCLUDE_DIRS", "cupy_unavailable_reason", "expand_includes", "f32",
+           "i32", "i64", "kernel_path", "load_raw_module", "ptr", "torch_stream"]
+
+#: The core's shared device headers (package data of ``metrale_core``).
+CORE_INCLUDE_DIR = Path(__file__).resolve().parent / "include"
+#: Where a quoted include not found beside its includer is looked up, in order.
+KERNEL_INCLUDE_DIRS: tuple[Path, ...] = (CORE_INCLUDE_DIR,)
 
 
 @functools.cache
@@ -55,18 +64,30 @@ def kernel_path(package: str, filename: str) -> Path:
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 
-def expand_includes(path: Path, _seen: set[Path] | None = None) -> str:
-    """``path``'s text with its quoted includes inlined (each header once, like ``#pragma once``)."""
+def _find_include(path: Path, name: str, include_dirs: Sequence[Path]) -> Path:
+    for folder in (path.parent, *include_dirs):
+        candidate = folder / name
+        if candidate.is_file():
+            return candidate.resolve()
+    places = ", ".join(str(d) for d in include_dirs)
+    raise ConfigError(f"{path}: included file {name!r} not found beside it"
+                      + (f" nor in {places}" if places else ""))
+
+
+def expand_includes(path: Path, include_dirs: Sequence[Path] = KERNEL_INCLUDE_DIRS,
+                    _seen: set[Path] | None = None) -> str:
+    """``path``'s text with its quoted includes inlined (each header once, like ``#pragma once``).
+
+    A header is looked up beside the file that includes it, then in ``include_dirs`` in order.
+    """
     seen = set() if _seen is None else _seen
     seen.add(path.resolve())
 
     def inline(match: re.Match) -> str:
-        header = (path.parent / match.group(1)).resolve()
-        if not header.is_file():
-            raise ConfigError(f"{path}: included file {match.group(1)!r} not found beside it")
+        header = _find_include(path, match.group(1), include_dirs)
         if header in seen:
             return ""
-        return expand_includes(header, seen)
+        return expand_includes(header, include_dirs, seen)
 
     return _INCLUDE.sub(inline, path.read_text(encoding="utf-8"))
 
@@ -74,8 +95,9 @@ def expand_includes(path: Path, _seen: set[Path] | None = None) -> str:
 def load_raw_module(package: str, filename: str, options: Sequence[str] = ()) -> Any:
     """Compile ``<package>/kernels/<filename>`` with NVRTC into a ``cupy.RawModule`` (cached).
 
-    Quoted includes (``#include "common.cuh"``) are resolved beside the source and inlined, so
-    CuPy's on-disk kernel cache, keyed by the source text, sees every header change.
+    Quoted includes (``#include "common.cuh"``) are resolved beside the source, then in
+    :data:`KERNEL_INCLUDE_DIRS`, and inlined, so CuPy's on-disk kernel cache, keyed by the source
+    text, sees every header change.
     """
     return _load_raw_module(package, filename, tuple(options))
 

@@ -4,6 +4,8 @@ Owner: ``metrale_core.kernels``; used by every plugin's kernel-compile test.
 
 Invariants:
 - ``find_cu_files`` returns sorted absolute paths, so test ids are stable.
+- ``compile_ptx`` passes ``-I`` for each of ``KERNEL_INCLUDE_DIRS``, so a raw ``.cu`` file finds
+  the core's shared headers exactly where ``expand_includes`` (the NVRTC path) finds them.
 - ``compile_ptx`` either returns the path of the written ``.ptx`` file or raises
   :class:`KernelCompileError` carrying nvcc's stderr; it never reports success on a failed build.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from attrs import frozen
 
 from metrale_core.errors import ConfigError, MetraleError
+from metrale_core.kernels.cuda import KERNEL_INCLUDE_DIRS, expand_includes, kernel_path
 
 __all__ = ["KernelCompileError", "RuntimeBuild", "compile_ptx", "compile_runtime_source",
            "find_cu_files", "nvcc_path", "ptx_entries"]
@@ -55,7 +58,9 @@ def find_cu_files(package_or_root: str | Path) -> list[Path]:
 
 def compile_ptx(cu_path: str | Path, out_dir: str | Path, arch: str = "sm_90",
                 options: tuple[str, ...] = ()) -> Path:
-    """Compile ``cu_path`` to ``out_dir/<stem>.ptx`` with ``nvcc --ptx``; return the PTX path."""
+    """Compile ``cu_path`` to ``out_dir/<stem>.ptx`` with ``nvcc --ptx``; return the PTX path.
+
+    Quoted includes resolve beside ``cu_path``, then in ``KERNEL_INCLUDE_DIRS`` (``-I``)."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise ConfigError("nvcc is not on PATH; install the CUDA toolkit to compile kernels")
@@ -63,7 +68,8 @@ def compile_ptx(cu_path: str | Path, out_dir: str | Path, arch: str = "sm_90",
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     target = out / f"{cu.stem}.ptx"
-    cmd = [nvcc, "--ptx", f"-arch={arch}", "-std=c++17", *options, "-o", str(target), str(cu)]
+    includes = [f"-I{d}" for d in KERNEL_INCLUDE_DIRS]
+    cmd = [nvcc, "--ptx", f"-arch={arch}", "-std=c++17", *includes, *options, "-o", str(target), str(cu)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not target.is_file():
         raise KernelCompileError(
@@ -95,8 +101,6 @@ def compile_runtime_source(package: str, filename: str, out_dir: str | Path, arc
                            options: tuple[str, ...] = ("-Werror", "all-warnings")) -> RuntimeBuild:
     """Compile exactly what NVRTC gets at run time: ``package``'s kernel ``filename`` with its
     quoted includes inlined (as ``load_raw_module`` does), warning-free by default."""
-    from metrale_core.kernels.cuda import expand_includes, kernel_path
-
     source = expand_includes(kernel_path(package, filename))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

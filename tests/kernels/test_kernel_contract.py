@@ -23,6 +23,7 @@ from metrale_core.kernels import (
     nvcc_path,
     select_path,
 )
+from metrale_core.kernels.cuda import CORE_INCLUDE_DIR, KERNEL_INCLUDE_DIRS, expand_includes
 
 
 class AddOne(CustomOp):
@@ -121,3 +122,45 @@ def test_compile_ptx_builds_and_reports_nvcc_errors(tmp_path):
     bad.write_text('extern "C" __global__ void broken(float* x) { x[0] = undefined_name; }\n')
     with pytest.raises(KernelCompileError, match="undefined_name"):
         compile_ptx(bad, tmp_path / "out")
+
+
+def _two_headers_sharing_the_core_one(root):
+    """A kernel including two plugin headers that both include the core's metrale_bf16.cuh."""
+    (root / "a.cuh").write_text('#ifndef A_CUH\n#define A_CUH\n#include "metrale_bf16.cuh"\n'
+                                "__device__ float twice(float x) { return 2.0f * x; }\n#endif\n")
+    (root / "b.cuh").write_text('#ifndef B_CUH\n#define B_CUH\n#include "metrale_bf16.cuh"\n'
+                                "__device__ float thrice(float x) { return 3.0f * x; }\n#endif\n")
+    cu = root / "k.cu"
+    cu.write_text('#include "a.cuh"\n#include "b.cuh"\n'
+                  'extern "C" __global__ void k_bf16(bf16* x) {\n'
+                  "  x[0] = from_float<bf16>(thrice(twice(to_float(x[0])))); }\n")
+    return cu
+
+
+def test_expand_includes_finds_core_headers_and_inlines_each_once(tmp_path):
+    assert KERNEL_INCLUDE_DIRS[0] == CORE_INCLUDE_DIR
+    assert (CORE_INCLUDE_DIR / "metrale_bf16.cuh").is_file()
+    source = expand_includes(_two_headers_sharing_the_core_one(tmp_path))
+    assert "#include" not in source
+    assert source.count("struct bf16 {") == 1 and source.count("from_float<bf16>(float x)") == 1
+    assert source.index("struct bf16 {") < source.index("twice") < source.index("thrice")
+    # Beside the including file wins over the core's include folder.
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "metrale_bf16.cuh").write_text("// local copy\n")
+    (tmp_path / "local" / "k.cu").write_text('#include "metrale_bf16.cuh"\n')
+    assert expand_includes(tmp_path / "local" / "k.cu") == "// local copy\n"
+    (tmp_path / "missing.cu").write_text('#include "nowhere.cuh"\n')
+    with pytest.raises(ConfigError, match=r"'nowhere.cuh' not found beside it nor in .*include"):
+        expand_includes(tmp_path / "missing.cu")
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
+def test_nvcc_on_the_raw_source_and_on_the_inlined_one_agree(tmp_path):
+    """compile_ptx's -I finds the core header as expand_includes does; the guards keep one copy."""
+    cu = _two_headers_sharing_the_core_one(tmp_path)
+    raw = compile_ptx(cu, tmp_path / "raw").read_text()
+    flat = tmp_path / "flat" / "k.cu"
+    flat.parent.mkdir()
+    flat.write_text(expand_includes(cu))
+    inlined = compile_ptx(flat, tmp_path / "inlined").read_text()
+    assert ".entry k_bf16" in raw and raw == inlined

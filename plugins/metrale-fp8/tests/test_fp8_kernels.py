@@ -24,6 +24,7 @@ def test_kernel_compiles_with_inlined_headers(name, tmp_path):
     """What NVRTC gets at run time (quoted includes inlined) builds warning-free for sm_90."""
     build = compile_runtime_source("metrale_fp8", name, tmp_path)
     assert "#include" not in build.source
+    assert build.source.count("struct bf16 {") == 1  # the core's metrale_bf16.cuh, once
     assert {f"{KERNELS[name]}_f32", f"{KERNELS[name]}_bf16"} <= set(build.entries)
 
 

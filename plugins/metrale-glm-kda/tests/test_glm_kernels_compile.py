@@ -25,5 +25,6 @@ def test_plugin_ships_its_kernels():
 def test_kernel_compiles_with_inlined_headers(name, tmp_path):
     build = compile_runtime_source("metrale_glm_kda", name, tmp_path)
     assert "#include" not in build.source
+    assert build.source.count("struct bf16 {") == 1  # the core's metrale_bf16.cuh, once
     assert ".target sm_90" in build.ptx
     assert set(KERNELS[name]) <= set(build.entries)

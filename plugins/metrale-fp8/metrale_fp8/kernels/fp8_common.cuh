@@ -2,32 +2,12 @@
 //
 // Owner: metrale_fp8/kernels.  Invariants: E4M3FN is encoded in software exactly as
 // cvt.rn.satfinite.e4m3 does (round-to-nearest-even, saturate to +-448, NaN stays NaN) and as
-// metrale_fp8.e4m3.quantize does in torch; bf16 is carried as raw bits (round-to-nearest-even).
+// metrale_fp8.e4m3.quantize does in torch; bf16 (raw bits, round-to-nearest-even) comes from the
+// core's metrale_bf16.cuh (metrale_core/kernels/include), never a copy here.
 #ifndef METRALE_FP8_COMMON_CUH
 #define METRALE_FP8_COMMON_CUH
 
-struct bf16 {
-    unsigned short bits;
-};
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(bf16 x) {
-    return __uint_as_float(((unsigned int)x.bits) << 16);
-}
-
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ bf16 from_float<bf16>(float x) {
-    unsigned int u = __float_as_uint(x);
-    bf16 out;
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        out.bits = 0x7fc0u;
-        return out;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    out.bits = (unsigned short)(u >> 16);
-    return out;
-}
+#include "metrale_bf16.cuh"
 
 #define FP8_E4M3_MAX 448.0f
 

@@ -1,33 +1,13 @@
 // Shared device helpers for the metrale_glm_kda kernels (no system headers, so NVRTC compiles it).
 //
-// Owner: metrale_glm_kda/kernels.  Invariants: bf16 is carried as raw bits and converted with
-// round-to-nearest-even (torch's rounding); every reduction accumulates in float32; block
-// reductions need blockDim.x to be a multiple of 32 and at most 1024.
+// Owner: metrale_glm_kda/kernels.  Invariants: bf16 and its round-to-nearest-even conversions
+// come from the core's metrale_bf16.cuh (metrale_core/kernels/include), never a copy here; every
+// reduction accumulates in float32; block reductions need blockDim.x to be a multiple of 32 and
+// at most 1024.
 #ifndef METRALE_GLM_COMMON_CUH
 #define METRALE_GLM_COMMON_CUH
 
-struct bf16 {
-    unsigned short bits;
-};
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(bf16 x) {
-    return __uint_as_float(((unsigned int)x.bits) << 16);
-}
-
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ bf16 from_float<bf16>(float x) {
-    unsigned int u = __float_as_uint(x);
-    bf16 out;
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        out.bits = 0x7fc0u;
-        return out;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    out.bits = (unsigned short)(u >> 16);
-    return out;
-}
+#include "metrale_bf16.cuh"
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 

@@ -1,33 +1,13 @@
 // Shared device helpers for the metrale_qwen3 kernels (no system headers, so NVRTC compiles it).
 //
-// Owner: metrale_qwen3/kernels.  Invariants: bf16 is carried as raw bits and converted with
-// round-to-nearest-even (the rounding torch uses); every reduction accumulates in float32;
-// block_sum needs blockDim.x to be a multiple of 32 and at most 1024.
+// Owner: metrale_qwen3/kernels.  Invariants: bf16 and its round-to-nearest-even conversions come
+// from the core's metrale_bf16.cuh (metrale_core/kernels/include), never a copy here; every
+// reduction accumulates in float32; block_sum needs blockDim.x to be a multiple of 32 and at
+// most 1024.
 #ifndef METRALE_QWEN3_COMMON_CUH
 #define METRALE_QWEN3_COMMON_CUH
 
-struct bf16 {
-    unsigned short bits;
-};
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(bf16 x) {
-    return __uint_as_float(((unsigned int)x.bits) << 16);
-}
-
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ bf16 from_float<bf16>(float x) {
-    unsigned int u = __float_as_uint(x);
-    bf16 out;
-    if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays a (quiet) NaN
-        out.bits = 0x7fc0u;
-        return out;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    out.bits = (unsigned short)(u >> 16);
-    return out;
-}
+#include "metrale_bf16.cuh"
 
 // Round through T: the value an op computing in T would hold.
 template <typename T> __device__ __forceinline__ float round_to(float x) {
