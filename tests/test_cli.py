@@ -104,3 +104,30 @@ def test_weight_format_flag_reaches_the_loader(fmt):
 def test_bad_weight_format_is_an_argparse_error():
     proc = met("generate", "--weight-format", "int3", "hi")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def test_threads_flag_sets_torch_threads_for_every_thread():
+    import argparse
+    import threading
+
+    import torch
+
+    from metrale_core.cli.flags import add_engine_flags, load_options_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    before = torch.get_num_threads()
+    try:
+        options = load_options_from_args(parser.parse_args(["--threads", "1", "--weight-format", "int4"]))
+        assert options.weight_format == "int4"
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        worker.start()
+        worker.join()
+        assert torch.get_num_threads() == 1 and seen == [1]  # the engine thread gets it too
+    finally:
+        torch.set_num_threads(before)
+    assert load_options_from_args(parser.parse_args([])).weight_format is None
+    assert torch.get_num_threads() == before  # no flag, no change
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--threads", "0"])

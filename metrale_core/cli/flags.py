@@ -55,9 +55,12 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
                        help="activation and weight dtype (default: float32)")
     model.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     model.add_argument("--weight-format", choices=("exact", "bf16", "int8", "int4"), default=None,
-                       help="how linear weights are kept: exact (dequantized, the default; "
-                            "reproduces the reference outputs) or a faster lossy format "
+                       help="how linear weights are kept on CPU: exact (dequantized, the default; "
+                            "reproduces the reference outputs), or bf16 / int8 / int4, faster and "
+                            "lossy (measured in docs/user-guide.md) "
                             "(default: $METRALE_WEIGHT_FORMAT or exact)")
+    model.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                       help="CPU threads for torch's kernels (default: torch's choice, one per core)")
 
     group = parser.add_argument_group("engine")
     group.add_argument("--kv-cache-memory", type=parse_size, default=parse_size("512M"),
@@ -113,7 +116,12 @@ def engine_config_from_args(args: argparse.Namespace):
 
 
 def load_options_from_args(args: argparse.Namespace):
-    """Build the :class:`LoadOptions` the flags describe."""
+    """Build the :class:`LoadOptions` the flags describe; applies ``--threads`` (process-wide, so
+    it holds for the engine thread too)."""
     from metrale_core.components import LoadOptions
 
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
     return LoadOptions(dtype=args.dtype, device=args.device, weight_format=args.weight_format)

@@ -51,7 +51,7 @@ from attrs import frozen
 
 from metrale_core.errors import ConfigError, ShapeMismatch
 
-__all__ = ["WEIGHT_FORMATS", "WEIGHT_FORMAT_ENV", "CastLinear", "DenseLinear", "Int4Linear",
+__all__ = ["WEIGHT_FORMATS", "WEIGHT_FORMAT_ENV", "DenseLinear", "Int4Linear",
            "Int8Linear", "Linear", "build_linear", "int4_from_gguf", "quantize_int8",
            "resolve_weight_format"]
 
@@ -91,7 +91,8 @@ def _add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 
 @frozen
 class DenseLinear:
-    """The ``exact`` format: a dense matrix in the model dtype."""
+    """A dense matrix: in the model dtype for ``exact`` (plain ``F.linear``), in bfloat16 for
+    ``bf16`` (activations of another dtype are cast to it and the result back)."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
@@ -101,21 +102,8 @@ class DenseLinear:
         return int(self.weight.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
-@frozen
-class CastLinear:
-    """A dense matrix in a narrower dtype; activations are cast to it and the result back."""
-
-    weight: torch.Tensor
-    bias: torch.Tensor | None = None
-
-    @property
-    def out_features(self) -> int:
-        return int(self.weight.shape[0])
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype:
+            return F.linear(x, self.weight, self.bias)
         return _add_bias(F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype), self.bias)
 
 
@@ -272,7 +260,7 @@ def build_linear(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, i
     if fmt == "exact":
         return DenseLinear(dense, bias)
     if fmt == "bf16":
-        return CastLinear(dense.to(torch.bfloat16).contiguous(), bias)
+        return DenseLinear(dense.to(torch.bfloat16).contiguous(), bias)
     if int4:
         return int4_from_gguf([store.get_raw(n) for n in names], bias, dense)
     return quantize_int8(dense, bias, batch_copy=True)
