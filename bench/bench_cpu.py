@@ -7,7 +7,11 @@ against ``met serve`` and llama-cpp-python's OpenAI server).  Not a test: run by
 
 llama-cpp-python is never a dependency of the project: install it in a separate environment
 (``python -m venv .venv-bench && .venv-bench/bin/pip install 'llama-cpp-python[server]'``) and
-point ``--llama-python`` at that interpreter.
+point ``--llama-python`` at that interpreter.  For the N-stream HTTP figure the fair baseline is
+llama.cpp's own ``llama-server`` with N parallel slots (llama-cpp-python's server runs one request
+at a time): build it from the sources vendored in the llama-cpp-python sdist
+(``cmake -B build -DLLAMA_BUILD_SERVER=ON && cmake --build build --target llama-server``) and pass
+``--llama-server PATH`` (default: ``.venv-bench/bin/llama-server`` when present).
 
     python bench/bench_cpu.py [--formats exact,int4] [--threads 2] [--http] [--no-hf] [--no-llama]
 
@@ -159,8 +163,13 @@ def _metrale_http(fmt: str, dtype: str, path: Path, prompt: str, args) -> float:
 
 def _llama_http(path: Path, prompt: str, args) -> float:
     port = _free_port()
-    cmd = [args.llama_python, "-m", "llama_cpp.server", "--model", str(path), "--n_threads",
-           str(args.threads), "--n_ctx", "4096", "--port", str(port), "--host", "127.0.0.1"]
+    if args.llama_server and Path(args.llama_server).exists():  # llama.cpp, N parallel slots
+        cmd = [args.llama_server, "-m", str(path), "-t", str(args.threads), "-tb", str(args.threads),
+               "-np", str(args.streams), "-c", str(1024 * args.streams), "--port", str(port),
+               "--host", "127.0.0.1"]
+    else:  # llama-cpp-python's server: one request at a time
+        cmd = [args.llama_python, "-m", "llama_cpp.server", "--model", str(path), "--n_threads",
+               str(args.threads), "--n_ctx", "4096", "--port", str(port), "--host", "127.0.0.1"]
     proc = _serve(cmd, dict(os.environ), port)
     try:
         return _http_aggregate(port, None, prompt, args.streams, args.decode_tokens)
@@ -192,6 +201,8 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--llama-python", default=str(REPO / ".venv-bench" / "bin" / "python"))
+    ap.add_argument("--llama-server", default=str(REPO / ".venv-bench" / "bin" / "llama-server"),
+                    help="llama.cpp's llama-server binary for the N-stream HTTP baseline")
     args = ap.parse_args()
 
     import torch
@@ -221,6 +232,8 @@ def main() -> None:
         rows["llama-cpp-python"] = _llama(path, short, long_ids, args)
         rows["llama-cpp-python"]["decodeN"] = (_llama_http(path, PROMPT, args) if args.http
                                                else float("nan"))
+        if args.http and Path(args.llama_server).exists():
+            print(f"(llama decode{args.streams} is llama-server with {args.streams} parallel slots)")
 
     where = "over HTTP" if args.http else "in-process"
     print(f"{path.name}, {args.threads} threads, greedy, {args.decode_tokens} new tokens, "
