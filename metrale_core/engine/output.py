@@ -32,6 +32,7 @@ from loguru import logger
 
 from metrale_core.engine.request import Sequence
 from metrale_core.engine.scheduler import Scheduler, SchedulerOutput
+from metrale_core.streamparse.base import held_back_len
 
 __all__ = ["OutputProcessor", "RequestOutput"]
 
@@ -58,17 +59,6 @@ class RequestOutput:
     #: The ``ParsedDelta`` pieces of ``text_delta`` when the request has a ``stream_parser`` extra
     #: (``metrale_core.streamparse``); the final delta includes what ``finish()`` flushed.
     parsed: tuple = ()
-
-
-def _held_back(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-    best = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:k]):
-                best = k
-                break
-    return best
 
 
 def _parse(seq: Sequence, delta: str, finished: bool) -> tuple:
@@ -214,7 +204,7 @@ class OutputProcessor:
         finished = seq.is_finished
         end = len(seq.text)
         if not finished and seq.params.stop:
-            end -= _held_back(seq.text, seq.params.stop)
+            end -= held_back_len(seq.text, seq.params.stop)
         end = max(end, seq.num_text_emitted)
         delta = seq.text[seq.num_text_emitted:end]
         seq.num_text_emitted = end
