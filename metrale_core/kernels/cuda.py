@@ -2,7 +2,8 @@
 
 Owner: ``metrale_core.kernels``.  Kernel sources are ``.cu`` files shipped as package data of the
 package that owns the op (``load_raw_module("metrale_qwen3", "rmsnorm.cu")``).  Device headers
-shared by every plugin (``metrale_bf16.cuh``) live in :data:`CORE_INCLUDE_DIR`.
+shared by every plugin (``metrale_bf16.cuh``, ``metrale_reduce.cuh``) live in
+:data:`CORE_INCLUDE_DIR`.
 
 Invariants:
 - CuPy is imported only when a CUDA path is actually built; importing this module never needs it.

@@ -25,6 +25,8 @@ def test_kernel_compiles_with_inlined_headers(name, tmp_path):
     build = compile_runtime_source("metrale_fp8", name, tmp_path)
     assert "#include" not in build.source
     assert build.source.count("struct bf16 {") == 1  # the core's metrale_bf16.cuh, once
+    assert build.source.count("float neg_inf() {") == 1  # the core's metrale_reduce.cuh, once
+    assert build.source.count("float warp_sum(float v) {") == 1
     assert {f"{KERNELS[name]}_f32", f"{KERNELS[name]}_bf16"} <= set(build.entries)
 
 

@@ -49,4 +49,7 @@ def test_runtime_source_with_inlined_headers_compiles(name, tmp_path):
     """What NVRTC gets at run time (``load_raw_module`` inlines quoted includes) builds too."""
     build = compile_runtime_source("metrale_qwen3", name, tmp_path)
     assert "#include" not in build.source and build.source.count("struct bf16 {") == 1
+    # The core's metrale_reduce.cuh, once.
+    assert build.source.count("float neg_inf() {") == 1
+    assert build.source.count("float warp_sum(float v) {") == 1
     assert f"{OWN_KERNELS[name]}_bf16" in build.entries

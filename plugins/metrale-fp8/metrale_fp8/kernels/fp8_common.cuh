@@ -3,11 +3,13 @@
 // Owner: metrale_fp8/kernels.  Invariants: E4M3FN is encoded in software exactly as
 // cvt.rn.satfinite.e4m3 does (round-to-nearest-even, saturate to +-448, NaN stays NaN) and as
 // metrale_fp8.e4m3.quantize does in torch; bf16 (raw bits, round-to-nearest-even) comes from the
-// core's metrale_bf16.cuh (metrale_core/kernels/include), never a copy here.
+// core's metrale_bf16.cuh, and neg_inf / warp_sum from the core's metrale_reduce.cuh (both in
+// metrale_core/kernels/include), never a copy here.
 #ifndef METRALE_FP8_COMMON_CUH
 #define METRALE_FP8_COMMON_CUH
 
 #include "metrale_bf16.cuh"
+#include "metrale_reduce.cuh"
 
 #define FP8_E4M3_MAX 448.0f
 
@@ -36,13 +38,6 @@ __device__ __forceinline__ float e4m3_to_float(unsigned char b) {
     if (e == 15u && m == 7u) return __uint_as_float(0x7fc00000u | sign);
     const float mag = e == 0u ? (float)m * 0.001953125f : __uint_as_float(((e + 120u) << 23) | (m << 20));
     return sign ? -mag : mag;
-}
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
 }
 
 #endif  // METRALE_FP8_COMMON_CUH

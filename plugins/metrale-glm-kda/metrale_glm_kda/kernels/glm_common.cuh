@@ -1,20 +1,15 @@
 // Shared device helpers for the metrale_glm_kda kernels (no system headers, so NVRTC compiles it).
 //
 // Owner: metrale_glm_kda/kernels.  Invariants: bf16 and its round-to-nearest-even conversions
-// come from the core's metrale_bf16.cuh (metrale_core/kernels/include), never a copy here; every
-// reduction accumulates in float32; block reductions need blockDim.x to be a multiple of 32 and
-// at most 1024.
+// come from the core's metrale_bf16.cuh, and neg_inf / warp_sum from the core's
+// metrale_reduce.cuh (both in metrale_core/kernels/include), never a copy here; every reduction
+// accumulates in float32; block reductions need blockDim.x to be a multiple of 32 and at most
+// 1024.
 #ifndef METRALE_GLM_COMMON_CUH
 #define METRALE_GLM_COMMON_CUH
 
 #include "metrale_bf16.cuh"
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
+#include "metrale_reduce.cuh"
 
 // Sum of v over the block; every thread gets the total.  `slot` picks one of two scratch areas
 // so two sums may run back to back without an extra barrier.

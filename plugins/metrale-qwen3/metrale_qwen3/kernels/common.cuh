@@ -1,24 +1,18 @@
 // Shared device helpers for the metrale_qwen3 kernels (no system headers, so NVRTC compiles it).
 //
 // Owner: metrale_qwen3/kernels.  Invariants: bf16 and its round-to-nearest-even conversions come
-// from the core's metrale_bf16.cuh (metrale_core/kernels/include), never a copy here; every
-// reduction accumulates in float32; block_sum needs blockDim.x to be a multiple of 32 and at
-// most 1024.
+// from the core's metrale_bf16.cuh, and neg_inf / warp_sum from the core's metrale_reduce.cuh
+// (both in metrale_core/kernels/include), never a copy here; every reduction accumulates in
+// float32; block_sum needs blockDim.x to be a multiple of 32 and at most 1024.
 #ifndef METRALE_QWEN3_COMMON_CUH
 #define METRALE_QWEN3_COMMON_CUH
 
 #include "metrale_bf16.cuh"
+#include "metrale_reduce.cuh"
 
 // Round through T: the value an op computing in T would hold.
 template <typename T> __device__ __forceinline__ float round_to(float x) {
     return to_float(from_float<T>(x));
-}
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
 }
 
 // Sum of v over the block; every thread gets the total.
