@@ -9,14 +9,27 @@ Invariants:
   dashboard owns); :func:`dashboard_logging` restores the stderr sink afterwards.
 - :func:`follow_host` maps the server's ``EngineHost`` state (loading / ready / failed /
   stopping) onto :class:`ServerStatus` on every dashboard poll; it only reads the host.
-- :func:`run_dashboard` returns after the user quit (the server's stop callback already ran)
-  or after the server stopped on its own (the app exits when ``server_alive()`` turns False).
+- :func:`run_dashboard` returns after the user quit or a stop signal arrived (the server's stop
+  callback already ran) or after the server stopped on its own (the app exits when
+  ``server_alive()`` turns False).
+- While :func:`serve_with_dashboard` runs (in the main thread), SIGTERM does what quitting
+  does: the handler only records the signal (:class:`StopSignals`, one assignment, so it is
+  safe wherever the main thread is interrupted); the dashboard's next poll calls
+  :meth:`ServerStatus.request_stop` and exits, uvicorn stops gracefully (in-flight requests get
+  the grace period), the engine stops, the terminal is restored and the call returns 0.  A
+  repeated signal while the server stops changes nothing.  The previous handlers are put back
+  when the call returns; off the main thread no handler is installed.
+- SIGHUP keeps its default (the process ends at once): on a real hang-up the kernel also sends
+  SIGCONT, Textual's handler for it "resumes" onto the dead terminal and its shutdown then
+  blocks on output forever, so a graceful SIGHUP would leave the process hanging.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, TextIO
 
@@ -25,11 +38,15 @@ from loguru import logger
 from metrale_core.tui.logring import LogRing
 from metrale_core.tui.status import ServerStatus
 
-__all__ = ["PHASES", "dashboard_logging", "follow_host", "observe_loader", "run_dashboard",
-           "serve_with_dashboard", "use_dashboard"]
+__all__ = ["PHASES", "STOP_SIGNALS", "StopSignals", "dashboard_logging", "follow_host",
+           "observe_loader", "run_dashboard", "serve_with_dashboard", "stop_on_signals",
+           "use_dashboard", "watch_stop"]
 
 #: The start-up checklist of ``met serve``.
 PHASES = ("HTTP server", "load model", "start engine")
+
+#: Signals that stop ``met serve`` the way quitting the dashboard does (not SIGHUP: see above).
+STOP_SIGNALS = (signal.SIGTERM,)
 
 _HOST_STATES = {"loading": "loading", "ready": "serving", "failed": "failed",
                 "stopping": "stopping"}
@@ -97,17 +114,62 @@ def follow_host(status: ServerStatus, host: Any) -> None:
     status.add_poll_hook(sync)
 
 
+class StopSignals:
+    """The stop signal received so far; its handler does nothing but record the first one."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def handle(self, signum: int, frame: Any = None) -> None:
+        # Runs in the main thread wherever it was interrupted (maybe inside a lock it holds):
+        # one assignment, nothing else; the dashboard's poll acts on it.
+        if self.received is None:
+            self.received = signum
+
+
+@contextmanager
+def stop_on_signals(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[StopSignals]:
+    """Record ``signals`` in a :class:`StopSignals` for the duration (main thread only; else
+    nothing is installed), then put the previous handlers back."""
+    stop = StopSignals()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {}
+    try:
+        for sig in signals:
+            previous[sig] = signal.signal(sig, stop.handle)
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def watch_stop(app: Any, status: ServerStatus, server_alive: Callable[[], bool] | None = None,
+               signals: StopSignals | None = None) -> None:
+    """On every poll: quit ``app`` as its quit key does once a stop signal arrived, or just exit
+    it once the server stopped on its own."""
+
+    def watch(s: ServerStatus) -> None:
+        if signals is not None and signals.received is not None:
+            if not s.stop_requested:
+                logger.info("{}: stopping the server", signal.Signals(signals.received).name)
+            app.action_quit_server()
+        elif server_alive is not None and not server_alive():
+            app.exit()
+
+    status.add_poll_hook(watch)
+
+
 def run_dashboard(status: ServerStatus, logs: LogRing,
-                  server_alive: Callable[[], bool] | None = None, refresh_s: float = 0.5) -> None:
-    """Run the dashboard in this (the main) thread until the user quits or the server stops."""
+                  server_alive: Callable[[], bool] | None = None, refresh_s: float = 0.5,
+                  signals: StopSignals | None = None) -> None:
+    """Run the dashboard in this (the main) thread until the user quits, a stop signal arrives
+    (``signals``) or the server stops."""
     from metrale_core.tui.app import MetraleApp
 
     app = MetraleApp(status, logs, refresh_s=refresh_s)
-    if server_alive is not None:
-        def watch(s: ServerStatus) -> None:
-            if not server_alive():
-                app.exit()
-        status.add_poll_hook(watch)
+    watch_stop(app, status, server_alive, signals)
     app.run()
 
 
@@ -132,15 +194,16 @@ def serve_with_dashboard(app: Any, status: ServerStatus, *, host: str, port: int
                          refresh_s: float = 0.5) -> int:
     """Serve ``app`` (the server's ASGI app) on a thread with the dashboard in this thread.
 
-    Quitting the dashboard stops uvicorn gracefully (in-flight requests get ``grace_s``), whose
-    lifespan then stops the engine; the call returns once the server thread has ended.
+    Quitting the dashboard or SIGTERM stop uvicorn gracefully (in-flight requests get
+    ``grace_s``), whose lifespan then stops the engine; the call returns once the server thread
+    has ended.
     """
     from metrale_core.server import serve_in_thread
 
     logs = LogRing()
     if not status.phases:
         status.plan_phases(*PHASES)
-    with dashboard_logging(logs, log_level):
+    with stop_on_signals() as signals, dashboard_logging(logs, log_level):
         with status.phase("HTTP server"):
             server = serve_in_thread(app, host=host, port=port, grace_s=grace_s)
         status.listen = f"{host}:{server.port}"
@@ -149,7 +212,8 @@ def serve_with_dashboard(app: Any, status: ServerStatus, *, host: str, port: int
         follow_host(status, app.state.host)
         status.on_stop(lambda: setattr(server.server, "should_exit", True))
         try:
-            run_dashboard(status, logs, server_alive=server.thread.is_alive, refresh_s=refresh_s)
+            run_dashboard(status, logs, server_alive=server.thread.is_alive, refresh_s=refresh_s,
+                          signals=signals)
         finally:
             status.request_stop()
             server.stop(timeout=grace_s + 30)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+import signal
+import threading
 import types
 
 import pytest
 
 from metrale_core.tui import fmt
-from metrale_core.tui.launch import follow_host, use_dashboard
+from metrale_core.tui.launch import (STOP_SIGNALS, StopSignals, follow_host, stop_on_signals,
+                                     use_dashboard, watch_stop)
 from metrale_core.tui.logring import LogRing
 from metrale_core.tui.status import ServerStatus
 
@@ -103,3 +107,81 @@ def test_formatting():
     assert fmt.histogram([0.01, 0.07, 3.0, 9.0]) == [
         ("<50ms", 1), ("<100ms", 1), ("<250ms", 0), ("<500ms", 0), ("<1s", 0), ("<2.5s", 0),
         ("≥2.5s", 2)]
+
+
+def test_sigterm_is_recorded_while_inside_and_the_old_handlers_come_back():
+    seen = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    hup = signal.getsignal(signal.SIGHUP)
+    try:
+        assert STOP_SIGNALS == (signal.SIGTERM,)
+        with stop_on_signals() as stop:
+            assert stop.received is None and signal.getsignal(signal.SIGHUP) is hup
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)  # a repeat changes nothing
+            assert stop.received == signal.SIGTERM and seen == []
+        signal.raise_signal(signal.SIGTERM)
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_no_handler_is_installed_off_the_main_thread():
+    found = []
+
+    def body():
+        with stop_on_signals() as stop:
+            found.append((stop, signal.getsignal(signal.SIGTERM)))
+
+    handler = signal.getsignal(signal.SIGTERM)
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    (stop, during), = found
+    assert isinstance(stop, StopSignals) and during is handler
+
+
+def test_watch_stop_quits_like_the_quit_key_on_a_signal_else_exits_when_the_server_ends():
+    calls = []
+    app = types.SimpleNamespace(action_quit_server=lambda: calls.append("quit"),
+                                exit=lambda: calls.append("exit"))
+    alive = [True]
+    stop = StopSignals()
+    status = ServerStatus(state="serving")
+    watch_stop(app, status, server_alive=lambda: alive[0], signals=stop)
+    status.poll()
+    assert calls == []
+    stop.handle(signal.SIGTERM)
+    status.poll()
+    assert calls == ["quit"]
+    calls.clear()
+    other = ServerStatus(state="serving")
+    watch_stop(app, other, server_alive=lambda: alive[0], signals=StopSignals())
+    alive[0] = False
+    other.poll()
+    assert calls == ["exit"]
+
+
+def test_sigterm_quits_the_running_dashboard_and_stops_the_server():
+    from metrale_core.tui.app import MetraleApp
+
+    stopped = []
+    status = ServerStatus(state="serving", listen="127.0.0.1:1")
+    status.on_stop(lambda: stopped.append(True))
+
+    async def scenario():
+        with stop_on_signals() as stop:
+            app = MetraleApp(status, refresh_s=0.05)
+            watch_stop(app, status, signals=stop)
+            async with app.run_test(size=(100, 30)) as pilot:
+                await pilot.pause(0.1)
+                assert not app._exit
+                signal.raise_signal(signal.SIGTERM)
+                deadline = asyncio.get_running_loop().time() + 5
+                while not app._exit:
+                    assert asyncio.get_running_loop().time() < deadline, "the app did not exit"
+                    await pilot.pause(0.05)
+        assert app.return_code == 0
+
+    asyncio.run(scenario())
+    assert stopped == [True] and status.state == "stopping"

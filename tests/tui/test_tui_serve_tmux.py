@@ -1,6 +1,7 @@
 """The dashboard in a real terminal (tmux) on the real SmolLM2: the pill turns SERVING, a chat
-round trip shows the answer, quitting stops the server; and the plain-log fallback when stdout
-is not a TTY.
+round trip shows the answer, quitting stops the server; SIGTERM stops it gracefully too (an
+in-flight stream finishes, exit 0, the terminal restored); and the plain-log fallback when
+stdout is not a TTY.
 
 Both run the real ``met serve`` command."""
 
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -43,8 +45,11 @@ def _wait_pane(session: str, needle: str, timeout: float) -> str:
         time.sleep(0.25)
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed "
-                    "(apt-get install -y tmux)")
+needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed "
+                                "(apt-get install -y tmux)")
+
+
+@needs_tmux
 def test_dashboard_in_tmux_serves_and_chats(tmp_path):
     session = f"metrale-tui-{uuid.uuid4().hex[:8]}"
     exit_file = tmp_path / "exit"
@@ -80,6 +85,80 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _pane_child(session: str) -> int:
+    """The pid of the command the pane's shell runs (``met serve``)."""
+    shell = _tmux("list-panes", "-t", session, "-F", "#{pane_pid}").split()[0]
+    children = subprocess.run(["ps", "-o", "pid=", "--ppid", shell], capture_output=True,
+                              text=True).stdout.split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+@needs_tmux
+def test_sigterm_stops_the_dashboard_gracefully(tmp_path):
+    grace = 10
+    session = f"metrale-tui-{uuid.uuid4().hex[:8]}"
+    exit_file = tmp_path / "exit"
+    port = _free_port()
+    # the pane stays (sleep) so that what the shell prints after met exits can be read
+    command = (f"cd {ROOT} && unset COLUMNS LINES && TERM=xterm-256color {MET} serve --model {SMOL} "
+               f"--port {port} --kv-cache-memory 64M --max-model-len 2048 "
+               f"--shutdown-grace {grace}; echo $? > {exit_file}; echo met-exited; sleep 60")
+    _tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "40", command)
+    try:
+        _wait_pane(session, "SERVING", timeout=120)
+        pid = _pane_child(session)
+        lines: list[str] = []
+        errors: list[BaseException] = []
+        ended: list[float] = []
+
+        def stream() -> None:
+            body = {"model": SMOL.stem, "messages": [{"role": "user", "content": "Count to 100."}],
+                    "max_tokens": 120, "ignore_eos": True, "stream": True}
+            try:
+                with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions",
+                                  json=body, timeout=60) as reply:
+                    assert reply.status_code == 200
+                    for line in reply.iter_lines():
+                        if line:
+                            lines.append(line)
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+            ended.append(time.monotonic())
+
+        thread = threading.Thread(target=stream, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while len(lines) < 4:  # the role chunk and a few tokens: the request is in flight
+            assert not errors and thread.is_alive(), (errors, lines)
+            assert time.monotonic() < deadline, "the stream never started"
+            time.sleep(0.01)
+        assert "data: [DONE]" not in lines
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        thread.join(grace + 15)
+        assert not thread.is_alive() and not errors, (errors, lines[-3:])
+        if lines[-1] != "data: [DONE]":  # only cut short once the grace period is over
+            assert ended[0] - killed >= grace - 1, lines[-3:]
+        else:
+            assert '"finish_reason":"length"' in lines[-2]
+
+        deadline = time.monotonic() + grace + 20
+        while not exit_file.exists():
+            assert time.monotonic() < deadline, "SIGTERM did not stop met serve"
+            time.sleep(0.2)
+        time.sleep(0.3)
+        assert exit_file.read_text().strip() == "0"
+        screen = _wait_pane(session, "met-exited", timeout=10)
+        history = _tmux("capture-pane", "-p", "-S", "-", "-t", session)
+        assert "Traceback" not in history and "Terminated" not in history, history
+        # the terminal is restored: off the alternate screen, M E T R A L E gone
+        assert _tmux("display-message", "-p", "-t", session, "#{alternate_on}").strip() == "0"
+        assert "M E T R A L E" not in screen
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
 
 def test_plain_logs_when_stdout_is_not_a_tty(tmp_path):
