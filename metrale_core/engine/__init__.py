@@ -16,6 +16,7 @@ from metrale_core.engine.output import OutputProcessor, RequestOutput
 from metrale_core.engine.request import Request, Sequence, SequenceStatus
 from metrale_core.engine.runner import ModelRunner
 from metrale_core.engine.scheduler import (
+    AdmissionStep,
     FcfsPolicy,
     ScheduledChunk,
     Scheduler,
@@ -25,6 +26,7 @@ from metrale_core.engine.scheduler import (
 from metrale_core.engine.state_slots import StateSlots
 
 __all__ = [
+    "AdmissionStep",
     "AsyncEngine",
     "BlockManager",
     "EngineConfig",

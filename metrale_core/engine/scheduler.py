@@ -16,7 +16,13 @@ One step, in order:
    tokens as its new prefill content.  A sequence alone in the pool that still cannot grow
    finishes with ``"error"`` (``KVCacheExhausted``).
 3. If nothing was preempted, admit waiting sequences in policy order (continuous batching)
-   while the budget, ``max_num_seqs``, the KV pool and the state slots allow.
+   while the budget, ``max_num_seqs``, the KV pool and the state slots allow (a policy whose
+   ``next_waiting`` takes ``step`` also sees what the step holds, an :class:`AdmissionStep`).
+   The policy may also end admission for this step by returning None from ``next_waiting`` (a hold-back;
+   running sequences are unaffected), exactly as if its choice did not fit.  Guard: a None
+   while nothing is running (so nothing was admitted this step either) would stall the
+   engine, so then the queue front is admitted instead (and the policy is asked again for
+   the next one).
 
 Invariants:
 - The plan lists decode rows first (running order), then prefill chunks (admission order).
@@ -24,10 +30,13 @@ Invariants:
   twice and no step is re-run.  A replayed history samples only at its last position, so
   generated tokens are never resampled.
 - The scheduler never touches tensors.
+- A hold-back (None) never stalls the engine: with nothing running, the queue front is
+  admitted instead, so an idle engine with waiting sequences always makes progress.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from typing import Any, Mapping, Protocol, Sequence as Seq
 
@@ -42,14 +51,43 @@ from metrale_core.errors import InvalidRequest, KVCacheExhausted
 from metrale_core.model_api import ModelInfo
 from metrale_core.sampling.position import PositionKind
 
-__all__ = ["FcfsPolicy", "ScheduledChunk", "Scheduler", "SchedulerOutput", "SchedulingPolicy"]
+__all__ = ["AdmissionStep", "FcfsPolicy", "ScheduledChunk", "Scheduler", "SchedulerOutput",
+           "SchedulingPolicy"]
+
+
+@frozen
+class AdmissionStep:
+    """What the step being planned already holds when the policy picks a waiting sequence.
+
+    Passed as ``next_waiting(waiting, step=...)`` to a policy whose ``next_waiting`` declares
+    a parameter named ``step``; other policies are called as ``next_waiting(waiting)``.
+    """
+
+    #: Decode rows scheduled this step (sequences decoding; a verify chunk counts as one).
+    num_decodes: int
+    #: Tokens those decode rows feed (1 each, ``1 + k`` for a verify chunk of ``k`` drafts).
+    num_decode_tokens: int
+    #: Prefill tokens scheduled so far this step (continued chunked prefills, then the
+    #: sequences admitted earlier this step).
+    num_prefill_tokens: int
+    #: Prefill tokens left in this step's ``max_prefill_tokens`` budget: a sequence admitted
+    #: now gets a first chunk of at most this many tokens (fewer on a prefix-cache hit).
+    budget: int
 
 
 class SchedulingPolicy(Protocol):
-    """What a ``SchedulerSpec.factory(config)`` returns."""
+    """What a ``SchedulerSpec.factory(config)`` returns.
 
-    def next_waiting(self, waiting: Seq[Sequence]) -> Sequence:
-        """The waiting sequence to try to admit next (admission stops when it does not fit)."""
+    ``next_waiting`` may be declared as ``next_waiting(self, waiting, step=None)`` to receive
+    an :class:`AdmissionStep` (the scheduler checks the signature once, at construction).
+    """
+
+    def next_waiting(self, waiting: Seq[Sequence]) -> Sequence | None:
+        """The waiting sequence to try to admit next (admission stops when it does not fit),
+        or None to admit no more waiting sequences this step (a hold-back: running sequences
+        are unaffected; the policy is asked again next step).  ``waiting`` is never empty.
+        Guard: when nothing is running, None would stall the engine, so the scheduler then
+        admits the queue front (``waiting[0]``) instead."""
         ...
 
     def choose_victim(self, candidates: Seq[Sequence]) -> Sequence:
@@ -154,6 +192,8 @@ class Scheduler:
         #: The most recent plan (for observers and tests).
         self.last_plan: SchedulerOutput = SchedulerOutput.make_empty()
         self._unreported: list[Sequence] = []
+        #: The policy's ``next_waiting`` takes ``step`` (an ``AdmissionStep``).
+        self._policy_takes_step = _takes_step(policy)
 
     # --- requests ----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -223,7 +263,7 @@ class Scheduler:
                 budget -= n
             i += 1
         if not preempted:
-            budget = self._admit(budget, prefills)
+            budget = self._admit(budget, decodes, prefills)
         finished, self._unreported = tuple(self._unreported), []
         plan = SchedulerOutput(tuple(decodes + prefills), tuple(preempted), finished)
         self.in_flight = plan if plan.chunks else None
@@ -301,10 +341,13 @@ class Scheduler:
         logger.warning("{}", error)
         self.finish(seq, "error", error=str(error), report=True)
 
-    def _admit(self, budget: int, prefills: list[ScheduledChunk]) -> int:
+    def _admit(self, budget: int, decodes: list[ScheduledChunk],
+               prefills: list[ScheduledChunk]) -> int:
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.policy.next_waiting(self.waiting)
+            seq = self._next_waiting(budget, decodes, prefills)
+            if seq is None:
+                break
             if bm.blocks_for(seq.num_prefill_tokens) > bm.num_blocks:
                 self._fail_exhausted(seq, seq.num_prefill_tokens)
                 continue
@@ -323,6 +366,24 @@ class Scheduler:
             prefills.append(self._chunk(seq, n))
             budget -= n
         return budget
+
+    def _next_waiting(self, budget: int, decodes: list[ScheduledChunk],
+                      prefills: list[ScheduledChunk]) -> Sequence | None:
+        """The policy's choice; None (a hold-back) only while something is running."""
+        if self._policy_takes_step:
+            step = AdmissionStep(num_decodes=len(decodes),
+                                 num_decode_tokens=sum(c.num_tokens for c in decodes),
+                                 num_prefill_tokens=sum(c.num_tokens for c in prefills),
+                                 budget=budget)
+            seq = self.policy.next_waiting(self.waiting, step=step)
+        else:
+            seq = self.policy.next_waiting(self.waiting)
+        if seq is None and not self.running:
+            # nothing running and nothing admitted this step: holding back would stall forever
+            logger.debug("policy held back admission with nothing running; admitting {}",
+                         self.waiting[0].request_id)
+            return self.waiting[0]
+        return seq
 
     def _fit_draft(self, seq: Sequence, draft: Any) -> tuple[int, ...]:
         """The draft tokens that fit the KV room left without preempting anyone."""
@@ -346,3 +407,11 @@ class Scheduler:
         return ScheduledChunk(seq=seq, start=start, token_ids=seq.token_ids(start, start + n),
                               block_ids=tuple(seq.block_ids), state_slot=seq.state_slot,
                               sample=sample, kind=kind, is_decode=not seq.is_prefilling)
+
+
+def _takes_step(policy: Any) -> bool:
+    """Whether ``policy.next_waiting`` declares a parameter named ``step``."""
+    try:
+        return "step" in inspect.signature(policy.next_waiting).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False

@@ -1,4 +1,4 @@
-"""metrale-slai: the ``slai`` scheduling policy and its two flags, as a Metrale plugin.
+"""metrale-slai: the ``slai`` scheduling policy and its flags, as a Metrale plugin.
 
 Owner: this module is the plugin (entry point ``metrale: slai``); the policy itself lives in
 :mod:`metrale_slai.policy` and is imported only when an engine selects ``--scheduler slai``.
@@ -17,13 +17,17 @@ from metrale_core import hookimpl
 from metrale_core.components import SchedulerSpec
 from metrale_core.plugins import lazy_factory
 
-__all__ = ["DEFAULT_DEADLINE_SLACK_MS", "DEFAULT_MAX_WAIT_MS", "metrale_engine_flags",
-           "metrale_schedulers"]
+__all__ = ["DEFAULT_DEADLINE_SLACK_MS", "DEFAULT_MAX_WAIT_MS", "DEFAULT_STEP_TOKENS_PER_MS",
+           "DEFAULT_TBT_BUDGET_MS", "metrale_engine_flags", "metrale_schedulers"]
 
 #: A waiting request older than this is admitted before shorter ones (anti-starvation).
 DEFAULT_MAX_WAIT_MS = 5000.0
 #: A request whose deadline is this close is admitted before shorter ones.
 DEFAULT_DEADLINE_SLACK_MS = 1000.0
+#: New prefills are held back while a step with decodes would take longer than this (0 = never).
+DEFAULT_TBT_BUDGET_MS = 0.0
+#: The hold-back's cost model: tokens (decode rows + prefill tokens) one step feeds per ms.
+DEFAULT_STEP_TOKENS_PER_MS = 10.0
 
 
 def _milliseconds(text: str) -> float:
@@ -33,6 +37,16 @@ def _milliseconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0 milliseconds, got {text}")
+    return value
+
+
+def _tokens_per_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of tokens per ms: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0 tokens per ms, got {text}")
     return value
 
 
@@ -56,3 +70,13 @@ def metrale_engine_flags(parser):
         metavar="MS",
         help="with --scheduler slai: a request whose --request-timeout deadline is this close "
              f"is admitted first (default: {DEFAULT_DEADLINE_SLACK_MS:g})")
+    parser.add_argument(
+        "--slai-tbt-budget-ms", type=_milliseconds, default=DEFAULT_TBT_BUDGET_MS, metavar="MS",
+        help="with --scheduler slai: while sequences are decoding, hold back new prefills that "
+             "would make the step's estimated time exceed this time-between-tokens budget "
+             f"(default: {DEFAULT_TBT_BUDGET_MS:g} = never)")
+    parser.add_argument(
+        "--slai-step-tokens-per-ms", type=_tokens_per_ms, default=DEFAULT_STEP_TOKENS_PER_MS,
+        metavar="N",
+        help="with --slai-tbt-budget-ms: tokens one engine step feeds per millisecond, the "
+             f"step-time estimate (default: {DEFAULT_STEP_TOKENS_PER_MS:g})")

@@ -184,3 +184,131 @@ def test_resumed_sequences_come_before_new_ones():
     fresh_short, resumed_long, resumed_short = seq(0, 2), seq(1, 30, 1), seq(2, 20, 2)
     assert policy.next_waiting([fresh_short, resumed_long, resumed_short]) is resumed_short
     assert policy.next_waiting([fresh_short]) is fresh_short
+
+
+# --- TBT hold-back -------------------------------------------------------------------------
+
+def test_tbt_flags_configure_the_hold_back(registry):
+    parser = build_parser(registry)
+    args = parser.parse_args(["generate", "hi", "--scheduler", "slai", "--kv-cache-memory", "64K",
+                              "--slai-tbt-budget-ms", "40", "--slai-step-tokens-per-ms", "2.5"])
+    config = engine_config_from_args(args)
+    engine = LLMEngine(RecordingModel([SeqScript([10], [11])]), config, registry=registry)
+    policy = engine.scheduler.policy
+    assert (policy.tbt_budget_s, policy.step_tokens_per_s) == (0.04, 2500.0)
+    default = SlaiPolicy.from_config(EngineConfig(scheduler="slai"))
+    assert default.tbt_budget_s == 0.0                        # off unless asked for
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "fast"])
+def test_step_tokens_per_ms_must_be_positive(registry, capsys, value):
+    with pytest.raises(SystemExit):
+        build_parser(registry).parse_args(["generate", "hi", "--slai-step-tokens-per-ms", value])
+    assert "--slai-step-tokens-per-ms" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="step_tokens_per_s"):
+        SlaiPolicy(step_tokens_per_s=0.0)
+
+
+def _seq(order, n, preemptions=0, arrival=0.0, deadline=None):
+    return SimpleNamespace(order=order, num_prefill_tokens=n, num_preemptions=preemptions,
+                           request=SimpleNamespace(arrival_time=arrival), deadline=deadline)
+
+
+def test_hold_back_cost_model():
+    from metrale_core.engine import AdmissionStep
+
+    # 5 ms at 1 token/ms: a step with decodes may feed 5 tokens
+    policy = SlaiPolicy(max_wait_s=10.0, clock=lambda: 0.0, tbt_budget_s=0.005,
+                        step_tokens_per_s=1000.0)
+    two_decodes = AdmissionStep(num_decodes=2, num_decode_tokens=2, num_prefill_tokens=0, budget=64)
+    short, long = _seq(0, 3), _seq(1, 4)
+    assert policy.step_time_s(long, two_decodes) == pytest.approx(0.006)
+    assert policy.next_waiting([long, short], step=two_decodes) is short     # 2 + 3 tokens
+    assert policy.next_waiting([long], step=two_decodes) is None             # 2 + 4 tokens
+    # prefill already scheduled this step counts; the first chunk is capped by the budget left
+    busy = AdmissionStep(num_decodes=1, num_decode_tokens=1, num_prefill_tokens=2, budget=64)
+    assert policy.next_waiting([short], step=busy) is None                   # 1 + 2 + 3
+    capped = AdmissionStep(num_decodes=1, num_decode_tokens=1, num_prefill_tokens=2, budget=2)
+    assert policy.next_waiting([long], step=capped) is long                  # 1 + 2 + 2
+    # nothing decoding, no step given, or the budget off: never held back
+    prefill_only = AdmissionStep(num_decodes=0, num_decode_tokens=0, num_prefill_tokens=60,
+                                 budget=4)
+    assert policy.next_waiting([long], step=prefill_only) is long
+    assert policy.next_waiting([long]) is long
+    off = SlaiPolicy(max_wait_s=10.0, clock=lambda: 0.0, step_tokens_per_s=1000.0)
+    assert off.next_waiting([_seq(0, 1000)], step=two_decodes).order == 0
+    # preempted and due sequences are never held back
+    huge = AdmissionStep(num_decodes=8, num_decode_tokens=8, num_prefill_tokens=0, budget=64)
+    resumed = _seq(2, 50, preemptions=1)
+    assert policy.next_waiting([short, resumed], step=huge) is resumed
+    aged = _seq(3, 50, arrival=-10.0)
+    assert policy.next_waiting([short, aged], step=huge) is aged
+    near_deadline = _seq(4, 50, deadline=0.5)
+    assert policy.next_waiting([short, near_deadline], step=huge) is near_deadline
+    assert policy.next_waiting([short], step=huge) is None
+
+
+# r0 decodes from step 1 to step 5 (EOS at forward #5); r10 (long) and r20 (short) arrive at
+# step 1.  With 5 ms at 1 token/ms, r20 (1 decode + 3) fits beside r0, r10 (8 tokens) does not.
+TBT_OPTIONS = {"slai_tbt_budget_ms": 5.0, "slai_step_tokens_per_ms": 1.0,
+               "slai_max_wait_ms": 5000.0}
+
+
+def _tbt_events(advance: list | None = None) -> list:
+    return [
+        Arrive(0, "r0", prompt(5, 2), [40, 41, 42, 43, 44]),
+        Arrive(1, "r10", prompt(10, 8), [45]),
+        Arrive(1, "r20", prompt(20, 3), [46]),
+        *(advance or []),
+    ]
+
+
+def first_prefill(result) -> dict[int, int]:
+    """Sequence key -> index of the forward that ran its first prefill chunk."""
+    found: dict[int, int] = {}
+    for call in result.model.calls:
+        for seq in call.seqs:
+            if seq.start == 0 and seq.key not in found:
+                found[seq.key] = call.index
+    return found
+
+
+def _run_tbt(registry, events, options):
+    result = run_scenario(Scenario("tbt", events, engine=dict(
+        scheduler="slai", plugin_options=options)), registry=registry)
+    assert result.model.errors == []
+    for event in events:
+        if isinstance(event, Arrive):
+            assert result.streams[event.request_id].token_ids == list(event.output) + [EOS]
+    return result
+
+
+def test_tbt_hold_back_waits_for_the_decodes_to_finish(registry):
+    held = _run_tbt(registry, _tbt_events(), TBT_OPTIONS)
+    # r20 goes in beside r0 at once; r10 only after r0's last decode (forward #5)
+    assert first_prefill(held) == {5: 0, 20: 1, 10: 6}
+    # every forward while r0 decoded fed at most 5 tokens
+    assert all(sum(s.num_rows for s in call.seqs) <= 5 for call in held.model.calls[1:6])
+    # off: the same requests are admitted as they arrive
+    free = _run_tbt(registry, _tbt_events(), {**TBT_OPTIONS, "slai_tbt_budget_ms": 0.0})
+    assert first_prefill(free) == {5: 0, 20: 1, 10: 1}
+
+
+def test_tbt_hold_back_stops_when_the_request_is_due(registry):
+    # the clock passes r10's max wait (5 s) before step 3: due requests are never held back
+    held = _run_tbt(registry, _tbt_events([Advance(3, 6.0)]), TBT_OPTIONS)
+    assert first_prefill(held) == {5: 0, 20: 1, 10: 3}
+    r0_steps = [call.index for call in held.model.calls for s in call.seqs if s.key == 5]
+    assert r0_steps == [0, 1, 2, 3, 4, 5]                     # r0 decoded through it all
+
+
+def test_tbt_off_leaves_the_schedule_unchanged(registry):
+    events = _tbt_events([Advance(3, 6.0)])
+    default = run_scenario(Scenario("tbt", events, engine=dict(scheduler="slai")),
+                           registry=registry)
+    off = run_scenario(Scenario("tbt", events, engine=dict(
+        scheduler="slai", plugin_options={"slai_tbt_budget_ms": 0.0,
+                                          "slai_step_tokens_per_ms": 1.0})),
+        registry=registry)
+    assert off.trace == default.trace
+    assert first_prefill(default) == {5: 0, 20: 1, 10: 1}
