@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from metrale_core.errors import ConfigError
 
-__all__ = ["apply_rope", "rms_norm", "rope_cos_sin", "rope_inv_freq", "swiglu"]
+__all__ = ["apply_rope", "rms_norm", "rope_cos_sin", "rope_inv_freq", "signed_sin", "swiglu"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -62,14 +62,22 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               sin_signed: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate ``x`` ``[T, H, d]`` by ``cos``/``sin`` ``[T, d]``: ``x*cos + rotate_half(x)*sin``.
 
-    Computed as ``x*cos + roll(x, d/2) * [-sin_lo | sin_hi]`` (the sign moved from ``x`` onto
-    ``sin``, which is exact), so every head costs one roll and no concatenation."""
-    half = x.shape[-1] // 2
-    sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-    return x * cos[:, None, :] + torch.roll(x, half, dims=-1) * sin_signed[:, None, :]
+    Computed as ``x*cos + roll(x, d/2) * signed_sin(sin)`` (the sign moved from ``x`` onto
+    ``sin``, which is exact), so every head costs one roll and no concatenation; pass
+    ``sin_signed`` when it is already computed."""
+    if sin_signed is None:
+        sin_signed = signed_sin(sin)
+    return x * cos[:, None, :] + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed[:, None, :]
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``[-sin_lo | sin_hi]``: the ``sin`` table with the sign of ``rotate_half`` folded in."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

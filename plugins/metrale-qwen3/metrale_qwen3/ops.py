@@ -36,6 +36,16 @@ def _check_heads(op: str, name: str, t: torch.Tensor, heads: int, head_dim: int)
         raise KernelInputError(f"{op}: {name} needs dense [heads, head_dim] rows, got strides {t.stride()}")
 
 
+def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """``[T, Hq + Hk, d]`` view over ``q`` and ``k`` when ``k``'s heads directly follow ``q``'s in
+    memory (the split of a fused qkv projection), else None."""
+    if (q.dtype != k.dtype or q.stride() != k.stride() or q.stride(-1) != 1
+            or q.stride(1) != q.shape[2] or q.shape[0] != k.shape[0]
+            or k.data_ptr() != q.data_ptr() + q.shape[1] * q.shape[2] * q.element_size()):
+        return None
+    return q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
+
+
 class RMSNorm(CustomOp):
     """``rms_norm(x, weight, eps)`` over the last dimension."""
 
@@ -69,12 +79,20 @@ class QKNormRope(CustomOp):
 
     kernel_package = "metrale_qwen3"
     kernel_file = "qk_norm_rope.cu"
+    #: ``(sin, signed_sin(sin))`` of the last call (the native path's per-forward memo).
+    _signed: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward_native(self, q, k, q_weight, k_weight, cos, sin, eps: float):
         if q_weight is not None:
             q = layers.rms_norm(q, q_weight, eps)
             k = layers.rms_norm(k, k_weight, eps)
-        qk = layers.apply_rope(torch.cat((q, k), dim=1), cos, sin)  # one rotation for all heads
+        qk = _adjacent_heads(q, k)
+        if qk is None:
+            qk = torch.cat((q, k), dim=1)
+        # every layer of a forward passes the same sin table: sign it once
+        if self._signed is None or self._signed[0] is not sin:
+            self._signed = (sin, layers.signed_sin(sin))
+        qk = layers.apply_rope(qk, cos, sin, self._signed[1])  # one rotation for all heads
         return qk[:, :q.shape[1]], qk[:, q.shape[1]:]
 
     def forward_cuda(self, q, k, q_weight, k_weight, cos, sin, eps: float):
