@@ -159,3 +159,21 @@ def test_prefill_attention_attends_to_prefix_and_causal_rows():
     keys = k_cache[table].reshape(-1, 2, 8)[:11]
     vals = v_cache[table].reshape(-1, 2, 8)[:11]
     torch.testing.assert_close(out.double(), _naive_attention(q, keys, vals, 8 ** -0.5), rtol=1e-5, atol=1e-5)
+
+
+def test_qk_rope_same_for_split_views_and_for_each_new_sin_table():
+    """q/k split from one fused projection are rotated through one view (no concatenation), and
+    the signed sin table memo follows the table it is given, call after call."""
+    from metrale_qwen3.ops import QKNormRope, _adjacent_heads
+
+    op = QKNormRope("cpu")
+    fused = randn(4, (6 + 2 + 2) * 8)
+    q, k, _ = fused.split([48, 16, 16], dim=-1)
+    q, k = q.view(4, 6, 8), k.view(4, 2, 8)
+    assert _adjacent_heads(q, k) is not None and _adjacent_heads(k, q) is None
+    assert _adjacent_heads(q.contiguous(), k.contiguous()) is None
+    for start in (0, 17, 300):  # a new sin table each call
+        cos, sin = rope_cos_sin(torch.arange(start, start + 4), rope_inv_freq(8, 1e4), torch.float32)
+        got_q, got_k = op(q, k, None, None, cos, sin, 1e-6)
+        assert torch.equal(got_q, apply_rope(q.contiguous(), cos, sin))
+        assert torch.equal(got_k, apply_rope(k.contiguous(), cos, sin))
