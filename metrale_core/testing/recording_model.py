@@ -244,6 +244,15 @@ class RecordingModel:
         """All recorded lines joined, one per line."""
         return "\n".join(self.lines)
 
+    def first_prefill(self) -> dict[int, int]:
+        """Sequence key -> index of the forward that ran its first prefill chunk (position 0)."""
+        found: dict[int, int] = {}
+        for call in self.calls:
+            for seq in call.seqs:
+                if seq.start == 0 and seq.key not in found:
+                    found[seq.key] = call.index
+        return found
+
     @staticmethod
     def _write_kv(kv: PagedKVCache, ids: list[int], positions: list[int], slot_mapping: list[int]) -> None:
         bs = kv.block_size

@@ -41,16 +41,6 @@ def prompt(first: int, n: int) -> list[int]:
     return [first + i for i in range(n)]
 
 
-def first_prefill(result) -> dict[int, int]:
-    """Sequence key -> index of the forward that ran its first prefill chunk."""
-    found: dict[int, int] = {}
-    for call in result.model.calls:
-        for seq in call.seqs:
-            if seq.start == 0 and seq.key not in found:
-                found[seq.key] = call.index
-    return found
-
-
 def assert_streams_complete(result, events) -> None:
     assert "!! stopped after max_steps" not in result.trace
     assert result.model.errors == []
@@ -113,13 +103,13 @@ HOLD_EVENTS = [
 
 def test_none_stops_admission_while_running_sequences_continue():
     fcfs = run_scenario(Scenario("hold_fcfs", HOLD_EVENTS))
-    assert first_prefill(fcfs) == {10: 0, 20: 1, 30: 1}    # admitted as they arrive
+    assert fcfs.model.first_prefill() == {10: 0, 20: 1, 30: 1}    # admitted as they arrive
 
     result = run_scenario(Scenario("hold", HOLD_EVENTS, engine=dict(scheduler="hold")),
                           registry=registry_with_policy("hold", HoldWhileDecoding))
     assert_streams_complete(result, HOLD_EVENTS)
     # r10 decodes at forwards 1..3 (its EOS at #3): r20/r30 wait, then go in together at #4
-    assert first_prefill(result) == {10: 0, 20: 4, 30: 4}
+    assert result.model.first_prefill() == {10: 0, 20: 4, 30: 4}
     r10_rows = [s.num_rows for call in result.model.calls[:4] for s in call.seqs if s.key == 10]
     assert r10_rows == [3, 1, 1, 1]                        # the hold-back never touched r10
     assert "~ running=1 waiting=2" in result.trace
@@ -132,7 +122,7 @@ def test_none_with_nothing_running_admits_the_queue_front():
     assert_streams_complete(result, events)
     # each step with nothing running admits the queue front, then the policy's None stops it:
     # one sequence at a time, in arrival order (prefill, then the EOS decode)
-    assert first_prefill(result) == {10: 0, 20: 2, 30: 4}
+    assert result.model.first_prefill() == {10: 0, 20: 2, 30: 4}
     assert [len(call.seqs) for call in result.model.calls] == [1] * 6
 
 

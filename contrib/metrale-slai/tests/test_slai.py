@@ -263,16 +263,6 @@ def _tbt_events(advance: list | None = None) -> list:
     ]
 
 
-def first_prefill(result) -> dict[int, int]:
-    """Sequence key -> index of the forward that ran its first prefill chunk."""
-    found: dict[int, int] = {}
-    for call in result.model.calls:
-        for seq in call.seqs:
-            if seq.start == 0 and seq.key not in found:
-                found[seq.key] = call.index
-    return found
-
-
 def _run_tbt(registry, events, options):
     result = run_scenario(Scenario("tbt", events, engine=dict(
         scheduler="slai", plugin_options=options)), registry=registry)
@@ -286,18 +276,18 @@ def _run_tbt(registry, events, options):
 def test_tbt_hold_back_waits_for_the_decodes_to_finish(registry):
     held = _run_tbt(registry, _tbt_events(), TBT_OPTIONS)
     # r20 goes in beside r0 at once; r10 only after r0's last decode (forward #5)
-    assert first_prefill(held) == {5: 0, 20: 1, 10: 6}
+    assert held.model.first_prefill() == {5: 0, 20: 1, 10: 6}
     # every forward while r0 decoded fed at most 5 tokens
     assert all(sum(s.num_rows for s in call.seqs) <= 5 for call in held.model.calls[1:6])
     # off: the same requests are admitted as they arrive
     free = _run_tbt(registry, _tbt_events(), {**TBT_OPTIONS, "slai_tbt_budget_ms": 0.0})
-    assert first_prefill(free) == {5: 0, 20: 1, 10: 1}
+    assert free.model.first_prefill() == {5: 0, 20: 1, 10: 1}
 
 
 def test_tbt_hold_back_stops_when_the_request_is_due(registry):
     # the clock passes r10's max wait (5 s) before step 3: due requests are never held back
     held = _run_tbt(registry, _tbt_events([Advance(3, 6.0)]), TBT_OPTIONS)
-    assert first_prefill(held) == {5: 0, 20: 1, 10: 3}
+    assert held.model.first_prefill() == {5: 0, 20: 1, 10: 3}
     r0_steps = [call.index for call in held.model.calls for s in call.seqs if s.key == 5]
     assert r0_steps == [0, 1, 2, 3, 4, 5]                     # r0 decoded through it all
 
@@ -311,4 +301,4 @@ def test_tbt_off_leaves_the_schedule_unchanged(registry):
                                           "slai_step_tokens_per_ms": 1.0})),
         registry=registry)
     assert off.trace == default.trace
-    assert first_prefill(default) == {5: 0, 20: 1, 10: 1}
+    assert default.model.first_prefill() == {5: 0, 20: 1, 10: 1}
