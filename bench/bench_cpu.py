@@ -3,7 +3,7 @@
 Measures, on the embedded SmolLM2-135M-Instruct Q4_1 GGUF with greedy decoding and ``--threads``:
 single-stream decode tok/s, prefill tok/s of a 512-token prompt, and the aggregate decode tok/s of
 ``--streams`` concurrent streams (in-process ``LLMEngine`` by default; with ``--http`` over HTTP
-against ``met serve`` and llama-cpp-python's OpenAI server).  Not a test: run by hand.
+against ``met serve`` and llama.cpp's server, see below).  Not a test: run by hand.
 
 llama-cpp-python is never a dependency of the project: install it in a separate environment
 (``python -m venv .venv-bench && .venv-bench/bin/pip install 'llama-cpp-python[server]'``) and

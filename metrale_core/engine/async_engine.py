@@ -145,38 +145,34 @@ class AsyncEngine:
         try:
             self.engine.add_request(request_id, prompt, params, timeout_s=timeout_s, extras=extras)
         except Exception as exc:  # noqa: BLE001 - delivered to the consumer, who raises it
-            self._put(request_id, exc)
+            self._send([(request_id, exc)])
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
-        """Hand one step's outputs to their consumers: one wake-up per event loop, not per output."""
-        with self._lock:
-            targets = [(out, self._streams.get(out.request_id)) for out in outputs]
-        by_loop: dict[Any, list] = {}
-        for out, target in targets:
-            if target is None:
-                if not out.finished:
-                    self.engine.abort(out.request_id)  # nobody is listening any more
-                continue
-            by_loop.setdefault(target[0], []).append((target[1], out))
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:  # the consumers' loop is closed
-                for _, out in items:
-                    if not out.finished:
-                        self.engine.abort(out.request_id)
+        """Hand one step's outputs to their consumers; a request nobody listens to any more is
+        aborted."""
+        unfinished = {out.request_id for out in outputs if not out.finished}
+        for request_id in self._send([(out.request_id, out) for out in outputs]):
+            if request_id in unfinished:
+                self.engine.abort(request_id)
 
-    def _put(self, request_id: str, item) -> bool:
+    def _send(self, items: list[tuple[str, Any]]) -> list[str]:
+        """Put each ``(request_id, item)`` on its consumer's stream with one wake-up per event
+        loop (not per item); returns the ids whose consumer is gone (or whose loop is closed)."""
         with self._lock:
-            target = self._streams.get(request_id)
-        if target is None:
-            return False
-        loop, stream = target
-        try:
-            loop.call_soon_threadsafe(stream.put_nowait, item)
-        except RuntimeError:  # the consumer's loop is closed
-            return False
-        return True
+            targets = [(rid, item, self._streams.get(rid)) for rid, item in items]
+        lost: list[str] = []
+        by_loop: dict[Any, list] = {}
+        for rid, item, target in targets:
+            if target is None:
+                lost.append(rid)
+            else:
+                by_loop.setdefault(target[0], []).append((rid, target[1], item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, [(stream, item) for _, stream, item in batch])
+            except RuntimeError:  # the consumers' loop is closed
+                lost += [rid for rid, _, _ in batch]
+        return lost
 
     def _close(self) -> None:
         engine = self.engine
@@ -188,6 +184,6 @@ class AsyncEngine:
 
 
 def _put_all(items: list) -> None:
-    """On a consumer loop: put each ``(stream, item)`` of one engine step."""
+    """On a consumer loop: put each ``(stream, item)`` handed over in one wake-up."""
     for stream, item in items:
         stream.put_nowait(item)

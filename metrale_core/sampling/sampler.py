@@ -41,13 +41,14 @@ class DefaultSampler:
         """Pick one token per row of ``[N, V]`` ``logits``; ``rows[i]`` owns row ``i``."""
         _check_rows(logits, rows)
         greedy, sampled = _split(rows, logits.device)
-        token_ids = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
         processed = None
         # max(...).indices is argmax (first maximum on ties) through a faster CPU kernel
         if not sampled.numel():  # every row greedy: no row gather
             token_ids = logits.max(dim=-1).indices
-        elif greedy.numel():
-            token_ids[greedy] = logits.index_select(0, greedy).max(dim=-1).indices
+        else:
+            token_ids = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+            if greedy.numel():
+                token_ids[greedy] = logits.index_select(0, greedy).max(dim=-1).indices
         if sampled.numel():
             sampled_rows = [rows[i] for i in sampled.tolist()]
             processed = truncate(logits.index_select(0, sampled), sampled_rows)

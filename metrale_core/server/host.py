@@ -38,8 +38,12 @@ async def _in_own_thread(fn: Callable[[], Any]) -> Any:
     done: asyncio.Future = loop.create_future()
 
     def settle(result: Any, error: BaseException | None) -> None:
-        if not done.cancelled():
-            done.set_exception(error) if error is not None else done.set_result(result)
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
 
     def run() -> None:
         try:

@@ -27,8 +27,8 @@ from attrs import frozen
 
 from metrale_core.model_api import ForwardBatch, PagedKVCache
 
-__all__ = ["AttentionPlan", "DecodeGather", "attend_decode", "attend_decode_gathered", "attend_prefill", "decode_attention", "paged_attention",
-           "prefill_attention", "write_kv"]
+__all__ = ["AttentionPlan", "DecodeGather", "attend_decode", "attend_decode_gathered", "attend_prefill",
+           "decode_attention", "paged_attention", "prefill_attention", "write_kv"]
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

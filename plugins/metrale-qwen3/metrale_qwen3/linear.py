@@ -107,6 +107,11 @@ class DenseLinear:
         return _add_bias(F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype), self.bias)
 
 
+def _batched(dense: torch.Tensor | None, row_planes: int) -> bool:
+    """A call of ``row_planes`` rows (times planes) goes through the bfloat16 copy, if kept."""
+    return dense is not None and row_planes > SMALL_BATCH_ROWS
+
+
 @frozen
 class Int8Linear:
     """Per-output-channel symmetric int8: ``W[n] = scales[n] * qweight[n]``."""
@@ -123,7 +128,7 @@ class Int8Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xq = x.to(self.scales.dtype)
-        if self.dense is not None and x.shape[0] > SMALL_BATCH_ROWS:
+        if _batched(self.dense, x.shape[0]):
             y = F.linear(xq, self.dense)
         else:
             y = torch._weight_int8pack_mm(xq, self.qweight, self.scales)
@@ -153,7 +158,7 @@ class Int4Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xq = x.to(self.scales_zeros.dtype)
-        if self.dense is not None and x.shape[0] * self.planes > SMALL_BATCH_ROWS:
+        if _batched(self.dense, x.shape[0] * self.planes):
             return _add_bias(F.linear(xq, self.dense).to(x.dtype), self.bias)
         if self.planes > 1:
             xq = torch.cat([xq] * self.planes, dim=-1)
