@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 from loguru import logger
@@ -23,6 +25,8 @@ from metrale_core.kernels import (
     nvcc_path,
     select_path,
 )
+from metrale_core.kernels import cpu as cpu_mod
+from metrale_core.kernels.cpu import build_cpu_library, compiler, cpu_library, cpu_sources, cpu_unavailable_reason
 from metrale_core.kernels.cuda import CORE_INCLUDE_DIR, KERNEL_INCLUDE_DIRS, expand_includes
 
 
@@ -164,3 +168,92 @@ def test_nvcc_on_the_raw_source_and_on_the_inlined_one_agree(tmp_path):
     flat.write_text(expand_includes(cu))
     inlined = compile_ptx(flat, tmp_path / "inlined").read_text()
     assert ".entry k_bf16" in raw and raw == inlined
+
+
+# --- the C CPU path ---------------------------------------------------------------------------
+
+class Doubler(CustomOp):
+    """An op whose CPU kernel lives in the C library of ``kernel_package``."""
+
+    kernel_package = "metrale_fake_cpu_pkg"
+    cpu_kernels = True
+
+    def forward_native(self, x):
+        return x * 2
+
+    def forward_cpu(self, x):
+        out = torch.empty_like(x)
+        self.cpu_kernel.twice(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr()), x.numel())
+        return out
+
+
+@pytest.fixture
+def fake_cpu_package(tmp_path, monkeypatch):
+    """An importable package with one ``kernels/cpu/*.c`` file, its build cached under tmp_path."""
+    pkg = tmp_path / "src" / "metrale_fake_cpu_pkg"
+    (pkg / "kernels" / "cpu").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kernels" / "cpu" / "twice.c").write_text(
+        '#include "metrale_cpu_math.h"\n'
+        "void twice(const float *x, float *y, long n) { for (long i = 0; i < n; i++) y[i] = 2 * x[i]; }\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    monkeypatch.setenv("METRALE_CACHE_DIR", str(tmp_path / "cache"))
+    cpu_mod._libraries.pop("metrale_fake_cpu_pkg", None)
+    yield pkg
+    cpu_mod._libraries.pop("metrale_fake_cpu_pkg", None)
+
+
+needs_cpu_isa = pytest.mark.skipif(not set(cpu_mod.CPU_ISA) <= cpu_mod._cpu_flags() or compiler() is None,
+                                   reason="needs an AVX512-VNNI x86 CPU and a C compiler")
+
+
+@needs_cpu_isa
+def test_cpu_ops_build_their_package_library_once_and_dispatch_to_it(fake_cpu_package, tmp_path):
+    op = Doubler("cpu")
+    assert op.path == "cpu" and "path=cpu" in repr(op)
+    assert torch.equal(op(torch.arange(5.0)), torch.arange(5.0) * 2)
+    built = list((tmp_path / "cache" / "cpu-kernels").iterdir())
+    assert len(built) == 1 and built[0].name.startswith("metrale_fake_cpu_pkg-")  # no temporary left
+    assert Doubler("cpu").cpu_kernel is op.cpu_kernel  # loaded once per process
+    assert Doubler(torch.device("meta")).path == "native"
+
+
+@needs_cpu_isa
+def test_a_cpu_library_is_rebuilt_only_when_its_sources_change(fake_cpu_package, tmp_path):
+    sources = cpu_sources("metrale_fake_cpu_pkg")
+    assert [s.name for s in sources] == ["twice.c"]
+    first = build_cpu_library(sources, "lib", tmp_path / "out")
+    mtime = first.stat().st_mtime_ns
+    assert build_cpu_library(sources, "lib", tmp_path / "out") == first and first.stat().st_mtime_ns == mtime
+    sources[0].write_text(sources[0].read_text() + "int extra(void) { return 1; }\n")
+    assert build_cpu_library(sources, "lib", tmp_path / "out") != first
+
+
+def test_cpu_library_reports_why_it_cannot_run(fake_cpu_package, monkeypatch):
+    monkeypatch.setattr(cpu_mod, "_cpu_flags", lambda: {"sse2"})
+    assert cpu_library("metrale_fake_cpu_pkg") is None
+    assert "lacks avx512f" in cpu_unavailable_reason("metrale_fake_cpu_pkg")
+    assert Doubler("cpu").path == "native"
+    monkeypatch.setenv(KERNELS_ENV, "cpu")
+    with pytest.raises(ConfigError, match=f"{KERNELS_ENV}=cpu.*Doubler.*lacks avx512f"):
+        Doubler("cpu")
+
+
+def test_a_failed_build_names_the_compiler_error(fake_cpu_package, monkeypatch):
+    (fake_cpu_package / "kernels" / "cpu" / "broken.c").write_text("int broken( {\n")
+    monkeypatch.setattr(cpu_mod, "_cpu_flags", lambda: set(cpu_mod.CPU_ISA))
+    monkeypatch.setattr(cpu_mod.platform, "machine", lambda: "x86_64")
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    assert cpu_library("metrale_fake_cpu_pkg") is None
+    reason = cpu_unavailable_reason("metrale_fake_cpu_pkg")
+    assert "could not be built" in reason and "broken.c" in reason
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        build_cpu_library(cpu_sources("metrale_fake_cpu_pkg"), "x")
+
+
+def test_forcing_cpu_on_an_op_without_c_kernels_is_an_error(monkeypatch):
+    monkeypatch.setenv(KERNELS_ENV, "cpu")
+    with pytest.raises(ConfigError, match="no CPU kernel"):
+        NoKernel("cpu")
