@@ -189,16 +189,22 @@ class AttentionPlan:
 
 def _decode(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan,
             decode_op) -> torch.Tensor:
-    """The decode rows ``q`` through the plain kernel, the codec's fused kernel, or a gather."""
+    """The decode rows ``q`` through the plain kernel, the codec's fused kernel, or a gather.
+    A codec without a fused kernel (FP8 before its scales freeze) is attended with the same maths
+    as a plain cache on every path, so its rows read back as a plain cache's would."""
     args = (plan.decode_tables, plan.decode_context, plan.scale, plan.decode_max_context)
     if kv.plain:
-        if plan.decode_gather is not None:
+        if plan.decode_gather is not None and decode_op.path == "native":
             return attend_decode_gathered(q, kv.k[layer], kv.v[layer], plan.decode_gather, plan.scale)
         return decode_op(q, kv.k[layer], kv.v[layer], *args)
     fused = kv.codec.decode_attention(kv, layer, q, *args)
     if fused is not None:
         return fused
     num_blocks = -(-plan.decode_max_context // kv.block_size)
+    if decode_op.path == "cpu":  # the plain cache's C kernel over the decoded rows: same maths
+        k, v = kv.gather(layer, plan.decode_tables[:, :num_blocks], q.dtype)  # one block per row
+        rows = torch.arange(q.shape[0], device=q.device).unsqueeze(1)
+        return decode_op(q, k, v, rows, plan.decode_context, plan.scale, plan.decode_max_context)
     if plan.decode_gather is not None:  # same maths as the plain CPU path, over decoded rows
         length = plan.decode_gather.length
         k, v = kv.gather(layer, plan.decode_tables[:, :num_blocks], q.dtype)

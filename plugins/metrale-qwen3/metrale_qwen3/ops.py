@@ -1,4 +1,4 @@
-"""The hot ops of the decoder as ``CustomOp``s: a torch oracle plus a CuPy kernel each.
+"""The hot ops of the decoder as ``CustomOp``s: a torch oracle, a CuPy kernel and a C CPU kernel each.
 
 Owner: ``metrale_qwen3``; :class:`DecoderOps` builds all of them once per model.
 
@@ -6,11 +6,17 @@ Invariants:
 - ``forward_native`` delegates to ``layers.py`` / ``attention.py`` (the oracles); ``forward_cuda``
   checks its inputs and launches the matching ``kernels/*.cu`` entry point (``<name>_f32`` or
   ``<name>_bf16``); dtypes without a kernel (float16) route to ``forward_native``.
+- ``forward_cpu`` calls the ``dop_*`` entry point of ``kernels/cpu/decoder_ops.c`` for float32
+  tensors with dense rows and routes everything else (other dtypes, strided heads, head sizes the
+  kernel does not take) to ``forward_native``.
 - ``QKNormRope`` and ``KVCacheWrite`` may work in place: callers use the returned tensors.
 - All kernels run on torch's current CUDA stream.
 """
 
 from __future__ import annotations
+
+import ctypes
+from typing import Any
 
 import torch
 
@@ -23,6 +29,28 @@ __all__ = ["DecoderOps", "KVCacheWrite", "PagedAttentionDecode", "QKNormRope", "
 
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _THREADS = 256
+_P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+#: C signatures of the ``kernels/cpu/decoder_ops.c`` entry points (all return int: 0 or -1).
+_CPU_SIGNATURES = {
+    "dop_rms_norm": (_P, _L, _P, _P, _I, _I, _F, _I),
+    "dop_qk_norm_rope": (_P, _L, _I, _P, _L, _I, _I, _I, _P, _P, _P, _P, _F, _I),
+    "dop_swiglu": (_P, _P, _I, _I, _I),
+    "dop_kv_write": (_P, _L, _P, _L, _P, _P, _P, _I, _I),
+    "dop_paged_decode": (_P, _P, _P, _P, _P, _L, _P, _I, _I, _I, _I, _I, _F, _I),
+}
+
+
+def _cpu_call(op: CustomOp, name: str, *args: Any) -> None:
+    """Run entry point ``name`` of ``op``'s C library; a -1 is a caller bug, raised as such."""
+    fn = getattr(op.cpu_kernel, name)
+    if fn.argtypes is None:
+        fn.argtypes, fn.restype = _CPU_SIGNATURES[name], ctypes.c_int
+    if fn(*args) != 0:
+        raise KernelInputError(f"{op.name}: {name} rejected its arguments")
+
+
+def _f32(*tensors: torch.Tensor | None) -> bool:
+    return all(t is None or t.dtype == torch.float32 for t in tensors)
 
 
 def _round_up_32(n: int) -> int:
@@ -34,6 +62,11 @@ def _check_heads(op: str, name: str, t: torch.Tensor, heads: int, head_dim: int)
     check_shape(op, name, t, (-1, heads, head_dim))
     if t.stride(-1) != 1 or t.stride(-2) != head_dim:
         raise KernelInputError(f"{op}: {name} needs dense [heads, head_dim] rows, got strides {t.stride()}")
+
+
+def _dense_heads(*tensors: torch.Tensor) -> bool:
+    """Every ``[T, H, d]`` tensor has dense heads (``d`` contiguous floats each, heads adjacent)."""
+    return all(t.dim() == 3 and t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] for t in tensors)
 
 
 def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
@@ -51,6 +84,19 @@ class RMSNorm(CustomOp):
 
     kernel_package = "metrale_qwen3"
     kernel_file = "rmsnorm.cu"
+    cpu_kernels = True
+
+    def forward_cpu(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        dim = x.shape[-1]
+        if not _f32(x, weight) or dim == 0 or weight.shape != (dim,) or not weight.is_contiguous():
+            return self.forward_native(x, weight, eps)
+        rows = x if x.dim() == 2 else x.reshape(-1, dim)
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        out = torch.empty(x.shape, dtype=x.dtype)
+        _cpu_call(self, "dop_rms_norm", rows.data_ptr(), rows.stride(0), weight.data_ptr(), out.data_ptr(),
+                  rows.shape[0], dim, eps, torch.get_num_threads())
+        return out
 
     def forward_native(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return layers.rms_norm(x, weight, eps)
@@ -79,6 +125,7 @@ class QKNormRope(CustomOp):
 
     kernel_package = "metrale_qwen3"
     kernel_file = "qk_norm_rope.cu"
+    cpu_kernels = True
     #: ``(sin, signed_sin(sin))`` of the last call (the native path's per-forward memo).
     _signed: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -94,6 +141,19 @@ class QKNormRope(CustomOp):
             self._signed = (sin, layers.signed_sin(sin))
         qk = layers.apply_rope(qk, cos, sin, self._signed[1])  # one rotation for all heads
         return qk[:, :q.shape[1]], qk[:, q.shape[1]:]
+
+    def forward_cpu(self, q, k, q_weight, k_weight, cos, sin, eps: float):
+        (num_tokens, hq, d), hk = q.shape, k.shape[1]
+        if (not _f32(q, k, q_weight, k_weight, cos, sin) or d % 2 or not _dense_heads(q, k)
+                or cos.shape != (num_tokens, d) or not (cos.is_contiguous() and sin.is_contiguous())
+                or (q_weight is None) != (k_weight is None)):
+            return self.forward_native(q, k, q_weight, k_weight, cos, sin, eps)
+        qw = None if q_weight is None else q_weight.contiguous().data_ptr()
+        kw = None if k_weight is None else k_weight.contiguous().data_ptr()
+        _cpu_call(self, "dop_qk_norm_rope", q.data_ptr(), q.stride(0), hq, k.data_ptr(), k.stride(0), hk,
+                  num_tokens, d, qw, kw, cos.data_ptr(), sin.data_ptr(), eps,
+                  torch.get_num_threads())
+        return q, k
 
     def forward_cuda(self, q, k, q_weight, k_weight, cos, sin, eps: float):
         num_tokens, hq, d = q.shape
@@ -124,9 +184,19 @@ class SwiGLU(CustomOp):
 
     kernel_package = "metrale_qwen3"
     kernel_file = "swiglu.cu"
+    cpu_kernels = True
 
     def forward_native(self, gate_up: torch.Tensor) -> torch.Tensor:
         return layers.swiglu(gate_up)
+
+    def forward_cpu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if not _f32(gate_up) or gate_up.dim() != 2 or gate_up.shape[-1] % 2 or gate_up.shape[-1] == 0:
+            return self.forward_native(gate_up)
+        gate_up = gate_up.contiguous()
+        rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty((rows, inter), dtype=gate_up.dtype)
+        _cpu_call(self, "dop_swiglu", gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads())
+        return out
 
     def forward_cuda(self, gate_up: torch.Tensor) -> torch.Tensor:
         if gate_up.dtype not in _SUFFIX or gate_up.shape[-1] % 2:
@@ -149,9 +219,21 @@ class KVCacheWrite(CustomOp):
 
     kernel_package = "metrale_qwen3"
     kernel_file = "kv_cache_write.cu"
+    cpu_kernels = True
 
     def forward_native(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         attention.write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+    def forward_cpu(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        if (not _f32(k, v, k_cache, v_cache) or not _dense_heads(k, v)
+                or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+                or k_cache.shape[2:] != k.shape[1:] or v_cache.shape != k_cache.shape
+                or slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous()):
+            return self.forward_native(k, v, k_cache, v_cache, slot_mapping)
+        _cpu_call(self, "dop_kv_write", k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                  k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), k.shape[0],
+                  k.shape[1] * k.shape[2])
+        return None
 
     def forward_cuda(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         if k_cache.dtype not in _SUFFIX or k.dtype != k_cache.dtype:
@@ -179,11 +261,30 @@ class PagedAttentionDecode(CustomOp):
 
     kernel_package = "metrale_qwen3"
     kernel_file = "paged_attention_decode.cu"
+    cpu_kernels = True
 
     def forward_native(self, q, k_cache, v_cache, block_tables, context_lens, scale: float,
                        max_context: int) -> torch.Tensor:
         return attention.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
                                           max_context)
+
+    def forward_cpu(self, q, k_cache, v_cache, block_tables, context_lens, scale: float,
+                    max_context: int) -> torch.Tensor:
+        bsz, hq, d = q.shape
+        hk = k_cache.shape[2]
+        if (not _f32(q, k_cache, v_cache) or d % 16 or hq % hk or not _dense_heads(q)
+                or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+                or v_cache.shape != k_cache.shape or block_tables.dtype != torch.int64
+                or context_lens.dtype != torch.int64 or block_tables.stride(-1) != 1
+                or not context_lens.is_contiguous()):
+            return self.forward_native(q, k_cache, v_cache, block_tables, context_lens, scale, max_context)
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        _cpu_call(self, "dop_paged_decode", out.data_ptr(), q.data_ptr(), k_cache.data_ptr(),
+                  v_cache.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
+                  context_lens.data_ptr(), bsz, hq, hk, d, k_cache.shape[1], scale,
+                  torch.get_num_threads())
+        return out
 
     def forward_cuda(self, q, k_cache, v_cache, block_tables, context_lens, scale: float,
                      max_context: int) -> torch.Tensor:

@@ -1,4 +1,6 @@
-"""The torch reference ops (``forward_native``) against straightforward float64 formulas."""
+"""The CPU ops against straightforward float64 formulas, on both CPU paths: the torch reference
+(``forward_native``, the oracle) and the C kernels of ``kernels/cpu/decoder_ops.c``
+(``forward_cpu``, where they run)."""
 
 from __future__ import annotations
 
@@ -7,43 +9,69 @@ import math
 import pytest
 import torch
 
+from metrale_core.kernels import KERNELS_ENV, cpu_unavailable_reason
 from metrale_qwen3.attention import DecodeGather, attend_decode_gathered, prefill_attention
 from metrale_qwen3.layers import apply_rope, rope_cos_sin, rope_inv_freq
 from metrale_qwen3.ops import DecoderOps
 
-OPS = DecoderOps("cpu")
 GEN = torch.Generator().manual_seed(1234)
+CPU_SKIP = cpu_unavailable_reason("metrale_qwen3")
 
 
 def randn(*shape, dtype=torch.float32):
     return torch.randn(shape, generator=GEN).to(dtype)
 
 
-def test_ops_choose_the_native_path_on_cpu():
-    for op in (OPS.rms_norm, OPS.qk_norm_rope, OPS.swiglu, OPS.kv_write, OPS.decode_attention):
-        assert op.path == "native" and op.device.type == "cpu"
+def _ops(path: str, monkeypatch) -> DecoderOps:
+    if path == "cpu" and CPU_SKIP:
+        pytest.skip(f"C CPU kernels: {CPU_SKIP}")
+    monkeypatch.setenv(KERNELS_ENV, path)
+    return DecoderOps("cpu")
 
 
-def test_rms_norm_matches_formula_and_casts_before_weight():
+@pytest.fixture(params=["native", "cpu"])
+def ops(request, monkeypatch) -> DecoderOps:
+    """The decoder's ops on one CPU path."""
+    return _ops(request.param, monkeypatch)
+
+
+@pytest.fixture
+def native_ops(monkeypatch) -> DecoderOps:
+    return _ops("native", monkeypatch)
+
+
+def _all(ops: DecoderOps):
+    return (ops.rms_norm, ops.qk_norm_rope, ops.swiglu, ops.kv_write, ops.decode_attention)
+
+
+def test_ops_choose_the_c_kernels_on_cpu_unless_native_is_forced(monkeypatch):
+    monkeypatch.delenv(KERNELS_ENV, raising=False)
+    expected = "native" if CPU_SKIP else "cpu"
+    assert all(op.path == expected and op.device.type == "cpu" for op in _all(DecoderOps("cpu")))
+    monkeypatch.setenv(KERNELS_ENV, "native")
+    assert all(op.path == "native" and op.cpu_kernel is None for op in _all(DecoderOps("cpu")))
+
+
+def test_rms_norm_matches_formula_and_casts_before_weight(ops):
     x, w = randn(5, 24), randn(24)
     ref = x.double() / torch.sqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
-    torch.testing.assert_close(OPS.rms_norm(x, w, 1e-6).double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6).double(), ref, rtol=1e-5, atol=1e-5)
     xb, wb = x.bfloat16(), w.bfloat16()
     x32 = xb.float()
     normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
-    out = OPS.rms_norm(xb, wb, 1e-6)
+    out = ops.rms_norm(xb, wb, 1e-6)
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, wb * normed)  # bf16 product of bf16 operands, as HF computes it
 
 
 @pytest.mark.parametrize("use_norm", [True, False])
-def test_qk_norm_rope_rotates_pairs_i_and_i_plus_half(use_norm):
+def test_qk_norm_rope_rotates_pairs_i_and_i_plus_half(use_norm, ops):
     tokens, hq, hk, d, theta = 6, 4, 2, 16, 10000.0
     q, k = randn(tokens, hq, d), randn(tokens, hk, d)
     qw, kw = (randn(d), randn(d)) if use_norm else (None, None)
     positions = torch.tensor([0, 1, 5, 6, 7, 40])
     cos, sin = rope_cos_sin(positions, rope_inv_freq(d, theta), torch.float32)
-    q_out, k_out = OPS.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
+    q_out, k_out = ops.qk_norm_rope(q.clone(), k.clone(), qw, kw, cos, sin, 1e-6)  # may rotate in place
 
     def reference(x, w):
         x = x.double()
@@ -72,17 +100,17 @@ def test_rope_linear_and_llama3_scaling():
     assert torch.all(llama3[middle] > base[middle] / 8)
 
 
-def test_swiglu_matches_formula():
-    gate_up = randn(7, 2 * 12)
+def test_swiglu_matches_formula(ops):
+    gate_up = randn(7, 2 * 12) * 6  # far into both tails of the sigmoid
     g, u = gate_up[:, :12].double(), gate_up[:, 12:].double()
-    torch.testing.assert_close(OPS.swiglu(gate_up).double(), g * torch.sigmoid(g) * u, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ops.swiglu(gate_up).double(), g * torch.sigmoid(g) * u, rtol=1e-6, atol=1e-6)
 
 
-def test_kv_write_touches_only_the_mapped_slots():
+def test_kv_write_touches_only_the_mapped_slots(ops):
     k_cache, v_cache = torch.zeros(6, 4, 2, 8), torch.zeros(6, 4, 2, 8)
     k, v = randn(3, 2, 8), randn(3, 2, 8)
     slots = torch.tensor([9, 22, 3])
-    OPS.kv_write(k, v, k_cache, v_cache, slots)
+    ops.kv_write(k, v, k_cache, v_cache, slots)
     flat_k, flat_v = k_cache.view(-1, 2, 8), v_cache.view(-1, 2, 8)
     assert torch.equal(flat_k[slots], k) and torch.equal(flat_v[slots], v)
     untouched = torch.ones(24, dtype=torch.bool)
@@ -109,23 +137,28 @@ def _paged_cache(num_blocks=10, block_size=4, hk=2, d=8):
     return randn(num_blocks, block_size, hk, d), randn(num_blocks, block_size, hk, d)
 
 
-@pytest.mark.parametrize("hq", [2, 8])
-def test_decode_attention_matches_per_sequence_softmax(hq):
-    k_cache, v_cache = _paged_cache()
-    tables = torch.tensor([[7, 2, 9, 0], [4, 0, 0, 0], [1, 3, 5, 8]])  # 0 = padding
-    context = torch.tensor([9, 4, 16])  # crosses, ends on, and fills block boundaries
-    q = randn(3, hq, 8)
-    out = OPS.decode_attention(q, k_cache, v_cache, tables, context, 8 ** -0.5, 16)
+@pytest.mark.parametrize("hq, d", [(2, 8), (8, 8), (2, 16), (6, 64)])
+def test_decode_attention_matches_per_sequence_softmax(hq, d, ops):
+    """Head sizes 16 and 64 run the C kernel; 8 is routed to the torch path by it."""
+    k_cache, v_cache = _paged_cache(d=d)
+    k_cache *= 3  # peaked softmax rows
+    tables = torch.tensor([[7, 2, 9, 0, 0], [4, 0, 0, 0, 0], [1, 3, 5, 8, 6]])  # 0 = padding
+    context = torch.tensor([9, 4, 19])  # crosses, ends on, and spans more than 16 positions
+    q = randn(3, hq, d)
+    out = ops.decode_attention(q, k_cache, v_cache, tables, context, d ** -0.5, 19)
     for b in range(3):
         c = int(context[b])
-        keys = k_cache[tables[b]].reshape(-1, 2, 8)[:c]
-        vals = v_cache[tables[b]].reshape(-1, 2, 8)[:c]
-        ref = _naive_attention(q[b:b + 1], keys, vals, 8 ** -0.5)[0]
+        keys = k_cache[tables[b]].reshape(-1, 2, d)[:c]
+        vals = v_cache[tables[b]].reshape(-1, 2, d)[:c]
+        ref = _naive_attention(q[b:b + 1], keys, vals, d ** -0.5)[0]
         torch.testing.assert_close(out[b].double(), ref, rtol=1e-5, atol=1e-5)
+    k_cache[0].fill_(1e4)  # block 0 is only ever padding here: poisoning it changes nothing
+    v_cache[0].fill_(1e4)
+    assert torch.equal(ops.decode_attention(q, k_cache, v_cache, tables, context, d ** -0.5, 19), out)
 
 
 @pytest.mark.parametrize("hq, dtype", [(2, torch.float32), (8, torch.float32), (8, torch.bfloat16)])
-def test_gathered_decode_attention_equals_the_paged_oracle(hq, dtype):
+def test_gathered_decode_attention_equals_the_paged_oracle(hq, dtype, native_ops):
     """The CPU decode path (slots and mask built once per forward) attends exactly the context
     of each sequence: block-table padding and positions past a context never leak in."""
     k_cache, v_cache = (c.to(dtype) for c in _paged_cache())
@@ -136,7 +169,7 @@ def test_gathered_decode_attention_equals_the_paged_oracle(hq, dtype):
     assert gather.slots.shape == (3 * 16,) and gather.mask.shape == (3, 1, 1, 16)
     assert gather.mask.sum().item() == 9 + 4 + 16
     out = attend_decode_gathered(q, k_cache, v_cache, gather, 8 ** -0.5)
-    ref = OPS.decode_attention.forward_native(q, k_cache, v_cache, tables, context, 8 ** -0.5, 16)
+    ref = native_ops.decode_attention(q, k_cache, v_cache, tables, context, 8 ** -0.5, 16)
     assert out.dtype == dtype and out.shape == q.shape
     tol = 1e-6 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
@@ -161,12 +194,12 @@ def test_prefill_attention_attends_to_prefix_and_causal_rows():
     torch.testing.assert_close(out.double(), _naive_attention(q, keys, vals, 8 ** -0.5), rtol=1e-5, atol=1e-5)
 
 
-def test_qk_rope_same_for_split_views_and_for_each_new_sin_table():
+def test_qk_rope_same_for_split_views_and_for_each_new_sin_table(native_ops):
     """q/k split from one fused projection are rotated through one view (no concatenation), and
     the signed sin table memo follows the table it is given, call after call."""
-    from metrale_qwen3.ops import QKNormRope, _adjacent_heads
+    from metrale_qwen3.ops import _adjacent_heads
 
-    op = QKNormRope("cpu")
+    op = native_ops.qk_norm_rope
     fused = randn(4, (6 + 2 + 2) * 8)
     q, k, _ = fused.split([48, 16, 16], dim=-1)
     q, k = q.view(4, 6, 8), k.view(4, 2, 8)
