@@ -11,23 +11,28 @@ read from ``LoadOptions.weight_format`` when present, else ``$METRALE_WEIGHT_FOR
 ``bf16``
     dense bfloat16 matrices; activations are cast to bfloat16 at each matmul and the result back.
 ``int8``
-    symmetric per-output-channel int8 (re-quantized from the dequantized weights), multiplied as
-    two 4-bit planes through the int4 kernel below (``torch._weight_int8pack_mm`` for shapes it
-    cannot pack); batches go through a bfloat16 copy (see below).
+    symmetric int8 per block of 32 weights (Q8_0's scheme, re-quantized from the dequantized
+    weights; per output channel for shapes that are not whole blocks).
 ``int4``
-    GGUF Q4_0 / Q4_1 / Q8_0 matrices keep their own codes and per-32 group scales through torch's
-    int4 packed CPU kernel (``(q - 8) * scale + zero`` with ``scale = d``, ``zero = m + 8d``; a Q8_0
-    code is split into two 4-bit planes, ``q = 16 * hi + lo``, multiplied in one call), so the
-    weights are the GGUF's values up to the rounding of ``scale``/``zero`` to bfloat16 and the
-    activations enter the matmul in bfloat16; every other matrix (F16/F32 tensors, shapes the
-    kernel cannot pack) is ``int8``.
+    GGUF Q4_0 / Q4_1 / Q8_0 matrices keep their own codes and per-32 block scales; every other
+    matrix (F16/F32 tensors, shapes the kernels cannot take) is ``int8``.
 
-The packed 4-bit kernel streams few bytes but its cost grows with the number of rows, while
+The quantized formats run on one of two kernels:
+
+- :class:`BlockQuantLinear`, the AVX512-VNNI kernel of :mod:`metrale_qwen3.cpu_qmatmul`
+  (x86 CPUs with AVX512-VNNI and a C compiler): the weights are exactly the GGUF block values
+  (``d * q + m``, fp16 scales) and the activations are quantized per block of 32 to int8, the
+  way llama.cpp multiplies Q4_x/Q8_0 by Q8_1.  It stays efficient from 1 to ~32 rows.
+- :class:`Int4Linear`, torch's packed int4 CPU kernel, elsewhere: activations in bfloat16, scales
+  and zeros rounded to bfloat16 (``(q - 8) * scale + zero``, ``zero = m + 8d``; an 8-bit code is
+  split into two 4-bit planes, ``q = 16 * hi + lo``, multiplied in one call).  Its cost grows with
+  every row.
+
 oneDNN's bfloat16 matmul (AMX / AVX512-BF16) costs about the same for 1 or 64 rows.  So the
 quantized formats also keep a bfloat16 copy of each matrix (the dequantized weights, rounded
-once) and multiply a call with more than ``SMALL_BATCH_ROWS`` row-planes through it: decode of a
-few sequences reads 4-bit codes, batched decode and prefill run on bfloat16.  Memory: the codes
-plus 2 bytes per weight.
+once) and multiply a call with more rows than the kernel's crossover (``BLOCK_QUANT_BATCH_ROWS``
+or ``SMALL_BATCH_ROWS`` row-planes) through it: decode reads the codes, prefill runs on
+bfloat16.  Memory: the codes plus 2 bytes per weight.
 
 Invariants:
 - Every ``Linear`` maps ``[T, in_features]`` activations of the model dtype to ``[T, out_features]``
@@ -47,24 +52,27 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from attrs import frozen
+from attrs import field, frozen
 
 from metrale_core.errors import ConfigError, ShapeMismatch
+from metrale_qwen3 import cpu_qmatmul
 
-__all__ = ["WEIGHT_FORMATS", "WEIGHT_FORMAT_ENV", "DenseLinear", "Int4Linear",
-           "Int8Linear", "Linear", "build_linear", "int4_from_gguf", "quantize_int8",
-           "resolve_weight_format"]
+__all__ = ["WEIGHT_FORMATS", "WEIGHT_FORMAT_ENV", "BlockQuantLinear", "DenseLinear", "Int4Linear",
+           "Int8Linear", "Linear", "block_linear", "build_linear", "gguf_blocks", "int4_from_gguf",
+           "quantize_int8", "resolve_weight_format"]
 
 WEIGHT_FORMATS = ("exact", "bf16", "int8", "int4")
 WEIGHT_FORMAT_ENV = "METRALE_WEIGHT_FORMAT"
 #: Activation dtype fed to the quantized CPU kernels (they want activations and scales alike).
 QUANT_ACT_DTYPE = torch.bfloat16
 _GROUP = 32
-#: Calls with at most this many rows (times planes) use the packed kernels; larger ones the
+#: Calls with at most this many rows (times planes) use torch's packed kernels; larger ones the
 #: bfloat16 copy (crossover measured on SmolLM2's shapes, 2 threads: ~8 rows).
 SMALL_BATCH_ROWS = 8
-#: GGML type -> (bytes per 32-element block, 4-bit planes); Q8_0 is split into two nibble planes.
-_INT4_TYPES = {"Q4_0": (18, 1), "Q4_1": (20, 1), "Q8_0": (34, 2)}
+#: The VNNI kernel's crossover against the bfloat16 copy (SmolLM2's shapes, 2 threads: 32-48 rows).
+BLOCK_QUANT_BATCH_ROWS = 32
+#: GGML types whose codes the quantized formats keep -> bytes per 32-element block.
+_GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
 
 class Linear(Protocol):
@@ -107,14 +115,15 @@ class DenseLinear:
         return _add_bias(F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype), self.bias)
 
 
-def _batched(dense: torch.Tensor | None, row_planes: int) -> bool:
+def _batched(dense: torch.Tensor | None, row_planes: int, limit: int) -> bool:
     """A call of ``row_planes`` rows (times planes) goes through the bfloat16 copy, if kept."""
-    return dense is not None and row_planes > SMALL_BATCH_ROWS
+    return dense is not None and row_planes > limit
 
 
 @frozen
 class Int8Linear:
-    """Per-output-channel symmetric int8: ``W[n] = scales[n] * qweight[n]``."""
+    """Per-output-channel symmetric int8: ``W[n] = scales[n] * qweight[n]`` (``torch._weight_int8pack_mm``;
+    only for shapes that are not whole blocks of 32 or tiles of 16 channels)."""
 
     qweight: torch.Tensor  # [N, K] int8
     scales: torch.Tensor  # [N] in QUANT_ACT_DTYPE
@@ -128,7 +137,7 @@ class Int8Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xq = x.to(self.scales.dtype)
-        if _batched(self.dense, x.shape[0]):
+        if _batched(self.dense, x.shape[0], SMALL_BATCH_ROWS):
             y = F.linear(xq, self.dense)
         else:
             y = torch._weight_int8pack_mm(xq, self.qweight, self.scales)
@@ -158,7 +167,7 @@ class Int4Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xq = x.to(self.scales_zeros.dtype)
-        if _batched(self.dense, x.shape[0] * self.planes):
+        if _batched(self.dense, x.shape[0] * self.planes, SMALL_BATCH_ROWS):
             return _add_bias(F.linear(xq, self.dense).to(x.dtype), self.bias)
         if self.planes > 1:
             xq = torch.cat([xq] * self.planes, dim=-1)
@@ -166,12 +175,34 @@ class Int4Linear:
         return _add_bias(y.to(x.dtype), self.bias)
 
 
-def _int8_planes(q: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """8-bit codes ``q`` ``[N, K]`` with group scales ``d`` ``[N, K/32]`` as two 4-bit planes:
-    ``q = 16 * hi + lo``; hi plane ``(c - 8) * 16d`` (``c = hi + 8``), lo plane ``(c - 8) * d + 8d``."""
+@frozen
+class BlockQuantLinear:
+    """``W[n, k] = d[n, k // 32] * q[n, k] + m[n, k // 32]`` (4- or 8-bit unsigned codes, fp16
+    scales) through the AVX512-VNNI kernel of :mod:`metrale_qwen3.cpu_qmatmul`, which quantizes
+    the activations to int8 per block of 32."""
+
+    packed: torch.Tensor  # cpu_qmatmul.pack(...) records
+    out_features: int
+    bits: int
+    kernel: Any = field(repr=False)  # the loaded ctypes library
+    bias: torch.Tensor | None = None
+    #: [N, K] bfloat16 copy for calls with more than BLOCK_QUANT_BATCH_ROWS rows (None: always codes).
+    dense: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if _batched(self.dense, x.shape[0], BLOCK_QUANT_BATCH_ROWS):
+            return _add_bias(F.linear(x.to(QUANT_ACT_DTYPE), self.dense).to(x.dtype), self.bias)
+        y = cpu_qmatmul.qmatmul(self.kernel, x.float(), self.packed, self.out_features, self.bits)
+        return _add_bias(y.to(x.dtype), self.bias)
+
+
+def _int8_planes(q: np.ndarray, d: np.ndarray, zero: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Signed 8-bit codes ``q`` ``[N, K]`` of ``W = d * q + zero`` (``d``, ``zero`` ``[N, K/32]``) as
+    two 4-bit planes: ``q = 16 * hi + lo``; hi plane ``(c - 8) * 16d`` (``c = hi + 8``), lo plane
+    ``(c - 8) * d + 8d + zero``."""
     q = q.astype(np.int32)
     codes = np.concatenate([(q >> 4) + 8, q & 0x0F], axis=1)
-    return codes, np.concatenate([16 * d, d], axis=1), np.concatenate([np.zeros_like(d), 8 * d], axis=1)
+    return codes, np.concatenate([16 * d, d], axis=1), np.concatenate([np.zeros_like(d), 8 * d + zero], axis=1)
 
 
 def _pack(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, planes: int,
@@ -187,57 +218,82 @@ def _batch_copy(dense: torch.Tensor | None) -> torch.Tensor | None:
     return None if dense is None else dense.to(QUANT_ACT_DTYPE).contiguous()
 
 
+def block_linear(codes: np.ndarray, d: np.ndarray, m: np.ndarray, bits: int,
+                 bias: torch.Tensor | None = None,
+                 dense: torch.Tensor | None = None) -> BlockQuantLinear | Int4Linear:
+    """The projection ``W = d * codes + m`` per block of 32 (unsigned ``bits``-bit codes ``[N, K]``,
+    ``d``/``m`` ``[N, K/32]``): :class:`BlockQuantLinear` where the VNNI kernel runs and takes the
+    scales, else torch's packed int4 kernel (:class:`Int4Linear`); ``dense`` becomes the batch copy."""
+    kernel = cpu_qmatmul.kernel()
+    if kernel is not None:
+        try:
+            packed = cpu_qmatmul.pack(codes, d, m, bits)
+        except ValueError:
+            pass  # e.g. a scale fp16 cannot hold: torch's kernel keeps float32 -> bfloat16 scales
+        else:
+            return BlockQuantLinear(packed, int(codes.shape[0]), bits, kernel, bias, _batch_copy(dense))
+    if bits == 4:
+        return _pack(codes, d, m + np.float32(8.0) * d, 1, bias, dense)
+    return _pack(*_int8_planes(codes.astype(np.int32) - 128, d, m + np.float32(128.0) * d),
+                 planes=2, bias=bias, dense=dense)
+
+
 def quantize_int8(weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  batch_copy: bool = False) -> Int8Linear | Int4Linear:
-    """Symmetric per-row int8 of a float matrix (scale = max|row| / 127); run as two 4-bit planes
-    (:class:`Int4Linear`, the faster CPU kernel) when the shape allows, else :class:`Int8Linear`.
-    With ``batch_copy`` the result also keeps ``weight`` in bfloat16 for batched calls."""
+                  batch_copy: bool = False) -> BlockQuantLinear | Int4Linear | Int8Linear:
+    """Symmetric int8 of a float matrix per block of 32 (``d = max|block| / 127`` rounded to fp16,
+    as Q8_0); a shape that is not whole blocks and tiles gets one scale per row
+    (:class:`Int8Linear`).  With ``batch_copy`` the result also keeps ``weight`` in bfloat16 for
+    batched calls."""
     dense = weight if batch_copy else None
     w = weight.float()
+    n, k = w.shape
+    if n % 16 == 0 and k % _GROUP == 0:
+        blocks = w.reshape(n, k // _GROUP, _GROUP)
+        d = (blocks.abs().amax(-1) / 127.0).clamp_min(2.0 ** -24).half().float()
+        q = torch.round(blocks / d[..., None]).clamp_(-127, 127).reshape(n, k)
+        d_np = d.numpy()
+        return block_linear((q + 128).to(torch.int32).numpy(), d_np, np.float32(-128.0) * d_np, 8, bias, dense)
     scales = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
     q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
-    n, k = q.shape
-    if n % 16 == 0 and k % _GROUP == 0:
-        d = np.repeat(scales.numpy()[:, None], k // _GROUP, axis=1)
-        return _pack(*_int8_planes(q.numpy(), d), planes=2, bias=bias, dense=dense)
     return Int8Linear(q.contiguous(), scales.to(QUANT_ACT_DTYPE), bias, _batch_copy(dense))
 
 
-def _gguf_int4_parts(raw: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Codes ``[N, P*K]`` (0..15), scale and zero ``[N, P*K/32]`` (float32) of a Q4_0/Q4_1/Q8_0
-    tensor; ``P`` is 2 for Q8_0 (high-nibble plane, then low-nibble plane), else 1."""
+def gguf_blocks(raw: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """``(codes, d, m, bits)`` of a Q4_0/Q4_1/Q8_0 tensor: ``W = d * codes + m`` per block of 32,
+    unsigned codes ``[N, K]`` (Q4_0: ``m = -8d``; Q8_0: ``codes = q + 128``, ``m = -128d``)."""
     n, k = raw.shape
-    type_size, _ = _INT4_TYPES[raw.quant_type]
+    type_size = _GGUF_BLOCK_BYTES[raw.quant_type]
     blocks = np.ascontiguousarray(raw.data).reshape(-1).view(np.uint8).reshape(n, k // _GROUP, type_size)
     d = blocks[..., 0:2].copy().view("<f2")[..., 0].astype(np.float32)
     if raw.quant_type == "Q8_0":
-        return _int8_planes(blocks[..., 2:].view(np.int8).reshape(n, k), d)
+        codes8 = blocks[..., 2:].view(np.int8).reshape(n, k).astype(np.int32) + 128
+        return codes8, d, np.float32(-128.0) * d, 8
     if raw.quant_type == "Q4_1":
-        zero = blocks[..., 2:4].copy().view("<f2")[..., 0].astype(np.float32) + np.float32(8.0) * d
+        m = blocks[..., 2:4].copy().view("<f2")[..., 0].astype(np.float32)
     else:
-        zero = np.zeros_like(d)
+        m = np.float32(-8.0) * d
     qs = blocks[..., type_size - 16:]
     codes = np.empty((n, k // _GROUP, _GROUP), dtype=np.int32)
     codes[..., :16] = qs & 0x0F
     codes[..., 16:] = qs >> 4
-    return codes.reshape(n, k), d, zero
+    return codes.reshape(n, k), d, m, 4
 
 
 def int4_from_gguf(raws: Sequence[Any], bias: torch.Tensor | None = None,
-                   dense: torch.Tensor | None = None) -> Int4Linear:
-    """An :class:`Int4Linear` holding the codes of GGUF Q4_0/Q4_1/Q8_0 tensors (fused along rows;
-    all parts of one GGML type); ``dense`` (the dequantized matrix) becomes the batch copy."""
-    parts = [_gguf_int4_parts(r) for r in raws]
-    return _pack(*(np.concatenate([p[i] for p in parts]) for i in range(3)),
-                 planes=_INT4_TYPES[raws[0].quant_type][1], bias=bias, dense=dense)
+                   dense: torch.Tensor | None = None) -> BlockQuantLinear | Int4Linear:
+    """The projection holding the codes of GGUF Q4_0/Q4_1/Q8_0 tensors (fused along rows; all parts
+    of one GGML type); ``dense`` (the dequantized matrix) becomes the batch copy."""
+    parts = [gguf_blocks(r) for r in raws]
+    return block_linear(*(np.concatenate([p[i] for p in parts]) for i in range(3)), parts[0][3],
+                        bias=bias, dense=dense)
 
 
 def _int4_ready(store: Any, names: Sequence[str], out_features: int, in_features: int) -> bool:
-    """True when every part is a GGUF tensor of one type in ``_INT4_TYPES`` the kernel can take."""
+    """True when every part is a GGUF tensor of one type in ``_GGUF_BLOCK_BYTES`` the kernel can take."""
     if getattr(store, "format", None) != "gguf" or out_features % 16 or in_features % _GROUP:
         return False
     types = {store.quant_type(n) for n in names}
-    return len(types) == 1 and types <= set(_INT4_TYPES)
+    return len(types) == 1 and types <= set(_GGUF_BLOCK_BYTES)
 
 
 def build_linear(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, int]], fmt: str,

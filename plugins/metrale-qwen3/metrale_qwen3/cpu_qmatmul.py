@@ -1,0 +1,114 @@
+"""The block-quantized CPU matmul (``kernels/cpu/qmatmul.c``): pack weights for it and call it.
+
+Owner: ``metrale_qwen3``; ``linear.BlockQuantLinear`` multiplies through :func:`qmatmul`.  The C
+file is part of the package's CPU library (:func:`metrale_core.kernels.cpu_library`), built with
+the system C compiler on first use.
+
+:func:`kernel` returns the library, or None -- and the weight formats keep torch's kernels --
+where the CPU path is not chosen: the CPU lacks AVX512-VNNI, there is no compiler, the build
+fails, or ``METRALE_KERNELS=native`` (the op name in logs is ``BlockQuantLinear``).
+
+Maths (the C file's header has the layout): weights keep a GGUF block's ``W = d * q + m`` per
+32 weights (4-bit or 8-bit unsigned codes, fp16 ``d``/``m``); activations are quantized per row
+and block of 32 to int8 as llama.cpp's Q8_1 does.  :func:`reference` computes the same numbers
+with torch ops, for tests.
+
+Invariants: ``K % 32 == 0`` and ``N % 16 == 0``; inputs are float32; the packed buffer is a
+contiguous uint8 tensor that outlives every call made with it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from metrale_core.kernels import cpu_library, select_path
+
+__all__ = ["PACKAGE", "kernel", "pack", "qmatmul", "quantize_activations", "reference"]
+
+PACKAGE = "metrale_qwen3"
+QK = 32
+TILE = 16
+_RECORD = {4: 320, 8: 576}
+
+
+def kernel() -> ctypes.CDLL | None:
+    """The package's C library when the CPU path is chosen for the quantized matmul, else None."""
+    if select_path("BlockQuantLinear", torch.device("cpu"), has_kernel=False, cpu_package=PACKAGE) != "cpu":
+        return None
+    lib = cpu_library(PACKAGE)
+    lib.mq_linear.restype = ctypes.c_int
+    lib.mq_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.mq_scratch_bytes.restype = ctypes.c_size_t
+    lib.mq_scratch_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+def pack(codes: np.ndarray, d: np.ndarray, m: np.ndarray, bits: int) -> torch.Tensor:
+    """The kernel's weight buffer for ``W[n, k] = d[n, k // 32] * codes[n, k] + m[n, k // 32]``.
+
+    ``codes`` ``[N, K]`` holds unsigned codes below ``2**bits``; ``d``/``m`` ``[N, K/32]`` are
+    rounded to fp16 (GGUF's own scale type, so GGUF values stay exact).  Raises ``ValueError`` for
+    shapes the kernel cannot take or scales fp16 cannot hold.
+    """
+    n, k = codes.shape
+    if bits not in _RECORD or n % TILE or k % QK:
+        raise ValueError(f"cannot pack [{n}, {k}] at {bits} bits: needs N % {TILE} == 0 and K % {QK} == 0")
+    if codes.min() < 0 or codes.max() >= 2 ** bits:
+        raise ValueError(f"codes outside 0..{2 ** bits - 1}")
+    scales = []
+    for s in (d, m):
+        with np.errstate(over="ignore"):
+            h = np.asarray(s, dtype=np.float32).astype(np.float16)
+        if not np.isfinite(h).all():
+            raise ValueError("a block scale does not fit in fp16")
+        scales.append(h.reshape(n // TILE, TILE, k // QK).transpose(0, 2, 1))  # [T, nb, 16]
+    # [T, 16 (c), nb, 8 (g), 4 (i)] -> [T, nb, g, c, i]
+    c = np.asarray(codes, dtype=np.uint8).reshape(n // TILE, TILE, k // QK, 8, 4).transpose(0, 2, 3, 1, 4)
+    if bits == 4:
+        c = c[:, :, :4] | (c[:, :, 4:] << 4)
+    t, nb = n // TILE, k // QK
+    records = np.concatenate([np.ascontiguousarray(c).reshape(t, nb, -1),
+                              np.ascontiguousarray(scales[0]).view(np.uint8).reshape(t, nb, -1),
+                              np.ascontiguousarray(scales[1]).view(np.uint8).reshape(t, nb, -1)], axis=-1)
+    assert records.shape[-1] == _RECORD[bits]
+    return torch.from_numpy(np.ascontiguousarray(records).reshape(-1))
+
+
+def qmatmul(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_features: int, bits: int,
+            threads: int | None = None) -> torch.Tensor:
+    """``x [R, K] (float32) @ W.T`` for ``packed = pack(...)`` of ``W [out_features, K]``."""
+    x = x.contiguous()
+    rows, k = x.shape
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    scratch = torch.empty(lib.mq_scratch_bytes(rows, k), dtype=torch.uint8)
+    rc = lib.mq_linear(x.data_ptr(), rows, k, packed.data_ptr(), out_features, bits, y.data_ptr(),
+                       scratch.data_ptr(), threads or torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"qmatmul cannot take x {list(x.shape)} with {out_features} outputs at {bits} bits")
+    return y
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes ``[R, K]``, ``da`` and ``sa`` ``[R, K/32]`` exactly as the kernel computes them."""
+    xb = x.float().reshape(x.shape[0], -1, QK)
+    amax = xb.abs().amax(-1)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(xb * inv[..., None]).clamp(-128, 127)
+    da = amax / 127.0
+    return q.reshape(x.shape), da, da * q.sum(-1)
+
+
+def reference(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """What the kernel computes (in float64): the int dot per block, scaled, plus the zero term."""
+    q, da, sa = quantize_activations(x)
+    rows, k = q.shape
+    n = codes.shape[0]
+    qb = q.double().reshape(rows, 1, k // QK, QK)
+    cb = codes.double().reshape(1, n, k // QK, QK)
+    dot = (qb * cb).sum(-1)  # [R, N, nb] integers
+    d16, m16 = (t.to(torch.float16).double() for t in (d, m))
+    return (dot * d16[None] * da.double()[:, None] + m16[None] * sa.double()[:, None]).sum(-1)
