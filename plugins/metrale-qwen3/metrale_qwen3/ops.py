@@ -272,7 +272,7 @@ class PagedAttentionDecode(CustomOp):
                     max_context: int) -> torch.Tensor:
         bsz, hq, d = q.shape
         hk = k_cache.shape[2]
-        if (not _f32(q, k_cache, v_cache) or d % 16 or hq % hk or not _dense_heads(q)
+        if (not _f32(q, k_cache, v_cache) or d % 16 or d > 256 or hq % hk or not _dense_heads(q)
                 or not (k_cache.is_contiguous() and v_cache.is_contiguous())
                 or v_cache.shape != k_cache.shape or block_tables.dtype != torch.int64
                 or context_lens.dtype != torch.int64 or block_tables.stride(-1) != 1

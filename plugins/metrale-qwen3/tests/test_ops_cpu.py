@@ -137,9 +137,10 @@ def _paged_cache(num_blocks=10, block_size=4, hk=2, d=8):
     return randn(num_blocks, block_size, hk, d), randn(num_blocks, block_size, hk, d)
 
 
-@pytest.mark.parametrize("hq, d", [(2, 8), (8, 8), (2, 16), (6, 64)])
+@pytest.mark.parametrize("hq, d", [(2, 8), (8, 8), (2, 16), (6, 64), (4, 128), (2, 48)])
 def test_decode_attention_matches_per_sequence_softmax(hq, d, ops):
-    """Head sizes 16 and 64 run the C kernel; 8 is routed to the torch path by it."""
+    """Head sizes 64 and 128 run specialised C loops, 16 and 48 the generic one; 8 is routed to
+    the torch path."""
     k_cache, v_cache = _paged_cache(d=d)
     k_cache *= 3  # peaked softmax rows
     tables = torch.tensor([[7, 2, 9, 0, 0], [4, 0, 0, 0, 0], [1, 3, 5, 8, 6]])  # 0 = padding

@@ -109,12 +109,6 @@ int dop_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_str
     return 0;
 }
 
-static inline float dot16(const float *a, const float *b, int d) {
-    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(b));
-    for (int i = 16; i < d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-    return _mm512_reduce_add_ps(acc);
-}
-
 /* Scores s[0, len) -> softmax probabilities in place (max-subtracted exponentials, normalised). */
 static void softmax_row(float *s, int64_t len) {
     __m512 mx = _mm512_set1_ps(-INFINITY);
@@ -136,38 +130,83 @@ static void softmax_row(float *s, int64_t len) {
     }
 }
 
-/* The g query heads qh [g, d] of KV head h of one sequence over its len cached positions
- * (table: its block ids); scores [g, len] and acc [g, d] are scratch, out [g, d]. */
-static void attend_kv_head(float *out, const float *qh, const float *k_cache, const float *v_cache,
-                           const int64_t *table, int64_t len, int g, int hk, int h, int d,
-                           int block_size, float scale, float *scores, float *acc) {
-    for (int64_t t = 0; t < len; t++) {
-        const int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const float *kr = k_cache + (slot * hk + h) * d;
-        for (int j = 0; j < g; j++) scores[j * len + t] = dot16(qh + (int64_t)j * d, kr, d) * scale;
-    }
-    for (int j = 0; j < g; j++) softmax_row(scores + j * len, len);
-    memset(acc, 0, sizeof(float) * (size_t)(g * d));
-    for (int64_t t = 0; t < len; t++) {
-        const int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const float *vr = v_cache + (slot * hk + h) * d;
-        for (int j = 0; j < g; j++) {
-            const __m512 p = _mm512_set1_ps(scores[j * len + t]);
-            float *a = acc + j * d;
-            for (int i = 0; i < d; i += 16)
-                _mm512_storeu_ps(a + i, _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + i), _mm512_loadu_ps(a + i)));
+/* Sums of four 16-lane vectors, as [sum a0, sum a1, sum a2, sum a3]. */
+static inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    const __m512 x01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    const __m512 x23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    const __m512 y = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x01), _mm512_castps_pd(x23))),
+                                   _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x01), _mm512_castps_pd(x23))));
+    const __m256 z = _mm256_add_ps(_mm512_castps512_ps256(y), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)));
+    return _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
+}
+
+static inline const float *cache_row(const float *cache, const int64_t *table, int64_t t, int block_size,
+                                     int hk, int h, int d) {
+    return cache + ((table[t / block_size] * block_size + t % block_size) * hk + h) * d;
+}
+
+/* The g query heads qh [g, D] of KV head h of one sequence over its len cached positions (table:
+ * its block ids) into out [g, D]; scores [g, len + 4] is scratch.  D is a compile-time constant at
+ * every call, so a head's query and accumulator stay in registers; scores are reduced four
+ * positions at a time. */
+static inline __attribute__((always_inline)) void attend_kv_head(
+        float *out, const float *qh, const float *k_cache, const float *v_cache, const int64_t *table,
+        int64_t len, int g, int hk, int h, const int D, int block_size, float scale, float *scores) {
+    for (int j = 0; j < g; j++) {
+        __m512 qv[16];
+        for (int i = 0; i < D / 16; i++) qv[i] = _mm512_mul_ps(_mm512_loadu_ps(qh + j * D + i * 16), _mm512_set1_ps(scale));
+        float *s = scores + j * len;
+        int64_t t = 0;
+        for (; t + 4 <= len; t += 4) {
+            __m512 a[4];
+            for (int u = 0; u < 4; u++) {
+                const float *kr = cache_row(k_cache, table, t + u, block_size, hk, h, D);
+                a[u] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+                for (int i = 1; i < D / 16; i++) a[u] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kr + i * 16), a[u]);
+            }
+            _mm_storeu_ps(s + t, reduce4(a[0], a[1], a[2], a[3]));
         }
+        for (; t < len; t++) {
+            const float *kr = cache_row(k_cache, table, t, block_size, hk, h, D);
+            __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+            for (int i = 1; i < D / 16; i++) a = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kr + i * 16), a);
+            s[t] = _mm512_reduce_add_ps(a);
+        }
+        softmax_row(s, len);
+        __m512 acc[16];
+        for (int i = 0; i < D / 16; i++) acc[i] = _mm512_setzero_ps();
+        for (t = 0; t < len; t++) {
+            const float *vr = cache_row(v_cache, table, t, block_size, hk, h, D);
+            const __m512 p = _mm512_set1_ps(s[t]);
+            for (int i = 0; i < D / 16; i++) acc[i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + i * 16), acc[i]);
+        }
+        for (int i = 0; i < D / 16; i++) _mm512_storeu_ps(out + j * D + i * 16, acc[i]);
     }
-    memcpy(out, acc, sizeof(float) * (size_t)(g * d));
+}
+
+static void attend_kv_head_64(float *out, const float *qh, const float *kc, const float *vc, const int64_t *table,
+                              int64_t len, int g, int hk, int h, int bs, float scale, float *scores) {
+    attend_kv_head(out, qh, kc, vc, table, len, g, hk, h, 64, bs, scale, scores);
+}
+
+static void attend_kv_head_128(float *out, const float *qh, const float *kc, const float *vc, const int64_t *table,
+                               int64_t len, int g, int hk, int h, int bs, float scale, float *scores) {
+    attend_kv_head(out, qh, kc, vc, table, len, g, hk, h, 128, bs, scale, scores);
+}
+
+static void attend_kv_head_any(float *out, const float *qh, const float *kc, const float *vc, const int64_t *table,
+                               int64_t len, int g, int hk, int h, int d, int bs, float scale, float *scores) {
+    attend_kv_head(out, qh, kc, vc, table, len, g, hk, h, d, bs, scale, scores);
 }
 
 /* One query row per sequence: out / q [B, Hq, d] (dense), caches [blocks, bs, Hk, d], tables
- * [B, table_stride] block ids, context [B].  The G = Hq / Hk query heads of a KV head share one
- * pass over its keys and values (two-pass softmax); work items are (sequence, KV head) pairs. */
+ * [B, table_stride] block ids, context [B]; head_dim a multiple of 16 up to 256.  Work items are
+ * (sequence, KV head) pairs; the G = Hq / Hk query heads of a KV head read its rows while they are
+ * in L1 (two-pass softmax). */
 int dop_paged_decode(float *out, const float *q, const float *k_cache, const float *v_cache,
                      const int64_t *tables, int64_t table_stride, const int64_t *context, int batch,
                      int hq, int hk, int d, int block_size, float scale, int threads) {
-    if (batch < 0 || hk <= 0 || hq % hk || d % 16 || block_size <= 0 || threads <= 0) return -1;
+    if (batch < 0 || hk <= 0 || hq % hk || d % 16 || d > 256 || block_size <= 0 || threads <= 0) return -1;
     int64_t longest = 0;
     for (int b = 0; b < batch; b++) longest = context[b] > longest ? context[b] : longest;
     const int g = hq / hk;
@@ -175,21 +214,27 @@ int dop_paged_decode(float *out, const float *q, const float *k_cache, const flo
 #pragma omp parallel num_threads(threads)
     {
         float *scores = malloc(sizeof(float) * (size_t)(g * (longest + 16)));
-        float *acc = malloc(sizeof(float) * (size_t)(g * d));
 #pragma omp for schedule(static)
         for (int item = 0; item < batch * hk; item++) {
-            if (scores == NULL || acc == NULL) {
+            if (scores == NULL) {
 #pragma omp atomic write
                 failed = 1;
                 continue;
             }
             const int b = item / hk, h = item % hk;
             const int64_t head = (int64_t)b * hq + (int64_t)h * g;
-            attend_kv_head(out + head * d, q + head * d, k_cache, v_cache, tables + b * table_stride,
-                           context[b], g, hk, h, d, block_size, scale, scores, acc);
+            const int64_t *table = tables + b * table_stride;
+            if (d == 64)
+                attend_kv_head_64(out + head * d, q + head * d, k_cache, v_cache, table, context[b], g, hk, h,
+                                  block_size, scale, scores);
+            else if (d == 128)
+                attend_kv_head_128(out + head * d, q + head * d, k_cache, v_cache, table, context[b], g, hk, h,
+                                   block_size, scale, scores);
+            else
+                attend_kv_head_any(out + head * d, q + head * d, k_cache, v_cache, table, context[b], g, hk, h,
+                                   d, block_size, scale, scores);
         }
         free(scores);
-        free(acc);
     }
     return failed ? -1 : 0;
 }
