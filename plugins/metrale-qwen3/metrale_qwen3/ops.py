@@ -36,7 +36,7 @@ _CPU_SIGNATURES = {
     "dop_qk_norm_rope": (_P, _L, _I, _P, _L, _I, _I, _I, _P, _P, _P, _P, _F, _I),
     "dop_swiglu": (_P, _P, _I, _I, _I),
     "dop_kv_write": (_P, _L, _P, _L, _P, _P, _P, _I, _I),
-    "dop_paged_decode": (_P, _P, _P, _P, _P, _L, _P, _I, _I, _I, _I, _I, _F, _I),
+    "dop_paged_decode": (_P, _P, _L, _P, _P, _P, _L, _P, _I, _I, _I, _I, _I, _F, _I),
 }
 
 
@@ -278,9 +278,8 @@ class PagedAttentionDecode(CustomOp):
                 or context_lens.dtype != torch.int64 or block_tables.stride(-1) != 1
                 or not context_lens.is_contiguous()):
             return self.forward_native(q, k_cache, v_cache, block_tables, context_lens, scale, max_context)
-        q = q.contiguous()
-        out = torch.empty_like(q)
-        _cpu_call(self, "dop_paged_decode", out.data_ptr(), q.data_ptr(), k_cache.data_ptr(),
+        out = torch.empty(q.shape, dtype=q.dtype)
+        _cpu_call(self, "dop_paged_decode", out.data_ptr(), q.data_ptr(), q.stride(0), k_cache.data_ptr(),
                   v_cache.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
                   context_lens.data_ptr(), bsz, hq, hk, d, k_cache.shape[1], scale,
                   torch.get_num_threads())

@@ -145,7 +145,7 @@ def test_decode_attention_matches_per_sequence_softmax(hq, d, ops):
     k_cache *= 3  # peaked softmax rows
     tables = torch.tensor([[7, 2, 9, 0, 0], [4, 0, 0, 0, 0], [1, 3, 5, 8, 6]])  # 0 = padding
     context = torch.tensor([9, 4, 19])  # crosses, ends on, and spans more than 16 positions
-    q = randn(3, hq, d)
+    q = randn(3, hq + 3, d)[:, 1:hq + 1]  # a strided view, as split from a fused qkv projection
     out = ops.decode_attention(q, k_cache, v_cache, tables, context, d ** -0.5, 19)
     for b in range(3):
         c = int(context[b])

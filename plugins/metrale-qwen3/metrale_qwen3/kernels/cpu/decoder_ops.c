@@ -199,13 +199,15 @@ static void attend_kv_head_any(float *out, const float *qh, const float *kc, con
     attend_kv_head(out, qh, kc, vc, table, len, g, hk, h, d, bs, scale, scores);
 }
 
-/* One query row per sequence: out / q [B, Hq, d] (dense), caches [blocks, bs, Hk, d], tables
+/* One query row per sequence: q [B, Hq, d] (dense heads, row stride q_stride), out [B, Hq, d]
+ * (dense), caches [blocks, bs, Hk, d], tables
  * [B, table_stride] block ids, context [B]; head_dim a multiple of 16 up to 256.  Work items are
  * (sequence, KV head) pairs; the G = Hq / Hk query heads of a KV head read its rows while they are
  * in L1 (two-pass softmax). */
-int dop_paged_decode(float *out, const float *q, const float *k_cache, const float *v_cache,
-                     const int64_t *tables, int64_t table_stride, const int64_t *context, int batch,
-                     int hq, int hk, int d, int block_size, float scale, int threads) {
+int dop_paged_decode(float *out, const float *q, int64_t q_stride, const float *k_cache,
+                     const float *v_cache, const int64_t *tables, int64_t table_stride,
+                     const int64_t *context, int batch, int hq, int hk, int d, int block_size,
+                     float scale, int threads) {
     if (batch < 0 || hk <= 0 || hq % hk || d % 16 || d > 256 || block_size <= 0 || threads <= 0) return -1;
     int64_t longest = 0;
     for (int b = 0; b < batch; b++) longest = context[b] > longest ? context[b] : longest;
@@ -222,17 +224,16 @@ int dop_paged_decode(float *out, const float *q, const float *k_cache, const flo
                 continue;
             }
             const int b = item / hk, h = item % hk;
-            const int64_t head = (int64_t)b * hq + (int64_t)h * g;
+            float *o = out + ((int64_t)b * hq + (int64_t)h * g) * d;
+            const float *qh = q + b * q_stride + (int64_t)h * g * d;
             const int64_t *table = tables + b * table_stride;
             if (d == 64)
-                attend_kv_head_64(out + head * d, q + head * d, k_cache, v_cache, table, context[b], g, hk, h,
-                                  block_size, scale, scores);
+                attend_kv_head_64(o, qh, k_cache, v_cache, table, context[b], g, hk, h, block_size, scale, scores);
             else if (d == 128)
-                attend_kv_head_128(out + head * d, q + head * d, k_cache, v_cache, table, context[b], g, hk, h,
-                                   block_size, scale, scores);
+                attend_kv_head_128(o, qh, k_cache, v_cache, table, context[b], g, hk, h, block_size, scale, scores);
             else
-                attend_kv_head_any(out + head * d, q + head * d, k_cache, v_cache, table, context[b], g, hk, h,
-                                   d, block_size, scale, scores);
+                attend_kv_head_any(o, qh, k_cache, v_cache, table, context[b], g, hk, h, d, block_size, scale,
+                                   scores);
         }
         free(scores);
     }
