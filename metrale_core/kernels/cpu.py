@@ -35,7 +35,7 @@ from pathlib import Path
 
 from metrale_core.embedded import cache_dir
 
-__all__ = ["CPU_CFLAGS", "CPU_ISA", "INCLUDE_DIR", "build_cpu_library", "compiler", "cpu_library",
+__all__ = ["CPU_CFLAGS", "CPU_ISA", "INCLUDE_DIR", "build_cpu_library", "compiler", "cpu_flags", "cpu_library",
            "cpu_sources", "cpu_unavailable_reason"]
 
 INCLUDE_DIR = Path(__file__).parent / "include"
@@ -50,7 +50,8 @@ _libraries: dict[str, ctypes.CDLL | None] = {}
 _reasons: dict[str, str] = {}
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """The ``flags`` of ``/proc/cpuinfo`` (empty where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -96,7 +97,7 @@ def build_cpu_library(sources: list[Path], name: str, out_dir: Path | None = Non
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         tmp_lib = Path(tmp) / lib.name
-        proc = subprocess.run([cc, *CPU_CFLAGS, f"-I{INCLUDE_DIR}", *map(str, sources), "-o", str(tmp_lib)],
+        proc = subprocess.run([cc, *CPU_CFLAGS, f"-I{INCLUDE_DIR}", *map(str, sources), "-o", str(tmp_lib), "-lm"],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{Path(cc).name} failed on {', '.join(s.name for s in sources)}:\n"
@@ -109,7 +110,7 @@ def _load(package: str) -> ctypes.CDLL | None:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         _reasons[package] = f"the CPU is {platform.machine()}, not x86-64"
         return None
-    missing = [f for f in CPU_ISA if f not in _cpu_flags()]
+    missing = [f for f in CPU_ISA if f not in cpu_flags()]
     if missing:
         _reasons[package] = f"the CPU lacks {', '.join(missing)}"
         return None

@@ -203,7 +203,7 @@ def fake_cpu_package(tmp_path, monkeypatch):
     cpu_mod._libraries.pop("metrale_fake_cpu_pkg", None)
 
 
-needs_cpu_isa = pytest.mark.skipif(not set(cpu_mod.CPU_ISA) <= cpu_mod._cpu_flags() or compiler() is None,
+needs_cpu_isa = pytest.mark.skipif(not set(cpu_mod.CPU_ISA) <= cpu_mod.cpu_flags() or compiler() is None,
                                    reason="needs an AVX512-VNNI x86 CPU and a C compiler")
 
 
@@ -230,7 +230,7 @@ def test_a_cpu_library_is_rebuilt_only_when_its_sources_change(fake_cpu_package,
 
 
 def test_cpu_library_reports_why_it_cannot_run(fake_cpu_package, monkeypatch):
-    monkeypatch.setattr(cpu_mod, "_cpu_flags", lambda: {"sse2"})
+    monkeypatch.setattr(cpu_mod, "cpu_flags", lambda: {"sse2"})
     assert cpu_library("metrale_fake_cpu_pkg") is None
     assert "lacks avx512f" in cpu_unavailable_reason("metrale_fake_cpu_pkg")
     assert Doubler("cpu").path == "native"
@@ -241,7 +241,7 @@ def test_cpu_library_reports_why_it_cannot_run(fake_cpu_package, monkeypatch):
 
 def test_a_failed_build_names_the_compiler_error(fake_cpu_package, monkeypatch):
     (fake_cpu_package / "kernels" / "cpu" / "broken.c").write_text("int broken( {\n")
-    monkeypatch.setattr(cpu_mod, "_cpu_flags", lambda: set(cpu_mod.CPU_ISA))
+    monkeypatch.setattr(cpu_mod, "cpu_flags", lambda: set(cpu_mod.CPU_ISA))
     monkeypatch.setattr(cpu_mod.platform, "machine", lambda: "x86_64")
     if compiler() is None:
         pytest.skip("no C compiler")

@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 from metrale_core.kernels import cpu_library, select_path
+from metrale_core.kernels.cpu import cpu_flags
 
-__all__ = ["PACKAGE", "kernel", "pack", "qmatmul", "quantize_activations", "reference"]
+__all__ = ["PACKAGE", "kernel", "pack", "qmatmul", "quantize_activations", "reference", "set_amx"]
 
 PACKAGE = "metrale_qwen3"
 QK = 32
@@ -35,16 +36,31 @@ _RECORD = {4: 320, 8: 576}
 
 
 def kernel() -> ctypes.CDLL | None:
-    """The package's C library when the CPU path is chosen for the quantized matmul, else None."""
+    """The package's C library when the CPU path is chosen for the quantized matmul, else None.
+    On CPUs with AMX-INT8 the first call also turns the AMX path on (see :func:`set_amx`)."""
     if select_path("BlockQuantLinear", torch.device("cpu"), has_kernel=False, cpu_package=PACKAGE) != "cpu":
         return None
     lib = cpu_library(PACKAGE)
-    lib.mq_linear.restype = ctypes.c_int
-    lib.mq_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-                              ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-    lib.mq_scratch_bytes.restype = ctypes.c_size_t
-    lib.mq_scratch_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
+    if lib.mq_linear.argtypes is None:
+        lib.mq_linear.restype = ctypes.c_int
+        lib.mq_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                  ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.mq_scratch_bytes.restype = ctypes.c_size_t
+        lib.mq_scratch_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
+        lib.mq_set_amx.restype = ctypes.c_int
+        lib.mq_set_amx.argtypes = [ctypes.c_int]
+        set_amx(lib, True)
     return lib
+
+
+def set_amx(lib: ctypes.CDLL, on: bool) -> bool:
+    """Use AMX-INT8 tiles for calls of 4 rows or more (``on``, where the CPU has AMX and the OS
+    grants the tile state) or the AVX512-VNNI path only; returns whether AMX is used now.  Both
+    paths compute the same sums (see the C file); not to be called while a matmul runs."""
+    flags = cpu_flags()
+    if on and not {"amx_tile", "amx_int8"} <= flags:
+        on = False
+    return bool(lib.mq_set_amx(int(on)))
 
 
 def pack(codes: np.ndarray, d: np.ndarray, m: np.ndarray, bits: int) -> torch.Tensor:
@@ -70,6 +86,8 @@ def pack(codes: np.ndarray, d: np.ndarray, m: np.ndarray, bits: int) -> torch.Te
     c = np.asarray(codes, dtype=np.uint8).reshape(n // TILE, TILE, k // QK, 8, 4).transpose(0, 2, 3, 1, 4)
     if bits == 4:
         c = c[:, :, :4] | (c[:, :, 4:] << 4)
+    else:
+        c = c ^ np.uint8(0x80)  # stored signed (q - 128): the B operand of the AMX path
     t, nb = n // TILE, k // QK
     records = np.concatenate([np.ascontiguousarray(c).reshape(t, nb, -1),
                               np.ascontiguousarray(scales[0]).view(np.uint8).reshape(t, nb, -1),
@@ -96,7 +114,8 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     """Codes ``[R, K]``, ``da`` and ``sa`` ``[R, K/32]`` exactly as the kernel computes them."""
     xb = x.float().reshape(x.shape[0], -1, QK)
     amax = xb.abs().amax(-1)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    # tensor / tensor is IEEE division, as in C (torch computes scalar / tensor via a reciprocal)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     q = torch.round(xb * inv[..., None]).clamp(-128, 127)
     da = amax / 127.0
     return q.reshape(x.shape), da, da * q.sum(-1)

@@ -19,10 +19,11 @@ read from ``LoadOptions.weight_format`` when present, else ``$METRALE_WEIGHT_FOR
 
 The quantized formats run on one of two kernels:
 
-- :class:`BlockQuantLinear`, the AVX512-VNNI kernel of :mod:`metrale_qwen3.cpu_qmatmul`
-  (x86 CPUs with AVX512-VNNI and a C compiler): the weights are exactly the GGUF block values
-  (``d * q + m``, fp16 scales) and the activations are quantized per block of 32 to int8, the
-  way llama.cpp multiplies Q4_x/Q8_0 by Q8_1.  It stays efficient from 1 to ~32 rows.
+- :class:`BlockQuantLinear`, the C kernel of :mod:`metrale_qwen3.cpu_qmatmul` (x86 CPUs with
+  AVX512-VNNI and a C compiler; AMX-INT8 tiles for 12 rows or more where the CPU has them): the
+  weights are exactly the GGUF block values (``d * q + m``, fp16 scales) and the activations are
+  quantized per block of 32 to int8, the way llama.cpp multiplies Q4_x/Q8_0 by Q8_1.  It stays
+  efficient from 1 to ~32 rows.
 - :class:`Int4Linear`, torch's packed int4 CPU kernel, elsewhere: activations in bfloat16, scales
   and zeros rounded to bfloat16 (``(q - 8) * scale + zero``, ``zero = m + 8d``; an 8-bit code is
   split into two 4-bit planes, ``q = 16 * hi + lo``, multiplied in one call).  Its cost grows with
@@ -69,7 +70,8 @@ _GROUP = 32
 #: Calls with at most this many rows (times planes) use torch's packed kernels; larger ones the
 #: bfloat16 copy (crossover measured on SmolLM2's shapes, 2 threads: ~8 rows).
 SMALL_BATCH_ROWS = 8
-#: The VNNI kernel's crossover against the bfloat16 copy (SmolLM2's shapes, 2 threads: 32-48 rows).
+#: The C kernel's crossover against the bfloat16 copy (SmolLM2's shapes, 2 threads: 32-48 rows
+#: without AMX, ~64 with it).
 BLOCK_QUANT_BATCH_ROWS = 32
 #: GGML types whose codes the quantized formats keep -> bytes per 32-element block.
 _GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
@@ -178,7 +180,7 @@ class Int4Linear:
 @frozen
 class BlockQuantLinear:
     """``W[n, k] = d[n, k // 32] * q[n, k] + m[n, k // 32]`` (4- or 8-bit unsigned codes, fp16
-    scales) through the AVX512-VNNI kernel of :mod:`metrale_qwen3.cpu_qmatmul`, which quantizes
+    scales) through the C kernel of :mod:`metrale_qwen3.cpu_qmatmul` (AVX512-VNNI / AMX), which quantizes
     the activations to int8 per block of 32."""
 
     packed: torch.Tensor  # cpu_qmatmul.pack(...) records
@@ -222,7 +224,7 @@ def block_linear(codes: np.ndarray, d: np.ndarray, m: np.ndarray, bits: int,
                  bias: torch.Tensor | None = None,
                  dense: torch.Tensor | None = None) -> BlockQuantLinear | Int4Linear:
     """The projection ``W = d * codes + m`` per block of 32 (unsigned ``bits``-bit codes ``[N, K]``,
-    ``d``/``m`` ``[N, K/32]``): :class:`BlockQuantLinear` where the VNNI kernel runs and takes the
+    ``d``/``m`` ``[N, K/32]``): :class:`BlockQuantLinear` where the C kernel runs and takes the
     scales, else torch's packed int4 kernel (:class:`Int4Linear`); ``dense`` becomes the batch copy."""
     kernel = cpu_qmatmul.kernel()
     if kernel is not None:

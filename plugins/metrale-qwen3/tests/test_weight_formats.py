@@ -15,6 +15,7 @@ from gguf import quants as gguf_quants
 from metrale_core.components import LoadOptions
 from metrale_core.errors import ConfigError
 from metrale_core.kernels import KERNELS_ENV, cpu_unavailable_reason
+from metrale_core.kernels.cpu import cpu_flags
 from metrale_core.weights.gguf_dequant import dequantize
 from metrale_core.weights.store import RawTensor
 import metrale_qwen3.linear as linear_mod
@@ -34,7 +35,6 @@ def _raw(weight: np.ndarray, qtype: str) -> RawTensor:
 
 
 VNNI_SKIP = f"VNNI kernel: {cpu_unavailable_reason(cpu_qmatmul.PACKAGE) or 'METRALE_KERNELS=native'}"
-needs_vnni = pytest.mark.skipif(cpu_qmatmul.kernel() is None, reason=VNNI_SKIP)
 
 
 @pytest.fixture(params=["vnni", "torch-int4"])
@@ -72,18 +72,34 @@ def test_quantized_projections_keep_the_gguf_codes_and_scales(qtype, kernel_path
     torch.testing.assert_close(got, torch.from_numpy(expected), rtol=tol, atol=tol)
 
 
-@needs_vnni
+HAS_AMX = {"amx_tile", "amx_int8"} <= cpu_flags()
+
+
+@pytest.fixture(params=["vnni", "amx"])
+def matmul_path(request):
+    """The kernel with AMX off (AVX512-VNNI only) or on (calls of AMX_MIN_ROWS rows or more)."""
+    lib = cpu_qmatmul.kernel()
+    if lib is None:
+        pytest.skip(VNNI_SKIP)
+    if request.param == "amx" and not HAS_AMX:
+        pytest.skip("the CPU has no AMX-INT8")
+    assert cpu_qmatmul.set_amx(lib, request.param == "amx") == (request.param == "amx")
+    yield lib
+    cpu_qmatmul.set_amx(lib, True)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 16])
-def test_vnni_kernel_matches_its_reference(bits, rows):
-    """Every row-group size and both code widths against the same maths in float64 torch ops."""
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 12, 16, 17, 40])
+def test_quantized_matmul_matches_its_reference(bits, rows, matmul_path):
+    """Every row-group size, AMX row tile and padding, both code widths and both paths against the
+    same maths in float64 torch ops (the activation codes are bit-exact, so only sums differ)."""
     rng = np.random.default_rng(rows)
     n, k = 64, 160
     codes = rng.integers(0, 2 ** bits, (n, k))
     d = (rng.random((n, k // 32)) * 0.02).astype(np.float32)
     m = (-rng.random((n, k // 32)) * 0.1).astype(np.float32)
     x = torch.randn(rows, k) * torch.linspace(0.01, 10, k)  # blocks of very different ranges
-    got = cpu_qmatmul.qmatmul(cpu_qmatmul.kernel(), x, cpu_qmatmul.pack(codes, d, m, bits), n, bits)
+    got = cpu_qmatmul.qmatmul(matmul_path, x, cpu_qmatmul.pack(codes, d, m, bits), n, bits)
     want = cpu_qmatmul.reference(x, torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m))
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
     # ... and the reference is close to the float matmul it approximates
