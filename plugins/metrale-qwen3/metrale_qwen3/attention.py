@@ -214,14 +214,18 @@ def _decode(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan,
 
 
 def paged_attention(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan,
-                    decode_op) -> torch.Tensor:
+                    decode_op, prefill_op=None) -> torch.Tensor:
     """Attend every row of ``q`` ``[T, Hq, d]`` over ``layer`` of ``kv``; ``decode_op`` is the
-    batched decode kernel op over plain caches."""
+    batched decode kernel op over plain caches, ``prefill_op`` (CPU models) the one for the
+    multi-row segments over plain caches."""
     if plan.pure_decode:
         return _decode(q, kv, layer, plan, decode_op)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if plan.decode_rows is not None:
         out[plan.decode_rows] = _decode(q[plan.decode_rows], kv, layer, plan, decode_op)
+    if kv.plain and prefill_op is not None and prefill_op.path == "cpu":
+        prefill_op(out, q, kv.k[layer], kv.v[layer], plan.block_tables, plan.multi_row, plan.scale)
+        return out
     for start, end, seq, context_len in plan.multi_row:
         num_blocks = -(-context_len // kv.block_size)
         k, v = kv.gather(layer, plan.block_tables[seq, :num_blocks], q.dtype)

@@ -100,7 +100,7 @@ class DecoderLM:
         v = v.view(-1, d.num_kv_heads, d.head_dim)
         q, k = ops.qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, d.rms_norm_eps)
         kv.write(index, batch.slot_mapping, k, v, kernel=ops.kv_write)
-        o = paged_attention(q, kv, index, plan, ops.decode_attention)
+        o = paged_attention(q, kv, index, plan, ops.decode_attention, ops.prefill_attention)
         x = x + w.o_proj(o.reshape(-1, q_size))
         h = ops.rms_norm(x, w.post_norm, d.rms_norm_eps)
         act = ops.swiglu(w.gate_up(h))

@@ -25,7 +25,8 @@ from metrale_core.kernels.cuda import f32, i32, i64, ptr, torch_stream
 
 from metrale_qwen3 import attention, layers
 
-__all__ = ["DecoderOps", "KVCacheWrite", "PagedAttentionDecode", "QKNormRope", "RMSNorm", "SwiGLU"]
+__all__ = ["DecoderOps", "KVCacheWrite", "PagedAttentionDecode", "PagedAttentionPrefill", "QKNormRope",
+           "RMSNorm", "SwiGLU"]
 
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _THREADS = 256
@@ -37,6 +38,7 @@ _CPU_SIGNATURES = {
     "dop_swiglu": (_P, _P, _I, _I, _I),
     "dop_kv_write": (_P, _L, _P, _L, _P, _P, _P, _I, _I),
     "dop_paged_decode": (_P, _P, _L, _P, _P, _P, _L, _P, _I, _I, _I, _I, _I, _F, _I),
+    "dop_paged_prefill": (_P, _L, _P, _L, _P, _P, _P, _L, _P, _I, _I, _I, _I, _I, _F, _I),
 }
 
 
@@ -309,8 +311,52 @@ class PagedAttentionDecode(CustomOp):
         return out
 
 
+class PagedAttentionPrefill(CustomOp):
+    """The multi-row segments of a batch (prefill chunks) attending causally over a plain paged
+    cache, written into ``out`` ``[T, Hq, d]``: ``segments`` holds ``(row_start, row_end,
+    sequence, context_len)`` per segment (``AttentionPlan.multi_row``).
+
+    CPU only (there is no CUDA kernel: CUDA models attend prefill rows through ``attention.py``).
+    The C kernel takes segments of up to ``C_KERNEL_ROWS`` rows -- many short prompts in one
+    call, where SDPA per segment cost ~90 us per sequence and layer; longer ones go through SDPA,
+    which is as fast from ~512 rows (SmolLM2, 2 threads)."""
+
+    kernel_package = "metrale_qwen3"
+    cpu_kernels = True
+    #: Longest segment the C kernel attends (longer: SDPA per segment).
+    C_KERNEL_ROWS = 256
+    #: ``(segments, rows tensor)`` of the last call (one table per forward, reused by every layer).
+    _rows: tuple[tuple, torch.Tensor] | None = None
+
+    def forward_native(self, out, q, k_cache, v_cache, block_tables, segments, scale: float) -> None:
+        for start, end, seq, context_len in segments:
+            out[start:end] = attention.prefill_attention(q[start:end], k_cache, v_cache, block_tables[seq],
+                                                         context_len, scale)
+
+    def forward_cpu(self, out, q, k_cache, v_cache, block_tables, segments, scale: float) -> None:
+        d, hq, hk = q.shape[2], q.shape[1], k_cache.shape[2]
+        short = tuple(s for s in segments if s[1] - s[0] <= self.C_KERNEL_ROWS)
+        if (not short or not _f32(q, out, k_cache, v_cache) or d % 16 or d > 256 or hq % hk
+                or not _dense_heads(q, out) or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+                or block_tables.dtype != torch.int64 or block_tables.stride(-1) != 1):
+            return self.forward_native(out, q, k_cache, v_cache, block_tables, segments, scale)
+        if self._rows is None or self._rows[0] is not segments:
+            table = [(start + i, seq, context_len - (end - start) + i + 1)
+                     for start, end, seq, context_len in short for i in range(end - start)]
+            self._rows = (segments, torch.tensor(table, dtype=torch.int64))
+        rows = self._rows[1]
+        _cpu_call(self, "dop_paged_prefill", out.data_ptr(), out.stride(0), q.data_ptr(), q.stride(0),
+                  k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
+                  rows.data_ptr(), rows.shape[0], hq, hk, d, k_cache.shape[1], scale, torch.get_num_threads())
+        if len(short) < len(segments):
+            self.forward_native(out, q, k_cache, v_cache, block_tables,
+                                tuple(s for s in segments if s[1] - s[0] > self.C_KERNEL_ROWS), scale)
+        return None
+
+
 class DecoderOps:
-    """Every op the decoder uses, built once for one device (so the path is chosen once)."""
+    """Every op the decoder uses, built once for one device (so the path is chosen once).
+    ``prefill_attention`` exists on CPU models only (None on CUDA)."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.rms_norm = RMSNorm(device)
@@ -318,7 +364,9 @@ class DecoderOps:
         self.swiglu = SwiGLU(device)
         self.kv_write = KVCacheWrite(device)
         self.decode_attention = PagedAttentionDecode(device)
+        self.prefill_attention = PagedAttentionPrefill(device) if torch.device(device).type == "cpu" else None
 
     def __repr__(self) -> str:
-        ops = (self.rms_norm, self.qk_norm_rope, self.swiglu, self.kv_write, self.decode_attention)
-        return "DecoderOps(" + ", ".join(map(repr, ops)) + ")"
+        ops = (self.rms_norm, self.qk_norm_rope, self.swiglu, self.kv_write, self.decode_attention,
+               self.prefill_attention)
+        return "DecoderOps(" + ", ".join(map(repr, filter(None, ops))) + ")"

@@ -41,7 +41,8 @@ def native_ops(monkeypatch) -> DecoderOps:
 
 
 def _all(ops: DecoderOps):
-    return (ops.rms_norm, ops.qk_norm_rope, ops.swiglu, ops.kv_write, ops.decode_attention)
+    return (ops.rms_norm, ops.qk_norm_rope, ops.swiglu, ops.kv_write, ops.decode_attention,
+            ops.prefill_attention)
 
 
 def test_ops_choose_the_c_kernels_on_cpu_unless_native_is_forced(monkeypatch):
@@ -156,6 +157,27 @@ def test_decode_attention_matches_per_sequence_softmax(hq, d, ops):
     k_cache[0].fill_(1e4)  # block 0 is only ever padding here: poisoning it changes nothing
     v_cache[0].fill_(1e4)
     assert torch.equal(ops.decode_attention(q, k_cache, v_cache, tables, context, d ** -0.5, 19), out)
+
+
+@pytest.mark.parametrize("hq, d", [(4, 64), (2, 16), (6, 128), (2, 8)])
+def test_prefill_attention_attends_each_segment_causally(hq, d, ops, monkeypatch):
+    """Several sequences' multi-row segments in one batch, each row over its sequence's prefix and
+    the rows before it; a segment longer than the C kernel's limit goes through SDPA."""
+    monkeypatch.setattr(type(ops.prefill_attention), "C_KERNEL_ROWS", 6)
+    k_cache, v_cache = _paged_cache(num_blocks=12, d=d)
+    tables = torch.tensor([[3, 7, 1, 0], [5, 0, 0, 0], [2, 4, 6, 8], [9, 10, 11, 0]])
+    # (row_start, row_end, sequence, context_len): a chunk after a cached prefix, a whole prompt,
+    # a segment past the C limit and a two-row one
+    segments = ((0, 5, 0, 11), (5, 9, 1, 4), (9, 18, 2, 14), (18, 20, 3, 12))
+    q = randn(21, hq + 1, d)[:, :hq]  # a strided view; row 20 is a decode row, not ours
+    out = torch.full((21, hq, d), 7.0)
+    ops.prefill_attention(out, q, k_cache, v_cache, tables, segments, d ** -0.5)
+    for start, end, seq, context in segments:
+        keys = k_cache[tables[seq]].reshape(-1, 2, d)[:context]
+        vals = v_cache[tables[seq]].reshape(-1, 2, d)[:context]
+        ref = _naive_attention(q[start:end], keys, vals, d ** -0.5)
+        torch.testing.assert_close(out[start:end].double(), ref, rtol=1e-5, atol=1e-5)
+    assert (out[20] == 7.0).all()  # rows outside the segments are left alone
 
 
 @pytest.mark.parametrize("hq, dtype", [(2, torch.float32), (8, torch.float32), (8, torch.bfloat16)])

@@ -239,3 +239,43 @@ int dop_paged_decode(float *out, const float *q, int64_t q_stride, const float *
     }
     return failed ? -1 : 0;
 }
+
+/* Multi-row (prefill) segments: rows [R, 3] int64 = (row of q / out, sequence, visible
+ * positions) -- each query row attends causally to the first `visible` positions of its
+ * sequence's cache.  Work items are (row, KV head) pairs; same per-head maths as decode. */
+int dop_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_stride,
+                      const float *k_cache, const float *v_cache, const int64_t *tables,
+                      int64_t table_stride, const int64_t *rows, int num_rows, int hq, int hk, int d,
+                      int block_size, float scale, int threads) {
+    if (num_rows < 0 || hk <= 0 || hq % hk || d % 16 || d > 256 || block_size <= 0 || threads <= 0) return -1;
+    int64_t longest = 0;
+    for (int r = 0; r < num_rows; r++) longest = rows[3 * r + 2] > longest ? rows[3 * r + 2] : longest;
+    const int g = hq / hk;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(g * (longest + 16)));
+#pragma omp for schedule(dynamic, 4)
+        for (int item = 0; item < num_rows * hk; item++) {
+            if (scores == NULL) {
+#pragma omp atomic write
+                failed = 1;
+                continue;
+            }
+            const int64_t *row = rows + 3 * (item / hk);
+            const int h = item % hk;
+            float *o = out + row[0] * out_stride + (int64_t)h * g * d;
+            const float *qh = q + row[0] * q_stride + (int64_t)h * g * d;
+            const int64_t *table = tables + row[1] * table_stride;
+            if (d == 64)
+                attend_kv_head_64(o, qh, k_cache, v_cache, table, row[2], g, hk, h, block_size, scale, scores);
+            else if (d == 128)
+                attend_kv_head_128(o, qh, k_cache, v_cache, table, row[2], g, hk, h, block_size, scale, scores);
+            else
+                attend_kv_head_any(o, qh, k_cache, v_cache, table, row[2], g, hk, h, d, block_size, scale,
+                                   scores);
+        }
+        free(scores);
+    }
+    return failed ? -1 : 0;
+}
