@@ -19,7 +19,8 @@ DATA_SUFFIXES = {".cu", ".cuh", ".c", ".h", ".jinja"}
 def _package_data(project: Path) -> tuple[list[Path], dict[str, list[str]]]:
     config = tomllib.loads((project / "pyproject.toml").read_text())["tool"]["setuptools"]
     patterns = config.get("package-data", {})
-    includes = config.get("packages", {}).get("find", {}).get("include", ["*"])
+    listed = config.get("packages", {})  # a list of names, or {"find": {"include": [...]}}
+    includes = listed if isinstance(listed, list) else listed.get("find", {}).get("include", ["*"])
     packages = [p for p in project.iterdir()
                 if (p / "__init__.py").is_file() and any(fnmatch.fnmatch(p.name, i) for i in includes)]
     return packages, patterns
