@@ -33,6 +33,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from loguru import logger
+
 from metrale_core.embedded import cache_dir
 
 __all__ = ["CPU_CFLAGS", "CPU_ISA", "INCLUDE_DIR", "build_cpu_library", "compiler", "cpu_flags", "cpu_library",
@@ -95,6 +97,7 @@ def build_cpu_library(sources: list[Path], name: str, out_dir: Path | None = Non
     if lib.exists():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
+    logger.info("building the C CPU kernels of {} (once per version, a few seconds)", name)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         tmp_lib = Path(tmp) / lib.name
         proc = subprocess.run([cc, *CPU_CFLAGS, f"-I{INCLUDE_DIR}", *map(str, sources), "-o", str(tmp_lib), "-lm"],
