@@ -37,8 +37,8 @@ from loguru import logger
 
 from metrale_core.embedded import cache_dir
 
-__all__ = ["CPU_CFLAGS", "CPU_ISA", "INCLUDE_DIR", "build_cpu_library", "compiler", "cpu_flags", "cpu_library",
-           "cpu_sources", "cpu_unavailable_reason"]
+__all__ = ["CPU_CFLAGS", "CPU_ISA", "INCLUDE_DIR", "build_cpu_library", "compiler", "cpu_flags",
+           "cpu_library", "cpu_sources", "cpu_unavailable_reason"]
 
 INCLUDE_DIR = Path(__file__).parent / "include"
 #: Every C CPU library is compiled for this ISA (Intel since Ice Lake / Sapphire Rapids, AMD Zen 4).
@@ -100,8 +100,8 @@ def build_cpu_library(sources: list[Path], name: str, out_dir: Path | None = Non
     logger.info("building the C CPU kernels of {} (once per version, a few seconds)", name)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         tmp_lib = Path(tmp) / lib.name
-        proc = subprocess.run([cc, *CPU_CFLAGS, f"-I{INCLUDE_DIR}", *map(str, sources), "-o", str(tmp_lib), "-lm"],
-                              capture_output=True, text=True)
+        command = [cc, *CPU_CFLAGS, f"-I{INCLUDE_DIR}", *map(str, sources), "-o", str(tmp_lib), "-lm"]
+        proc = subprocess.run(command, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{Path(cc).name} failed on {', '.join(s.name for s in sources)}:\n"
                                f"{proc.stderr.strip()[-3000:]}")

@@ -26,7 +26,8 @@ from metrale_core.kernels import (
     select_path,
 )
 from metrale_core.kernels import cpu as cpu_mod
-from metrale_core.kernels.cpu import build_cpu_library, compiler, cpu_library, cpu_sources, cpu_unavailable_reason
+from metrale_core.kernels.cpu import (build_cpu_library, compiler, cpu_library, cpu_sources,
+                                      cpu_unavailable_reason)
 from metrale_core.kernels.cuda import CORE_INCLUDE_DIR, KERNEL_INCLUDE_DIRS, expand_includes
 
 

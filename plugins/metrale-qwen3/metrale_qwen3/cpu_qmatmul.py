@@ -27,7 +27,8 @@ import torch
 from metrale_core.kernels import cpu_library, select_path
 from metrale_core.kernels.cpu import cpu_flags
 
-__all__ = ["PACKAGE", "kernel", "pack", "qmatmul", "quantize_activations", "reference", "set_amx"]
+__all__ = ["PACKAGE", "bf16_kernel", "kernel", "pack", "pack_bf16", "qmatmul", "qmatmul_bf16",
+           "quantize_activations", "reference", "set_amx"]
 
 PACKAGE = "metrale_qwen3"
 QK = 32
@@ -49,8 +50,19 @@ def kernel() -> ctypes.CDLL | None:
         lib.mq_scratch_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
         lib.mq_set_amx.restype = ctypes.c_int
         lib.mq_set_amx.argtypes = [ctypes.c_int]
+        lib.mq_linear_bf16.restype = ctypes.c_int
+        lib.mq_linear_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                       ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.mq_bf16_scratch_bytes.restype = ctypes.c_size_t
+        lib.mq_bf16_scratch_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
         set_amx(lib, True)
     return lib
+
+
+def bf16_kernel() -> ctypes.CDLL | None:
+    """The library when it can also multiply bfloat16 weights (the CPU has AVX512-BF16), else None."""
+    lib = kernel()
+    return lib if lib is not None and "avx512_bf16" in cpu_flags() else None
 
 
 def set_amx(lib: ctypes.CDLL, on: bool) -> bool:
@@ -107,6 +119,31 @@ def qmatmul(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_feature
                        scratch.data_ptr(), threads or torch.get_num_threads())
     if rc != 0:
         raise ValueError(f"qmatmul cannot take x {list(x.shape)} with {out_features} outputs at {bits} bits")
+    return y
+
+
+def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """The bfloat16 kernel's layout of ``weight`` ``[N, K]`` (rounded to bfloat16): tiles of 16
+    channels, each ``K/2`` runs of (16 channels x 2 consecutive k).  Raises ``ValueError`` for
+    shapes it cannot take (``N % 16``, ``K % 32``)."""
+    n, k = weight.shape
+    if n % TILE or k % QK:
+        raise ValueError(f"cannot pack [{n}, {k}] for bfloat16: needs N % {TILE} == 0 and K % {QK} == 0")
+    w = weight.to(torch.bfloat16).view(torch.int16).reshape(n // TILE, TILE, k // 2, 2)
+    return w.transpose(1, 2).contiguous().reshape(-1)
+
+
+def qmatmul_bf16(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_features: int,
+                 threads: int | None = None) -> torch.Tensor:
+    """``bf16(x) [R, K] @ W.T`` in float32 for ``packed = pack_bf16(W)`` (needs :func:`bf16_kernel`)."""
+    x = x.contiguous()
+    rows, k = x.shape
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    scratch = torch.empty(lib.mq_bf16_scratch_bytes(rows, k), dtype=torch.uint8)
+    rc = lib.mq_linear_bf16(x.data_ptr(), rows, k, packed.data_ptr(), out_features, y.data_ptr(),
+                            scratch.data_ptr(), threads or torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"qmatmul_bf16 cannot take x {list(x.shape)} with {out_features} outputs")
     return y
 
 

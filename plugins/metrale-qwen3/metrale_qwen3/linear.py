@@ -9,7 +9,8 @@ read from ``LoadOptions.weight_format`` when present, else ``$METRALE_WEIGHT_FOR
 ``exact`` (default)
     dense tensors in the model dtype, ``F.linear`` -- bit-identical to dequantize-then-matmul.
 ``bf16``
-    dense bfloat16 matrices; activations are cast to bfloat16 at each matmul and the result back.
+    dense bfloat16 matrices; activations are cast to bfloat16 at each matmul and the result back
+    (the output head keeps its products in float32 where the CPU has AVX512-BF16).
 ``int8``
     symmetric int8 per block of 32 weights (Q8_0's scheme, re-quantized from the dequantized
     weights; per output channel for shapes that are not whole blocks).
@@ -58,8 +59,8 @@ from attrs import field, frozen
 from metrale_core.errors import ConfigError, ShapeMismatch
 from metrale_qwen3 import cpu_qmatmul
 
-__all__ = ["WEIGHT_FORMATS", "WEIGHT_FORMAT_ENV", "BlockQuantLinear", "DenseLinear", "Int4Linear",
-           "Int8Linear", "Linear", "block_linear", "build_linear", "gguf_blocks", "int4_from_gguf",
+__all__ = ["WEIGHT_FORMATS", "WEIGHT_FORMAT_ENV", "Bf16Linear", "BlockQuantLinear", "DenseLinear",
+           "Int4Linear", "Int8Linear", "Linear", "block_linear", "build_linear", "gguf_blocks", "int4_from_gguf",
            "quantize_int8", "resolve_weight_format"]
 
 WEIGHT_FORMATS = ("exact", "bf16", "int8", "int4")
@@ -198,13 +199,30 @@ class BlockQuantLinear:
         return _add_bias(y.to(x.dtype), self.bias)
 
 
+@frozen
+class Bf16Linear:
+    """A bfloat16 matrix whose products stay float32 (the C kernel's ``qmatmul_bf16``; oneDNN
+    rounds them to bfloat16, 0.125 apart near 25, which ties close logits).  The ``bf16`` format's
+    output head."""
+
+    packed: torch.Tensor  # cpu_qmatmul.pack_bf16(W)
+    out_features: int
+    kernel: Any = field(repr=False)
+    bias: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = cpu_qmatmul.qmatmul_bf16(self.kernel, x.float(), self.packed, self.out_features)
+        return _add_bias(y.to(x.dtype), self.bias)
+
+
 def _int8_planes(q: np.ndarray, d: np.ndarray, zero: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Signed 8-bit codes ``q`` ``[N, K]`` of ``W = d * q + zero`` (``d``, ``zero`` ``[N, K/32]``) as
     two 4-bit planes: ``q = 16 * hi + lo``; hi plane ``(c - 8) * 16d`` (``c = hi + 8``), lo plane
     ``(c - 8) * d + 8d + zero``."""
     q = q.astype(np.int32)
     codes = np.concatenate([(q >> 4) + 8, q & 0x0F], axis=1)
-    return codes, np.concatenate([16 * d, d], axis=1), np.concatenate([np.zeros_like(d), 8 * d + zero], axis=1)
+    zeros = np.concatenate([np.zeros_like(d), 8 * d + zero], axis=1)
+    return codes, np.concatenate([16 * d, d], axis=1), zeros
 
 
 def _pack(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, planes: int,
@@ -254,7 +272,8 @@ def quantize_int8(weight: torch.Tensor, bias: torch.Tensor | None = None, *,
         d = (blocks.abs().amax(-1) / 127.0).clamp_min(2.0 ** -24).half().float()
         q = torch.round(blocks / d[..., None]).clamp_(-127, 127).reshape(n, k)
         d_np = d.numpy()
-        return block_linear((q + 128).to(torch.int32).numpy(), d_np, np.float32(-128.0) * d_np, 8, bias, dense)
+        codes = (q + 128).to(torch.int32).numpy()
+        return block_linear(codes, d_np, np.float32(-128.0) * d_np, 8, bias, dense)
     scales = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
     q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
     return Int8Linear(q.contiguous(), scales.to(QUANT_ACT_DTYPE), bias, _batch_copy(dense))
@@ -301,11 +320,13 @@ def _int4_ready(store: Any, names: Sequence[str], out_features: int, in_features
 def build_linear(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, int]], fmt: str,
                  dtype: torch.dtype, device: torch.device | str,
                  bias: torch.Tensor | None = None,
-                 dense: torch.Tensor | None = None) -> Linear:
+                 dense: torch.Tensor | None = None, *, output_head: bool = False) -> Linear:
     """The projection stacking tensors ``names`` (with their expected ``shapes``) in format ``fmt``.
 
     ``dense`` is the already-loaded fused matrix in ``dtype`` when the caller has it (the tied
     output head reuses the embedding); otherwise the parts are read with ``store.get``.
+    ``output_head``: the matrix computes the logits, which ``bf16`` keeps in float32
+    (:class:`Bf16Linear`) where the CPU can.
     """
     out_features = sum(s[0] for s in shapes)
     in_features = shapes[0][1]
@@ -323,6 +344,9 @@ def build_linear(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, i
     if fmt == "exact":
         return DenseLinear(dense, bias)
     if fmt == "bf16":
+        kernel = cpu_qmatmul.bf16_kernel() if output_head else None
+        if kernel is not None and out_features % 16 == 0 and in_features % _GROUP == 0:
+            return Bf16Linear(cpu_qmatmul.pack_bf16(dense), out_features, kernel, bias)
         return DenseLinear(dense.to(torch.bfloat16).contiguous(), bias)
     if int4:
         return int4_from_gguf([store.get_raw(n) for n in names], bias, dense)

@@ -205,10 +205,11 @@ def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
     if tied or weight_format == "exact":
         lm_head = embed if tied else get("lm_head.weight", (dims.vocab_size, D))
         head = build_linear(store, [head_name], [(dims.vocab_size, D)], weight_format, dtype, device,
-                            dense=lm_head)
+                            dense=lm_head, output_head=True)
     else:
         lm_head = None
-        head = linear([head_name], [(dims.vocab_size, D)], None)
+        head = build_linear(store, [head_name], [(dims.vocab_size, D)], weight_format, dtype, device,
+                            output_head=True)
     return DecoderWeights(embed=embed, layers=tuple(layers), norm=get("model.norm.weight", (D,)),
                           lm_head=lm_head, head=head, weight_format=weight_format)
 

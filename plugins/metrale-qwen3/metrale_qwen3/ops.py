@@ -197,7 +197,8 @@ class SwiGLU(CustomOp):
         gate_up = gate_up.contiguous()
         rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty((rows, inter), dtype=gate_up.dtype)
-        _cpu_call(self, "dop_swiglu", gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads())
+        _cpu_call(self, "dop_swiglu", gate_up.data_ptr(), out.data_ptr(), rows, inter,
+                  torch.get_num_threads())
         return out
 
     def forward_cuda(self, gate_up: torch.Tensor) -> torch.Tensor:

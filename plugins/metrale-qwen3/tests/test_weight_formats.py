@@ -20,7 +20,8 @@ from metrale_core.weights.gguf_dequant import dequantize
 from metrale_core.weights.store import RawTensor
 import metrale_qwen3.linear as linear_mod
 from metrale_qwen3 import cpu_qmatmul
-from metrale_qwen3.linear import (SMALL_BATCH_ROWS, WEIGHT_FORMAT_ENV, BlockQuantLinear, DenseLinear,
+from metrale_qwen3.linear import (SMALL_BATCH_ROWS, WEIGHT_FORMAT_ENV, Bf16Linear, BlockQuantLinear,
+                                  DenseLinear,
                                   Int4Linear, Int8Linear, gguf_blocks, int4_from_gguf, quantize_int8,
                                   resolve_weight_format)
 
@@ -107,6 +108,23 @@ def test_quantized_matmul_matches_its_reference(bits, rows, matmul_path):
          + torch.from_numpy(m).half().float()[..., None]).reshape(n, k)
     exact = x.double() @ w.double().T
     assert (want - exact).abs().max() < 0.02 * exact.abs().max()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+def test_bf16_kernel_keeps_float32_products(rows):
+    """bfloat16 weights times bfloat16-rounded activations, summed and returned in float32 (what
+    the bf16 format's output head uses so close logits do not tie)."""
+    lib = cpu_qmatmul.bf16_kernel()
+    if lib is None:
+        pytest.skip("needs the C kernels and AVX512-BF16")
+    w = torch.randn(48, 96)
+    x = torch.randn(rows, 96) * 3
+    got = cpu_qmatmul.qmatmul_bf16(lib, x, cpu_qmatmul.pack_bf16(w), 48)
+    want = x.bfloat16().double() @ w.bfloat16().double().T
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(got, got.bfloat16().float())  # not rounded to bfloat16
+    with pytest.raises(ValueError, match="N % 16"):
+        cpu_qmatmul.pack_bf16(torch.zeros(8, 32))
 
 
 def test_pack_rejects_what_the_kernel_cannot_take():
@@ -235,6 +253,8 @@ def test_lossy_formats_stay_close_to_exact_on_smollm2(fmt, path, exact_reference
     monkeypatch.setenv(WEIGHT_FORMAT_ENV, fmt)
     model = load("llama", real_open_weights()(GGUF))
     assert model.weights.weight_format == fmt
+    if fmt == "bf16" and cpu_qmatmul.bf16_kernel() is not None:  # float32 logits
+        assert isinstance(model.weights.head, Bf16Linear)
     if fmt == "int4":  # the Q4_1 projections and the Q8_0 head keep their GGUF codes
         kind = BlockQuantLinear if cpu_qmatmul.kernel() is not None else Int4Linear
         assert isinstance(model.weights.layers[0].gate_up, kind) and isinstance(model.weights.head, kind)
