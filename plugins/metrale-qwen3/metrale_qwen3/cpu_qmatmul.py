@@ -1,8 +1,9 @@
 """The block-quantized CPU matmul (``kernels/cpu/qmatmul.c``): pack weights for it and call it.
 
-Owner: ``metrale_qwen3``; ``linear.BlockQuantLinear`` multiplies through :func:`qmatmul`.  The C
-file is part of the package's CPU library (:func:`metrale_core.kernels.cpu_library`), built with
-the system C compiler on first use.
+Owner: ``metrale_qwen3``; ``linear.BlockQuantLinear`` multiplies through :func:`qmatmul`,
+``linear.Bf16Linear`` (the bf16 format's head) through :func:`qmatmul_bf16`.  The C file is part
+of the package's CPU library (:func:`metrale_core.kernels.cpu_library`), built with the system C
+compiler on first use.
 
 :func:`kernel` returns the library, or None -- and the weight formats keep torch's kernels --
 where the CPU path is not chosen: the CPU lacks AVX512-VNNI, there is no compiler, the build
@@ -13,8 +14,8 @@ Maths (the C file's header has the layout): weights keep a GGUF block's ``W = d 
 and block of 32 to int8 as llama.cpp's Q8_1 does.  :func:`reference` computes the same numbers
 with torch ops, for tests.
 
-Invariants: ``K % 32 == 0`` and ``N % 16 == 0``; inputs are float32; the packed buffer is a
-contiguous uint8 tensor that outlives every call made with it.
+Invariants: ``K % 32 == 0`` and ``N % 16 == 0``; inputs are float32; a packed buffer is a
+contiguous tensor that outlives every call made with it.
 """
 
 from __future__ import annotations

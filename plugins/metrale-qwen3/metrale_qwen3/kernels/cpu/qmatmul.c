@@ -1,7 +1,8 @@
-/* Block-quantized matmul for x86 CPUs with AVX512-VNNI: y[R, N] = x[R, K] @ W[N, K]^T.
+/* Block-quantized matmul for x86 CPUs with AVX512-VNNI: y[R, N] = x[R, K] @ W[N, K]^T (and, at
+ * the end of the file, the bfloat16-weight matmul with float32 results of the bf16 format's head).
  *
- * Owner: metrale_qwen3.cpu_qmatmul (builds this file with the system C compiler, loads it with
- * ctypes and packs the weights into the layout below).
+ * Owner: metrale_qwen3.cpu_qmatmul (packs the weights into the layout below and calls it);
+ * metrale_core.kernels.cpu builds it with decoder_ops.c into the package's CPU library.
  *
  * Weights keep a GGUF block format's own values: every run of 32 weights along K (a block) of an
  * output channel n is W[n, k] = d[n, b] * q[n, k] + m[n, b] with unsigned codes q (4-bit: 0..15,
