@@ -23,6 +23,7 @@ from rich.table import Table
 from textual.app import App
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from metrale_core.tui.chat_client import ChatClient
@@ -115,13 +116,19 @@ class MetraleApp(App):
         self.set_interval(self.refresh_s, self.refresh_now)
 
     def refresh_now(self) -> None:
-        """Poll the status, the snapshot and the logs once and redraw."""
+        """Poll the status, the snapshot and the logs once and redraw (a tick while the
+        dashboard's screen is not there -- the interval can fire once more during shutdown --
+        does nothing)."""
+        try:
+            header = self.query_one(HeaderBar)
+        except NoMatches:
+            return
         self.tick += 1
         status = self.status
         status.poll()
         snap = status.snapshot()
         self.rates.sample(snap, self.clock())
-        self.query_one(HeaderBar).show(status)
+        header.show(status)
         self.query_one(OverviewPane).show(status, self.tick)
         self.query_one(StatsPane).show(snap, self.rates)
         self.query_one(LogsPane).poll()

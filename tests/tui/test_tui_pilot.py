@@ -202,3 +202,24 @@ def test_help_tab_and_loading_progress():
         assert status.stop_requested and status.state == "stopping"
 
     asyncio.run(scenario())
+
+
+def test_a_refresh_tick_without_the_dashboard_widgets_does_nothing(served):
+    """The refresh interval can fire once more while the app shuts down, when the dashboard's
+    widgets are gone: that tick must not raise (it failed a run under load once)."""
+    from metrale_core.tui.header import HeaderBar
+
+    status, _ = served
+
+    async def scenario():
+        app = MetraleApp(status, refresh_s=60)
+        async with app.run_test(size=SIZE) as pilot:
+            ticks = app.tick
+            app.refresh_now()
+            assert app.tick == ticks + 1
+            await app.query_one(HeaderBar).remove()  # as in teardown
+            await pilot.pause(0.05)
+            app.refresh_now()
+            assert app.tick == ticks + 1
+
+    asyncio.run(scenario())
