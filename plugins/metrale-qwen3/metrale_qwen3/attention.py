@@ -154,13 +154,15 @@ class AttentionPlan:
     multi_row: tuple[tuple[int, int, int, int], ...]
     #: ``[B, max_blocks]`` block tables of the batch.
     block_tables: torch.Tensor
-    #: The decode rows' cache slots and mask (CPU only; None on CUDA or without decode rows).
+    #: The decode rows' cache slots and mask (CPU torch path only; None on CUDA, on the C path or
+    #: without decode rows).
     decode_gather: DecodeGather | None = None
 
     @classmethod
-    def from_batch(cls, batch: ForwardBatch, scale: float) -> "AttentionPlan":
+    def from_batch(cls, batch: ForwardBatch, scale: float, gather: bool = True) -> "AttentionPlan":
+        """``gather``: build the CPU ``decode_gather`` (only the torch decode path reads it)."""
         qlens, clens = batch.query_lens_host, batch.context_lens_host
-        cpu = batch.input_ids.device.type == "cpu"
+        cpu = gather and batch.input_ids.device.type == "cpu"
         if batch.is_pure_decode:
             max_context = max(clens, default=0)
             gather = (DecodeGather.build(batch.block_tables, batch.context_lens, max_context,

@@ -73,7 +73,8 @@ class DecoderLM:
             raise ValueError(f"{self.info.architecture} needs a paged KV cache with "
                              f"{self.dims.num_layers} layers")
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)
-        plan = AttentionPlan.from_batch(batch, self._scale)
+        plan = AttentionPlan.from_batch(batch, self._scale,
+                                        gather=self.ops.decode_attention.path == "native")
         x = F.embedding(batch.input_ids, self.weights.embed) if inputs_embeds is None \
             else inputs_embeds.to(self.dtype)
         for i, layer in enumerate(self.weights.layers):
