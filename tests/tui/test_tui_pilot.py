@@ -37,7 +37,7 @@ def test_overview_stats_chat_and_quit_against_a_live_server(served):
             assert "M E T R A L E" in header and "SERVING" in header and "up 0:00:0" in header
             assert f"listen {status.listen}" in header and "model tiny-llama" in header
             assert "kv float32" in header and "sched fcfs" in header
-            assert f"READY" in text and f"listening {status.listen}" in text
+            assert "READY" in text and f"listening {status.listen}" in text
             for phase in ("HTTP server", "weights", "engine"):
                 assert f"✓ {phase}" in text
             assert "tensors 20/20" in text and "100.0%" in text
@@ -65,7 +65,7 @@ def test_overview_stats_chat_and_quit_against_a_live_server(served):
             assert "total 2  active 0  waiting 0" in text
             assert f"{snap.generation_tokens_total} generated" in text
             assert "p50 —" not in text and "n=2" in text
-            assert f"KV blocks used 0 / free 128 of 128" in text
+            assert "KV blocks used 0 / free 128 of 128" in text
             assert "prefix-cache hit rate" in text and "preemptions 0" in text
 
             # quitting stops the server
