@@ -7,8 +7,8 @@ Invariants:
   checks its inputs and launches the matching ``kernels/*.cu`` entry point (``<name>_f32`` or
   ``<name>_bf16``); dtypes without a kernel (float16) route to ``forward_native``.
 - ``forward_cpu`` calls the ``dop_*`` entry point of ``kernels/cpu/decoder_ops.c`` for float32
-  tensors with dense rows and routes everything else (other dtypes, strided heads, head sizes the
-  kernel does not take) to ``forward_native``.
+  activations with dense rows (KV caches: float32 or bfloat16) and routes everything else (other
+  dtypes, strided heads, head sizes the kernel does not take) to ``forward_native``.
 - ``QKNormRope`` and ``KVCacheWrite`` may work in place: callers use the returned tensors.
 - All kernels run on torch's current CUDA stream.
 """
@@ -36,9 +36,9 @@ _CPU_SIGNATURES = {
     "dop_rms_norm": (_P, _L, _P, _P, _I, _I, _F, _I),
     "dop_qk_norm_rope": (_P, _L, _I, _P, _L, _I, _I, _I, _P, _P, _P, _P, _F, _I),
     "dop_swiglu": (_P, _P, _I, _I, _I),
-    "dop_kv_write": (_P, _L, _P, _L, _P, _P, _P, _I, _I),
-    "dop_paged_decode": (_P, _P, _L, _P, _P, _P, _L, _P, _I, _I, _I, _I, _I, _F, _I),
-    "dop_paged_prefill": (_P, _L, _P, _L, _P, _P, _P, _L, _P, _I, _I, _I, _I, _I, _F, _I),
+    "dop_kv_write": (_P, _L, _P, _L, _P, _P, _P, _I, _I, _I),
+    "dop_paged_decode": (_P, _P, _L, _P, _P, _I, _P, _L, _P, _I, _I, _I, _I, _I, _F, _I),
+    "dop_paged_prefill": (_P, _L, _P, _L, _P, _P, _I, _P, _L, _P, _I, _I, _I, _I, _I, _F, _I),
 }
 
 
@@ -53,6 +53,12 @@ def _cpu_call(op: CustomOp, name: str, *args: Any) -> None:
 
 def _f32(*tensors: torch.Tensor | None) -> bool:
     return all(t is None or t.dtype == torch.float32 for t in tensors)
+
+
+def _cpu_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Plain ``[blocks, bs, Hk, d]`` caches the C kernels read: float32 or bfloat16, contiguous."""
+    return (k_cache.dtype in (torch.float32, torch.bfloat16) and v_cache.dtype == k_cache.dtype
+            and v_cache.shape == k_cache.shape and k_cache.is_contiguous() and v_cache.is_contiguous())
 
 
 def _round_up_32(n: int) -> int:
@@ -228,14 +234,14 @@ class KVCacheWrite(CustomOp):
         attention.write_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def forward_cpu(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        if (not _f32(k, v, k_cache, v_cache) or not _dense_heads(k, v)
-                or not (k_cache.is_contiguous() and v_cache.is_contiguous())
-                or k_cache.shape[2:] != k.shape[1:] or v_cache.shape != k_cache.shape
+        row = k.shape[1] * k.shape[2]
+        bf16 = k_cache.dtype == torch.bfloat16
+        if (not _f32(k, v) or not _dense_heads(k, v) or not _cpu_caches(k_cache, v_cache)
+                or k_cache.shape[2:] != k.shape[1:] or (bf16 and row % 16)
                 or slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous()):
             return self.forward_native(k, v, k_cache, v_cache, slot_mapping)
         _cpu_call(self, "dop_kv_write", k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-                  k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), k.shape[0],
-                  k.shape[1] * k.shape[2])
+                  k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), k.shape[0], row, bf16)
         return None
 
     def forward_cuda(self, k, v, k_cache, v_cache, slot_mapping) -> None:
@@ -275,15 +281,15 @@ class PagedAttentionDecode(CustomOp):
                     max_context: int) -> torch.Tensor:
         bsz, hq, d = q.shape
         hk = k_cache.shape[2]
-        if (not _f32(q, k_cache, v_cache) or d % 16 or d > 256 or hq % hk or not _dense_heads(q)
-                or not (k_cache.is_contiguous() and v_cache.is_contiguous())
-                or v_cache.shape != k_cache.shape or block_tables.dtype != torch.int64
+        if (not _f32(q) or d % 16 or d > 256 or hq % hk or not _dense_heads(q)
+                or not _cpu_caches(k_cache, v_cache) or block_tables.dtype != torch.int64
                 or context_lens.dtype != torch.int64 or block_tables.stride(-1) != 1
                 or not context_lens.is_contiguous()):
             return self.forward_native(q, k_cache, v_cache, block_tables, context_lens, scale, max_context)
         out = torch.empty(q.shape, dtype=q.dtype)
         _cpu_call(self, "dop_paged_decode", out.data_ptr(), q.data_ptr(), q.stride(0), k_cache.data_ptr(),
-                  v_cache.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
+                  v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, block_tables.data_ptr(),
+                  block_tables.stride(0),
                   context_lens.data_ptr(), bsz, hq, hk, d, k_cache.shape[1], scale,
                   torch.get_num_threads())
         return out
@@ -337,9 +343,9 @@ class PagedAttentionPrefill(CustomOp):
     def forward_cpu(self, out, q, k_cache, v_cache, block_tables, segments, scale: float) -> None:
         d, hq, hk = q.shape[2], q.shape[1], k_cache.shape[2]
         short = tuple(s for s in segments if s[1] - s[0] <= self.C_KERNEL_ROWS)
-        if (not short or not _f32(q, out, k_cache, v_cache) or d % 16 or d > 256 or hq % hk
-                or not _dense_heads(q, out) or not (k_cache.is_contiguous() and v_cache.is_contiguous())
-                or block_tables.dtype != torch.int64 or block_tables.stride(-1) != 1):
+        if (not short or not _f32(q, out) or d % 16 or d > 256 or hq % hk or not _dense_heads(q, out)
+                or not _cpu_caches(k_cache, v_cache) or block_tables.dtype != torch.int64
+                or block_tables.stride(-1) != 1):
             return self.forward_native(out, q, k_cache, v_cache, block_tables, segments, scale)
         if self._rows is None or self._rows[0] is not segments:
             table = [(start + i, seq, context_len - (end - start) + i + 1)
@@ -347,8 +353,9 @@ class PagedAttentionPrefill(CustomOp):
             self._rows = (segments, torch.tensor(table, dtype=torch.int64))
         rows = self._rows[1]
         _cpu_call(self, "dop_paged_prefill", out.data_ptr(), out.stride(0), q.data_ptr(), q.stride(0),
-                  k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
-                  rows.data_ptr(), rows.shape[0], hq, hk, d, k_cache.shape[1], scale, torch.get_num_threads())
+                  k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, block_tables.data_ptr(),
+                  block_tables.stride(0), rows.data_ptr(), rows.shape[0], hq, hk, d, k_cache.shape[1], scale,
+                  torch.get_num_threads())
         if len(short) < len(segments):
             self.forward_native(out, q, k_cache, v_cache, block_tables,
                                 tuple(s for s in segments if s[1] - s[0] > self.C_KERNEL_ROWS), scale)

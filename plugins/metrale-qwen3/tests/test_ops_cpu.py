@@ -119,6 +119,21 @@ def test_kv_write_touches_only_the_mapped_slots(ops):
     assert flat_k[untouched].abs().sum() == 0 and flat_v[untouched].abs().sum() == 0
 
 
+def test_kv_write_rounds_into_a_bfloat16_cache_as_torch_does(ops):
+    """float32 K/V into a bfloat16 cache: round to nearest even (ties, the largest finite values,
+    infinities and NaN included), bit for bit what ``.to(torch.bfloat16)`` gives."""
+    k_cache, v_cache = torch.zeros(6, 4, 2, 16, dtype=torch.bfloat16), torch.zeros(6, 4, 2, 16, dtype=torch.bfloat16)
+    k, v = randn(3, 2, 16) * 100, randn(3, 2, 16)
+    ties = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 3.3895e38, float("inf"),
+                         float("-inf"), float("nan"), 1e-40])  # halfway cases, overflow, subnormal
+    k[0, 0, :8] = ties
+    slots = torch.tensor([9, 22, 3])
+    ops.kv_write(k, v, k_cache, v_cache, slots)
+    got_k, got_v = k_cache.view(-1, 2, 16)[slots], v_cache.view(-1, 2, 16)[slots]
+    assert torch.equal(got_k.view(torch.int16), k.to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(got_v.view(torch.int16), v.to(torch.bfloat16).view(torch.int16))
+
+
 def _naive_attention(q, keys, values, scale):
     """q [n, Hq, d] over keys/values [c, Hk, d], row i attending to keys 0..c-n+i (float64)."""
     n, hq, _ = q.shape
@@ -138,11 +153,12 @@ def _paged_cache(num_blocks=10, block_size=4, hk=2, d=8):
     return randn(num_blocks, block_size, hk, d), randn(num_blocks, block_size, hk, d)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hq, d", [(2, 8), (8, 8), (2, 16), (6, 64), (4, 128), (2, 48)])
-def test_decode_attention_matches_per_sequence_softmax(hq, d, ops):
+def test_decode_attention_matches_per_sequence_softmax(hq, d, cache_dtype, ops):
     """Head sizes 64 and 128 run specialised C loops, 16 and 48 the generic one; 8 is routed to
-    the torch path."""
-    k_cache, v_cache = _paged_cache(d=d)
+    the torch path.  A bfloat16 cache is read widened to float32 (exactly)."""
+    k_cache, v_cache = (c.to(cache_dtype) for c in _paged_cache(d=d))
     k_cache *= 3  # peaked softmax rows
     tables = torch.tensor([[7, 2, 9, 0, 0], [4, 0, 0, 0, 0], [1, 3, 5, 8, 6]])  # 0 = padding
     context = torch.tensor([9, 4, 19])  # crosses, ends on, and spans more than 16 positions
@@ -159,12 +175,13 @@ def test_decode_attention_matches_per_sequence_softmax(hq, d, ops):
     assert torch.equal(ops.decode_attention(q, k_cache, v_cache, tables, context, d ** -0.5, 19), out)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hq, d", [(4, 64), (2, 16), (6, 128), (2, 8)])
-def test_prefill_attention_attends_each_segment_causally(hq, d, ops, monkeypatch):
+def test_prefill_attention_attends_each_segment_causally(hq, d, cache_dtype, ops, monkeypatch):
     """Several sequences' multi-row segments in one batch, each row over its sequence's prefix and
     the rows before it; a segment longer than the C kernel's limit goes through SDPA."""
     monkeypatch.setattr(type(ops.prefill_attention), "C_KERNEL_ROWS", 6)
-    k_cache, v_cache = _paged_cache(num_blocks=12, d=d)
+    k_cache, v_cache = (c.to(cache_dtype) for c in _paged_cache(num_blocks=12, d=d))
     tables = torch.tensor([[3, 7, 1, 0], [5, 0, 0, 0], [2, 4, 6, 8], [9, 10, 11, 0]])
     # (row_start, row_end, sequence, context_len): a chunk after a cached prefix, a whole prompt,
     # a segment past the C limit and a two-row one

@@ -98,13 +98,32 @@ int dop_swiglu(const float *gu, float *out, int rows, int inter, int threads) {
     return 0;
 }
 
-/* k_cache / v_cache rows (row = Hk * d floats) at slots[t] = k[t] / v[t]. */
-int dop_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_stride, float *k_cache,
-                 float *v_cache, const int64_t *slots, int tokens, int row) {
-    if (tokens < 0 || row <= 0) return -1;
+/* bfloat16 of 16 floats, rounded to nearest even, NaN -> 0xFFFF: bit for bit torch's
+ * (vectorised) .to(bfloat16). */
+static inline __m256i to_bf16(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32((int)0xFFFF0000u));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+/* Cache rows (row = Hk * d elements; float32, or bfloat16 when bf16) at slots[t] = k[t] / v[t]. */
+int dop_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_stride, void *k_cache,
+                 void *v_cache, const int64_t *slots, int tokens, int row, int bf16) {
+    if (tokens < 0 || row <= 0 || (bf16 && row % 16)) return -1;
     for (int t = 0; t < tokens; t++) {
-        memcpy(k_cache + slots[t] * row, k + t * k_stride, sizeof(float) * (size_t)row);
-        memcpy(v_cache + slots[t] * row, v + t * v_stride, sizeof(float) * (size_t)row);
+        const float *src[2] = {k + t * k_stride, v + t * v_stride};
+        void *dst[2] = {k_cache, v_cache};
+        for (int kv = 0; kv < 2; kv++) {
+            if (!bf16) {
+                memcpy((float *)dst[kv] + slots[t] * row, src[kv], sizeof(float) * (size_t)row);
+                continue;
+            }
+            uint16_t *out = (uint16_t *)dst[kv] + slots[t] * row;
+            for (int i = 0; i < row; i += 16)
+                _mm256_storeu_si256((__m256i *)(out + i), to_bf16(_mm512_loadu_ps(src[kv] + i)));
+        }
     }
     return 0;
 }
@@ -140,18 +159,27 @@ static inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     return _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
 }
 
-static inline const float *cache_row(const float *cache, const int64_t *table, int64_t t, int block_size,
-                                     int hk, int h, int d) {
-    return cache + ((table[t / block_size] * block_size + t % block_size) * hk + h) * d;
+/* Element offset of position t of KV head h in a [blocks, bs, Hk, d] cache. */
+static inline int64_t cache_row(const int64_t *table, int64_t t, int block_size, int hk, int h, int d) {
+    return ((table[t / block_size] * block_size + t % block_size) * hk + h) * d;
+}
+
+/* 16 cache elements from offset e as float32 (bfloat16 widened exactly). */
+static inline __m512 load16(const void *cache, int64_t e, const int bf16) {
+    if (bf16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + e))), 16));
+    return _mm512_loadu_ps((const float *)cache + e);
 }
 
 /* The g query heads qh [g, D] of KV head h of one sequence over its len cached positions (table:
- * its block ids) into out [g, D]; scores [g, len + 4] is scratch.  D is a compile-time constant at
- * every call, so a head's query and accumulator stay in registers; scores are reduced four
- * positions at a time. */
+ * its block ids) into out [g, D]; scores [g, len + 4] is scratch.  D and BF16 (the caches hold
+ * bfloat16) are compile-time constants at every call, so a head's query and accumulator stay in
+ * registers; scores are reduced four positions at a time. */
 static inline __attribute__((always_inline)) void attend_kv_head(
-        float *out, const float *qh, const float *k_cache, const float *v_cache, const int64_t *table,
-        int64_t len, int g, int hk, int h, const int D, int block_size, float scale, float *scores) {
+        float *out, const float *qh, const void *k_cache, const void *v_cache, const int64_t *table,
+        int64_t len, int g, int hk, int h, const int D, const int BF16, int block_size, float scale,
+        float *scores) {
     for (int j = 0; j < g; j++) {
         __m512 qv[16];
         for (int i = 0; i < D / 16; i++) qv[i] = _mm512_mul_ps(_mm512_loadu_ps(qh + j * D + i * 16), _mm512_set1_ps(scale));
@@ -160,58 +188,63 @@ static inline __attribute__((always_inline)) void attend_kv_head(
         for (; t + 4 <= len; t += 4) {
             __m512 a[4];
             for (int u = 0; u < 4; u++) {
-                const float *kr = cache_row(k_cache, table, t + u, block_size, hk, h, D);
-                a[u] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
-                for (int i = 1; i < D / 16; i++) a[u] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kr + i * 16), a[u]);
+                const int64_t kr = cache_row(table, t + u, block_size, hk, h, D);
+                a[u] = _mm512_mul_ps(qv[0], load16(k_cache, kr, BF16));
+                for (int i = 1; i < D / 16; i++) a[u] = _mm512_fmadd_ps(qv[i], load16(k_cache, kr + i * 16, BF16), a[u]);
             }
             _mm_storeu_ps(s + t, reduce4(a[0], a[1], a[2], a[3]));
         }
         for (; t < len; t++) {
-            const float *kr = cache_row(k_cache, table, t, block_size, hk, h, D);
-            __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
-            for (int i = 1; i < D / 16; i++) a = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kr + i * 16), a);
+            const int64_t kr = cache_row(table, t, block_size, hk, h, D);
+            __m512 a = _mm512_mul_ps(qv[0], load16(k_cache, kr, BF16));
+            for (int i = 1; i < D / 16; i++) a = _mm512_fmadd_ps(qv[i], load16(k_cache, kr + i * 16, BF16), a);
             s[t] = _mm512_reduce_add_ps(a);
         }
         softmax_row(s, len);
         __m512 acc[16];
         for (int i = 0; i < D / 16; i++) acc[i] = _mm512_setzero_ps();
         for (t = 0; t < len; t++) {
-            const float *vr = cache_row(v_cache, table, t, block_size, hk, h, D);
+            const int64_t vr = cache_row(table, t, block_size, hk, h, D);
             const __m512 p = _mm512_set1_ps(s[t]);
-            for (int i = 0; i < D / 16; i++) acc[i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + i * 16), acc[i]);
+            for (int i = 0; i < D / 16; i++) acc[i] = _mm512_fmadd_ps(p, load16(v_cache, vr + i * 16, BF16), acc[i]);
         }
         for (int i = 0; i < D / 16; i++) _mm512_storeu_ps(out + j * D + i * 16, acc[i]);
     }
 }
 
-static void attend_kv_head_64(float *out, const float *qh, const float *kc, const float *vc, const int64_t *table,
-                              int64_t len, int g, int hk, int h, int bs, float scale, float *scores) {
-    attend_kv_head(out, qh, kc, vc, table, len, g, hk, h, 64, bs, scale, scores);
-}
+typedef void (*attend_fn)(float *, const float *, const void *, const void *, const int64_t *, int64_t, int, int,
+                          int, int, int, float, float *);
 
-static void attend_kv_head_128(float *out, const float *qh, const float *kc, const float *vc, const int64_t *table,
-                               int64_t len, int g, int hk, int h, int bs, float scale, float *scores) {
-    attend_kv_head(out, qh, kc, vc, table, len, g, hk, h, 128, bs, scale, scores);
-}
+#define ATTEND_FN(NAME, D, BF16)                                                                              \
+    static void NAME(float *out, const float *qh, const void *kc, const void *vc, const int64_t *table,        \
+                     int64_t len, int g, int hk, int h, int d, int bs, float scale, float *scores) {          \
+        (void)d;                                                                                              \
+        attend_kv_head(out, qh, kc, vc, table, len, g, hk, h, D, BF16, bs, scale, scores);                   \
+    }
+ATTEND_FN(attend_64, 64, 0) ATTEND_FN(attend_128, 128, 0) ATTEND_FN(attend_any, d, 0)
+ATTEND_FN(attend_64_bf16, 64, 1) ATTEND_FN(attend_128_bf16, 128, 1) ATTEND_FN(attend_any_bf16, d, 1)
 
-static void attend_kv_head_any(float *out, const float *qh, const float *kc, const float *vc, const int64_t *table,
-                               int64_t len, int g, int hk, int h, int d, int bs, float scale, float *scores) {
-    attend_kv_head(out, qh, kc, vc, table, len, g, hk, h, d, bs, scale, scores);
+/* The specialised loop for head size d over float32 (bf16 = 0) or bfloat16 caches. */
+static attend_fn pick_attend(int d, int bf16) {
+    if (d == 64) return bf16 ? attend_64_bf16 : attend_64;
+    if (d == 128) return bf16 ? attend_128_bf16 : attend_128;
+    return bf16 ? attend_any_bf16 : attend_any;
 }
 
 /* One query row per sequence: q [B, Hq, d] (dense heads, row stride q_stride), out [B, Hq, d]
- * (dense), caches [blocks, bs, Hk, d], tables
+ * (dense), caches [blocks, bs, Hk, d] (float32, or bfloat16 when bf16), tables
  * [B, table_stride] block ids, context [B]; head_dim a multiple of 16 up to 256.  Work items are
  * (sequence, KV head) pairs; the G = Hq / Hk query heads of a KV head read its rows while they are
  * in L1 (two-pass softmax). */
-int dop_paged_decode(float *out, const float *q, int64_t q_stride, const float *k_cache,
-                     const float *v_cache, const int64_t *tables, int64_t table_stride,
+int dop_paged_decode(float *out, const float *q, int64_t q_stride, const void *k_cache,
+                     const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
                      const int64_t *context, int batch, int hq, int hk, int d, int block_size,
                      float scale, int threads) {
     if (batch < 0 || hk <= 0 || hq % hk || d % 16 || d > 256 || block_size <= 0 || threads <= 0) return -1;
     int64_t longest = 0;
     for (int b = 0; b < batch; b++) longest = context[b] > longest ? context[b] : longest;
     const int g = hq / hk;
+    const attend_fn attend = pick_attend(d, bf16);
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -227,13 +260,7 @@ int dop_paged_decode(float *out, const float *q, int64_t q_stride, const float *
             float *o = out + ((int64_t)b * hq + (int64_t)h * g) * d;
             const float *qh = q + b * q_stride + (int64_t)h * g * d;
             const int64_t *table = tables + b * table_stride;
-            if (d == 64)
-                attend_kv_head_64(o, qh, k_cache, v_cache, table, context[b], g, hk, h, block_size, scale, scores);
-            else if (d == 128)
-                attend_kv_head_128(o, qh, k_cache, v_cache, table, context[b], g, hk, h, block_size, scale, scores);
-            else
-                attend_kv_head_any(o, qh, k_cache, v_cache, table, context[b], g, hk, h, d, block_size, scale,
-                                   scores);
+            attend(o, qh, k_cache, v_cache, table, context[b], g, hk, h, d, block_size, scale, scores);
         }
         free(scores);
     }
@@ -244,13 +271,14 @@ int dop_paged_decode(float *out, const float *q, int64_t q_stride, const float *
  * positions) -- each query row attends causally to the first `visible` positions of its
  * sequence's cache.  Work items are (row, KV head) pairs; same per-head maths as decode. */
 int dop_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_stride,
-                      const float *k_cache, const float *v_cache, const int64_t *tables,
+                      const void *k_cache, const void *v_cache, int bf16, const int64_t *tables,
                       int64_t table_stride, const int64_t *rows, int num_rows, int hq, int hk, int d,
                       int block_size, float scale, int threads) {
     if (num_rows < 0 || hk <= 0 || hq % hk || d % 16 || d > 256 || block_size <= 0 || threads <= 0) return -1;
     int64_t longest = 0;
     for (int r = 0; r < num_rows; r++) longest = rows[3 * r + 2] > longest ? rows[3 * r + 2] : longest;
     const int g = hq / hk;
+    const attend_fn attend = pick_attend(d, bf16);
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -267,13 +295,7 @@ int dop_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_
             float *o = out + row[0] * out_stride + (int64_t)h * g * d;
             const float *qh = q + row[0] * q_stride + (int64_t)h * g * d;
             const int64_t *table = tables + row[1] * table_stride;
-            if (d == 64)
-                attend_kv_head_64(o, qh, k_cache, v_cache, table, row[2], g, hk, h, block_size, scale, scores);
-            else if (d == 128)
-                attend_kv_head_128(o, qh, k_cache, v_cache, table, row[2], g, hk, h, block_size, scale, scores);
-            else
-                attend_kv_head_any(o, qh, k_cache, v_cache, table, row[2], g, hk, h, d, block_size, scale,
-                                   scores);
+            attend(o, qh, k_cache, v_cache, table, row[2], g, hk, h, d, block_size, scale, scores);
         }
         free(scores);
     }
