@@ -21,6 +21,7 @@ contiguous tensor that outlives every call made with it.
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 import torch
@@ -109,15 +110,26 @@ def pack(codes: np.ndarray, d: np.ndarray, m: np.ndarray, bits: int) -> torch.Te
     return torch.from_numpy(np.ascontiguousarray(records).reshape(-1))
 
 
+_local = threading.local()
+
+
+def _scratch(nbytes: int) -> int:
+    """Address of this thread's scratch buffer, grown to ``nbytes`` (a call uses it only while it
+    runs, so one buffer per thread serves every call; allocating per call cost ~1 us)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.numel() < nbytes:
+        buf = _local.buf = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8)
+    return buf.data_ptr()
+
+
 def qmatmul(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_features: int, bits: int,
             threads: int | None = None) -> torch.Tensor:
     """``x [R, K] (float32) @ W.T`` for ``packed = pack(...)`` of ``W [out_features, K]``."""
     x = x.contiguous()
     rows, k = x.shape
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    scratch = torch.empty(lib.mq_scratch_bytes(rows, k), dtype=torch.uint8)
     rc = lib.mq_linear(x.data_ptr(), rows, k, packed.data_ptr(), out_features, bits, y.data_ptr(),
-                       scratch.data_ptr(), threads or torch.get_num_threads())
+                       _scratch(lib.mq_scratch_bytes(rows, k)), threads or torch.get_num_threads())
     if rc != 0:
         raise ValueError(f"qmatmul cannot take x {list(x.shape)} with {out_features} outputs at {bits} bits")
     return y
@@ -140,9 +152,8 @@ def qmatmul_bf16(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_fe
     x = x.contiguous()
     rows, k = x.shape
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    scratch = torch.empty(lib.mq_bf16_scratch_bytes(rows, k), dtype=torch.uint8)
     rc = lib.mq_linear_bf16(x.data_ptr(), rows, k, packed.data_ptr(), out_features, y.data_ptr(),
-                            scratch.data_ptr(), threads or torch.get_num_threads())
+                            _scratch(lib.mq_bf16_scratch_bytes(rows, k)), threads or torch.get_num_threads())
     if rc != 0:
         raise ValueError(f"qmatmul_bf16 cannot take x {list(x.shape)} with {out_features} outputs")
     return y

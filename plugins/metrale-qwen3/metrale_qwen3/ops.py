@@ -45,14 +45,17 @@ _CPU_SIGNATURES = {
 def _cpu_call(op: CustomOp, name: str, *args: Any) -> None:
     """Run entry point ``name`` of ``op``'s C library; a -1 is a caller bug, raised as such."""
     fn = getattr(op.cpu_kernel, name)
-    if fn.argtypes is None:
+    if fn.argtypes is None:  # first call: declare the C signature
         fn.argtypes, fn.restype = _CPU_SIGNATURES[name], ctypes.c_int
     if fn(*args) != 0:
         raise KernelInputError(f"{op.name}: {name} rejected its arguments")
 
 
 def _f32(*tensors: torch.Tensor | None) -> bool:
-    return all(t is None or t.dtype == torch.float32 for t in tensors)
+    for t in tensors:  # a loop, not all(<generator>): this runs a few hundred times per step
+        if t is not None and t.dtype is not torch.float32:
+            return False
+    return True
 
 
 def _cpu_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -101,10 +104,10 @@ class RMSNorm(CustomOp):
         rows = x if x.dim() == 2 else x.reshape(-1, dim)
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
-        out = torch.empty(x.shape, dtype=x.dtype)
+        out = torch.empty(rows.shape[0], dim, dtype=torch.float32)
         _cpu_call(self, "dop_rms_norm", rows.data_ptr(), rows.stride(0), weight.data_ptr(), out.data_ptr(),
                   rows.shape[0], dim, eps, torch.get_num_threads())
-        return out
+        return out if x.dim() == 2 else out.view(x.shape)
 
     def forward_native(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return layers.rms_norm(x, weight, eps)
@@ -202,7 +205,7 @@ class SwiGLU(CustomOp):
             return self.forward_native(gate_up)
         gate_up = gate_up.contiguous()
         rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
-        out = torch.empty((rows, inter), dtype=gate_up.dtype)
+        out = torch.empty(rows, inter, dtype=torch.float32)
         _cpu_call(self, "dop_swiglu", gate_up.data_ptr(), out.data_ptr(), rows, inter,
                   torch.get_num_threads())
         return out
@@ -286,7 +289,7 @@ class PagedAttentionDecode(CustomOp):
                 or context_lens.dtype != torch.int64 or block_tables.stride(-1) != 1
                 or not context_lens.is_contiguous()):
             return self.forward_native(q, k_cache, v_cache, block_tables, context_lens, scale, max_context)
-        out = torch.empty(q.shape, dtype=q.dtype)
+        out = torch.empty(bsz, hq, d, dtype=torch.float32)
         _cpu_call(self, "dop_paged_decode", out.data_ptr(), q.data_ptr(), q.stride(0), k_cache.data_ptr(),
                   v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, block_tables.data_ptr(),
                   block_tables.stride(0),
