@@ -23,6 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib.util
 import os
@@ -52,16 +53,17 @@ _libraries: dict[str, ctypes.CDLL | None] = {}
 _reasons: dict[str, str] = {}
 
 
-def cpu_flags() -> set[str]:
-    """The ``flags`` of ``/proc/cpuinfo`` (empty where there is none)."""
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The ``flags`` of ``/proc/cpuinfo`` (empty where there is none); read once per process."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return frozenset()
     for line in text.splitlines():
         if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
 
 
 def compiler() -> str | None:

@@ -72,36 +72,40 @@ def select_path(op: str, device: torch.device, has_kernel: bool = True,
         cuda_reason = f"the model runs on {device.type}"
     else:
         cuda_reason = cupy_unavailable_reason()
-    cpu_reason: str | None
-    if cpu_package is None:
-        cpu_reason = "the op has no CPU kernel"
-    elif device.type != "cpu":
-        cpu_reason = f"the model runs on {device.type}"
-    else:
-        cpu_reason = cpu_unavailable_reason(cpu_package)
+    # Whether the C library runs is only asked where the answer decides the path: asking builds it.
+    cpu_kernel_here = cpu_package is not None and device.type == "cpu"
+
+    def cpu_reason() -> str | None:
+        if cpu_package is None:
+            return "the op has no CPU kernel"
+        if device.type != "cpu":
+            return f"the model runs on {device.type}"
+        return cpu_unavailable_reason(cpu_package)
 
     if forced == "cuda":
         if cuda_reason is not None:
             raise ConfigError(f"{KERNELS_ENV}=cuda but kernel {op} cannot run on CUDA: {cuda_reason}")
         return "cuda"
     if forced == "cpu":
-        if cpu_reason is not None:
+        reason = cpu_reason()
+        if reason is not None:
             raise ConfigError(f"{KERNELS_ENV}=cpu but kernel {op} has no CPU kernel that runs here: "
-                              f"{cpu_reason}")
+                              f"{reason}")
         return "cpu"
     if forced == "native":
-        if cuda_reason is None or cpu_reason is None:
+        if cuda_reason is None or cpu_kernel_here:
             _log_once(op, f"{KERNELS_ENV}=native", level="INFO")
         return "native"
     if cuda_reason is None:
         return "cuda"
-    if cpu_reason is None:
+    reason = cpu_reason()
+    if reason is None:
         return "cpu"
     # Native on a CPU model is the normal case; native on a GPU model is worth a warning.
     if device.type == "cuda":
         _log_once(op, cuda_reason, level="WARNING")
     else:
-        _log_once(op, cpu_reason if cpu_package is not None else cuda_reason, level="DEBUG")
+        _log_once(op, reason if cpu_package is not None else cuda_reason, level="DEBUG")
     return "native"
 
 

@@ -254,6 +254,13 @@ def test_a_failed_build_names_the_compiler_error(fake_cpu_package, monkeypatch):
         build_cpu_library(cpu_sources("metrale_fake_cpu_pkg"), "x")
 
 
+def test_forcing_native_never_builds_the_c_library(fake_cpu_package, tmp_path, monkeypatch):
+    monkeypatch.setenv(KERNELS_ENV, "native")
+    assert Doubler("cpu").path == "native"
+    assert "metrale_fake_cpu_pkg" not in cpu_mod._libraries
+    assert not (tmp_path / "cache" / "cpu-kernels").exists()
+
+
 def test_forcing_cpu_on_an_op_without_c_kernels_is_an_error(monkeypatch):
     monkeypatch.setenv(KERNELS_ENV, "cpu")
     with pytest.raises(ConfigError, match="no CPU kernel"):
