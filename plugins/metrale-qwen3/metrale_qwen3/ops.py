@@ -68,16 +68,17 @@ def _round_up_32(n: int) -> int:
     return max(32, (n + 31) // 32 * 32)
 
 
+def _dense_heads(*tensors: torch.Tensor) -> bool:
+    """Every ``[T, H, d]`` tensor has dense heads (``d`` contiguous floats each, heads adjacent;
+    tokens may be strided)."""
+    return all(t.dim() == 3 and t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] for t in tensors)
+
+
 def _check_heads(op: str, name: str, t: torch.Tensor, heads: int, head_dim: int) -> None:
     """``t`` is ``[T, heads, head_dim]`` with dense heads (tokens may be strided)."""
     check_shape(op, name, t, (-1, heads, head_dim))
-    if t.stride(-1) != 1 or t.stride(-2) != head_dim:
+    if not _dense_heads(t):
         raise KernelInputError(f"{op}: {name} needs dense [heads, head_dim] rows, got strides {t.stride()}")
-
-
-def _dense_heads(*tensors: torch.Tensor) -> bool:
-    """Every ``[T, H, d]`` tensor has dense heads (``d`` contiguous floats each, heads adjacent)."""
-    return all(t.dim() == 3 and t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] for t in tensors)
 
 
 def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
@@ -292,8 +293,7 @@ class PagedAttentionDecode(CustomOp):
         out = torch.empty(bsz, hq, d, dtype=torch.float32)
         _cpu_call(self, "dop_paged_decode", out.data_ptr(), q.data_ptr(), q.stride(0), k_cache.data_ptr(),
                   v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, block_tables.data_ptr(),
-                  block_tables.stride(0),
-                  context_lens.data_ptr(), bsz, hq, hk, d, k_cache.shape[1], scale,
+                  block_tables.stride(0), context_lens.data_ptr(), bsz, hq, hk, d, k_cache.shape[1], scale,
                   torch.get_num_threads())
         return out
 

@@ -94,26 +94,36 @@ static inline __attribute__((always_inline)) __m512i bcast4(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
+/* Prefetch the record PREFETCH_RECORDS ahead of record p. */
+static inline void prefetch_ahead(const uint8_t *p, int record) {
+    for (int line = 0; line < record; line += 64)
+        _mm_prefetch((const char *)(p + PREFETCH_RECORDS * record + line), _MM_HINT_T0);
+}
+
+/* A 4-bit record's 256 code bytes as eight vectors of byte codes 0..15, w[g] = k-group g. */
+static inline __attribute__((always_inline)) void unpack4(const uint8_t *p, __m512i w[8]) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 4; j++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(p + 64 * j));
+        w[j] = _mm512_and_si512(v, low4);
+        w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    }
+}
+
 /* `rows` (<= ROW_GROUP) activation rows times one tile of 16 channels; inlined with constant
  * bits/rows so every loop below unrolls. */
 static inline __attribute__((always_inline)) void tile_rows(
         const uint8_t *rec, int nb, int bits, const int8_t *qa, const float *da,
         const float *sa, int K, int rows, float *y, int ldy) {
     const int record = bits == 4 ? 320 : 576, codes = bits == 4 ? 256 : 512;
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512 f[ROW_GROUP];
     for (int r = 0; r < rows; r++) f[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *p = rec + (size_t)b * record;
-        for (int line = 0; line < record; line += 64)
-            _mm_prefetch((const char *)(p + PREFETCH_RECORDS * record + line), _MM_HINT_T0);
+        prefetch_ahead(p, record);
         __m512i w[8];
         if (bits == 4) {
-            for (int j = 0; j < 4; j++) {
-                __m512i v = _mm512_loadu_si512((const void *)(p + 64 * j));
-                w[j] = _mm512_and_si512(v, low4);
-                w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-            }
+            unpack4(p, w);
         } else {
             const __m512i flip = _mm512_set1_epi8((char)0x80);  /* stored q - 128 -> q */
             for (int g = 0; g < 8; g++) w[g] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(p + 64 * g)), flip);
@@ -181,19 +191,18 @@ __attribute__((target("amx-tile,amx-int8"))) static void amx_release(void) { _ti
  * per-channel sums of its codes. */
 static inline __attribute__((always_inline)) const void *amx_weights(const uint8_t *p, int bits,
                                                                      uint8_t *unpacked, __m512i *wsum) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+    const __m512i ones = _mm512_set1_epi8(1);
     __m512i sum = _mm512_setzero_si512();
     if (bits == 8) {
         for (int g = 0; g < 8; g++) sum = _mm512_dpbusd_epi32(sum, ones, _mm512_loadu_si512((const void *)(p + 64 * g)));
         *wsum = sum;
         return p;
     }
-    for (int j = 0; j < 4; j++) {
-        __m512i v = _mm512_loadu_si512((const void *)(p + 64 * j));
-        __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-        _mm512_store_si512((void *)(unpacked + 64 * j), lo);
-        _mm512_store_si512((void *)(unpacked + 64 * (j + 4)), hi);
-        sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum, ones, lo), ones, hi);
+    __m512i w[8];
+    unpack4(p, w);
+    for (int g = 0; g < 8; g++) {
+        _mm512_store_si512((void *)(unpacked + 64 * g), w[g]);
+        sum = _mm512_dpbusd_epi32(sum, ones, w[g]);
     }
     *wsum = sum;
     return unpacked;
@@ -224,8 +233,7 @@ static inline __attribute__((always_inline, target("amx-tile,amx-int8"))) void a
     AMX_BLOCK(0, 1, 2, 0, dots[0], wsum[0], unpacked[0]);
     for (int b = 0; b < nb; b++) {
         const uint8_t *p = rec + (size_t)b * record;
-        for (int line = 0; line < record; line += 64)
-            _mm_prefetch((const char *)(p + PREFETCH_RECORDS * record + line), _MM_HINT_T0);
+        prefetch_ahead(p, record);
         if (b + 1 < nb) {  /* the next block's multiply, in the other tile set */
             if (b & 1)
                 AMX_BLOCK(0, 1, 2, b + 1, dots[0], wsum[0], unpacked[0]);
