@@ -347,6 +347,10 @@ def build_linear(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, i
         kernel = cpu_qmatmul.bf16_kernel() if output_head else None
         if kernel is not None and out_features % 16 == 0 and in_features % _GROUP == 0:
             return Bf16Linear(cpu_qmatmul.pack_bf16(dense), out_features, kernel, bias)
+        if output_head:
+            # No AVX512-BF16 kernel: the head's bfloat16 values are multiplied in float32 by torch
+            # (oneDNN's bfloat16 matmul would round the logits to bfloat16 and tie close ones).
+            return DenseLinear(dense.to(torch.bfloat16).to(torch.float32).contiguous(), bias)
         return DenseLinear(dense.to(torch.bfloat16).contiguous(), bias)
     if int4:
         return int4_from_gguf([store.get_raw(n) for n in names], bias, dense)

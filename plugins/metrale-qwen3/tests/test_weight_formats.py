@@ -253,8 +253,13 @@ def test_lossy_formats_stay_close_to_exact_on_smollm2(fmt, path, exact_reference
     monkeypatch.setenv(WEIGHT_FORMAT_ENV, fmt)
     model = load("llama", real_open_weights()(GGUF))
     assert model.weights.weight_format == fmt
-    if fmt == "bf16" and cpu_qmatmul.bf16_kernel() is not None:  # float32 logits
-        assert isinstance(model.weights.head, Bf16Linear)
+    if fmt == "bf16":  # float32 logits: the C kernel where the CPU has AVX512-BF16, else torch's
+        head = model.weights.head
+        if cpu_qmatmul.bf16_kernel() is not None:
+            assert isinstance(head, Bf16Linear)
+        else:
+            assert head.weight.dtype == torch.float32
+            assert torch.equal(head.weight, head.weight.to(torch.bfloat16).float())
     if fmt == "int4":  # the Q4_1 projections and the Q8_0 head keep their GGUF codes
         kind = BlockQuantLinear if cpu_qmatmul.kernel() is not None else Int4Linear
         assert isinstance(model.weights.layers[0].gate_up, kind) and isinstance(model.weights.head, kind)
