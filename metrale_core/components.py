@@ -77,6 +77,9 @@ class KVScaleSourceSpec:
 
     name: str
     factory: Callable[..., Any]
+    #: The ``--kv-cache-dtype`` names this source serves (``("fp8",)``): how the core learns
+    #: which KV dtypes exist beyond its own, for ``met plugins`` and error messages.
+    kv_dtypes: tuple[str, ...] = field(default=(), converter=_tuple)
     description: str = ""
 
 
