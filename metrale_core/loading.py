@@ -7,6 +7,8 @@ Invariants:
 - The loader is chosen by what the checkpoint declares (``model_type`` / ``architectures``)
   among the installed model-loader plugins; an unknown one is an ``UnknownArchitecture`` error
   listing what is installed.
+- A requested weight format the chosen loader does not declare (``ModelLoaderSpec
+  .weight_formats``) is a ``ConfigError`` before any weight is read, never silently ignored.
 - Progress is shown on stderr (one bar over the tensors read) and never on stdout.
 - The built model gets a ``weight_store`` attribute (the open ``WeightStore``) unless it already
   has one, so engine-side plugins (FP8 KV scales) can read the checkpoint and its path.
@@ -22,6 +24,7 @@ from attrs import frozen
 from loguru import logger
 
 from metrale_core.components import LoadOptions, ModelLoaderSpec
+from metrale_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from metrale_core.registry import Registry
@@ -84,6 +87,10 @@ def model_from_store(store: Any, options: LoadOptions, registry: Registry,
     the model's ``weight_store`` is ``store``.  Returns the loader's spec and the model.
     """
     spec = registry.find_model_loader(store.config)
+    wanted = options.weight_format
+    if wanted is not None and wanted not in spec.weight_formats:
+        raise ConfigError(f"--weight-format {wanted} is not available for this checkpoint: its "
+                          f"loader {spec.name!r} honours {', '.join(spec.weight_formats)}")
     path = getattr(store, "path", None)
     logger.info("loading {} with the '{}' loader ({} tensors)", path if path is not None else store,
                 spec.name, len(store.names()))

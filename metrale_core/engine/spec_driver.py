@@ -20,7 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
@@ -31,6 +31,9 @@ from metrale_core.engine.speculation import (
     StepReport,
 )
 from metrale_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
 
 __all__ = ["NULL_SPECULATION", "NullSpeculation", "SpecDriver", "build_spec_driver"]
 
@@ -123,8 +126,8 @@ class SpecDriver:
             committed_rows=committed))
 
 
-def build_spec_driver(config: Any, model: Any, pipeline: Any, registry: Any, scheduler: Any,
-                      runner: Any, output_processor: Any, max_model_len: int,
+def build_spec_driver(config: Any, model: Any, pipeline: Any, registry: Registry | None,
+                      scheduler: Any, runner: Any, output_processor: Any, max_model_len: int,
                       speculator: Any = None) -> SpecDriver | NullSpeculation:
     """The driver of ``speculator`` (a ``Speculator``, or a factory ``f(ProposerContext)`` like
     ``ProposerSpec.factory``), else of the proposer named by the ``speculative`` plugin option
