@@ -64,6 +64,10 @@ class ModelLoaderSpec:
     #: HF ``architectures`` entries, e.g. ``"Qwen3ForCausalLM"``.
     architectures: tuple[str, ...] = field(default=(), converter=_tuple)
     description: str = ""
+    #: The ``LoadOptions.weight_format`` values (``--weight-format``) this loader honours; the
+    #: core refuses any other explicitly requested format before calling ``factory`` (None, the
+    #: default request, lets the loader decide).  Every loader keeps ``"exact"`` weights.
+    weight_formats: tuple[str, ...] = field(default=("exact",), converter=_tuple)
 
 
 @frozen
@@ -77,6 +81,9 @@ class KVScaleSourceSpec:
 
     name: str
     factory: Callable[..., Any]
+    #: The ``--kv-cache-dtype`` names this source serves (``("fp8",)``): how the core learns
+    #: which KV dtypes exist beyond its own, for ``met plugins`` and error messages.
+    kv_dtypes: tuple[str, ...] = field(default=(), converter=_tuple)
     description: str = ""
 
 

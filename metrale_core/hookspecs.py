@@ -74,14 +74,16 @@ def metrale_kv_scale_sources(register):
 
     Args:
         register: ``register(spec: KVScaleSourceSpec) -> None``; call it once per KV dtype the
-            plugin stores (``fp8``). The factory returns a ``KVCodec`` (``model_api``: ``write``,
+            plugin stores (``fp8``), declaring it in ``kv_dtypes=("fp8",)`` (the core names the
+            plugin that declares a dtype when that dtype is asked for but cannot be served, and
+            keeps no list of plugin dtypes itself). The factory returns a ``KVCodec`` (``model_api``: ``write``,
             ``gather``, ``decode_attention``, ``storage_dtype``) for its dtype and None otherwise;
             it may raise ``ConfigError`` for its own flags used with another dtype. A name already
             registered by another distribution raises ``DuplicateComponent``.
 
     Returns:
         Nothing; the return value is ignored. A request for a plugin dtype no source answers is a
-        ``ConfigError`` naming the plugin to install.
+        ``ConfigError`` naming the plugin that declares it (``kv_dtypes``).
 
     Flags:
         plain hook (not firstresult, not historic): every plugin's implementation runs.
@@ -89,7 +91,8 @@ def metrale_kv_scale_sources(register):
     Example:
         @hookimpl
         def metrale_kv_scale_sources(register):
-            register(KVScaleSourceSpec(name="fp8", factory=lazy_factory("pkg.build:build_codec")))
+            register(KVScaleSourceSpec(name="fp8", factory=lazy_factory("pkg.build:build_codec"),
+                                       kv_dtypes=("fp8",)))
     """
 
 
@@ -271,8 +274,9 @@ def metrale_metrics(engine):
         by the HTTP server (``metrale_core.server.metrics``) once per scrape of ``/metrics``, on
         the server's event loop, after the engine is loaded (never while it is loading). Keep it
         cheap and non-blocking: read counters the plugin already keeps; never step the engine.
-        An implementation that raises is logged and skipped for that scrape; the others still
-        export.
+        Called through ``Registry.collect_metrics``, each plugin's implementation on its own
+        through pluggy (wrappers of wrapper-only plugins wrap each call): one that raises is
+        logged with its plugin name and skipped for that scrape; the others still export.
 
     Args:
         engine: the served ``LLMEngine`` (read-only use: ``engine.stats()``, ``engine.config``,
@@ -310,20 +314,24 @@ def metrale_engine_started(engine):
     Called:
         once per engine, by ``LLMEngine.__init__`` as its last step (the scheduler, runner, KV
         codec, logit pipeline, speculator and ``engine.snapshots`` all exist), and only when the
-        engine was given a plugin registry (``met serve``, ``met generate``). It runs
-        in the thread that builds the engine, before any request. Each implementation is called
-        on its own: one that raises is logged with its plugin name and skipped, and the engine
-        is still built.
+        engine was given a plugin registry (``met serve``, ``met generate``), through
+        ``Registry.announce_engine_started``. It runs in the thread that builds the engine,
+        before any request. Each plugin's implementation is called on its own through pluggy
+        (``wrapper=True`` implementations of wrapper-only plugins wrap each call; hook tracing
+        sees it): one that raises is logged with its plugin name and skipped, the others still
+        run, and the engine is still built.
 
     Args:
         engine: the new ``LLMEngine``. Inspect it to decide whether the plugin is active on it
             (``engine.runner.kv.codec``, ``engine.output_processor.pipeline.processor_names``,
             ``engine.spec_driver``); publish dashboard values with
-            ``engine.snapshots.set_extra(name, value)`` or
-            ``engine.snapshots.add_extras_provider(name, fn)`` (``fn()`` runs in the engine thread
-            at every step's publish, so it must be cheap). The stats tab labels ``speculative``
-            (a mapping with ``acceptance_rate``), ``b1_count`` and ``fp8_scale_source`` and lists
-            any other extra as ``name: value``.
+            ``engine.snapshots.set_extra(name, value, label=..., format=...)`` or
+            ``engine.snapshots.add_extras_provider(name, fn, label=..., format=...)`` (``fn()``
+            runs in the engine thread at every step's publish, so it must be cheap). The stats
+            tab shows each extra as ``label: format(value)``, as the plugin declared it (without
+            a label: ``name: value``); the core knows no extra by name. Keep per-engine state on
+            objects reachable from ``engine`` (e.g. your logit processor's instance through
+            ``engine.output_processor.pipeline.processor(name)``), not in module globals.
 
     Returns:
         Nothing; the return value is ignored.

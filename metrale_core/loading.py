@@ -1,11 +1,14 @@
 """From a path on disk to a ready model: weight store, loader plugin, model and tokenizer.
 
-Owner: the CLI and the server call :func:`load_model` once at start-up.
+Owner: the CLI and the server call :func:`load_model` once at start-up; every other model (a
+speculative draft model, an MTP layer) is built by the same :func:`model_from_store`.
 
 Invariants:
 - The loader is chosen by what the checkpoint declares (``model_type`` / ``architectures``)
   among the installed model-loader plugins; an unknown one is an ``UnknownArchitecture`` error
   listing what is installed.
+- A requested weight format the chosen loader does not declare (``ModelLoaderSpec
+  .weight_formats``) is a ``ConfigError`` before any weight is read, never silently ignored.
 - Progress is shown on stderr (one bar over the tensors read) and never on stdout.
 - The built model gets a ``weight_store`` attribute (the open ``WeightStore``) unless it already
   has one, so engine-side plugins (FP8 KV scales) can read the checkpoint and its path.
@@ -15,14 +18,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from attrs import frozen
 from loguru import logger
 
-from metrale_core.components import LoadOptions
+from metrale_core.components import LoadOptions, ModelLoaderSpec
+from metrale_core.errors import ConfigError
 
-__all__ = ["LoadedModel", "load_model", "resolve_model_path"]
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
+
+__all__ = ["LoadedModel", "load_model", "model_from_store", "resolve_model_path"]
 
 
 @frozen
@@ -70,6 +77,29 @@ def resolve_model_path(model: str | Path | None, *, progress: bool = True) -> Pa
     return Path(model).expanduser()
 
 
+def model_from_store(store: Any, options: LoadOptions, registry: Registry,
+                     *, reading: Any = None) -> tuple[ModelLoaderSpec, Any]:
+    """The model of an open weight store through the loader ``registry`` picks for its config:
+    the one loading function of every model (the target in :func:`load_model`, a speculative
+    draft model or MTP layer through ``ProposerContext.load_model``).
+
+    ``reading`` (a wrapper of ``store``, e.g. with a progress bar) is what the loader reads from;
+    the model's ``weight_store`` is ``store``.  Returns the loader's spec and the model.
+    """
+    spec = registry.find_model_loader(store.config)
+    wanted = options.weight_format
+    if wanted is not None and wanted not in spec.weight_formats:
+        raise ConfigError(f"--weight-format {wanted} is not available for this checkpoint: its "
+                          f"loader {spec.name!r} honours {', '.join(spec.weight_formats)}")
+    path = getattr(store, "path", None)
+    logger.info("loading {} with the '{}' loader ({} tensors)", path if path is not None else store,
+                spec.name, len(store.names()))
+    model_obj = spec.factory(reading if reading is not None else store, options)
+    if getattr(model_obj, "weight_store", None) is None:
+        model_obj.weight_store = store
+    return spec, model_obj
+
+
 def load_model(model: str | Path | None, options: LoadOptions | None = None, registry=None,
                *, progress: bool = True,
                on_tensor: Callable[[int, int, int], None] | None = None) -> LoadedModel:
@@ -86,20 +116,18 @@ def load_model(model: str | Path | None, options: LoadOptions | None = None, reg
     registry = registry if registry is not None else load_registry()
     path = resolve_model_path(model, progress=progress)
     store = open_weights(path)
-    spec = registry.find_model_loader(store.config)
-    logger.info("loading {} with the '{}' loader ({} tensors)", path, spec.name, len(store.names()))
     if progress and sys.stderr.isatty():
         from tqdm import tqdm
 
         with tqdm(total=len(store.names()), desc="loading weights", unit="tensor",
                   file=sys.stderr, leave=False) as bar:
-            model_obj = spec.factory(_ProgressStore(store, bar, on_tensor), options)
+            spec, model_obj = model_from_store(store, options, registry,
+                                               reading=_ProgressStore(store, bar, on_tensor))
     elif on_tensor is not None:
-        model_obj = spec.factory(_ProgressStore(store, None, on_tensor), options)
+        spec, model_obj = model_from_store(store, options, registry,
+                                           reading=_ProgressStore(store, None, on_tensor))
     else:
-        model_obj = spec.factory(store, options)
-    if getattr(model_obj, "weight_store", None) is None:
-        model_obj.weight_store = store
+        spec, model_obj = model_from_store(store, options, registry)
     tokenizer = Tokenizer.from_store(store)
     return LoadedModel(model=model_obj, store=store, tokenizer=tokenizer,
                        loader_name=spec.name, path=path)

@@ -35,11 +35,18 @@ from attrs import define, evolve, field, frozen
 from loguru import logger
 
 from metrale_core.errors import DuplicateComponent, PluginError, PluginImportError
-from metrale_core.registry import FAMILIES, PluginInfo, Registry, call_for, singular
+from metrale_core.registry import (
+    FAMILIES,
+    GROUP,
+    PluginInfo,
+    Registry,
+    call_for,
+    new_plugin_manager,
+    singular,
+)
 
 __all__ = ["FAMILIES", "LazyFactory", "PluginInfo", "Registry", "lazy_factory", "load_registry"]
 
-GROUP = "metrale"
 BUILTINS = ("builtins", "metrale_core.builtins")  # plugin name, module
 
 
@@ -213,10 +220,9 @@ def load_registry(*, entry_points: Iterable[importlib.metadata.EntryPoint] | Non
     Raises :class:`PluginError` (misspelled hook, bad registration), :class:`DuplicateComponent`
     and, with ``METRALE_STRICT_PLUGINS=1``, :class:`PluginImportError`.
     """
-    from metrale_core import __version__, hookspecs
+    from metrale_core import __version__
 
-    pm = pluggy.PluginManager(GROUP)
-    pm.add_hookspecs(hookspecs)
+    pm = new_plugin_manager()
     for name in _env_names("METRALE_DISABLE_PLUGINS") or []:
         pm.set_blocked(name)
     loader = _Loader(pm=pm, strict=_strict(), allow=_env_names("METRALE_PLUGINS"))

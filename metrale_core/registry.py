@@ -1,27 +1,38 @@
 """The component registry: what each loaded plugin provides, and lookups over it.
 
 Owner: built and filled by ``metrale_core.plugins.load_registry()``; read by the engine, the CLI
-(``met plugins``) and the server. Core code selects components here, never through ``pm.hook``.
+(``met plugins``) and the server. Core code selects components here and calls the non-registration
+hooks only through the typed facade below (:meth:`Registry.announce_engine_started`,
+:meth:`Registry.collect_metrics`, :meth:`Registry.add_engine_flags`), never ``pm.hook`` directly.
 
 Invariants:
 - One dict per family (``Registry.<family>``: name -> ``*Spec`` record from
   ``metrale_core.components``); a name is unique within its family across all distributions.
 - ``origins[(family, name)]`` names the plugin that registered each component, and that plugin
   is in ``plugins``.
-- Hook calls go to one plugin at a time (``call_for``), so a failure can be attributed.
+- Every hook call goes through pluggy (``pm.hook`` / ``pm.subset_hook_caller``), so
+  ``wrapper=True`` implementations and hook tracing see it.  The facade calls each plugin's
+  implementation on its own (wrapper-only plugins wrap every one of those calls), in pluggy's
+  order (last registered first), so one that raises is attributed to its plugin, logged and
+  skipped while the others still run.
+- Importing this module imports no torch (``met --help`` / ``met plugins`` stay fast).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import pluggy
 from attrs import define, field, frozen
+from loguru import logger
 
 from metrale_core import components as c
 from metrale_core.errors import ConfigError, PluginError, UnknownArchitecture
 
-__all__ = ["FAMILIES", "PluginInfo", "Registry", "call_for", "singular"]
+__all__ = ["FAMILIES", "PluginInfo", "Registry", "call_for", "new_plugin_manager", "singular"]
+
+#: The pluggy project name of every Metrale plugin manager.
+GROUP = "metrale"
 
 #: family (``Registry`` attribute) -> (registration hook, record type).
 FAMILIES: dict[str, tuple[str, type]] = {
@@ -52,11 +63,24 @@ class PluginInfo:
     hooks: tuple[str, ...] = ()
 
 
+def new_plugin_manager() -> pluggy.PluginManager:
+    """A ``pluggy.PluginManager("metrale")`` with the hookspecs added and nothing registered."""
+    from metrale_core import hookspecs
+
+    pm = pluggy.PluginManager(GROUP)
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
 @define
 class Registry:
-    """The components every loaded plugin registered, per family (name -> Spec)."""
+    """The components every loaded plugin registered, per family (name -> Spec).
 
-    pm: pluggy.PluginManager
+    Built by ``load_registry()``; a test may build one by hand from the families it needs
+    (``Registry(samplers=..., schedulers=...)``), which gets an empty plugin manager.
+    """
+
+    pm: pluggy.PluginManager = field(factory=new_plugin_manager)
     plugins: list[PluginInfo] = field(factory=list)
     model_loaders: dict[str, c.ModelLoaderSpec] = field(factory=dict)
     kv_scale_sources: dict[str, c.KVScaleSourceSpec] = field(factory=dict)
@@ -105,6 +129,42 @@ class Registry:
             f"(architectures: {architectures or 'none'}); installed loaders: {installed or 'none'}. "
             "Install a plugin that provides it, or check METRALE_PLUGINS / METRALE_DISABLE_PLUGINS."
         )
+
+    # --- the hook facade ---------------------------------------------------------------------
+    def announce_engine_started(self, engine: Any) -> None:
+        """``metrale_engine_started(engine)`` on every plugin (one that raises is skipped)."""
+        for _ in self._call_each("metrale_engine_started", "and is skipped", engine=engine):
+            pass
+
+    def collect_metrics(self, engine: Any) -> list[tuple[str, Any]]:
+        """``(plugin name, answer)`` of every plugin's ``metrale_metrics(engine)`` that answered
+        something other than None (one that raises is skipped for this call)."""
+        return [(name, result)
+                for name, result in self._call_each("metrale_metrics", "", engine=engine)
+                if result is not None]
+
+    def _call_each(self, hook: str, skipped: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        """Call ``hook`` plugin by plugin through pluggy; yields ``(plugin name, result)``.
+
+        For each plugin with a plain implementation (in pluggy's call order), a subset caller
+        without the other plain implementers runs it, so wrappers of wrapper-only plugins wrap
+        each call.  An exception is logged as a warning naming the plugin and the hook.
+        """
+        caller = getattr(self.pm.hook, hook)
+        impls = list(reversed(caller.get_hookimpls()))
+        plain = [impl.plugin for impl in impls if not (impl.wrapper or impl.hookwrapper)]
+        order = list(dict.fromkeys(plain))  # each plugin once, in call order
+        for plugin in order:
+            name = self.pm.get_name(plugin) or repr(plugin)
+            others = [p for p in order if p is not plugin]
+            try:
+                results = self.pm.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
+            except Exception as exc:  # noqa: BLE001 - one broken plugin must not stop the others
+                logger.warning("plugin {!r} failed in {}{}: {}: {}", name, hook,
+                               f" {skipped}" if skipped else "", type(exc).__name__, exc)
+                continue
+            for result in results:
+                yield name, result
 
     def add_engine_flags(self, parser: Any) -> None:
         """Let every plugin add its flags to ``parser`` (the CLI's engine option group), in load order."""

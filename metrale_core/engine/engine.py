@@ -5,21 +5,24 @@ thread for the HTTP server.  It wires the parts once at construction: the schedu
 sampler and the logit processors are resolved from the plugin registry here, never per token.
 
 Invariants:
-- ``step()`` is schedule -> execute -> update, nothing else; a step is never re-run.
+- ``step()`` is schedule -> execute -> update -> the speculation driver's ``after_step``, one
+  path with or without speculation (``engine.speculation`` is the null driver when it is off;
+  drafts reach the scheduler through its draft source); a step is never re-run.
 - ``add_request`` refuses what can never run (empty prompt, a prompt that leaves no room for one
   output token, token ids outside the vocabulary, a reused request id) with a ``RequestError``.
 - ``abort`` frees the request's blocks at once; its final delta (``"abort"``) comes with the
   next ``step()``.
 - Not thread-safe: one thread calls every method (``AsyncEngine`` keeps that rule).
 - With a plugin registry, the last step of ``__init__`` calls the ``metrale_engine_started``
-  hook (each implementation on its own; one that raises is logged and skipped).
+  hook through ``Registry.announce_engine_started`` (each plugin on its own; one that raises is
+  logged and skipped).
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
-from typing import Any, Sequence as Seq
+from typing import TYPE_CHECKING, Any, Sequence as Seq
 
 from attrs import frozen
 from loguru import logger
@@ -30,11 +33,14 @@ from metrale_core.engine.request import Request, Sequence
 from metrale_core.engine.kv_dtype import resolve_kv_storage
 from metrale_core.engine.runner import ModelRunner, model_device
 from metrale_core.engine.scheduler import FcfsPolicy, Scheduler
-from metrale_core.engine.spec_driver import build_spec_driver
+from metrale_core.engine.spec_driver import SpecDriver, build_spec_driver
 from metrale_core.engine.snapshot import SnapshotPublisher
 from metrale_core.errors import ConfigError, InvalidRequest, PromptTooLong
 from metrale_core.model_api import CausalLM
 from metrale_core.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
 
 __all__ = ["EngineStats", "LLMEngine", "announce_engine_started", "build_pipeline"]
 
@@ -61,7 +67,7 @@ def _component(family: dict, name: str, what: str) -> Any:
     return spec
 
 
-def build_pipeline(config: EngineConfig, registry: Any = None) -> Any:
+def build_pipeline(config: EngineConfig, registry: Registry | None = None) -> Any:
     """The ``LogitPipeline`` of the configured sampler and the enabled logit processors."""
     from metrale_core.sampling import DefaultSampler, LogitPipeline
 
@@ -75,7 +81,7 @@ def build_pipeline(config: EngineConfig, registry: Any = None) -> Any:
     return LogitPipeline(processors=[(s, p) for s, p in built if p is not None], sampler=sampler)
 
 
-def _build_policy(config: EngineConfig, registry: Any) -> Any:
+def _build_policy(config: EngineConfig, registry: Registry | None) -> Any:
     if registry is None:
         if config.scheduler != "fcfs":
             raise ConfigError(f"scheduler {config.scheduler!r} needs the plugin registry; "
@@ -84,24 +90,19 @@ def _build_policy(config: EngineConfig, registry: Any) -> Any:
     return _component(registry.schedulers, config.scheduler, "scheduler").factory(config)
 
 
-def announce_engine_started(engine: Any, registry: Any) -> None:
-    """Call each plugin's ``metrale_engine_started(engine)``; one that raises is logged and skipped."""
-    pm = getattr(registry, "pm", None)
-    if pm is None:  # no registry, or a hand-built one without a plugin manager (tests)
-        return
-    for impl in reversed(pm.hook.metrale_engine_started.get_hookimpls()):
-        try:
-            impl.function(*[{"engine": engine}[a] for a in impl.argnames])
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop the engine
-            logger.warning("plugin {!r} failed in metrale_engine_started and is skipped: {}: {}",
-                           impl.plugin_name, type(exc).__name__, exc)
+def announce_engine_started(engine: Any, registry: Registry | None) -> None:
+    """Call each plugin's ``metrale_engine_started(engine)`` through the registry's facade (one
+    that raises is logged and skipped); nothing without a registry."""
+    if registry is not None:
+        registry.announce_engine_started(engine)
 
 
 class LLMEngine:
     """One model, one scheduler, one KV cache."""
 
     def __init__(self, model: CausalLM, config: EngineConfig | None = None,
-                 tokenizer: Any = None, registry: Any = None, *, speculator: Any = None) -> None:
+                 tokenizer: Any = None, registry: Registry | None = None, *,
+                 speculator: Any = None) -> None:
         self.model = model
         self.config = config = config if config is not None else EngineConfig()
         self.tokenizer = tokenizer
@@ -120,9 +121,10 @@ class LLMEngine:
         self.output_processor = OutputProcessor(build_pipeline(config, registry), self.scheduler,
                                                 tokenizer, info.eos_token_ids, self.max_model_len)
         self._order = itertools.count()
-        #: Speculative decoding (None when off): a given ``speculator``, or the proposer named
-        #: by the ``speculative`` plugin option (``--speculative``), built from the registry.
-        self.spec_driver = build_spec_driver(
+        #: The speculation seam (``NULL_SPECULATION`` when off): a given ``speculator``, or the
+        #: proposer named by the ``speculative`` plugin option (``--speculative``), built from
+        #: the registry.
+        self.speculation = build_spec_driver(
             config, model, self.output_processor.pipeline, registry, self.scheduler, self.runner,
             self.output_processor, self.max_model_len, speculator)
         #: Publishes an immutable ``EngineSnapshot`` each step (``engine.snapshots.latest``).
@@ -131,6 +133,11 @@ class LLMEngine:
                     num_blocks, config.block_size, self.max_model_len,
                     "on" if self.scheduler.block_manager.enable_prefix_caching else "off")
         announce_engine_started(self, registry)
+
+    @property
+    def spec_driver(self) -> SpecDriver | None:
+        """The speculation driver, or None when speculation is off."""
+        return self.speculation if self.speculation.enabled else None
 
     # --- requests ----------------------------------------------------------------------------
     def validate_request(self, request_id: str, prompt_ids: Seq[int],
@@ -197,18 +204,9 @@ class LLMEngine:
     # --- the loop ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one step; returns the deltas it produced."""
-        spec = self.spec_driver
-        if spec is None:
-            plan = self.scheduler.schedule()
-            logits = self.runner.execute(plan)
-            outputs = self.output_processor.update(plan, logits)
-        else:  # speculative: drafts -> verify chunks -> accept -> rollback -> report
-            started = self.config.clock()
-            drafts = spec.drafts()
-            plan = self.scheduler.schedule(drafts)
-            logits = self.runner.execute(plan, want_hidden=spec.wants_hidden)
-            outputs = self.output_processor.update(plan, logits, drafts)
-            spec.after_step(plan, outputs, self.config.clock() - started)
+        plan = self.scheduler.schedule()  # asks the speculation driver for drafts, if any
+        outputs = self.output_processor.update(plan, self.runner.execute(plan))
+        self.speculation.after_step(plan, outputs)  # rollback + report; nothing when off
         self.snapshots.publish(plan, outputs)
         return outputs
 
@@ -218,8 +216,7 @@ class LLMEngine:
         When no plan was in flight (the failure was in planning) every running sequence is
         failed.  Returns their final deltas.
         """
-        plan = self.scheduler.in_flight
-        self.scheduler.in_flight = None
+        plan = self.scheduler.take_in_flight()
         seqs = [c.seq for c in plan.chunks] if plan is not None else list(self.scheduler.running)
         outputs = []
         for seq in seqs:

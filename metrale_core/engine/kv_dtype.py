@@ -10,13 +10,15 @@ Invariants:
   pool holds twice the tokens of a bf16 pool for the same ``kv_cache_memory``.
 - Every registered KV-scale source's factory sees every request (so it can refuse its own
   options when its dtype is not selected); exactly one may return a codec for a plugin dtype.
-- A plugin dtype with no plugin serving it is a ``ConfigError`` naming the plugin to install.
+- A plugin dtype with no plugin serving it is a ``ConfigError`` naming the plugin to install: the
+  KV-scale sources declare the dtypes they serve (``KVScaleSourceSpec.kv_dtypes``); the core
+  holds no plugin name.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 import torch
@@ -26,14 +28,15 @@ from loguru import logger
 from metrale_core.errors import ConfigError
 from metrale_core.model_api import CausalLM, KVCodec, KVLayout, PlainKVCodec
 
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
+
 __all__ = ["CORE_KV_DTYPES", "KVCodecRequest", "KVStorage", "resolve_kv_storage"]
 
 #: Plain storage dtypes the core serves itself.
 CORE_KV_DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
 }
-#: Plugin dtypes the project knows of -> the distribution that serves them (for error messages).
-KNOWN_PLUGIN_DTYPES: dict[str, str] = {"fp8": "metrale-fp8"}
 
 
 @frozen
@@ -75,16 +78,30 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _plugin_codecs(request: KVCodecRequest, registry: Any) -> list[tuple[str, KVCodec]]:
+def _plugin_codecs(request: KVCodecRequest, registry: Registry | None) -> list[tuple[str, KVCodec]]:
     found = []
-    for name, spec in getattr(registry, "kv_scale_sources", {}).items():
+    for name, spec in (registry.kv_scale_sources if registry is not None else {}).items():
         codec = spec.factory(request)
         if codec is not None:
             found.append((name, codec))
     return found
 
 
-def resolve_kv_storage(config: Any, model: CausalLM, registry: Any = None,
+def _providers(wanted: str, registry: Registry | None) -> list[str]:
+    """Distributions whose KV-scale sources declare ``wanted``: in ``registry``, else (the engine
+    was built without one) among the installed plugins."""
+    if registry is None:
+        from metrale_core.plugins import load_registry
+
+        try:
+            registry = load_registry()
+        except Exception:  # noqa: BLE001 - only for a hint in an error message
+            return []
+    return sorted({registry.provider("kv_scale_sources", name).distribution
+                   for name, spec in registry.kv_scale_sources.items() if wanted in spec.kv_dtypes})
+
+
+def resolve_kv_storage(config: Any, model: CausalLM, registry: Registry | None = None,
                        device: torch.device | None = None) -> KVStorage:
     """The storage layout and codec for ``model`` under ``config`` (see the module docstring)."""
     info = model.info
@@ -109,9 +126,10 @@ def resolve_kv_storage(config: Any, model: CausalLM, registry: Any = None,
         dtype = info.kv.dtype if wanted is None else CORE_KV_DTYPES[wanted]
         return KVStorage(attrs.evolve(info.kv, dtype=dtype), PlainKVCodec(), _dtype_name(dtype))
     if not codecs:
-        plugin = KNOWN_PLUGIN_DTYPES.get(wanted)
-        installed = ", ".join(sorted(getattr(registry, "kv_scale_sources", {})))
-        hint = (f"install the {plugin} plugin (pip install -e plugins/{plugin})" if plugin
+        plugins = _providers(wanted, registry)
+        installed = ", ".join(sorted(registry.kv_scale_sources)) if registry is not None else ""
+        hint = (f"install the {' or '.join(plugins)} plugin and build the engine with its "
+                f"registry (registry=load_registry())" if plugins
                 else "install a plugin that provides it")
         raise ConfigError(
             f"--kv-cache-dtype {wanted} is not available: {hint}; core KV dtypes: "

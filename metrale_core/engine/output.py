@@ -24,7 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from attrs import frozen
@@ -104,13 +104,12 @@ class OutputProcessor:
         #: ``VerifyOutcome`` records of the last step's verify chunks.
         self.last_verify_outcomes: list = []
 
-    def update(self, plan: SchedulerOutput, logits: torch.Tensor | None,
-               drafts: Mapping[str, Any] | None = None) -> list[RequestOutput]:
+    def update(self, plan: SchedulerOutput, logits: torch.Tensor | None) -> list[RequestOutput]:
         """Process one step; returns the deltas in plan order (scheduler-finished ones first).
 
-        Verify chunks (speculative decoding; ``drafts`` holds their ``Draft`` records) are
-        accepted and committed by ``metrale_core.engine.verifier``; their outcomes are left in
-        ``last_verify_outcomes``.
+        Verify chunks (speculative decoding; each carries its ``Draft`` record in
+        ``chunk.draft``) are accepted and committed by ``metrale_core.engine.verifier``; their
+        outcomes are left in ``last_verify_outcomes``.
         """
         outputs = [self.final_output(seq) for seq in plan.finished]
         self.scheduler.advance(plan)
@@ -141,17 +140,23 @@ class OutputProcessor:
 
             verified, self.last_verify_outcomes = commit_verify_chunks(
                 self, [chunk for _, chunk in verify],
-                [logits[offsets[i]:offsets[i] + chunk.num_logits] for i, chunk in verify],
-                drafts or {})
+                [logits[offsets[i]:offsets[i] + chunk.num_logits] for i, chunk in verify])
             by_chunk.update(zip((i for i, _ in verify), verified))
         outputs.extend(by_chunk[i] for i, _ in sampled)
-        self.scheduler.in_flight = None
+        self.scheduler.complete(plan)
         return outputs
 
     def final_output(self, seq: Sequence) -> RequestOutput:
         """The last delta of a sequence finished outside sampling (abort, timeout, error)."""
         self._flush(seq)
         return self._output(seq, (), None)
+
+    def commit_token(self, seq: Sequence, token: int,
+                     logprob: tuple | None = None) -> RequestOutput:
+        """Append one sampled ``token`` to ``seq`` through the normal path (stop rules,
+        detokenizing, stream parser); returns its delta.  The verifier commits accepted drafts
+        with it."""
+        return self._append(seq, token, logprob)
 
     # --- internals ---------------------------------------------------------------------------
     def _append(self, seq: Sequence, token: int, logprob: tuple | None) -> RequestOutput:

@@ -54,7 +54,9 @@ class ModelRunner:
             self.kv = PagedKVCache.allocate(layout, num_blocks, block_size, device=self.device,
                                             codec=codec)
         self.state = model.make_state_pool(num_state_slots) if info.has_recurrent_state else None
-        #: Hidden states of the last ``execute(want_hidden=True)`` (``[T, D]``), else None.
+        #: Whether :meth:`execute` runs ``forward_with_hidden`` (see :meth:`keep_hidden_states`).
+        self.keeps_hidden = False
+        #: Hidden states of the last ``execute`` when ``keeps_hidden`` (``[T, D]``), else None.
         self.last_hidden: torch.Tensor | None = None
         logger.debug("model runner: {} KV blocks of {} tokens on {}, {} state slots",
                      num_blocks, block_size, self.device,
@@ -95,15 +97,20 @@ class ModelRunner:
             context_lens_host=tuple(context_lens), block_size=bs,
             verify_host=tuple(c.is_verify for c in plan.chunks))
 
-    def execute(self, plan: SchedulerOutput, *, want_hidden: bool = False) -> torch.Tensor | None:
+    def keep_hidden_states(self) -> None:
+        """From now on every :meth:`execute` runs the model's ``forward_with_hidden`` and keeps
+        the final-normed hidden states of every row in ``last_hidden`` (an MTP proposer reads
+        them; set once by the engine's speculation driver)."""
+        self.keeps_hidden = True
+
+    def execute(self, plan: SchedulerOutput) -> torch.Tensor | None:
         """Run the model over ``plan``; returns ``[N, vocab]`` float32 logits of the sampled rows
-        (None for an empty plan).  With ``want_hidden`` the model's ``forward_with_hidden`` runs
-        and ``last_hidden`` holds the final-normed hidden states of every row."""
+        (None for an empty plan); see :meth:`keep_hidden_states` for ``last_hidden``."""
         self.last_hidden = None
         if plan.is_empty:
             return None
         batch = self.build_batch(plan)
-        if want_hidden:
+        if self.keeps_hidden:
             logits, self.last_hidden = self.model.forward_with_hidden(batch, self.kv, self.state)
         else:
             logits = self.model.forward(batch, self.kv, self.state)

@@ -1,10 +1,13 @@
 """The scheduler: which sequences run each step, with which blocks and slots.
 
 Owner: ``LLMEngine`` calls :meth:`Scheduler.schedule` once per step and hands the plan to the
-model runner; the output processor then calls :meth:`Scheduler.advance` and
-:meth:`Scheduler.finish`.  The *policy* (a ``SchedulerSpec`` plugin, built-in ``"fcfs"`` =
-:class:`FcfsPolicy`) only chooses which waiting sequence to admit next and which running
-sequence to preempt; the bookkeeping below is the same for every policy.
+model runner; the output processor then reports the step back through the scheduler's own
+methods (:meth:`Scheduler.advance`, :meth:`Scheduler.finish`, :meth:`Scheduler.commit_verify`,
+and :meth:`Scheduler.complete` once the step's outputs are processed).  The scheduler is the only
+writer of its state (queues, blocks, slots, ``in_flight``); others call these methods.  The
+*policy* (a ``SchedulerSpec`` plugin, built-in ``"fcfs"`` = :class:`FcfsPolicy`) only chooses
+which waiting sequence to admit next and which running sequence to preempt; the bookkeeping
+below is the same for every policy.
 
 One step, in order:
 1. Expire requests past their deadline (``"timeout"``).
@@ -32,6 +35,10 @@ Invariants:
 - The scheduler never touches tensors.
 - A hold-back (None) never stalls the engine: with nothing running, the queue front is
   admitted instead, so an idle engine with waiting sequences always makes progress.
+- Speculative decoding enters through one seam: a *draft source* (attached once with
+  :meth:`Scheduler.attach_draft_source`; the engine's speculation driver) is asked for drafts at
+  the start of each :meth:`Scheduler.schedule`; a decode row with a draft becomes a verify chunk
+  that carries its ``Draft`` record (``ScheduledChunk.draft``).  Without one, nothing changes.
 """
 
 from __future__ import annotations
@@ -51,8 +58,16 @@ from metrale_core.errors import InvalidRequest, KVCacheExhausted
 from metrale_core.model_api import ModelInfo
 from metrale_core.sampling.position import PositionKind
 
-__all__ = ["AdmissionStep", "FcfsPolicy", "ScheduledChunk", "Scheduler", "SchedulerOutput",
-           "SchedulingPolicy"]
+__all__ = ["AdmissionStep", "DraftSource", "FcfsPolicy", "ScheduledChunk", "Scheduler",
+           "SchedulerOutput", "SchedulingPolicy"]
+
+
+class DraftSource(Protocol):
+    """Where the scheduler gets drafts (the engine's speculation driver)."""
+
+    def drafts(self) -> Mapping[str, Any]:
+        """request id -> ``Draft`` for the running decode sequences of the step being planned."""
+        ...
 
 
 @frozen
@@ -130,6 +145,9 @@ class ScheduledChunk:
     #: A single-token decode row (as opposed to a prefill chunk); a verify chunk
     #: ``[last, d1..dk]`` (kind ``VERIFY``) is a decode row too.
     is_decode: bool
+    #: The proposer's ``Draft`` record of a verify chunk (its ``probs`` are ``q`` for the
+    #: acceptance rule); None for every other chunk.
+    draft: Any = field(default=None, eq=False)
 
     @property
     def num_tokens(self) -> int:
@@ -187,8 +205,11 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.seqs: dict[str, Sequence] = {}
         #: The plan handed to the runner whose outputs are not yet processed (None between
-        #: steps); the output processor clears it when the step's update completes.
-        self.in_flight: SchedulerOutput | None = None
+        #: steps); read it through ``in_flight``, cleared by :meth:`complete` /
+        #: :meth:`take_in_flight`.
+        self._in_flight: SchedulerOutput | None = None
+        #: Asked for drafts at the start of each plan (see :meth:`attach_draft_source`).
+        self._draft_source: DraftSource | None = None
         #: The most recent plan (for observers and tests).
         self.last_plan: SchedulerOutput = SchedulerOutput.make_empty()
         self._unreported: list[Sequence] = []
@@ -231,13 +252,23 @@ class Scheduler:
             self._unreported.append(seq)
 
     # --- one step ----------------------------------------------------------------------------
-    def schedule(self, drafts: Mapping[str, Any] | None = None) -> SchedulerOutput:
+    @property
+    def in_flight(self) -> SchedulerOutput | None:
+        """The plan whose outputs are not yet processed (None between steps)."""
+        return self._in_flight
+
+    def attach_draft_source(self, source: DraftSource) -> None:
+        """Ask ``source.drafts()`` for drafts at the start of every :meth:`schedule`."""
+        self._draft_source = source
+
+    def schedule(self) -> SchedulerOutput:
         """Plan one step (see the module docstring).
 
-        ``drafts`` (request id -> ``Draft``) turns those decode rows into verify chunks
-        ``[last, d1..dk]``; a draft is cut to the KV room left, so speculation never preempts.
+        The draft source's drafts (request id -> ``Draft``) turn those decode rows into verify
+        chunks ``[last, d1..dk]``; a draft is cut to the KV room left, so speculation never
+        preempts.
         """
-        drafts = drafts or {}
+        drafts = self._draft_source.drafts() if self._draft_source is not None else {}
         self._expire()
         budget = self.config.max_prefill_tokens
         decodes: list[ScheduledChunk] = []
@@ -251,11 +282,12 @@ class Scheduler:
             if want == 0:
                 i += 1
                 continue
-            draft = () if seq.is_prefilling else self._fit_draft(seq, drafts.get(seq.request_id))
+            source = None if seq.is_prefilling else drafts.get(seq.request_id)
+            draft = self._fit_draft(seq, source)
             n = self._reserve(seq, want + len(draft), i, preempted)
             if n == 0:  # seq itself was preempted or failed; running[i] is now the next one
                 continue
-            chunk = self._chunk(seq, n, draft)
+            chunk = self._chunk(seq, n, draft, source)
             if chunk.is_decode:
                 decodes.append(chunk)
             else:
@@ -266,8 +298,19 @@ class Scheduler:
             budget = self._admit(budget, decodes, prefills)
         finished, self._unreported = tuple(self._unreported), []
         plan = SchedulerOutput(tuple(decodes + prefills), tuple(preempted), finished)
-        self.in_flight = plan if plan.chunks else None
+        self._in_flight = plan if plan.chunks else None
         self.last_plan = plan
+        return plan
+
+    def complete(self, plan: SchedulerOutput) -> None:
+        """The outputs of ``plan`` are processed: nothing is in flight any more."""
+        if self._in_flight is plan:
+            self._in_flight = None
+
+    def take_in_flight(self) -> SchedulerOutput | None:
+        """The plan in flight (None if none), which is no longer in flight afterwards (after a
+        step raised, the engine fails its sequences)."""
+        plan, self._in_flight = self._in_flight, None
         return plan
 
     def advance(self, plan: SchedulerOutput) -> None:
@@ -393,13 +436,15 @@ class Scheduler:
         room = (len(seq.block_ids) + bm.num_free_blocks) * bm.block_size - seq.num_computed_tokens
         return tuple(draft.token_ids[:max(0, room - 1)])
 
-    def _chunk(self, seq: Sequence, n: int, draft: tuple[int, ...] = ()) -> ScheduledChunk:
+    def _chunk(self, seq: Sequence, n: int, draft: tuple[int, ...] = (),
+               source: Any = None) -> ScheduledChunk:
         start = seq.num_computed_tokens
         if draft:
             return ScheduledChunk(seq=seq, start=start, token_ids=(seq.token_ids(start, start + 1)
                                                                    + draft),
                                   block_ids=tuple(seq.block_ids), state_slot=seq.state_slot,
-                                  sample=True, kind=PositionKind.VERIFY, is_decode=True)
+                                  sample=True, kind=PositionKind.VERIFY, is_decode=True,
+                                  draft=source)
         sample = start + n == seq.num_tokens
         kind = None
         if sample:

@@ -17,6 +17,9 @@ Invariants:
   :meth:`SnapshotPublisher.set_extra` for a value, :meth:`SnapshotPublisher.add_extras_provider`
   for a callable evaluated at each publish (in the engine thread; it must be cheap).  A provider
   that raises is dropped with one warning instead of breaking the step.
+- Each extra carries its own presentation, declared by the plugin that publishes it
+  (``label=`` / ``format=``, an :class:`ExtraFormat` in ``extra_formats``); the core knows no
+  extra by name.  Publishing again without ``label`` keeps the declared one.
 """
 
 from __future__ import annotations
@@ -29,7 +32,15 @@ from typing import Any, Callable, Iterable, Mapping
 from attrs import define, field, frozen
 from loguru import logger
 
-__all__ = ["EngineSnapshot", "SnapshotPublisher", "percentile"]
+__all__ = ["EngineSnapshot", "ExtraFormat", "SnapshotPublisher", "percentile"]
+
+
+@frozen
+class ExtraFormat:
+    """How a dashboard shows one snapshot extra: ``label: format(value)``."""
+
+    label: str
+    format: Callable[[Any], str] = str
 
 
 def percentile(samples: Iterable[float], q: float) -> float | None:
@@ -82,6 +93,17 @@ class EngineSnapshot:
     ttft_count: int = 0
     #: Plugin-published values (name -> value), read-only.
     extras: Mapping[str, Any] = _EMPTY
+    #: name -> the label and formatter its plugin declared (extras without one show as
+    #: ``name: str(value)``), read-only.
+    extra_formats: Mapping[str, ExtraFormat] = _EMPTY
+
+    def describe_extras(self) -> list[tuple[str, str]]:
+        """``(label, text)`` for each extra, as its plugin declared it."""
+        lines = []
+        for name, value in self.extras.items():
+            how = self.extra_formats.get(name) or ExtraFormat(name)
+            lines.append((how.label, how.format(value)))
+        return lines
 
     @property
     def num_used_blocks(self) -> int:
@@ -125,19 +147,30 @@ class SnapshotPublisher:
     _ttft_tuple: tuple = field(init=False, default=())
     _extras: dict = field(init=False, factory=dict)
     _providers: dict = field(init=False, factory=dict)
+    _formats: Mapping[str, ExtraFormat] = field(init=False, default=_EMPTY)
 
     def __attrs_post_init__(self) -> None:
         self._ttft = deque(maxlen=self.ttft_window)
         self.latest = self._build()
 
     # --- plugin extras -----------------------------------------------------------------------
-    def set_extra(self, name: str, value: Any) -> None:
-        """Publish ``value`` under ``name`` from the next snapshot on."""
+    def set_extra(self, name: str, value: Any, *, label: str | None = None,
+                  format: Callable[[Any], str] = str) -> None:
+        """Publish ``value`` under ``name`` from the next snapshot on; a dashboard shows it as
+        ``label: format(value)`` (``label`` None keeps the one declared before, else ``name``)."""
+        self._declare(name, label, format)
         self._extras[name] = value
 
-    def add_extras_provider(self, name: str, provider: Callable[[], Any]) -> None:
-        """Evaluate ``provider()`` at each publish and publish its value under ``name``."""
+    def add_extras_provider(self, name: str, provider: Callable[[], Any], *,
+                            label: str | None = None, format: Callable[[Any], str] = str) -> None:
+        """Evaluate ``provider()`` at each publish and publish its value under ``name``
+        (``label`` / ``format`` as for :meth:`set_extra`)."""
+        self._declare(name, label, format)
         self._providers[name] = provider
+
+    def _declare(self, name: str, label: str | None, format: Callable[[Any], str]) -> None:
+        if label is not None:
+            self._formats = MappingProxyType({**self._formats, name: ExtraFormat(label, format)})
 
     # --- engine thread -----------------------------------------------------------------------
     def request_added(self, request_id: str, arrival_time: float) -> None:
@@ -200,4 +233,4 @@ class SnapshotPublisher:
             generation_tokens_total=self._generation_tokens,
             prefix_cache_queries=cache.queries, prefix_cache_hits=cache.hits,
             ttft_samples=self._ttft_tuple, ttft_count=self._ttft_count,
-            extras=self._extras_view())
+            extras=self._extras_view(), extra_formats=self._formats)

@@ -1,9 +1,12 @@
-"""``SpecDriver``: the engine's side of speculative decoding around one step.
+"""The speculation seam: ``SpecDriver`` (a speculator is configured) or ``NULL_SPECULATION``.
 
-Owner: ``LLMEngine`` builds one when a speculator is configured (``build_spec_driver``) and
-calls :meth:`SpecDriver.drafts` before planning a step and :meth:`SpecDriver.after_step` after
-its outputs are processed.  With no speculator nothing here runs and the engine behaves (and
-traces) exactly as without speculation.
+Owner: ``LLMEngine`` builds one driver (``build_spec_driver``) and calls
+:meth:`SpecDriver.after_step` after every step's outputs are processed; the scheduler asks the
+driver for drafts at the start of each plan (the driver attaches itself with
+``Scheduler.attach_draft_source``), and a driver whose speculator wants hidden states turns on
+``ModelRunner.keep_hidden_states``.  So ``LLMEngine.step`` is one path (schedule -> execute ->
+update -> after_step) with or without speculation.  With :data:`NULL_SPECULATION` nothing here
+runs and the engine behaves (and traces) exactly as without speculation.
 
 Invariants:
 - Drafts are asked only for running sequences that are decoding (not prefilling) and did not opt
@@ -17,7 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
@@ -29,26 +32,56 @@ from metrale_core.engine.speculation import (
 )
 from metrale_core.errors import ConfigError
 
-__all__ = ["SpecDriver", "build_spec_driver"]
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
+
+__all__ = ["NULL_SPECULATION", "NullSpeculation", "SpecDriver", "build_spec_driver"]
+
+
+class NullSpeculation:
+    """The driver when speculation is off: the step is plain decoding."""
+
+    speculator = None
+    enabled = False
+
+    def after_step(self, plan: Any, outputs: list) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return "NullSpeculation()"
+
+
+NULL_SPECULATION = NullSpeculation()
 
 
 class SpecDriver:
-    """Asks the speculator for drafts and reports each step back to it."""
+    """Asks the speculator for drafts (as the scheduler's draft source) and reports each step
+    back to it."""
+
+    enabled = True
 
     def __init__(self, speculator: Any, scheduler: Any, runner: Any, output_processor: Any,
-                 max_model_len: int) -> None:
+                 max_model_len: int, clock: Any = None) -> None:
         self.speculator = speculator
         self.scheduler = scheduler
         self.runner = runner
         self.output_processor = output_processor
         self.max_model_len = max_model_len
+        self.clock = clock if clock is not None else getattr(scheduler.config, "clock")
+        #: Engine-clock time the current step began (when its drafts were asked for).
+        self._started = 0.0
+        scheduler.attach_draft_source(self)
+        if self.wants_hidden:
+            runner.keep_hidden_states()
 
     @property
     def wants_hidden(self) -> bool:
         return bool(getattr(self.speculator, "wants_hidden", False))
 
     def drafts(self) -> dict[str, Draft]:
-        """request id -> draft for this step's decode rows (empty drafts left out)."""
+        """request id -> draft for this step's decode rows (empty drafts left out); called by
+        the scheduler at the start of each plan, which is when the step's timing starts."""
+        self._started = self.clock()
         seqs, caps = [], []
         for seq in self.scheduler.running:
             if seq.is_prefilling or seq.extras.get(SPECULATIVE_EXTRA, True) is False:
@@ -66,8 +99,9 @@ class SpecDriver:
                 drafts[seq.request_id] = draft.truncated(cap)
         return drafts
 
-    def after_step(self, plan: Any, outputs: list, duration_s: float) -> None:
+    def after_step(self, plan: Any, outputs: list) -> None:
         """Roll recurrent state back to the committed rows, then report the step."""
+        duration_s = self.clock() - self._started
         outcomes = tuple(self.output_processor.last_verify_outcomes)
         accepted = {o.request_id: o.num_accepted for o in outcomes if not o.finished}
         verify_chunks = [c for c in plan.chunks if c.is_verify and c.seq.request_id in accepted]
@@ -92,18 +126,18 @@ class SpecDriver:
             committed_rows=committed))
 
 
-def build_spec_driver(config: Any, model: Any, pipeline: Any, registry: Any, scheduler: Any,
-                      runner: Any, output_processor: Any, max_model_len: int,
-                      speculator: Any = None) -> SpecDriver | None:
+def build_spec_driver(config: Any, model: Any, pipeline: Any, registry: Registry | None,
+                      scheduler: Any, runner: Any, output_processor: Any, max_model_len: int,
+                      speculator: Any = None) -> SpecDriver | NullSpeculation:
     """The driver of ``speculator`` (a ``Speculator``, or a factory ``f(ProposerContext)`` like
     ``ProposerSpec.factory``), else of the proposer named by the ``speculative`` plugin option
-    (``--speculative``); None when speculation is off."""
+    (``--speculative``); :data:`NULL_SPECULATION` when speculation is off."""
     ctx = ProposerContext(config=config, model=model, pipeline=pipeline, registry=registry,
                           max_model_len=max_model_len)
     if speculator is None:
         name = config.plugin_options.get("speculative")
         if not name:
-            return None
+            return NULL_SPECULATION
         if registry is None:
             raise ConfigError(f"speculative decoding with {name!r} needs the plugin registry; "
                               "build the engine with registry=load_registry()")
@@ -118,4 +152,5 @@ def build_spec_driver(config: Any, model: Any, pipeline: Any, registry: Any, sch
         raise ConfigError(f"the {type(speculator).__name__} proposer needs the target's hidden "
                           f"states, but {model.info.architecture} has no forward_with_hidden")
     logger.info("speculative decoding on: {}", speculator)
-    return SpecDriver(speculator, scheduler, runner, output_processor, max_model_len)
+    return SpecDriver(speculator, scheduler, runner, output_processor, max_model_len,
+                      clock=config.clock)

@@ -200,6 +200,33 @@ class ProposerContext:
     registry: Any
     max_model_len: int
 
+    def load_model(self, source: Any, options: Any = None) -> Any:
+        """A side model (draft model, MTP layer) from ``source`` (a checkpoint path or an open
+        ``WeightStore``), built by the engine's registry through the same loading function as
+        the target (``metrale_core.loading.model_from_store``); by default with the target's
+        dtype and device."""
+        from metrale_core.components import LoadOptions
+        from metrale_core.engine.runner import model_device
+        from metrale_core.errors import ConfigError
+        from metrale_core.loading import model_from_store
+        from metrale_core.weights import open_weights
+
+        if self.registry is None:
+            raise ConfigError("loading a draft model needs the plugin registry; build the engine "
+                              "with registry=load_registry()")
+        if options is None:
+            options = LoadOptions(dtype=str(self.model.info.dtype).removeprefix("torch."),
+                                  device=str(model_device(self.model)))
+        store = open_weights(source) if isinstance(source, (str, bytes)) or hasattr(
+            source, "__fspath__") else source
+        return model_from_store(store, options, self.registry)[1]
+
+    def side_pool(self, model: Any, num_blocks: int) -> Any:
+        """A ``SidePool`` (runner + block manager) for ``model`` with the engine's block size."""
+        from metrale_core.engine.side_pool import SidePool
+
+        return SidePool(model, num_blocks, self.config.block_size)
+
 
 @runtime_checkable
 class Speculator(Protocol):

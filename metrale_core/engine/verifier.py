@@ -24,12 +24,12 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence as Seq
+from typing import Any, Sequence as Seq
 
 import attrs
 import torch
 
-from metrale_core.engine.speculation import Draft, VerifyOutcome, accept, verify_rows
+from metrale_core.engine.speculation import VerifyOutcome, accept, verify_rows
 from metrale_core.sampling.position import PositionKind
 
 __all__ = ["commit_verify_chunks", "merge_outputs"]
@@ -61,12 +61,13 @@ def _logprob_entry(row: torch.Tensor, token: int, width: int) -> tuple:
     return ((token, float(row[token]), top),)
 
 
-def commit_verify_chunks(processor: Any, chunks: Seq[Any], logits: Seq[torch.Tensor],
-                         drafts: Mapping[str, Draft]) -> tuple[list[Any], list[VerifyOutcome]]:
+def commit_verify_chunks(processor: Any, chunks: Seq[Any],
+                         logits: Seq[torch.Tensor]) -> tuple[list[Any], list[VerifyOutcome]]:
     """Accept and commit every verify chunk; returns one output per chunk and the outcomes.
 
-    ``processor`` is the ``OutputProcessor`` (its pipeline, scheduler and ``_append``);
-    ``logits[j]`` holds the ``k+1`` rows of ``chunks[j]``.
+    ``processor`` is the ``OutputProcessor`` (its pipeline, scheduler and ``commit_token``);
+    ``logits[j]`` holds the ``k+1`` rows of ``chunks[j]``, whose ``draft`` is the proposer's
+    ``Draft`` record (``q``).
     """
     pipeline = processor.pipeline
     rows: list[Any] = []
@@ -81,7 +82,7 @@ def commit_verify_chunks(processor: Any, chunks: Seq[Any], logits: Seq[torch.Ten
     for chunk, chunk_logits in zip(chunks, logits):
         seq, draft = chunk.seq, chunk.token_ids[1:]
         hi = lo + len(draft) + 1
-        source = drafts.get(seq.request_id)
+        source = chunk.draft
         probs = None if source is None or source.probs is None else source.probs[:len(draft)]
         greedy = seq.params.temperature == 0.0
         verdict = accept(processed[lo:hi], draft, probs, greedy=greedy, generator=seq.generator)
@@ -93,7 +94,7 @@ def commit_verify_chunks(processor: Any, chunks: Seq[Any], logits: Seq[torch.Ten
             if observe:  # this position is committed: final-decode observers may see it now
                 pipeline.adjusted_logits(chunk_logits[j:j + 1], [seq], [PositionKind.FINAL_DECODE])
             entry = _logprob_entry(logprobs[j], token, seq.params.logprobs) if wants_logprobs else None
-            deltas.append(processor._append(seq, token, entry))
+            deltas.append(processor.commit_token(seq, token, entry))
             if seq.is_finished:
                 break
         processor.scheduler.commit_verify(chunk, verdict.num_accepted)

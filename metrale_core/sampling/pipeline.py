@@ -90,6 +90,11 @@ class LogitPipeline:
         """Names of the plugin processors in the order they run."""
         return tuple(spec.name for spec, _ in self._stages)
 
+    def processor(self, name: str) -> Any:
+        """The instance of the processor ``name`` in this pipeline, or None (a plugin reads its
+        per-engine state from it)."""
+        return next((instance for spec, instance in self._stages if spec.name == name), None)
+
     def runs_on(self, kind: PositionKind) -> bool:
         """True when some processor declared ``kind`` (speculative verify re-runs the
         ``FINAL_DECODE`` stages on committed positions only when there are any)."""

@@ -41,22 +41,14 @@ def plugin_metric_families(registry: Any, engine: Any, taken: set[str]) -> list[
     if registry is None:
         return []
     families: list[Metric] = []
-    hook = registry.pm.hook.metrale_metrics
-    for impl in reversed(hook.get_hookimpls()):
-        try:
-            result = impl.function(*[{"engine": engine}[a] for a in impl.argnames])
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break /metrics
-            logger.warning("plugin {!r} failed in metrale_metrics: {}", impl.plugin_name, exc)
-            continue
-        if result is None:
-            continue
+    for plugin_name, result in registry.collect_metrics(engine):
         if isinstance(result, dict):
-            result = [GaugeMetricFamily(str(name), f"{name} (from plugin {impl.plugin_name})",
+            result = [GaugeMetricFamily(str(name), f"{name} (from plugin {plugin_name})",
                                         value=float(value)) for name, value in result.items()]
         for family in result:
             if family.name in taken:
                 logger.warning("plugin {!r} exports metric {!r}, already exported; dropped",
-                               impl.plugin_name, family.name)
+                               plugin_name, family.name)
                 continue
             taken.add(family.name)
             families.append(family)

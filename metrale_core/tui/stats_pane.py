@@ -7,14 +7,15 @@ Invariants:
 - Rates (generation / prompt tok/s) are differences of two snapshots' counters over the
   dashboard's own clock, sampled on every poll (also while the tab is hidden), so an idle
   engine — which publishes nothing — reads as 0 tok/s.
-- Plugin extras render by name: ``speculative`` (acceptance rate and length), ``b1_count``,
-  ``fp8_scale_source``; any other extra is listed as ``name: value``.  Absent ones are not shown.
+- Plugin extras render with the label and formatter their plugin declared when publishing them
+  (``label=`` / ``format=``); an undeclared extra is listed as ``name: value``.  The pane knows
+  no plugin by name.  Absent ones are not shown.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from attrs import define, field
 from rich.text import Text
@@ -62,34 +63,10 @@ class RateTracker:
         return self.prompt[-1] if self.prompt else 0.0
 
 
-def _field(value: Any, name: str, default: Any = None) -> Any:
-    found = value.get(name, default) if isinstance(value, Mapping) else getattr(value, name, default)
-    return found() if callable(found) else found
-
-
-def _acceptance(value: Any) -> str:
-    rate = _field(value, "acceptance_rate", value)
-    if isinstance(rate, (int, float)):
-        length = _field(value, "acceptance_length")
-        per_verify = f", {length:.2f} tok/verify" if isinstance(length, (int, float)) else ""
-        return f"acceptance {fmt.percent(float(rate))}{per_verify}"
-    return str(value)
-
-
-_EXTRA_LABELS: dict[str, tuple[str, Callable[[Any], str]]] = {
-    "speculative": ("speculative", _acceptance),
-    "b1_count": ("B1 count", str),
-    "fp8_scale_source": ("FP8 scale source", str),
-}
-
-
-def describe_extras(extras: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """``(label, value)`` lines for the plugin extras of a snapshot."""
-    lines = []
-    for name, value in extras.items():
-        label, render = _EXTRA_LABELS.get(name, (name, str))
-        lines.append((label, render(value)))
-    return lines
+def describe_extras(snap: EngineSnapshot) -> list[tuple[str, str]]:
+    """``(label, value)`` lines for the plugin extras of a snapshot, as each plugin declared
+    them (``EngineSnapshot.extra_formats``)."""
+    return snap.describe_extras()
 
 
 def _tile(title: str) -> Text:
@@ -150,7 +127,7 @@ def stats_texts(snap: EngineSnapshot | None, rates: RateTracker) -> dict[str, Te
     t.append(f"prefix-cache hit rate {fmt.percent(snap.prefix_cache_hit_rate)}"
              f"  ({snap.prefix_cache_hits}/{snap.prefix_cache_queries} tokens, "
              f"{snap.num_cached_blocks} cached blocks)\n")
-    for label, value in describe_extras(snap.extras):
+    for label, value in describe_extras(snap):
         t.append(f"{label}: {value}\n")
     out["plugins"] = t
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from metrale_core.registry import Registry as _CoreRegistry
 from metrale_core.components import LogitProcessorSpec, SamplerSpec, SchedulerSpec
 from metrale_core.engine import EngineConfig, FcfsPolicy, LLMEngine
 from metrale_core.errors import ConfigError, InvalidRequest, PromptTooLong
@@ -191,8 +192,9 @@ def test_logprobs_are_reported(make_engine, run):
     assert all(d.logprobs is None for d in outs["b"])
 
 
-class _Registry:
+class _Registry(_CoreRegistry):
     def __init__(self, calls):
+        super().__init__()  # a real (typed) Registry with an empty plugin manager
         def observer(config):
             def observe(logits, ctx):
                 calls.append(ctx.kinds)

@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from metrale_core.registry import Registry as _CoreRegistry
 from metrale_core.components import LogitProcessorSpec, SamplerSpec, SchedulerSpec
 from metrale_core.engine import AsyncEngine, EngineConfig, FcfsPolicy, LLMEngine
 from metrale_core.errors import InvalidRequest
@@ -40,10 +41,11 @@ class PieceTokenizer:
         return "".join(PIECES[i] if i < len(PIECES) else "" for i in ids)
 
 
-class Registry:
+class Registry(_CoreRegistry):
     """Just enough registry for the engine: the default sampler and FCFS, plus an observer."""
 
     def __init__(self, seen: list):
+        super().__init__()  # a real (typed) Registry with an empty plugin manager
         def watch(config):
             def observe(logits, ctx):
                 for row, kind in zip(ctx.rows, ctx.kinds):

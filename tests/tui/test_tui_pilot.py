@@ -82,8 +82,11 @@ def test_plugin_extras_show_on_the_stats_tab(served):
     publisher = status.engine.snapshots
     # a provider, so it replaces the one the installed metrale-b1 attaches (metrale_engine_started)
     publisher.add_extras_provider("b1_count", lambda: 3)
-    publisher.set_extra("fp8_scale_source", "checkpoint")
-    publisher.add_extras_provider("speculative", lambda: {"acceptance_rate": 0.75})
+    # each extra carries the label / formatter its plugin declares (the pane knows no names)
+    publisher.set_extra("fp8_scale_source", "checkpoint", label="FP8 scale source")
+    publisher.add_extras_provider("speculative", lambda: {"acceptance_rate": 0.75},
+                                  label="speculative",
+                                  format=lambda v: f"acceptance {100 * v['acceptance_rate']:.1f}%")
     httpx.post(f"{status.base_url}/v1/completions",
                json={"model": "tiny-llama", "prompt": "the cat", "max_tokens": 2}, timeout=60)
 

@@ -99,3 +99,23 @@ def test_percentile_is_nearest_rank():
     assert percentile([0.3, 0.1, 0.2], 50) == 0.2
     assert percentile([float(i) for i in range(1, 11)], 90) == 9.0
     assert percentile([1.0], 90) == 1.0
+
+
+def test_each_extra_carries_the_label_and_format_its_plugin_declared(tiny_engine):
+    """The core knows no extra by name: a plugin declares how its value reads."""
+    engine = _engine(tiny_engine, [SeqScript(prompt=[5, 6], output=[7])])
+    pub = engine.snapshots
+    pub.add_extras_provider("my_rate", lambda: 0.25, label="My rate",
+                            format=lambda v: f"{100 * v:.0f}%")
+    pub.set_extra("plain", 3)
+    pub.add_extras_provider("my_rate", lambda: 0.5)  # no label: the declared one is kept
+    engine.add_request("x", [5, 6], SamplingParams(max_tokens=1))
+    engine.step()
+    snap = engine.snapshots.latest
+    assert snap.extras == {"my_rate": 0.5, "plain": 3}
+    assert snap.describe_extras() == [("plain", "3"), ("My rate", "50%")]
+    pub.set_extra("plain", 4, label="Plain")
+    engine.add_request("y", [5, 6], SamplingParams(max_tokens=1))
+    engine.step()
+    assert ("Plain", "4") in engine.snapshots.latest.describe_extras()
+    assert snap.describe_extras()[0] == ("plain", "3")  # an old snapshot keeps its formats

@@ -5,7 +5,8 @@ positions only, :data:`ORDER` in the pipeline) through ``metrale_logit_processor
 ``--b1-observer on|off`` through ``metrale_engine_flags``, the counter
 ``metrale:b1_low_margin_positions`` through ``metrale_metrics`` and the dashboard's ``b1_count``
 extra through ``metrale_engine_started`` (both only on engines that run the observer).  The observer itself lives in
-:mod:`metrale_b1.b1_margin`; the counter is ``SpecStats.b1_low_margin`` of metrale-speculative.
+:mod:`metrale_b1.b1_margin`; the counter (``b1_low_margin``) is per engine, owned by that engine's
+observer (``B1Stats``).
 
 Invariants: importing this package imports neither torch nor CuPy nor prometheus_client (the
 factory is lazy, so ``met plugins`` stays fast).
@@ -18,7 +19,7 @@ from metrale_core.components import LogitProcessorSpec
 from metrale_core.plugins import lazy_factory
 from metrale_core.sampling.position import PositionKind
 
-__all__ = ["EXTRA_NAME", "FLAG_DEST", "METRIC_NAME", "NAME", "ORDER", "metrale_engine_flags",
+__all__ = ["EXTRA_LABEL", "EXTRA_NAME", "FLAG_DEST", "METRIC_NAME", "NAME", "ORDER", "metrale_engine_flags",
            "metrale_engine_started", "metrale_logit_processors", "metrale_metrics"]
 
 #: The processor's name in the registry (and in ``LogitPipeline.processor_names``).
@@ -33,8 +34,9 @@ ORDER = 150
 FLAG_DEST = "b1_observer"
 #: Prometheus counter (exposed as ``metrale:b1_low_margin_positions_total``).
 METRIC_NAME = "metrale:b1_low_margin_positions"
-#: Snapshot extra the dashboard's stats tab shows as "B1 count".
+#: Snapshot extra the dashboard's stats tab shows as :data:`EXTRA_LABEL`.
 EXTRA_NAME = "b1_count"
+EXTRA_LABEL = "B1 count"
 
 
 @hookimpl
@@ -55,31 +57,31 @@ def metrale_engine_flags(parser) -> None:
                              "tool-call parameter bodies; warn every 100 (default: on)")
 
 
-def _runs_observer(engine) -> bool:
-    pipeline = getattr(getattr(engine, "output_processor", None), "pipeline", None)
-    return pipeline is not None and NAME in pipeline.processor_names
-
-
 @hookimpl
 def metrale_metrics(engine):
-    """``metrale:b1_low_margin_positions`` while the engine runs the observer (else nothing)."""
-    if not _runs_observer(engine):
+    """``metrale:b1_low_margin_positions`` of ``engine``'s observer (nothing when it runs none)."""
+    from metrale_b1.b1_margin import observer_of
+
+    observer = observer_of(engine)
+    if observer is None:
         return None
     from prometheus_client.core import CounterMetricFamily
 
-    from metrale_b1.b1_margin import low_margin_count
-
     return [CounterMetricFamily(
         METRIC_NAME, "Final-decode positions inside a tool parameter body with a top-1/top-2 "
-                     "logit gap below 1.5 (B1 drift gauge, SpecStats.b1_low_margin)",
-        value=low_margin_count())]
+                     "logit gap below 1.5 (B1 drift gauge, b1_low_margin)",
+        value=observer.stats.b1_low_margin)]
 
 
 @hookimpl
 def metrale_engine_started(engine) -> None:
-    """Publish the low-margin count as the ``b1_count`` extra while the engine runs the observer."""
-    if not _runs_observer(engine):
-        return
-    from metrale_b1.b1_margin import low_margin_count
+    """Publish the engine's low-margin count as the ``b1_count`` extra ("B1 count" on the
+    dashboard) while the engine runs the observer."""
+    from metrale_b1.b1_margin import observer_of
 
-    engine.snapshots.add_extras_provider(EXTRA_NAME, low_margin_count)
+    observer = observer_of(engine)
+    if observer is None:
+        return
+    stats = observer.stats
+    engine.snapshots.add_extras_provider(EXTRA_NAME, lambda: stats.b1_low_margin,
+                                         label=EXTRA_LABEL)

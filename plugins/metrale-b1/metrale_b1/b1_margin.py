@@ -22,19 +22,26 @@ Invariants:
   row's two largest logits is below :data:`LOW_MARGIN_THRESHOLD`.  NaN gaps never count.
 - One batched top-2 scan (:class:`metrale_b1.top2.Top2`) per step over the rows inside a body;
   Python loops run only over the counted rows (one trace line and one ``bump`` each).
+- The count is per engine: each observer (one per engine's pipeline) owns its :class:`B1Stats`;
+  ``/metrics`` and the dashboard read the observer of the engine they serve
+  (:func:`observer_of`).  There is no process-wide counter.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
+from attrs import define, field
 from loguru import logger
 
-from metrale_speculative.spec_stats import SpecStats, bump, shared_stats
-
 __all__ = ["B1_SUMMARY_PERIOD", "DRIFT_WARNING", "LOW_MARGIN_THRESHOLD", "B1MarginObserver",
-           "in_body", "low_margin_count", "make_observer", "record_low_margin"]
+           "B1Stats", "in_body", "low_margin_count", "make_observer", "observer_of",
+           "record_low_margin"]
+
+#: The ``LogitProcessorSpec`` name (also ``metrale_b1.NAME``).
+PROCESSOR_NAME = "b1-margin"
 
 #: 2026-09-25: One warn line per this many low-margin positions.
 B1_SUMMARY_PERIOD = 100
@@ -47,9 +54,24 @@ DRIFT_WARNING = ("B1 drift gauge: {} low-margin (<1.5 logprobs) decode positions
                  "reviewing tool-arg outputs for whitespace / digit-collapse drift.")
 
 
-def record_low_margin(margin: float, top1: int, top2: int, stats: SpecStats) -> int:
+@define
+class B1Stats:
+    """The low-margin counter of one engine (the seed's ``b1_low_margin``); only grows."""
+
+    b1_low_margin: int = 0
+    _lock: threading.Lock = field(factory=threading.Lock, repr=False, eq=False)
+
+    def bump(self, n: int = 1) -> int:
+        """Atomically add ``n``; returns the value before (the seed's ``bump``)."""
+        with self._lock:
+            before = self.b1_low_margin
+            self.b1_low_margin = before + n
+        return before
+
+
+def record_low_margin(margin: float, top1: int, top2: int, stats: B1Stats) -> int:
     """Count one low-margin position in ``stats.b1_low_margin``; returns the new count."""
-    n = bump(stats, "b1_low_margin") + 1
+    n = stats.bump() + 1
     # 2026-09-25: One trace line per low-margin position; the logger name is this module's,
     # ``metrale_b1.b1_margin``.
     logger.trace("B1 low margin: gap={:.3f} top1={} top2={}", margin, top1, top2)
@@ -70,10 +92,9 @@ def in_body(row: Any) -> bool:
 class B1MarginObserver:
     """The read-only ``b1-margin`` logit processor (see the module docstring)."""
 
-    def __init__(self, stats: SpecStats | None = None) -> None:
-        #: Where ``b1_low_margin`` is counted: the process-wide ``SpecStats`` by default (the one
-        #: the speculative plugin's speculator and ``/metrics`` use).
-        self.stats = stats if stats is not None else shared_stats()
+    def __init__(self, stats: B1Stats | None = None) -> None:
+        #: Where ``b1_low_margin`` is counted: this observer's own (so its engine's) counter.
+        self.stats = stats if stats is not None else B1Stats()
         self._ops: dict[torch.device, Any] = {}
 
     def top2(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,9 +126,20 @@ class B1MarginObserver:
         return None
 
 
-def low_margin_count() -> int:
-    """The process-wide ``b1_low_margin`` count (what ``/metrics`` exports)."""
-    return shared_stats().snapshot()["b1_low_margin"]
+def observer_of(engine: Any) -> B1MarginObserver | None:
+    """The observer in ``engine``'s logit pipeline, or None when it runs none."""
+    pipeline = getattr(getattr(engine, "output_processor", None), "pipeline", None)
+    if pipeline is None:
+        return None
+    found = pipeline.processor(PROCESSOR_NAME)
+    return found if isinstance(found, B1MarginObserver) else None
+
+
+def low_margin_count(engine: Any) -> int:
+    """``engine``'s ``b1_low_margin`` count (what ``/metrics`` and the dashboard show); 0 when the
+    engine runs no observer."""
+    observer = observer_of(engine)
+    return 0 if observer is None else observer.stats.b1_low_margin
 
 
 def make_observer(config: Any) -> B1MarginObserver | None:

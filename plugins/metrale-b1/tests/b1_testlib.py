@@ -12,6 +12,7 @@ import torch
 from attrs import define, field
 from loguru import logger
 
+from metrale_core.registry import Registry as _CoreRegistry
 from metrale_core.sampling import SamplingParams
 
 OBSERVER_LOGGER = "metrale_b1.b1_margin"
@@ -53,10 +54,11 @@ def observer_spec(stats):
     return attrs.evolve(spec, factory=lambda config: B1MarginObserver(stats))
 
 
-class SpecRegistry:
+class SpecRegistry(_CoreRegistry):
     """Just enough registry for ``LLMEngine``: the default sampler, FCFS, and given processors."""
 
     def __init__(self, *specs) -> None:
+        super().__init__()  # a real (typed) Registry with an empty plugin manager
         from metrale_core.components import SamplerSpec, SchedulerSpec
         from metrale_core.engine import FcfsPolicy
         from metrale_core.sampling import DefaultSampler

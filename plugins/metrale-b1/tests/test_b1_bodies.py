@@ -17,7 +17,7 @@ import pytest
 
 from b1_testlib import Row, gap_logits
 from metrale_core.streamparse import make_stream_parser
-from metrale_speculative.spec_stats import SpecStats
+from metrale_b1.b1_margin import B1Stats
 
 from metrale_b1.b1_margin import B1MarginObserver
 
@@ -75,7 +75,7 @@ def test_counted_exactly_inside_values_under_random_chunking(fmt):
     hits = {b: 0 for b in bodies}
     for seed in range(40):
         rng = random.Random(seed)
-        stats = SpecStats()
+        stats = B1Stats()
         observer = B1MarginObserver(stats)
         parser = make_stream_parser(tool_parser=fmt, reasoning=reasoning, tools=TOOLS)
         row = Row(parser)
@@ -102,7 +102,7 @@ def test_one_character_per_position_counts_every_value_character(fmt):
     """Fed one character at a time, each value of n characters is counted at n positions (plus
     the positions while its closing tag is still a held-back prefix)."""
     reasoning, text, values = CASES[fmt]
-    stats = SpecStats()
+    stats = B1Stats()
     observer = B1MarginObserver(stats)
     parser = make_stream_parser(tool_parser=fmt, reasoning=reasoning, tools=TOOLS)
     ctx = type("Ctx", (), {"rows": [Row(parser)]})()

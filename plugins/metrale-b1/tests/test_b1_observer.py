@@ -12,7 +12,7 @@ from b1_testlib import OBSERVER_LOGGER, Row, captured_lines, gap_logits, observe
 from metrale_core.components import LogitProcessorSpec
 from metrale_core.sampling import DefaultSampler, LogitPipeline, PositionKind, SamplingParams
 from metrale_core.streamparse import make_stream_parser
-from metrale_speculative.spec_stats import SpecStats
+from metrale_b1.b1_margin import B1Stats
 
 from metrale_b1.b1_margin import B1MarginObserver
 
@@ -33,12 +33,12 @@ def in_body_row() -> Row:
     return Row(parser_after(CALL + '"Par'))
 
 
-def pipeline_of(stats: SpecStats, *extra) -> LogitPipeline:
+def pipeline_of(stats: B1Stats, *extra) -> LogitPipeline:
     return LogitPipeline([(observer_spec(stats), B1MarginObserver(stats)), *extra], DefaultSampler())
 
 
 def test_logits_are_never_written_bit_for_bit():
-    stats = SpecStats()
+    stats = B1Stats()
     logits = gap_logits(6, gap=1.0)
     logits[2, 7] = -0.0
     logits[3, :] = float("-inf")
@@ -58,14 +58,14 @@ def test_logits_are_never_written_bit_for_bit():
 
 @pytest.mark.parametrize("kind, counted", [(FD, True), (VERIFY, False), (PREFILL, False)])
 def test_only_final_decode_positions_are_counted(kind, counted):
-    stats = SpecStats()
+    stats = B1Stats()
     rows = [in_body_row() for _ in range(4)]
     pipeline_of(stats).sample(gap_logits(4), rows, [kind] * 4)
     assert stats.b1_low_margin == (4 if counted else 0)
 
 
 def test_mixed_batch_counts_only_final_decode_rows():
-    stats = SpecStats()
+    stats = B1Stats()
     rows = [in_body_row() for _ in range(5)]
     pipeline_of(stats).sample(gap_logits(5), rows, [VERIFY, FD, VERIFY, PREFILL, FD])
     assert stats.b1_low_margin == 2
@@ -89,7 +89,7 @@ STATES = {
 @pytest.mark.parametrize("name", sorted(STATES))
 def test_counted_only_inside_a_body_that_emitted_characters(name):
     make, counted = STATES[name]
-    stats = SpecStats()
+    stats = B1Stats()
     pipeline_of(stats).sample(gap_logits(1), [make()], [FD])
     assert stats.b1_low_margin == int(counted)
 
@@ -97,7 +97,7 @@ def test_counted_only_inside_a_body_that_emitted_characters(name):
 @pytest.mark.parametrize("gap, counted", [(0.0, True), (1.0, True), (1.499, True), (1.5, False),
                                           (2.0, False), (math.inf, False), (math.nan, False)])
 def test_threshold_is_a_strict_gap_below_one_and_a_half(gap, counted):
-    stats = SpecStats()
+    stats = B1Stats()
     logits = gap_logits(1, gap=1.0)
     logits[0, 9] = 10.0 - gap  # a NaN row cannot be sampled: run the stages before the sampler
     pipeline_of(stats).adjusted_logits(logits, [in_body_row()], [FD])
@@ -107,7 +107,7 @@ def test_threshold_is_a_strict_gap_below_one_and_a_half(gap, counted):
 def test_sits_after_masks_and_before_penalties_and_bias():
     """A mask (order 100) removes token 5; a penalty processor (order 200), the repetition penalty
     and logit_bias change 9 and 11.  The observer sees 9 (9.5) over 11 (9.0): masked, unpenalised."""
-    stats = SpecStats()
+    stats = B1Stats()
     logits = torch.zeros(1, 16)
     logits[0, 5], logits[0, 9], logits[0, 11] = 10.0, 9.5, 9.0
 
@@ -132,7 +132,7 @@ def test_sits_after_masks_and_before_penalties_and_bias():
 
 
 def test_trace_line_per_position_and_warn_every_hundred():
-    stats = SpecStats()
+    stats = B1Stats()
     pipeline = pipeline_of(stats)
     rows = [in_body_row() for _ in range(7)]
     with captured_lines() as lines:
@@ -150,7 +150,7 @@ def test_trace_line_per_position_and_warn_every_hundred():
 
 
 def test_warn_period_continues_from_the_shared_count():
-    stats = SpecStats(b1_low_margin=98)
+    stats = B1Stats(b1_low_margin=98)
     with captured_lines() as lines:
         pipeline_of(stats).sample(gap_logits(3), [in_body_row() for _ in range(3)], [FD] * 3)
     assert [m for level, _, m in lines if level == "WARNING"] == [WARNING.format(100)]
@@ -165,7 +165,7 @@ def test_no_row_in_a_body_does_no_tensor_work():
         def __getattr__(self, name):
             raise AssertionError(f"the observer touched the logits ({name})")
 
-    stats = SpecStats()
+    stats = B1Stats()
     ctx = type("Ctx", (), {"rows": [Row(parser_after("plain text")), Row(None)]})()
     assert B1MarginObserver(stats)(Exploding(), ctx) is None
     assert stats.b1_low_margin == 0

@@ -10,10 +10,9 @@ from metrale_core.engine import EngineConfig
 from metrale_core.engine.engine import build_pipeline
 from metrale_core.plugins import load_registry
 from metrale_core.sampling import PositionKind
-from metrale_speculative.spec_stats import bump, shared_stats
 
 import metrale_b1
-from metrale_b1.b1_margin import B1MarginObserver, make_observer
+from metrale_b1.b1_margin import B1MarginObserver, B1Stats, make_observer
 
 
 @pytest.fixture(scope="module")
@@ -41,18 +40,19 @@ def test_flag_turns_the_observer_off(registry, argv, enabled):
     built = make_observer(config)
     assert isinstance(built, B1MarginObserver) if enabled else built is None
     assert ("b1-margin" in build_pipeline(config, registry).processor_names) == enabled
-    if enabled:
-        assert built.stats is shared_stats()
+    if enabled:  # per-engine state: each observer (one per engine) counts on its own
+        assert isinstance(built.stats, B1Stats) and built.stats is not make_observer(config).stats
 
 
-def test_metrics_hook_exports_the_shared_counter(registry):
+def test_metrics_hook_exports_the_engines_counter(registry):
     class Engine:
         def __init__(self, config):
             self.output_processor = type("OP", (), {"pipeline": build_pipeline(config, registry)})()
 
-    bump(shared_stats(), "b1_low_margin", 3)
-    expected = shared_stats().b1_low_margin
-    (family,) = metrale_b1.metrale_metrics(Engine(EngineConfig()))
+    engine = Engine(EngineConfig())
+    engine.output_processor.pipeline.processor("b1-margin").stats.bump(3)
+    expected = engine.output_processor.pipeline.processor("b1-margin").stats.b1_low_margin
+    (family,) = metrale_b1.metrale_metrics(engine)
     assert family.name == metrale_b1.METRIC_NAME and family.type == "counter"
     assert [s.value for s in family.samples if s.name.endswith("_total")] == [expected]
     assert metrale_b1.metrale_metrics(Engine(EngineConfig(plugin_options={"b1_observer": "off"}))) is None

@@ -23,7 +23,7 @@ __all__ = ["metrale_engine_flags", "metrale_engine_started", "metrale_kv_scale_s
 def metrale_kv_scale_sources(register) -> None:
     """Register the ``fp8`` source: checkpoint scales, online calibration or 1.0, per layer."""
     register(KVScaleSourceSpec(
-        name="fp8", factory=lazy_factory("metrale_fp8.build:build_codec"),
+        name="fp8", factory=lazy_factory("metrale_fp8.build:build_codec"), kv_dtypes=("fp8",),
         description="FP8 E4M3 KV storage; per-layer K/V scales from the checkpoint, online "
                     "calibration (--fp8-kv-calibration-tokens) or 1.0"))
 

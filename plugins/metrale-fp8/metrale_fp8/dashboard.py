@@ -17,10 +17,11 @@ from typing import Any
 from metrale_fp8.build import describe_sources
 from metrale_fp8.metrics import fp8_codec_of
 
-__all__ = ["EXTRA_NAME", "attach", "scale_source_summary"]
+__all__ = ["EXTRA_LABEL", "EXTRA_NAME", "attach", "scale_source_summary"]
 
-#: The snapshot extra the dashboard labels "FP8 scale source".
+#: The snapshot extra, shown on the dashboard as :data:`EXTRA_LABEL`.
 EXTRA_NAME = "fp8_scale_source"
+EXTRA_LABEL = "FP8 scale source"
 
 
 def scale_source_summary(codec: Any) -> str:
@@ -52,5 +53,6 @@ def attach(engine: Any) -> bool:
     codec = fp8_codec_of(engine)
     if codec is None:
         return False
-    engine.snapshots.add_extras_provider(EXTRA_NAME, lambda: scale_source_summary(codec))
+    engine.snapshots.add_extras_provider(EXTRA_NAME, lambda: scale_source_summary(codec),
+                                         label=EXTRA_LABEL)
     return True

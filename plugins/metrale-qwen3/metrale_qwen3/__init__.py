@@ -24,10 +24,15 @@ _LOADERS = {
 }
 
 
+#: The ``--weight-format`` values the loaders honour (``metrale_qwen3.linear.WEIGHT_FORMATS``,
+#: repeated here so that registering imports no torch; a test keeps the two equal).
+WEIGHT_FORMATS = ("exact", "bf16", "int8", "int4")
+
+
 @hookimpl
 def metrale_model_loaders(register) -> None:
     """Register the qwen3, llama and qwen2 loaders."""
     for name, (architecture, description) in _LOADERS.items():
         register(ModelLoaderSpec(name=name, factory=lazy_factory(f"metrale_qwen3.loader:load_{name}"),
                                  model_types=(name,), architectures=(architecture,),
-                                 description=description))
+                                 description=description, weight_formats=WEIGHT_FORMATS))

@@ -67,3 +67,13 @@ def test_wrong_shape_names_the_tensor(tmp_path, store_kind):
     (ckpt / "config.json").write_text(json.dumps(config))
     with pytest.raises(ShapeMismatch, match="mlp.gate_proj.weight"):
         load("llama", open_store(ckpt, use_real=store_kind == "real"))
+
+
+def test_loaders_declare_the_weight_formats_they_honour():
+    """The registration (torch-free) declares exactly the formats ``linear`` implements."""
+    from metrale_core.plugins import load_registry
+    from metrale_qwen3.linear import WEIGHT_FORMATS
+
+    reg = load_registry()
+    for name in ("qwen3", "llama", "qwen2"):
+        assert reg.model_loaders[name].weight_formats == WEIGHT_FORMATS

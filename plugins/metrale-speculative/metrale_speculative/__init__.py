@@ -67,4 +67,7 @@ def metrale_engine_started(engine) -> None:
     """Publish the speculator's acceptance as the ``speculative`` extra (speculation on only)."""
     stats = _speculator_stats(engine)
     if stats is not None:
-        engine.snapshots.add_extras_provider("speculative", stats.summary)
+        from metrale_speculative.spec_stats import describe_summary
+
+        engine.snapshots.add_extras_provider("speculative", stats.summary, label="speculative",
+                                             format=describe_summary)

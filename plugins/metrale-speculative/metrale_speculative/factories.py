@@ -66,9 +66,12 @@ def make_ngram(ctx: Any) -> GatedSpeculator:
 
 def load_checkpoint_model(path: Any, registry: Any = None, like: Any = None) -> Any:
     """The model of checkpoint ``path`` through its registered loader (no tokenizer), with the
-    dtype and device of model ``like`` when given."""
+    dtype and device of model ``like`` when given: the core's ``model_from_store``, the
+    function that loads the target.  (Engines load drafts through ``ProposerContext.load_model``
+    with their own registry; this helper is for tests and scripts.)"""
     from metrale_core.components import LoadOptions
     from metrale_core.engine.runner import model_device
+    from metrale_core.loading import model_from_store
     from metrale_core.plugins import load_registry
     from metrale_core.weights import open_weights
 
@@ -77,15 +80,14 @@ def load_checkpoint_model(path: Any, registry: Any = None, like: Any = None) -> 
     if like is not None:
         options = LoadOptions(dtype=str(like.info.dtype).removeprefix("torch."),
                               device=str(model_device(like)))
-    store = open_weights(path)
-    return registry.find_model_loader(store.config).factory(store, options)
+    return model_from_store(open_weights(path), options, registry)[1]
 
 
 def make_draft(ctx: Any) -> GatedSpeculator:
     """A draft model loaded from ``--draft-model`` with the target's dtype and device."""
     from metrale_speculative.draft_model import DraftModelProposer
 
-    draft = load_checkpoint_model(_checkpoint(ctx, "draft"), ctx.registry, like=ctx.model)
+    draft = ctx.load_model(_checkpoint(ctx, "draft"))
     proposer = DraftModelProposer(draft, ctx.model.info, ctx.pipeline,
                                   num_blocks=_draft_pool_blocks(ctx, draft),
                                   block_size=ctx.config.block_size)
@@ -98,5 +100,6 @@ def make_mtp(ctx: Any) -> GatedSpeculator:
 
     proposer = MtpProposer.from_checkpoint(_checkpoint(ctx, "mtp"), ctx.model, ctx.pipeline,
                                            max_model_len=ctx.max_model_len,
-                                           block_size=ctx.config.block_size)
+                                           block_size=ctx.config.block_size,
+                                           load=ctx.load_model)
     return _wrap(ctx, proposer)

@@ -97,10 +97,13 @@ class MtpProposer:
 
     @classmethod
     def from_checkpoint(cls, path: Any, target: Any, pipeline: Any, *, max_model_len: int,
-                        block_size: int, registry: Any = None) -> "MtpProposer":
+                        block_size: int, registry: Any = None,
+                        load: Any = None) -> "MtpProposer":
+        """The MTP layer of checkpoint ``path``.  ``load(store)`` builds it: the engine's
+        ``ProposerContext.load_model`` (the target's loading function and registry); without
+        it, ``model_from_store`` with ``registry`` (tests and scripts)."""
         from metrale_core.components import LoadOptions
         from metrale_core.engine.runner import model_device
-        from metrale_core.plugins import load_registry
         from metrale_core.weights import open_weights
 
         store = open_weights(path)
@@ -113,10 +116,16 @@ class MtpProposer:
                               "use --speculative ngram or draft for this checkpoint")
         device = model_device(target)
         dtype = target.info.dtype
-        registry = registry if registry is not None else load_registry()
         mtp_store = MtpStore(store, index)
-        options = LoadOptions(dtype=str(dtype).removeprefix("torch."), device=str(device))
-        block = registry.find_model_loader(mtp_store.config).factory(mtp_store, options)
+        if load is not None:
+            block = load(mtp_store)
+        else:
+            from metrale_core.loading import model_from_store
+            from metrale_core.plugins import load_registry
+
+            registry = registry if registry is not None else load_registry()
+            options = LoadOptions(dtype=str(dtype).removeprefix("torch."), device=str(device))
+            block = model_from_store(mtp_store, options, registry)[1]
         if not hasattr(block, "forward_with_hidden"):
             raise ConfigError(f"the {block.info.architecture} loader's model has no "
                               "forward_with_hidden(inputs_embeds=...); it cannot run an MTP layer")

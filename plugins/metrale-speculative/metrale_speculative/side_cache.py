@@ -1,8 +1,8 @@
 """``SideCache``: a drafter's own paged KV cache, one block list per request.
 
 Owner: the draft-model and MTP proposers.  A drafter runs its own model over the committed
-tokens of each sequence (catch-up) and then over its own drafts; it reuses the engine's
-``BlockManager`` (no prefix caching) and ``ModelRunner`` (batch layout, KV pool) so its
+tokens of each sequence (catch-up) and then over its own drafts; its pool is the core's
+``SidePool`` (the engine's ``BlockManager`` and ``ModelRunner``, built by the core) so its
 forwards follow the same model contract as the target's.
 
 Invariants:
@@ -19,11 +19,7 @@ from typing import Any, Iterable
 
 from attrs import define, field
 
-from metrale_core.engine.block_manager import BlockManager
-from metrale_core.engine.runner import ModelRunner
-from metrale_core.engine.scheduler import ScheduledChunk, SchedulerOutput
-from metrale_core.errors import ConfigError
-from metrale_core.sampling.position import PositionKind
+from metrale_core.engine.side_pool import SidePool
 
 __all__ = ["DraftSeq", "SideCache"]
 
@@ -41,12 +37,14 @@ class DraftSeq:
 class SideCache:
     """Per-request KV blocks of one drafter model plus its runner."""
 
+    #: ``chunk(ds, start, token_ids)`` and ``plan(chunks)`` of the core's ``SidePool``.
+    chunk = staticmethod(SidePool.chunk)
+    plan = staticmethod(SidePool.plan)
+
     def __init__(self, model: Any, num_blocks: int, block_size: int) -> None:
-        if model.info.has_recurrent_state:
-            raise ConfigError(f"{model.info.architecture} keeps recurrent state; a drafter must "
-                              "be an attention-only model")
-        self.runner = ModelRunner(model, num_blocks, block_size, 0)
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        self.pool = SidePool(model, num_blocks, block_size)  # refuses recurrent-state models
+        self.runner = self.pool.runner
+        self.blocks = self.pool.blocks
         self.seqs: dict[str, DraftSeq] = {}
 
     def retain(self, request_ids: Iterable[str]) -> None:
@@ -62,14 +60,3 @@ class SideCache:
             return None
         self.blocks.grow(ds, num_positions)
         return ds
-
-    @staticmethod
-    def chunk(ds: DraftSeq, start: int, token_ids: tuple[int, ...]) -> ScheduledChunk:
-        """Rows ``token_ids`` at ``start..``; logits of the last row only."""
-        return ScheduledChunk(seq=ds, start=start, token_ids=tuple(token_ids),
-                              block_ids=tuple(ds.block_ids), state_slot=-1, sample=True,
-                              kind=PositionKind.FINAL_DECODE, is_decode=False)
-
-    @staticmethod
-    def plan(chunks: list[ScheduledChunk]) -> SchedulerOutput:
-        return SchedulerOutput(tuple(chunks))

@@ -15,10 +15,11 @@ Invariants:
 from __future__ import annotations
 
 import threading
+from typing import Any, Mapping
 
 from attrs import define, field
 
-__all__ = ["COUNTERS", "SpecStats", "bump", "shared_stats"]
+__all__ = ["COUNTERS", "SpecStats", "bump", "describe_summary", "shared_stats"]
 
 #: Scalar counters, in export order.
 COUNTERS = ("num_verifies", "drafts_proposed", "drafts_accepted", "tokens_emitted",
@@ -97,6 +98,16 @@ class SpecStats:
         for i, n in enumerate(snap["accepted_per_position"]):
             out[f"{prefix}num_accepted_tokens_pos{i}"] = float(n)
         return out
+
+
+def describe_summary(summary: Any) -> str:
+    """The dashboard line of :meth:`SpecStats.summary`: ``acceptance 75.0%, 2.50 tok/verify``."""
+    rate = summary.get("acceptance_rate") if isinstance(summary, Mapping) else summary
+    if not isinstance(rate, (int, float)):
+        return str(summary)
+    length = summary.get("acceptance_length") if isinstance(summary, Mapping) else None
+    per_verify = f", {length:.2f} tok/verify" if isinstance(length, (int, float)) else ""
+    return f"acceptance {100 * float(rate):.1f}%{per_verify}"
 
 
 def bump(stats: SpecStats, counter: str, n: int = 1) -> int:
