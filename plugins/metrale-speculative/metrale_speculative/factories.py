@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from metrale_core.errors import ConfigError
+from metrale_core.api import ConfigError
 
 from metrale_speculative.gate import SpecGate
 from metrale_speculative.ngram import NgramProposer
@@ -67,10 +67,10 @@ def make_ngram(ctx: Any) -> GatedSpeculator:
 def load_checkpoint_model(path: Any, registry: Any = None, like: Any = None) -> Any:
     """The model of checkpoint ``path`` through its registered loader (no tokenizer), with the
     dtype and device of model ``like`` when given."""
-    from metrale_core.components import LoadOptions
-    from metrale_core.engine.runner import model_device
-    from metrale_core.plugins import load_registry
-    from metrale_core.weights import open_weights
+    from metrale_core.api import LoadOptions
+    from metrale_core.api import model_device
+    from metrale_core.api import load_registry
+    from metrale_core.api import open_weights
 
     registry = registry if registry is not None else load_registry()
     options = LoadOptions()

@@ -19,11 +19,14 @@ from typing import Any, Iterable
 
 from attrs import define, field
 
-from metrale_core.engine.block_manager import BlockManager
-from metrale_core.engine.runner import ModelRunner
-from metrale_core.engine.scheduler import ScheduledChunk, SchedulerOutput
-from metrale_core.errors import ConfigError
-from metrale_core.sampling.position import PositionKind
+from metrale_core.api import (
+    BlockManager,
+    ConfigError,
+    ModelRunner,
+    PositionKind,
+    ScheduledChunk,
+    SchedulerOutput,
+)
 
 __all__ = ["DraftSeq", "SideCache"]
 
