@@ -66,8 +66,9 @@ def render_plugin(name: str, directory: Path | str = ".") -> Path:
         raise ConfigError(f"{target} already exists; choose another --dir or remove it")
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              autoescape=False)
+    major, minor = (int(part) for part in __version__.split(".")[:2])
     values = dict(name=names.name, dist=names.dist, module=names.module, option=names.option,
-                  core_version=".".join(__version__.split(".")[:2]))
+                  core_version=f"{major}.{minor}", core_next_minor=f"{major}.{minor + 1}")
     sources = sorted(p for p in TEMPLATE_DIR.rglob("*.jinja") if p.is_file())
     if not sources:
         raise ConfigError(f"the plugin template is missing from {TEMPLATE_DIR}; reinstall metrale-core")

@@ -31,7 +31,7 @@ import torch
 
 from metrale_core.sampling.interface import RowLike, SampleOutput, SamplingError
 
-__all__ = ["DefaultSampler", "truncate"]
+__all__ = ["DefaultSampler", "inverse_cdf", "truncate"]
 
 
 class DefaultSampler:
@@ -53,7 +53,7 @@ class DefaultSampler:
             sampled_rows = [rows[i] for i in sampled.tolist()]
             processed = truncate(logits.index_select(0, sampled), sampled_rows)
             uniforms = _uniforms(sampled_rows, logits.device)
-            token_ids[sampled] = _inverse_cdf(torch.softmax(processed, dim=-1), uniforms)
+            token_ids[sampled] = inverse_cdf(torch.softmax(processed, dim=-1), uniforms)
         ids = token_ids.tolist()
         if not any(r.params.logprobs is not None for r in rows):
             return SampleOutput(token_ids=ids)
@@ -151,8 +151,10 @@ def _uniforms(rows: Sequence[RowLike], device) -> torch.Tensor:
     return torch.cat([d.to(device) for d in draws])
 
 
-def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Per row, the first token whose cumulative probability exceeds ``u * total``."""
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the first token whose cumulative probability exceeds ``u * total`` (``probs``
+    ``[R, V]`` need not be normalised; ``uniforms`` ``[R]`` in ``[0, 1)``).  Public: a proposer
+    drafting from its own distribution samples with it (``metrale_core.api.inverse_cdf``)."""
     cdf = probs.cumsum(dim=-1)
     target = (uniforms.to(cdf.dtype) * cdf[:, -1])[:, None]
     picked = torch.searchsorted(cdf, target, right=True)[:, 0]
@@ -160,6 +162,10 @@ def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     rank = torch.arange(probs.shape[1], device=probs.device)
     last = torch.where(probs > 0, rank, torch.zeros_like(rank)).amax(dim=-1)
     return torch.minimum(picked, last)
+
+
+#: The name core modules used before ``inverse_cdf`` was public.
+_inverse_cdf = inverse_cdf
 
 
 def _top(logprobs: torch.Tensor, rows: Sequence[RowLike]) -> list[list[tuple[int, float]]]:

@@ -2,9 +2,9 @@
 
 Owner: the parsers of this package (``hermes``, ``qwen3_coder``, ``glm47``) subclass
 :class:`TagParserBase`; :class:`metrale_core.streamparse.parser.StreamParser` drives one parser per
-sequence.  Plugins may register any object that satisfies :class:`ToolCallParser`.  Of the rest,
-only :func:`held_back_len` is public (re-exported by ``metrale_core.streamparse`` for plugin
-parsers); ``TagParserBase`` and ``scan_tags`` are the core's own.
+sequence.  Plugins may register any object that satisfies :class:`ToolCallParser`; a plugin
+parser may subclass :class:`TagParserBase` (with its own ``call_open`` / ``call_close`` tags) and
+use :func:`held_back_len` / :func:`scan_tags`, all public through ``metrale_core.api``.
 
 How a parser runs.  ``feed(text)`` appends to a small buffer and calls the handler of the current
 state (``_st_<state>``) until a handler needs more text.  A handler consumes a prefix of the
@@ -154,8 +154,15 @@ class TagParserBase:
     """Buffer driver, content outside calls, call bookkeeping, fallback and B1 state.
 
     Subclasses implement ``_st_<state>(final) -> bool`` handlers for their call states (return
-    False when more text is needed) and :meth:`_complete_at_eos`.
+    False when more text is needed) and :meth:`_complete_at_eos`.  ``call_open`` starts a call;
+    ``call_close`` ends one (None: the call's own grammar ends it, and a malformed call runs to
+    the next ``call_open`` or the end of the stream).
     """
+
+    #: The tag that opens a tool call.
+    call_open: str = CALL_OPEN
+    #: The tag that closes a tool call (None: the format has none).
+    call_close: str | None = CALL_CLOSE
 
     def __init__(self, tools: list[dict] | None = None) -> None:
         #: tool name -> {parameter name -> JSON-schema of the parameter}
@@ -242,7 +249,7 @@ class TagParserBase:
 
     # --- outside calls -----------------------------------------------------------------------
     def _st_out(self, final: bool) -> bool:
-        i, tag = scan_tags(self._buf, self._pos, (CALL_OPEN,), final)
+        i, tag = scan_tags(self._buf, self._pos, (self.call_open,), final)
         self._content(self._consume(i))
         if tag is None:
             return False
@@ -272,7 +279,7 @@ class TagParserBase:
         self._close_body()
 
     def _open_call(self) -> None:
-        self._raw = [self._pending_ws, CALL_OPEN]
+        self._raw = [self._pending_ws, self.call_open]
         self._pending_ws = ""
         self.inside_tool_call = True
         self._state = self._first_call_state()
@@ -319,14 +326,16 @@ class TagParserBase:
         self._state = "skip"
 
     def _st_skip(self, final: bool) -> bool:
-        i, tag = scan_tags(self._buf, self._pos, (CALL_CLOSE, CALL_OPEN), final)
+        tags = (self.call_open,) if self.call_close is None else (self.call_close, self.call_open)
+        i, tag = scan_tags(self._buf, self._pos, tags, final)
         self._consume(i)
-        if tag == CALL_CLOSE:
+        if tag is not None and tag == self.call_close:
             self._consume(i + len(tag))
             self._fallback(self._why)
             return True
-        if tag == CALL_OPEN:  # a new call starts: the broken one ends here
-            self._fallback(self._why + "; a new <tool_call> began before </tool_call>")
+        if tag == self.call_open:  # a new call starts: the broken one ends here
+            ended = "" if self.call_close is None else f" before {self.call_close}"
+            self._fallback(self._why + f"; a new {self.call_open} began{ended}")
             return True
         return False
 

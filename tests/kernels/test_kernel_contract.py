@@ -89,7 +89,7 @@ def test_cuda_model_without_cupy_falls_back_and_logs_the_reason_once():
         logger.remove(sink)
     assert len(lines) == 1 and "AddOne" in lines[0] and "cupy" in lines[0]
     with pytest.raises(ConfigError, match="cupy"):
-        load_raw_module("metrale_qwen3", "rmsnorm.cu")
+        load_raw_module("metrale_core.layers", "rmsnorm.cu")
 
 
 def test_input_checks_name_the_op_and_argument():

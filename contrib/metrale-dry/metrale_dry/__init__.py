@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 
 from metrale_core import hookimpl
-from metrale_core.components import LogitProcessorSpec
-from metrale_core.plugins import lazy_factory
-from metrale_core.sampling.position import PositionKind
+from metrale_core.api import LogitProcessorSpec, PositionKind, lazy_factory
 
 __all__ = ["DEFAULTS", "metrale_engine_flags", "metrale_logit_processors"]
 

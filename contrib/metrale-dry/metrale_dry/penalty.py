@@ -22,8 +22,7 @@ import numpy as np
 import torch
 from attrs import field, frozen
 
-from metrale_core.errors import ConfigError
-from metrale_core.sampling import ProcessorContext
+from metrale_core.api import ConfigError, ProcessorContext
 
 __all__ = ["MAX_MATCH", "DryPenalty", "DrySettings", "build", "match_lengths"]
 

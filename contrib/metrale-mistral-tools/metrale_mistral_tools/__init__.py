@@ -10,8 +10,7 @@ sequence through ``ToolCallParserSpec.factory(tools=...)``.
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.components import ToolCallParserSpec
-from metrale_core.plugins import lazy_factory
+from metrale_core.api import ToolCallParserSpec, lazy_factory
 
 __all__ = ["metrale_tool_call_parsers"]
 

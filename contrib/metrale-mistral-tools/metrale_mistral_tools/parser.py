@@ -2,10 +2,13 @@
 
 Owner: ``ToolCallParserSpec("mistral").factory(tools=...)`` builds one per sequence; the core's
 ``StreamParser`` feeds it the generated text (reasoning already split off), adds call ids and
-merges the pieces.  It satisfies ``metrale_core.streamparse.ToolCallParser``.
+merges the pieces.  It subclasses the core's public ``TagParserBase`` (buffer driver, content,
+call bookkeeping, fallback, ``feed`` / ``finish``) and adds only the states of its format.
 
-States: ``out`` (content; looking for ``[TOOL_CALLS]``) -> ``name`` (up to ``[ARGS]``) -> ``args``
-(one JSON object, its end found by :class:`ObjectScanner`) -> ``out``.
+States: ``out`` (the base's: content; looking for ``[TOOL_CALLS]``) -> ``name`` (up to ``[ARGS]``)
+-> ``args`` (one JSON object, its end found by :class:`ObjectScanner`) -> ``out``; a malformed
+call goes to the base's ``skip`` state, which runs to the next ``[TOOL_CALLS]`` (there is no
+closing tag).
 
 Invariants:
 - Any split of the same text over ``feed`` calls gives the same concatenated content, the same
@@ -15,7 +18,8 @@ Invariants:
   sent in one piece when the object closes and ``json.loads`` gives a dict.  Anything else (a bad
   name, no ``[ARGS]``, invalid JSON, the stream ending inside the call) returns the call's whole
   raw text as content; a header already sent keeps its index used.
-- Whitespace between calls or after the last call is dropped; inside content it is kept.
+- Whitespace between calls or after the last well-formed call is dropped; inside content it is
+  kept (the base's rule).
 - The B1 state describes consumed text only: ``inside_parameter_body`` while the scanner is inside
   a value of the arguments object, ``param_body_chars_emitted`` counting that value's characters.
 """
@@ -27,7 +31,7 @@ import re
 
 from loguru import logger
 
-from metrale_core.streamparse import CompletedCall, ParsedDelta, held_back_len
+from metrale_core.api import TagParserBase, held_back_len
 
 __all__ = ["ARGS", "TOOL_CALLS", "MistralToolParser", "ObjectScanner"]
 
@@ -119,166 +123,80 @@ class ObjectScanner:
             self.body_chars += 1
 
 
-class MistralToolParser:
+class MistralToolParser(TagParserBase):
     """See the module docstring."""
 
+    call_open = TOOL_CALLS
+    call_close = None
+
     def __init__(self, tools: list[dict] | None = None) -> None:
+        super().__init__(tools)
         #: The request's tool names (for logging unknown names; calls are not filtered).
-        self.tool_names = {((t.get("function") or t).get("name")) for t in tools or []}
-        self.completed_calls: list[CompletedCall] = []
-        self._buf = ""
-        self._state = "out"
-        self._out: list[ParsedDelta] = []
-        self._pending_ws = ""
-        self._saw_call = False
-        self._finished = False
-        self._next_index = 0
-        self._start_call()
-        self.inside_tool_call = False
+        self.tool_names = set(self.tool_schemas)
 
-    # --- B1 state ----------------------------------------------------------------------------
-    @property
-    def inside_parameter_body(self) -> bool:
-        return self._scanner is not None and self._scanner.body is not None
+    # --- TagParserBase -------------------------------------------------------------------------
+    def _first_call_state(self) -> str:
+        return "name"
 
-    @property
-    def param_body_chars_emitted(self) -> int:
-        return self._scanner.body_chars if self.inside_parameter_body else 0
+    def _complete_at_eos(self) -> bool:
+        return False  # a call ends with its JSON object; one the stream cut short is malformed
 
-    # --- ToolCallParser ----------------------------------------------------------------------
-    def feed(self, text: str) -> list[ParsedDelta]:
-        self._buf += text
-        self._drive(final=False)
-        return self._take()
-
-    def finish(self) -> list[ParsedDelta]:
-        if self._finished:
-            return []
-        self._finished = True
-        self._drive(final=True)
-        if self.inside_tool_call:
-            where = "its name" if self._state == "name" else "its arguments"
-            self._fallback(f"the stream ended inside {where}")
-        if self._pending_ws and not self._saw_call:
-            self._out.append(ParsedDelta(content=self._pending_ws))
-        self._pending_ws = ""
-        return self._take()
+    def _reset_call(self) -> None:
+        super()._reset_call()
+        self._name_text = ""
+        self._scanner: ObjectScanner | None = None
 
     # --- states ------------------------------------------------------------------------------
-    def _drive(self, final: bool) -> None:
-        while self._buf and getattr(self, "_st_" + self._state)(final):
-            pass
-
-    def _st_out(self, final: bool) -> bool:
-        i = self._buf.find(TOOL_CALLS)
-        if i < 0:
-            end = len(self._buf) - (0 if final else held_back_len(self._buf, TOOL_CALLS))
-            self._content(self._buf[:end])
-            self._buf = self._buf[end:]
-            return False
-        self._content(self._buf[:i])
-        self._buf = self._buf[i + len(TOOL_CALLS):]
-        self._start_call()
-        self.inside_tool_call = self._saw_call = True
-        self._raw = [self._pending_ws, TOOL_CALLS]
-        self._pending_ws = ""
-        self._state = "name"
-        return True
-
     def _st_name(self, final: bool) -> bool:
-        i = self._buf.find(ARGS)
-        keep = 0 if i >= 0 or final else held_back_len(self._buf, ARGS)
-        text = self._buf[:i] if i >= 0 else self._buf[:len(self._buf) - keep]
+        buf, pos = self._buf, self._pos
+        i = buf.find(ARGS, pos)
+        keep = 0 if i >= 0 or final else held_back_len(buf, ARGS, pos)
+        text = buf[pos:i] if i >= 0 else buf[pos:len(buf) - keep]
         name = (self._name_text + text).strip()
         if name and (len(name) > _MAX_NAME or not _NAME.fullmatch(name)):
-            return self._malformed(f"{name[:40]!r} is not a tool name")
+            self._malformed(f"{name[:40]!r} is not a tool name")
+            return True
         if i < 0:
-            self._take_raw(len(text))
+            self._consume(pos + len(text))
             self._name_text += text
             return False
         if not name:
-            return self._malformed("the call has no name before [ARGS]")
-        self._take_raw(i + len(ARGS))
-        self._index, self._name = self._next_index, name
-        self._next_index += 1
+            self._malformed("the call has no name before [ARGS]")
+            return True
+        self._consume(i + len(ARGS))
         if self.tool_names and name not in self.tool_names:
             logger.debug("mistral tool call names {!r}, which the request did not offer", name)
-        self._out.append(ParsedDelta(tool_call_index=self._index, name=name))
+        self._send_header(name)
         self._scanner = ObjectScanner()
         self._state = "args"
         return True
 
     def _st_args(self, final: bool) -> bool:
-        scanner, buf = self._scanner, self._buf
-        for i, ch in enumerate(buf):
-            if not scanner.push(ch):
-                self._take_raw(i)
-                return self._malformed("the arguments are not a JSON object")
+        scanner, buf, pos = self._scanner, self._buf, self._pos
+        for i in range(pos, len(buf)):
+            ok = scanner.push(buf[i])
+            self.inside_parameter_body = scanner.body is not None
+            self.param_body_chars_emitted = scanner.body_chars if self.inside_parameter_body else 0
+            if not ok:
+                self._consume(i)
+                self._malformed("the arguments are not a JSON object")
+                return True
             if scanner.done:
-                self._take_raw(i + 1)
+                self._consume(i + 1)
                 return self._close_call()
-        self._take_raw(len(buf))
+        self._consume(len(buf))
         return False
-
-    # --- calls -------------------------------------------------------------------------------
-    def _start_call(self) -> None:
-        self._raw: list[str] = []
-        self._name_text = ""
-        self._index: int | None = None
-        self._name: str | None = None
-        self._scanner: ObjectScanner | None = None
-
-    def _take_raw(self, end: int) -> str:
-        piece, self._buf = self._buf[:end], self._buf[end:]
-        self._raw.append(piece)
-        return piece
 
     def _close_call(self) -> bool:
         text = "".join(self._raw).split(ARGS, 1)[1].strip()
         try:
             value = json.loads(text)
         except ValueError as exc:
-            return self._malformed(f"invalid JSON arguments ({exc})", consumed=True)
+            self._fallback(f"invalid JSON arguments ({exc})")
+            return True
         if not isinstance(value, dict):
-            return self._malformed("the arguments are not a JSON object", consumed=True)
-        self._out.append(ParsedDelta(tool_call_index=self._index, arguments=text))
-        self.completed_calls.append(CompletedCall(self._index, self._name, text))
-        self._end_call()
+            self._fallback("the arguments are not a JSON object")
+            return True
+        self._send_args(text)
+        self._complete_call()
         return True
-
-    def _end_call(self) -> None:
-        self._start_call()
-        self.inside_tool_call = False
-        self._state = "out"
-
-    def _malformed(self, why: str, consumed: bool = False) -> bool:
-        """Return the call's raw text as content; continue after it, at the next tag or end."""
-        if not consumed:  # the rest of this call runs to the next [TOOL_CALLS]
-            i = self._buf.find(TOOL_CALLS)
-            if i < 0 and not self._finished:
-                i = len(self._buf) - held_back_len(self._buf, TOOL_CALLS)
-            self._take_raw(len(self._buf) if i < 0 else i)
-        self._fallback(why)
-        return True
-
-    def _fallback(self, why: str) -> None:
-        raw = "".join(self._raw)
-        logger.info("mistral tool call {} not parsed ({}); returned as content",
-                    "" if self._index is None else f"#{self._index}", why)
-        self._end_call()
-        self._content(raw)
-
-    # --- content -----------------------------------------------------------------------------
-    def _content(self, text: str) -> None:
-        if not text:
-            return
-        core = text.rstrip(_WS)
-        if not core:
-            self._pending_ws += text
-            return
-        self._out.append(ParsedDelta(content=self._pending_ws + core))
-        self._pending_ws = text[len(core):]
-
-    def _take(self) -> list[ParsedDelta]:
-        out, self._out = self._out, []
-        return out

@@ -149,3 +149,12 @@ def test_stream_parser_keeps_reasoning_apart(registry):
     deltas += parser.finish()
     assert "".join(d.reasoning for d in deltas) == "maybe [TOOL_CALLS]no[ARGS]{}"
     assert [c["name"] for c in parser.tool_calls] == ["yes"]
+
+
+def test_parser_builds_on_the_public_tag_parser_base():
+    """feed / finish, content and fallback come from the core's TagParserBase, not a copy."""
+    from metrale_core.api import TagParserBase
+
+    assert issubclass(MistralToolParser, TagParserBase)
+    for method in ("feed", "finish", "_content", "_fallback", "_drive"):
+        assert method not in vars(MistralToolParser), method

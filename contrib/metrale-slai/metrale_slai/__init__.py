@@ -14,8 +14,7 @@ from __future__ import annotations
 import argparse
 
 from metrale_core import hookimpl
-from metrale_core.components import SchedulerSpec
-from metrale_core.plugins import lazy_factory
+from metrale_core.api import SchedulerSpec, lazy_factory
 
 __all__ = ["DEFAULT_DEADLINE_SLACK_MS", "DEFAULT_MAX_WAIT_MS", "DEFAULT_STEP_TOKENS_PER_MS",
            "DEFAULT_TBT_BUDGET_MS", "metrale_engine_flags", "metrale_schedulers"]

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence as Seq
 
 from attrs import field, frozen
 
-from metrale_core.errors import ConfigError
+from metrale_core.api import ConfigError
 
 __all__ = ["SlaiPolicy"]
 

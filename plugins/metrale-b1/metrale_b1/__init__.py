@@ -15,9 +15,7 @@ factory is lazy, so ``met plugins`` stays fast).
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.components import LogitProcessorSpec
-from metrale_core.plugins import lazy_factory
-from metrale_core.sampling.position import PositionKind
+from metrale_core.api import LogitProcessorSpec, PositionKind, lazy_factory
 
 __all__ = ["EXTRA_LABEL", "EXTRA_NAME", "FLAG_DEST", "METRIC_NAME", "NAME", "ORDER", "metrale_engine_flags",
            "metrale_engine_started", "metrale_logit_processors", "metrale_metrics"]

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from metrale_core.kernels import CustomOp
-from metrale_core.kernels.cuda import i32, ptr, torch_stream
+from metrale_core.api import CustomOp, i32, ptr, torch_stream
 
 __all__ = ["Top2"]
 

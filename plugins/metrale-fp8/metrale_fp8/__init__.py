@@ -12,8 +12,7 @@ Invariants: importing this package imports neither torch nor CuPy (the factory i
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.components import KVScaleSourceSpec
-from metrale_core.plugins import lazy_factory
+from metrale_core.api import KVScaleSourceSpec, lazy_factory
 
 __all__ = ["metrale_engine_flags", "metrale_engine_started", "metrale_kv_scale_sources",
            "metrale_metrics"]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from attrs import frozen
 
-from metrale_core.errors import WeightsError
+from metrale_core.api import WeightsError
 
 __all__ = ["SPELLINGS", "KvScaleCensus", "LayerKvScales", "kv_scale_census", "load_kv_scales",
            "resolve_kv_scale_names"]

@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 import torch
 from loguru import logger
 
-from metrale_core.model_api import PagedKVCache, gather_blocks
+from metrale_core.api import PagedKVCache, gather_blocks
 
 from metrale_fp8.calibration import LayerCalibration
 from metrale_fp8.e4m3 import FP8_DTYPE, dequantize, scale_from_amax

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from metrale_core.kernels import CustomOp, check_tensor
-from metrale_core.kernels.cuda import f32, i32, i64, ptr, torch_stream
-from metrale_core.model_api import gather_blocks
+from metrale_core.api import CustomOp, check_tensor, f32, gather_blocks, i32, i64, ptr, torch_stream
 
 from metrale_fp8.e4m3 import FP8_DTYPE, dequantize, quantize
 

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from attrs import frozen
 from loguru import logger
 
-from metrale_core.errors import ConfigError
+from metrale_core.api import ConfigError
 
 __all__ = ["CALIBRATION_DEST", "DEFAULT_HEADROOM", "HEADROOM_DEST", "MAX_CALIBRATION_TOKENS",
            "Fp8Options", "add_flags", "model_toml_path", "refuse_without_fp8",

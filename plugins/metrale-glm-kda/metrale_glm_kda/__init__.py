@@ -10,8 +10,7 @@ Invariants: this package imports neither torch nor CuPy itself (the factory is l
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.components import ModelLoaderSpec
-from metrale_core.plugins import lazy_factory
+from metrale_core.api import ModelLoaderSpec, lazy_factory
 
 __all__ = ["metrale_model_loaders"]
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from attrs import frozen
 
-from metrale_core.errors import ConfigError
+from metrale_core.api import ConfigError
 
 __all__ = ["GlmDims", "text_config"]
 

@@ -3,28 +3,21 @@
 Owner: ``metrale_glm_kda``; registered in ``__init__.py``.
 
 Invariants: the config is read once (``GlmDims.from_config``) and every tensor through the store
-with its expected shape; an unsupported dtype name is a ``ConfigError``.
+with its expected shape; an unsupported dtype name, or a weight format other than ``exact``
+(``--weight-format`` / ``$METRALE_WEIGHT_FORMAT``), is a ``ConfigError`` raised before loading.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
+from metrale_core.api import LoadOptions, require_weight_format, torch_dtype
 
-from metrale_core.components import LoadOptions
-from metrale_core.errors import ConfigError
+__all__ = ["SUPPORTED_WEIGHT_FORMATS", "load_glm5_next"]
 
-__all__ = ["load_glm5_next", "torch_dtype"]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ConfigError(f"dtype {name!r} is not supported; use one of {sorted(_DTYPES)}") from None
+#: The weight formats this loader keeps (its projections are dense tensors; ``--weight-format``
+#: asking for another is refused before any tensor is read).
+SUPPORTED_WEIGHT_FORMATS = ("exact",)
 
 
 def load_glm5_next(store: Any, options: LoadOptions):
@@ -33,6 +26,7 @@ def load_glm5_next(store: Any, options: LoadOptions):
     from metrale_glm_kda.model import GlmKdaLM
     from metrale_glm_kda.weights import load_weights
 
+    require_weight_format(options, SUPPORTED_WEIGHT_FORMATS, "glm5_next")
     dims = GlmDims.from_config(store.config)
     dtype = torch_dtype(options.dtype)
     weights = load_weights(store, dims, dtype, options.device)

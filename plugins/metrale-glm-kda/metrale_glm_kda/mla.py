@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from attrs import frozen
 
-from metrale_core.model_api import PagedKVCache, gather_blocks
+from metrale_core.api import PagedKVCache, gather_blocks, rms_norm
 
 from metrale_glm_kda.config import GlmDims
 
@@ -71,12 +71,6 @@ class SeqRows:
     lo: int
     hi: int
     ctx: int
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    x = x.float()
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
 
 
 def _gather(kv: PagedKVCache, layer: int, block_ids: torch.Tensor, dtype: torch.dtype,
@@ -194,10 +188,10 @@ def mla_attention(dims: GlmDims, w: MlaWeights, x: torch.Tensor, kv: PagedKVCach
     rows = x.shape[0]
     heads, nope = dims.num_heads, dims.qk_nope_head_dim
     eps = dims.rms_norm_eps
-    q_resid = _rms(F.linear(x, w.q_a), w.q_a_norm, eps)
+    q_resid = rms_norm(F.linear(x, w.q_a), w.q_a_norm, eps)
     q = F.linear(q_resid, w.q_b).view(rows, heads, nope)
     q_lat = torch.einsum("thn,hnr->thr", q, w.w_uk) * nope ** -0.5  # [T, H, R]
-    latent = _rms(F.linear(x, w.kv_a), w.kv_a_norm, eps)
+    latent = rms_norm(F.linear(x, w.kv_a), w.kv_a_norm, eps)
     ix = w.indexer
     if ix is not None:
         ik = F.layer_norm(F.linear(x, ix.wk), (dims.index_head_dim,), ix.k_norm_weight, ix.k_norm_bias, 1e-6)

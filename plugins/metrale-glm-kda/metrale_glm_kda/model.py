@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache, RecurrentLayout
+from metrale_core.api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache, RecurrentLayout, rms_norm
 
 from metrale_glm_kda import kda
 from metrale_glm_kda.verify import consume_verify_chunk, rollback
@@ -40,12 +40,6 @@ __all__ = ["CHUNK_MIN_ROWS", "GlmKdaLM"]
 
 #: Multi-row sequences with at least this many rows use the chunked KDA form.
 CHUNK_MIN_ROWS = 16
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    x = x.float()
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
 
 
 class GlmKdaLM:
@@ -106,7 +100,7 @@ class GlmKdaLM:
         for i, layer in enumerate(self.weights.layers):
             post, comb, h = hc_collapse(streams, layer.attn_hc, d.rms_norm_eps, d.hc_eps, d.hc_sinkhorn_iters,
                                         self.ops.sinkhorn)
-            h = _rms(h, layer.input_norm, d.rms_norm_eps)
+            h = rms_norm(h, layer.input_norm, d.rms_norm_eps)
             slot = self._slot_of[i]
             if isinstance(layer.attn, MlaWeights):
                 y = mla_attention(d, layer.attn, h, kv, slot, batch.slot_mapping, batch.block_tables,
@@ -116,13 +110,13 @@ class GlmKdaLM:
             streams = hc_expand(y, post, comb, streams)
             post, comb, h = hc_collapse(streams, layer.ffn_hc, d.rms_norm_eps, d.hc_eps, d.hc_sinkhorn_iters,
                                         self.ops.sinkhorn)
-            h = _rms(h, layer.post_norm, d.rms_norm_eps)
+            h = rms_norm(h, layer.post_norm, d.rms_norm_eps)
             if isinstance(layer.mlp, MlpWeights):
                 y = mlp_forward(h, layer.mlp, d.swiglu_limit)
             else:
                 y = moe_forward(h, layer.mlp, d.swiglu_limit, self.ops.route)
             streams = hc_expand(y, post, comb, streams)
-        x = _rms(streams[batch.logits_rows].mean(dim=1), self.weights.norm, d.rms_norm_eps)
+        x = rms_norm(streams[batch.logits_rows].mean(dim=1), self.weights.norm, d.rms_norm_eps)
         return F.linear(x, self.weights.lm_head).float()
 
     def _kda(self, x: torch.Tensor, w: KdaWeights, pool: KdaStatePool, j: int, batch: ForwardBatch,

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from metrale_core.kernels import CustomOp, check_tensor
-from metrale_core.kernels.cuda import f32, i32, ptr, torch_stream
+from metrale_core.api import CustomOp, check_tensor, f32, i32, ptr, torch_stream
 
 from metrale_glm_kda import hc, kda, moe
 

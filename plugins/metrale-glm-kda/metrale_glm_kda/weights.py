@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from attrs import frozen
 
-from metrale_core.errors import WeightsError
+from metrale_core.api import WeightsError
 
 from metrale_glm_kda.config import GlmDims
 from metrale_glm_kda.hc import HcWeights

@@ -2,7 +2,9 @@
 
 Owner: ``metrale_qwen3``.  Registers three model loaders through ``metrale_model_loaders``:
 ``qwen3`` (QK-norm before RoPE), ``llama`` (no QK-norm) and ``qwen2`` (q/k/v bias, no QK-norm),
-all built by the same layer code (``model.DecoderLM``).
+all built by the same decoder (``model.DecoderLM``) from the shared layers of
+``metrale_core.layers`` (norms, RoPE, SwiGLU, the linear layer and its weight formats, paged
+attention), imported through ``metrale_core.api``.
 
 Invariants: this package imports neither torch nor CuPy itself (factories are lazy, so
 ``met plugins`` stays fast); every factory has the signature ``factory(store, options) -> CausalLM``.
@@ -11,8 +13,7 @@ Invariants: this package imports neither torch nor CuPy itself (factories are la
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.components import ModelLoaderSpec
-from metrale_core.plugins import lazy_factory
+from metrale_core.api import ModelLoaderSpec, lazy_factory
 
 __all__ = ["metrale_model_loaders"]
 

@@ -17,12 +17,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache
+from metrale_core.api import (
+    AttentionPlan,
+    DecoderOps,
+    ForwardBatch,
+    KVLayout,
+    ModelInfo,
+    PagedKVCache,
+    paged_attention,
+    rope_cos_sin,
+    rope_inv_freq,
+)
 
-from metrale_qwen3.attention import AttentionPlan, paged_attention
-from metrale_qwen3.layers import rope_cos_sin, rope_inv_freq
-from metrale_qwen3.loader import DecoderWeights, LayerWeights, ModelDims
-from metrale_qwen3.ops import DecoderOps
+from metrale_qwen3.dims import ModelDims
+from metrale_qwen3.weights import DecoderWeights, LayerWeights
 
 __all__ = ["DecoderLM"]
 

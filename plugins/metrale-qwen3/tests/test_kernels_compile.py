@@ -22,13 +22,13 @@ OWN_KERNELS = {
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
 
 
-def test_plugin_ships_all_its_kernels():
-    import metrale_qwen3
+def test_core_layers_ship_all_decoder_kernels():
+    import metrale_core.layers
 
-    found = {p.name for p in find_cu_files("metrale_qwen3")}
+    found = {p.name for p in find_cu_files("metrale_core.layers")}
     assert set(OWN_KERNELS) <= found
-    assert all(p in CU_FILES for p in find_cu_files("metrale_qwen3"))
-    assert (Path(metrale_qwen3.__file__).parent / "kernels" / "common.cuh").is_file()
+    assert all(p in CU_FILES for p in find_cu_files("metrale_core.layers"))
+    assert (Path(metrale_core.layers.__file__).parent / "kernels" / "common.cuh").is_file()
 
 
 @needs_nvcc
@@ -47,7 +47,7 @@ def test_cu_file_compiles_to_ptx(cu, tmp_path):
 @pytest.mark.parametrize("name", sorted(OWN_KERNELS))
 def test_runtime_source_with_inlined_headers_compiles(name, tmp_path):
     """What NVRTC gets at run time (``load_raw_module`` inlines quoted includes) builds too."""
-    build = compile_runtime_source("metrale_qwen3", name, tmp_path)
+    build = compile_runtime_source("metrale_core.layers", name, tmp_path)
     assert "#include" not in build.source and build.source.count("struct bf16 {") == 1
     # The core's metrale_reduce.cuh, once.
     assert build.source.count("float neg_inf() {") == 1

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from metrale_core.kernels import KERNELS_ENV, cpu_unavailable_reason
-from metrale_qwen3.attention import DecodeGather, attend_decode_gathered, prefill_attention
-from metrale_qwen3.layers import apply_rope, rope_cos_sin, rope_inv_freq
-from metrale_qwen3.ops import DecoderOps
+from metrale_core.layers.attention import DecodeGather, attend_decode_gathered, prefill_attention
+from metrale_core.layers.functional import apply_rope, rope_cos_sin, rope_inv_freq
+from metrale_core.layers.ops import KERNEL_PACKAGE, DecoderOps
 
 GEN = torch.Generator().manual_seed(1234)
-CPU_SKIP = cpu_unavailable_reason("metrale_qwen3")
+CPU_SKIP = cpu_unavailable_reason(KERNEL_PACKAGE)
 
 
 def randn(*shape, dtype=torch.float32):
@@ -237,7 +237,7 @@ def test_prefill_attention_attends_to_prefix_and_causal_rows():
 def test_qk_rope_same_for_split_views_and_for_each_new_sin_table(native_ops):
     """q/k split from one fused projection are rotated through one view (no concatenation), and
     the signed sin table memo follows the table it is given, call after call."""
-    from metrale_qwen3.ops import _adjacent_heads
+    from metrale_core.layers.ops import _adjacent_heads
 
     op = native_ops.qk_norm_rope
     fused = randn(4, (6 + 2 + 2) * 8)

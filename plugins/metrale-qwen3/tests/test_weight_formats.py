@@ -1,4 +1,4 @@
-"""Weight formats (``metrale_qwen3.linear``): exact is the default and unchanged; the lossy CPU
+"""Weight formats (``metrale_core.layers.linear``): exact is the default and unchanged; the lossy CPU
 formats reproduce what they claim and stay close to exact on the real SmolLM2 (teacher-forced
 top-1 agreement and KL against the exact model, on the exact model's greedy continuations)."""
 
@@ -18,9 +18,9 @@ from metrale_core.kernels import KERNELS_ENV, cpu_unavailable_reason
 from metrale_core.kernels.cpu import cpu_flags
 from metrale_core.weights.gguf_dequant import dequantize
 from metrale_core.weights.store import RawTensor
-import metrale_qwen3.linear as linear_mod
-from metrale_qwen3 import cpu_qmatmul
-from metrale_qwen3.linear import (SMALL_BATCH_ROWS, WEIGHT_FORMAT_ENV, Bf16Linear, BlockQuantLinear,
+import metrale_core.layers.linear as linear_mod
+from metrale_core.layers import cpu_qmatmul
+from metrale_core.layers.linear import (SMALL_BATCH_ROWS, WEIGHT_FORMAT_ENV, Bf16Linear, BlockQuantLinear,
                                   DenseLinear,
                                   Int4Linear, Int8Linear, gguf_blocks, int4_from_gguf, quantize_int8,
                                   resolve_weight_format)

@@ -13,8 +13,7 @@ Invariants: importing this package imports neither torch nor a model (factories 
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.components import ProposerSpec
-from metrale_core.plugins import lazy_factory
+from metrale_core.api import ProposerSpec, lazy_factory
 
 __all__ = ["metrale_engine_flags", "metrale_engine_started", "metrale_metrics",
            "metrale_speculative_proposers"]

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence as Seq
 
-from metrale_core.engine.speculation import Draft, StepReport
-from metrale_core.errors import ConfigError
+from metrale_core.api import ConfigError, Draft, StepReport
 
 from metrale_speculative.drafting import sample_drafts
 from metrale_speculative.side_cache import SideCache

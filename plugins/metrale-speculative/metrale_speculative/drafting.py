@@ -16,9 +16,7 @@ from typing import Any, Sequence as Seq
 
 import torch
 
-from metrale_core.engine.speculation import VerifyRow
-from metrale_core.sampling.position import PositionKind
-from metrale_core.sampling.sampler import _inverse_cdf
+from metrale_core.api import PositionKind, VerifyRow, inverse_cdf
 
 __all__ = ["sample_drafts"]
 
@@ -39,6 +37,6 @@ def sample_drafts(pipeline: Any, logits: torch.Tensor, seqs: Seq[Any],
         q = torch.softmax(processed[i].cpu(), dim=-1)
         gen = seq.generator
         u = torch.rand(1, generator=gen, device=gen.device if gen is not None else "cpu")
-        tokens.append(int(_inverse_cdf(q[None, :], u.cpu().to(q.dtype))[0]))
+        tokens.append(int(inverse_cdf(q[None, :], u.cpu().to(q.dtype))[0]))
         probs.append(q)
     return tokens, probs

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from metrale_core.errors import ConfigError
+from metrale_core.api import ConfigError
 
 from metrale_speculative.gate import SpecGate
 from metrale_speculative.ngram import NgramProposer
@@ -69,11 +69,7 @@ def load_checkpoint_model(path: Any, registry: Any = None, like: Any = None) -> 
     dtype and device of model ``like`` when given: the core's ``model_from_store``, the
     function that loads the target.  (Engines load drafts through ``ProposerContext.load_model``
     with their own registry; this helper is for tests and scripts.)"""
-    from metrale_core.components import LoadOptions
-    from metrale_core.engine.runner import model_device
-    from metrale_core.loading import model_from_store
-    from metrale_core.plugins import load_registry
-    from metrale_core.weights import open_weights
+    from metrale_core.api import LoadOptions, load_registry, model_device, model_from_store, open_weights
 
     registry = registry if registry is not None else load_registry()
     options = LoadOptions()

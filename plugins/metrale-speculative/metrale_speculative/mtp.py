@@ -29,8 +29,7 @@ import torch
 import torch.nn.functional as F
 from attrs import define, field
 
-from metrale_core.engine.speculation import Draft, StepReport
-from metrale_core.errors import ConfigError
+from metrale_core.api import ConfigError, Draft, StepReport, rms_norm
 
 from metrale_speculative.drafting import sample_drafts
 from metrale_speculative.side_cache import SideCache
@@ -102,9 +101,7 @@ class MtpProposer:
         """The MTP layer of checkpoint ``path``.  ``load(store)`` builds it: the engine's
         ``ProposerContext.load_model`` (the target's loading function and registry); without
         it, ``model_from_store`` with ``registry`` (tests and scripts)."""
-        from metrale_core.components import LoadOptions
-        from metrale_core.engine.runner import model_device
-        from metrale_core.weights import open_weights
+        from metrale_core.api import LoadOptions, model_device, open_weights
 
         store = open_weights(path)
         index = int(store.config["num_hidden_layers"])
@@ -120,8 +117,7 @@ class MtpProposer:
         if load is not None:
             block = load(mtp_store)
         else:
-            from metrale_core.loading import model_from_store
-            from metrale_core.plugins import load_registry
+            from metrale_core.api import load_registry, model_from_store
 
             registry = registry if registry is not None else load_registry()
             options = LoadOptions(dtype=str(dtype).removeprefix("torch."), device=str(device))
@@ -164,8 +160,7 @@ class MtpProposer:
 
     # --- drafting ------------------------------------------------------------------------------
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(w.dtype) * w
+        return rms_norm(x, w, self.eps, cast="weight")  # this head's cast order (see rms_norm)
 
     def _inputs(self, tokens: list[int], hidden: torch.Tensor, positions: list[int]) -> torch.Tensor:
         e = F.embedding(torch.tensor(tokens, device=self.embed.device), self.embed)

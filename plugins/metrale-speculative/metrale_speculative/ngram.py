@@ -17,7 +17,7 @@ from typing import Any, Sequence as Seq
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from metrale_core.engine.speculation import Draft, StepReport
+from metrale_core.api import Draft, StepReport
 
 __all__ = ["NgramProposer", "ngram_draft"]
 

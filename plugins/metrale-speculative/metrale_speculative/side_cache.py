@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 from attrs import define, field
 
-from metrale_core.engine.side_pool import SidePool
+from metrale_core.api import SidePool
 
 __all__ = ["DraftSeq", "SideCache"]
 

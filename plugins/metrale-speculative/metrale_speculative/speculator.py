@@ -17,7 +17,7 @@ from typing import Any, Protocol, Sequence as Seq
 
 from loguru import logger
 
-from metrale_core.engine.speculation import Draft, StepReport
+from metrale_core.api import Draft, StepReport
 
 from metrale_speculative.gate import SpecGate
 from metrale_speculative.spec_stats import SpecStats, bump

@@ -1,6 +1,6 @@
 """Weight formats of the decoder's projections: one callable ``Linear`` per (fused) matrix.
 
-Owner: ``metrale_qwen3``; ``loader.load_weights`` builds every projection and the output head
+Owner: ``metrale_core.layers``; a model plugin's loader builds every projection and the output head
 through :func:`build_linear`, ``model.DecoderLM`` only calls them (``y = linear(x)``).
 
 A *weight format* says how the matrices are kept in memory and multiplied (``--weight-format``,
@@ -20,7 +20,7 @@ read from ``LoadOptions.weight_format`` when present, else ``$METRALE_WEIGHT_FOR
 
 The quantized formats run on one of two kernels:
 
-- :class:`BlockQuantLinear`, the C kernel of :mod:`metrale_qwen3.cpu_qmatmul` (x86 CPUs with
+- :class:`BlockQuantLinear`, the C kernel of :mod:`metrale_core.layers.cpu_qmatmul` (x86 CPUs with
   AVX512-VNNI and a C compiler; AMX-INT8 tiles for 12 rows or more where the CPU has them): the
   weights are exactly the GGUF block values (``d * q + m``, fp16 scales) and the activations are
   quantized per block of 32 to int8, the way llama.cpp multiplies Q4_x/Q8_0 by Q8_1.  It stays
@@ -57,11 +57,11 @@ import torch.nn.functional as F
 from attrs import field, frozen
 
 from metrale_core.errors import ConfigError, ShapeMismatch
-from metrale_qwen3 import cpu_qmatmul
+from metrale_core.layers import cpu_qmatmul
 
 __all__ = ["WEIGHT_FORMATS", "WEIGHT_FORMAT_ENV", "Bf16Linear", "BlockQuantLinear", "DenseLinear",
            "Int4Linear", "Int8Linear", "Linear", "block_linear", "build_linear", "gguf_blocks", "int4_from_gguf",
-           "quantize_int8", "resolve_weight_format"]
+           "quantize_int8", "require_weight_format", "resolve_weight_format"]
 
 WEIGHT_FORMATS = ("exact", "bf16", "int8", "int4")
 WEIGHT_FORMAT_ENV = "METRALE_WEIGHT_FORMAT"
@@ -93,6 +93,18 @@ def resolve_weight_format(options: Any = None) -> str:
     if fmt not in WEIGHT_FORMATS:
         raise ConfigError(f"weight format {fmt!r} is not supported; use one of {', '.join(WEIGHT_FORMATS)} "
                           f"(set by --weight-format or ${WEIGHT_FORMAT_ENV})")
+    return fmt
+
+
+def require_weight_format(options: Any, supported: Sequence[str], model: str) -> str:
+    """The requested weight format (:func:`resolve_weight_format`) when ``model``'s loader can
+    honour it; a ``ConfigError`` naming what it supports otherwise -- a loader never ignores a
+    requested format silently."""
+    fmt = resolve_weight_format(options)
+    if fmt not in supported:
+        raise ConfigError(f"the {model} loader cannot keep weights in format {fmt!r} (it supports "
+                          f"{', '.join(supported)}); drop --weight-format / ${WEIGHT_FORMAT_ENV} or use "
+                          f"one of those")
     return fmt
 
 
@@ -181,7 +193,7 @@ class Int4Linear:
 @frozen
 class BlockQuantLinear:
     """``W[n, k] = d[n, k // 32] * q[n, k] + m[n, k // 32]`` (4- or 8-bit unsigned codes, fp16
-    scales) through the C kernel of :mod:`metrale_qwen3.cpu_qmatmul` (AVX512-VNNI / AMX), which quantizes
+    scales) through the C kernel of :mod:`metrale_core.layers.cpu_qmatmul` (AVX512-VNNI / AMX), which quantizes
     the activations to int8 per block of 32."""
 
     packed: torch.Tensor  # cpu_qmatmul.pack(...) records

@@ -1,6 +1,6 @@
 """Paged attention in torch: the CPU path and the oracle of the decode kernel.
 
-Owner: ``metrale_qwen3``.  :class:`AttentionPlan` is built once per forward from the batch's
+Owner: ``metrale_core.layers``.  :class:`AttentionPlan` is built once per forward from the batch's
 host-side lengths and shared by every layer.
 
 Invariants:

@@ -1,34 +1,42 @@
 """Torch reference maths of the decoder layers (the oracle for every kernel in ``kernels/``).
 
-Owner: ``metrale_qwen3``; the ``forward_native`` of each op in ``ops.py`` calls these.
+Owner: ``metrale_core.layers``; the ``forward_native`` of each op in ``ops.py`` calls these, and
+model plugins call them directly where no op is needed.
 
 Invariants (HF transformers semantics, see specs §1.3-1.4):
 - RMSNorm normalises in float32 and casts back to the input dtype *before* multiplying by the
-  weight.
+  weight (``cast="input"``, HF Llama / Qwen3 / GLM); ``cast="weight"`` casts to the weight's dtype
+  instead (the MTP head's norms, as DeepSeek-style MTP code writes it).  The two agree whenever
+  input and weight share a dtype; the choice is explicit so no caller's numerics change silently.
 - RoPE is the non-interleaved "rotate_half" form; ``inv_freq`` and ``pos * inv_freq`` are float32,
   cos/sin are cast to the activation dtype before they are applied.
-- SwiGLU takes the fused ``[gate | up]`` projection and returns ``silu(gate) * up``.
+- SwiGLU / GeGLU take the fused ``[gate | up]`` projection and return ``act(gate) * up``
+  (``silu``; GeGLU: ``gelu`` with the tanh approximation, as Gemma's ``gelu_pytorch_tanh``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Literal, Mapping
 
 import torch
 import torch.nn.functional as F
 
 from metrale_core.errors import ConfigError
 
-__all__ = ["apply_rope", "rms_norm", "rope_cos_sin", "rope_inv_freq", "signed_sin", "swiglu"]
+__all__ = ["apply_rope", "geglu", "rms_norm", "rope_cos_sin", "rope_inv_freq", "signed_sin", "swiglu"]
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``weight * cast(x32 * rsqrt(mean(x32^2) + eps), x.dtype)`` over the last dimension."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
+             cast: Literal["input", "weight"] = "input") -> torch.Tensor:
+    """``weight * cast(x32 * rsqrt(mean(x32^2) + eps), x.dtype)`` over the last dimension
+    (``cast="weight"``: cast to ``weight.dtype`` instead; see the module invariants)."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         return F.rms_norm(x, weight.shape, weight, eps)  # one fused call, bit-identical in float32
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if cast == "weight":
+        return x32.to(weight.dtype) * weight
     return weight * x32.to(x.dtype)
 
 
@@ -84,3 +92,9 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up = [gate | up]`` along the last dimension."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def geglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(gate) * up`` for ``gate_up = [gate | up]`` along the last dimension."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up

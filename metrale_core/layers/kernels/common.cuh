@@ -1,6 +1,6 @@
-// Shared device helpers for the metrale_qwen3 kernels (no system headers, so NVRTC compiles it).
+// Shared device helpers for the metrale_core.layers kernels (no system headers, so NVRTC compiles it).
 //
-// Owner: metrale_qwen3/kernels.  Invariants: bf16 and its round-to-nearest-even conversions come
+// Owner: metrale_core/layers/kernels.  Invariants: bf16 and its round-to-nearest-even conversions come
 // from the core's metrale_bf16.cuh, and neg_inf / warp_sum from the core's metrale_reduce.cuh
 // (both in metrale_core/kernels/include), never a copy here; every reduction accumulates in
 // float32; block_sum needs blockDim.x to be a multiple of 32 and at most 1024.

@@ -1,9 +1,10 @@
 """The hot ops of the decoder as ``CustomOp``s: a torch oracle, a CuPy kernel and a C CPU kernel each.
 
-Owner: ``metrale_qwen3``; :class:`DecoderOps` builds all of them once per model.
+Owner: ``metrale_core.layers``; :class:`DecoderOps` builds all of them once per model (every
+decoder plugin: Qwen3 / Llama / Qwen2 today).
 
 Invariants:
-- ``forward_native`` delegates to ``layers.py`` / ``attention.py`` (the oracles); ``forward_cuda``
+- ``forward_native`` delegates to ``functional.py`` / ``attention.py`` (the oracles); ``forward_cuda``
   checks its inputs and launches the matching ``kernels/*.cu`` entry point (``<name>_f32`` or
   ``<name>_bf16``); dtypes without a kernel (float16) route to ``forward_native``.
 - ``forward_cpu`` calls the ``dop_*`` entry point of ``kernels/cpu/decoder_ops.c`` for float32
@@ -23,11 +24,14 @@ import torch
 from metrale_core.kernels import CustomOp, KernelInputError, check_dtype, check_shape, check_tensor
 from metrale_core.kernels.cuda import f32, i32, i64, ptr, torch_stream
 
-from metrale_qwen3 import attention, layers
+from metrale_core.layers import attention
+from metrale_core.layers import functional as layers
 
 __all__ = ["DecoderOps", "KVCacheWrite", "PagedAttentionDecode", "PagedAttentionPrefill", "QKNormRope",
            "RMSNorm", "SwiGLU"]
 
+#: The package whose ``kernels/`` (``.cu``) and ``kernels/cpu/`` (``.c``) hold these ops' sources.
+KERNEL_PACKAGE = "metrale_core.layers"
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _THREADS = 256
 _P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
@@ -94,7 +98,7 @@ def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
 class RMSNorm(CustomOp):
     """``rms_norm(x, weight, eps)`` over the last dimension."""
 
-    kernel_package = "metrale_qwen3"
+    kernel_package = KERNEL_PACKAGE
     kernel_file = "rmsnorm.cu"
     cpu_kernels = True
 
@@ -135,7 +139,7 @@ class QKNormRope(CustomOp):
     Returns ``(q, k)``; the CUDA path rotates the inputs in place.
     """
 
-    kernel_package = "metrale_qwen3"
+    kernel_package = KERNEL_PACKAGE
     kernel_file = "qk_norm_rope.cu"
     cpu_kernels = True
     #: ``(sin, signed_sin(sin))`` of the last call (the native path's per-forward memo).
@@ -194,7 +198,7 @@ class QKNormRope(CustomOp):
 class SwiGLU(CustomOp):
     """``silu(gate) * up`` on the fused ``[T, 2I]`` gate/up projection; returns ``[T, I]``."""
 
-    kernel_package = "metrale_qwen3"
+    kernel_package = KERNEL_PACKAGE
     kernel_file = "swiglu.cu"
     cpu_kernels = True
 
@@ -230,7 +234,7 @@ class SwiGLU(CustomOp):
 class KVCacheWrite(CustomOp):
     """Write ``k``/``v`` ``[T, Hk, d]`` into ``k_cache``/``v_cache`` at ``slot_mapping`` ``[T]``."""
 
-    kernel_package = "metrale_qwen3"
+    kernel_package = KERNEL_PACKAGE
     kernel_file = "kv_cache_write.cu"
     cpu_kernels = True
 
@@ -272,7 +276,7 @@ class PagedAttentionDecode(CustomOp):
     ``max_context`` is the host-side maximum of ``context_lens`` (saves a device sync).
     """
 
-    kernel_package = "metrale_qwen3"
+    kernel_package = KERNEL_PACKAGE
     kernel_file = "paged_attention_decode.cu"
     cpu_kernels = True
 
@@ -331,7 +335,7 @@ class PagedAttentionPrefill(CustomOp):
     call, where SDPA per segment cost ~90 us per sequence and layer; longer ones go through SDPA,
     which is as fast from ~512 rows (SmolLM2, 2 threads)."""
 
-    kernel_package = "metrale_qwen3"
+    kernel_package = KERNEL_PACKAGE
     cpu_kernels = True
     #: Longest segment the C kernel attends (longer: SDPA per segment).
     C_KERNEL_ROWS = 256

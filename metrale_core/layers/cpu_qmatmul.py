@@ -1,6 +1,6 @@
 """The block-quantized CPU matmul (``kernels/cpu/qmatmul.c``): pack weights for it and call it.
 
-Owner: ``metrale_qwen3``; ``linear.BlockQuantLinear`` multiplies through :func:`qmatmul`,
+Owner: ``metrale_core.layers``; ``linear.BlockQuantLinear`` multiplies through :func:`qmatmul`,
 ``linear.Bf16Linear`` (the bf16 format's head) through :func:`qmatmul_bf16`.  The C file is part
 of the package's CPU library (:func:`metrale_core.kernels.cpu_library`), built with the system C
 compiler on first use.
@@ -32,7 +32,7 @@ from metrale_core.kernels.cpu import cpu_flags
 __all__ = ["PACKAGE", "bf16_kernel", "kernel", "pack", "pack_bf16", "qmatmul", "qmatmul_bf16",
            "quantize_activations", "reference", "set_amx"]
 
-PACKAGE = "metrale_qwen3"
+PACKAGE = "metrale_core.layers"
 QK = 32
 TILE = 16
 _RECORD = {4: 320, 8: 576}

@@ -1,0 +1,112 @@
+"""The public API of Metrale for plugin authors: everything a plugin needs, from one module.
+
+Owner: ``metrale_core.api``.  Plugins and contrib packages import from here (and ``hookimpl`` /
+``__version__`` from ``metrale_core``), never from the implementation modules, which may move:
+``from metrale_core.api import ModelLoaderSpec, CustomOp, build_linear``.  The import-linter
+contracts in ``pyproject.toml`` (run by ``tests/test_import_contracts.py``) enforce it.  The
+plugin guide (``docs/plugin-guide.md``) lists the names by topic.
+
+What is here (see :data:`PUBLIC` for the full table):
+
+- registration: ``hookimpl``, the ``*Spec`` records, ``LoadOptions``, ``lazy_factory``,
+  ``load_registry``; errors (``ConfigError``, ``WeightsError``, ``ShapeMismatch``, ...);
+- the model contract: ``CausalLM``, ``ForwardBatch``, ``ModelInfo``, ``KVLayout``,
+  ``RecurrentLayout``, ``PagedKVCache``, ``KVCodec``, ``gather_blocks``; weights: ``open_weights``,
+  ``WeightStore``, ``RawTensor``;
+- layers (:mod:`metrale_core.layers`): norms, RoPE, gated MLPs, embedding, the linear layer and
+  its weight formats, paged attention, ``torch_dtype``;
+- kernels: ``CustomOp``, the input checks, the CPU-library and CuPy launch helpers;
+- sampling: ``PositionKind``, ``ProcessorContext``, ``LogitProcessor``, ``Sampler``,
+  ``inverse_cdf``;
+- stream parsing: ``TagParserBase`` (the buffer driver of the built-in tool-call parsers),
+  ``ToolCallParser``, ``ParsedDelta``, ``CompletedCall``, ``held_back_len``, ``scan_tags``;
+- engine protocols: ``SchedulingPolicy`` / ``AdmissionStep`` (scheduler plugins), ``Request`` /
+  ``Sequence``, the speculation records (``Draft``, ``StepReport``, ``VerifyRow``,
+  ``Speculator``), ``model_device``, and the pieces a side model runs on (``BlockManager``,
+  ``ModelRunner``, ``SchedulerOutput``, ``ScheduledChunk``).
+
+Invariants:
+- Importing this module imports nothing else (no torch): each name is resolved on first access
+  through :data:`PUBLIC` (PEP 562 ``__getattr__``) and cached in the module, so a plugin's
+  ``__init__`` that only needs specs and ``hookimpl`` stays as light as those modules are.
+- Every name in :data:`PUBLIC` resolves (``tests/test_public_api.py`` imports each one); a name
+  leaves the table only with a minor version bump (plugins pin ``metrale-core>=0.1,<0.2``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["PUBLIC"]  # extended below with every public name
+
+_REGISTRATION = {
+    "metrale_core": ("hookimpl", "__version__"),
+    "metrale_core.components": ("KVScaleSourceSpec", "LoadOptions", "LogitProcessorSpec", "ModelLoaderSpec",
+                                "ProposerSpec", "SamplerSpec", "SchedulerSpec", "ToolCallParserSpec"),
+    "metrale_core.plugins": ("LazyFactory", "lazy_factory", "load_registry"),
+    "metrale_core.loading": ("model_from_store",),
+    "metrale_core.errors": ("ConfigError", "CorruptWeightsFile", "InvalidRequest", "KVCacheExhausted",
+                            "MetraleError", "MissingWeightsFile", "PluginError", "ShapeMismatch",
+                            "WeightsError"),
+}
+_MODEL = {
+    "metrale_core.model_api": ("CausalLM", "ForwardBatch", "KVCodec", "KVLayout", "ModelInfo", "PagedKVCache",
+                               "PlainKVCodec", "RecurrentLayout", "gather_blocks"),
+    "metrale_core.weights": ("RawTensor", "WeightStore", "open_weights"),
+    "metrale_core.layers": ("DTYPES", "WEIGHT_FORMATS", "WEIGHT_FORMAT_ENV", "AttentionPlan", "DecoderOps",
+                            "DenseLinear", "Embedding", "GeGLU", "KVCacheWrite", "Linear",
+                            "PagedAttentionDecode", "PagedAttentionPrefill", "QKNormRope", "RMSNorm",
+                            "SwiGLU", "apply_rope", "build_linear", "geglu", "paged_attention",
+                            "require_weight_format", "resolve_weight_format", "rms_norm", "rope_cos_sin",
+                            "rope_inv_freq", "signed_sin", "swiglu", "torch_dtype", "write_kv"),
+}
+_KERNELS = {
+    "metrale_core.kernels": ("KERNELS_ENV", "CustomOp", "KernelCompileError", "KernelInputError", "KernelPath",
+                             "check_contiguous", "check_dtype", "check_same_device", "check_shape",
+                             "check_tensor", "compile_ptx", "compile_runtime_source", "cpu_library",
+                             "cpu_unavailable_reason", "cupy_unavailable_reason", "find_cu_files",
+                             "load_raw_module", "nvcc_path", "ptx_entries", "requested_path", "select_path"),
+    "metrale_core.kernels.cpu": ("cpu_flags",),
+    "metrale_core.kernels.cuda": ("f32", "i32", "i64", "ptr", "torch_stream"),
+}
+_SAMPLING = {
+    "metrale_core.sampling.position": ("PositionKind",),
+    "metrale_core.sampling.interface": ("LogitProcessor", "ProcessorContext", "RowLike", "SampleOutput",
+                                        "Sampler", "SamplingError"),
+    "metrale_core.sampling.params": ("SamplingParams",),
+    "metrale_core.sampling.sampler": ("inverse_cdf",),
+}
+_STREAMPARSE = {
+    "metrale_core.streamparse.base": ("CALL_CLOSE", "CALL_OPEN", "CompletedCall", "ParsedDelta", "TagParserBase",
+                                      "ToolCallParser", "held_back_len", "scan_tags"),
+}
+_ENGINE = {
+    "metrale_core.engine.speculation": ("Draft", "ProposerContext", "Speculator", "StepReport", "VerifyRow"),
+    "metrale_core.engine.runner": ("ModelRunner", "model_device"),
+    "metrale_core.engine.block_manager": ("BlockManager",),
+    "metrale_core.engine.side_pool": ("SidePool",),
+    "metrale_core.engine.scheduler": ("AdmissionStep", "FcfsPolicy", "ScheduledChunk", "SchedulerOutput",
+                                      "SchedulingPolicy"),
+    "metrale_core.engine.request": ("Request", "Sequence", "SequenceStatus"),
+}
+
+#: public name -> the module that defines it.
+PUBLIC: dict[str, str] = {name: module
+                          for group in (_REGISTRATION, _MODEL, _KERNELS, _SAMPLING, _STREAMPARSE, _ENGINE)
+                          for module, names in group.items() for name in names}
+
+__all__ += sorted(PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    module = PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"metrale_core.api has no public name {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(PUBLIC))
