@@ -21,7 +21,7 @@ from typing import NoReturn
 
 import pytest
 
-__all__ = ["missing", "require_cpu_kernels", "require_file", "strict"]
+__all__ = ["cpu_isa_params", "missing", "needs_file", "require_cpu_kernels", "require_file", "strict", "use_cpu_isa"]
 
 
 def strict() -> bool:
@@ -44,6 +44,12 @@ def require_file(path: Path | str, hint: str = "") -> Path:
     return path
 
 
+def needs_file(path: Path | str, hint: str = "") -> pytest.MarkDecorator:
+    """A mark for tests that need file ``path``: :func:`require_file` runs at their setup (the
+    ``metrale`` pytest plugin's hook), so they skip where it is absent and fail under CI."""
+    return pytest.mark.metrale_needs_file(Path(path), hint)
+
+
 def require_cpu_kernels(package: str) -> None:
     """Return when ``package``'s C CPU library runs here; else skip where the CPU cannot run it
     at all, and :func:`missing` (fail under CI) where it could but the build or load failed."""
@@ -55,3 +61,24 @@ def require_cpu_kernels(package: str) -> None:
     if not cpu_capable():
         pytest.skip(f"C CPU kernels of {package}: {reason}")
     missing(f"the C CPU kernels of {package} do not run on this capable CPU: {reason}")
+
+
+def cpu_isa_params() -> list[str]:
+    """The C kernel variants to parametrize a test over: every one this CPU runs (``avx512`` and
+    ``avx2`` on an AVX512-VNNI machine), or ``["none"]`` where it runs none (the test then skips
+    through :func:`use_cpu_isa`)."""
+    from metrale_core.kernels.cpu import runnable_isas
+
+    return runnable_isas() or ["none"]
+
+
+def use_cpu_isa(monkeypatch: pytest.MonkeyPatch, isa: str, package: str) -> None:
+    """Force variant ``isa`` (``METRALE_CPU_ISA``) for the rest of the test and require that
+    ``package``'s library runs in it (:func:`require_cpu_kernels`)."""
+    from metrale_core.kernels.cpu import CPU_ISA_ENV
+
+    if isa == "none":
+        monkeypatch.delenv(CPU_ISA_ENV, raising=False)
+    else:
+        monkeypatch.setenv(CPU_ISA_ENV, isa)
+    require_cpu_kernels(package)

@@ -124,7 +124,6 @@ def test_count_is_published_as_the_b1_count_extra_and_shown_on_the_stats_tab():
     snap = engine.snapshots.latest
     assert snap.extras["b1_count"] == before + EXPECTED == shared_stats().b1_low_margin
 
-    pytest.importorskip("textual")
     from metrale_core.tui.stats_pane import RateTracker, stats_texts
 
     assert f"B1 count: {before + EXPECTED}" in stats_texts(snap, RateTracker())["plugins"].plain
