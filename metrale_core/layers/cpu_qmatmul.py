@@ -6,8 +6,10 @@ of the package's CPU library (:func:`metrale_core.kernels.cpu_library`), built w
 compiler on first use.
 
 :func:`kernel` returns the library, or None -- and the weight formats keep torch's kernels --
-where the CPU path is not chosen: the CPU lacks AVX512-VNNI, there is no compiler, the build
-fails, or ``METRALE_KERNELS=native`` (the op name in logs is ``BlockQuantLinear``).
+where the CPU path is not chosen: the CPU lacks AVX2 (the library's AVX512-VNNI build runs where
+the CPU has it, else its AVX2 build: ``qmatmul_avx2.c``), there is no compiler, the build fails, or
+``METRALE_KERNELS=native`` (the op name in logs is ``BlockQuantLinear``).  The C signatures are
+those of ``kernels/cpu/qmatmul.h``, bound when the library loads.
 
 Maths (the C file's header has the layout): weights keep a GGUF block's ``W = d * q + m`` per
 32 weights (4-bit or 8-bit unsigned codes, fp16 ``d``/``m``); activations are quantized per row
@@ -25,9 +27,10 @@ import threading
 
 import numpy as np
 import torch
+from loguru import logger
 
 from metrale_core.kernels import cpu_library, select_path
-from metrale_core.kernels.cpu import cpu_flags
+from metrale_core.kernels.cpu import cpu_flags, cpu_isa
 
 __all__ = ["PACKAGE", "bf16_kernel", "kernel", "pack", "pack_bf16", "qmatmul", "qmatmul_bf16",
            "quantize_activations", "reference", "set_amx"]
@@ -36,6 +39,8 @@ PACKAGE = "metrale_core.layers"
 QK = 32
 TILE = 16
 _RECORD = {4: 320, 8: 576}
+#: Libraries whose AMX path :func:`kernel` has asked for (once each).
+_amx_asked: set = set()
 
 
 def kernel() -> ctypes.CDLL | None:
@@ -44,27 +49,21 @@ def kernel() -> ctypes.CDLL | None:
     if select_path("BlockQuantLinear", torch.device("cpu"), has_kernel=False, cpu_package=PACKAGE) != "cpu":
         return None
     lib = cpu_library(PACKAGE)
-    if lib.mq_linear.argtypes is None:
-        lib.mq_linear.restype = ctypes.c_int
-        lib.mq_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-                                  ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-        lib.mq_scratch_bytes.restype = ctypes.c_size_t
-        lib.mq_scratch_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
-        lib.mq_set_amx.restype = ctypes.c_int
-        lib.mq_set_amx.argtypes = [ctypes.c_int]
-        lib.mq_linear_bf16.restype = ctypes.c_int
-        lib.mq_linear_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                       ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-        lib.mq_bf16_scratch_bytes.restype = ctypes.c_size_t
-        lib.mq_bf16_scratch_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
-        set_amx(lib, True)
+    if lib is not None and lib not in _amx_asked:  # signatures: bound from qmatmul.h at load
+        _amx_asked.add(lib)
+        amx = set_amx(lib, True)
+        isa = cpu_isa(PACKAGE)
+        path = ("AMX-INT8 (calls of 12+ rows) and AVX512-VNNI" if amx else "AVX512-VNNI") if isa == "avx512" \
+            else "AVX2 (no AVX512-VNNI on this CPU, or METRALE_CPU_ISA=avx2)"
+        logger.info("BlockQuantLinear runs the C kernel: {}", path)
     return lib
 
 
 def bf16_kernel() -> ctypes.CDLL | None:
-    """The library when it can also multiply bfloat16 weights (the CPU has AVX512-BF16), else None."""
+    """The library when it can also multiply bfloat16 weights (its AVX512 build, on a CPU with
+    AVX512-BF16), else None."""
     lib = kernel()
-    return lib if lib is not None and "avx512_bf16" in cpu_flags() else None
+    return lib if lib is not None and cpu_isa(PACKAGE) == "avx512" and "avx512_bf16" in cpu_flags() else None
 
 
 def set_amx(lib: ctypes.CDLL, on: bool) -> bool:

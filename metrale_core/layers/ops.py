@@ -7,7 +7,8 @@ Invariants:
 - ``forward_native`` delegates to ``functional.py`` / ``attention.py`` (the oracles); ``forward_cuda``
   checks its inputs and launches the matching ``kernels/*.cu`` entry point (``<name>_f32`` or
   ``<name>_bf16``); dtypes without a kernel (float16) route to ``forward_native``.
-- ``forward_cpu`` calls the ``dop_*`` entry point of ``kernels/cpu/decoder_ops.c`` for float32
+- ``forward_cpu`` calls the ``dop_*`` entry point of ``kernels/cpu/decoder_ops.c`` (declared in
+  ``decoder_ops.h``, the one statement of its signature) for float32
   activations with dense rows (KV caches: float32 or bfloat16) and routes everything else (other
   dtypes, strided heads, head sizes the kernel does not take) to ``forward_native``.
 - ``QKNormRope`` and ``KVCacheWrite`` may work in place: callers use the returned tensors.
@@ -16,7 +17,6 @@ Invariants:
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import torch
@@ -34,24 +34,10 @@ __all__ = ["DecoderOps", "KVCacheWrite", "PagedAttentionDecode", "PagedAttention
 KERNEL_PACKAGE = "metrale_core.layers"
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _THREADS = 256
-_P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-#: C signatures of the ``kernels/cpu/decoder_ops.c`` entry points (all return int: 0 or -1).
-_CPU_SIGNATURES = {
-    "dop_rms_norm": (_P, _L, _P, _P, _I, _I, _F, _I),
-    "dop_qk_norm_rope": (_P, _L, _I, _P, _L, _I, _I, _I, _P, _P, _P, _P, _F, _I),
-    "dop_swiglu": (_P, _P, _I, _I, _I),
-    "dop_kv_write": (_P, _L, _P, _L, _P, _P, _P, _I, _I, _I),
-    "dop_paged_decode": (_P, _P, _L, _P, _P, _I, _P, _L, _P, _I, _I, _I, _I, _I, _F, _I),
-    "dop_paged_prefill": (_P, _L, _P, _L, _P, _P, _I, _P, _L, _P, _I, _I, _I, _I, _I, _F, _I),
-}
-
-
 def _cpu_call(op: CustomOp, name: str, *args: Any) -> None:
-    """Run entry point ``name`` of ``op``'s C library; a -1 is a caller bug, raised as such."""
-    fn = getattr(op.cpu_kernel, name)
-    if fn.argtypes is None:  # first call: declare the C signature
-        fn.argtypes, fn.restype = _CPU_SIGNATURES[name], ctypes.c_int
-    if fn(*args) != 0:
+    """Run entry point ``name`` of ``op``'s C library (its signature comes from
+    ``kernels/cpu/decoder_ops.h``, bound when the library loads); a -1 is a caller bug."""
+    if getattr(op.cpu_kernel, name)(*args) != 0:
         raise KernelInputError(f"{op.name}: {name} rejected its arguments")
 
 

@@ -7,6 +7,8 @@ Fixtures:
   with small defaults (block_size 4, 64 blocks, 64 prefill tokens, 8 sequences).
 - ``golden_dir``: where goldens live (``<rootdir>/tests/golden``); override it in a plugin's
   ``conftest.py`` to keep that plugin's goldens beside its tests.
+- marker ``metrale_needs_file(path, hint)`` (see :func:`metrale_core.testing.requires.needs_file`):
+  skip where ``path`` is absent, fail under ``CI=true``.
 - ``golden``: ``golden(name, text)`` compares with ``<golden_dir>/<name>.trace``; with
   ``--update-goldens`` it writes the file instead.
 
@@ -26,6 +28,18 @@ from metrale_core.testing.recording_model import RecordingModel
 
 #: Engine config the ``tiny_engine`` fixture starts from (keywords override it).
 TINY_ENGINE_DEFAULTS = dict(block_size=4, num_kv_blocks=64, max_prefill_tokens=64, max_num_seqs=8)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "metrale_needs_file(path, hint): the test needs this file; skipped "
+                            "where it is absent, FAILED under CI=true (metrale_core.testing.requires.needs_file)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    from metrale_core.testing.requires import require_file
+
+    for mark in item.iter_markers("metrale_needs_file"):
+        require_file(*mark.args)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -16,9 +16,7 @@ from metrale_core.plugins import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.weights import open_weights
 
-transformers = pytest.importorskip("transformers")
-
-
+import transformers
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3")

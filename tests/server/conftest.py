@@ -12,8 +12,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from server_testlib import ScriptedLM, wait_ready, write_tokenizer  # noqa: E402
 
-pytest.importorskip("litestar")
-pytest.importorskip("openai")
 
 @pytest.fixture(scope="session")
 def byte_tokenizer(tmp_path_factory):

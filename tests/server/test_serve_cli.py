@@ -17,10 +17,7 @@ import pytest
 
 from server_testlib import API_KEY, wait_ready, write_tokenizer
 
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("metrale_qwen3")
-
-
+import transformers
 @pytest.fixture(scope="module")
 def tiny_qwen3(tmp_path_factory):
     import torch

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from metrale_core.testing.requires import missing
 pytestmark = pytest.mark.slow
 
 
@@ -17,7 +18,7 @@ def smollm2_server(start_server):
 
     path = cache_dir() / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not path.is_file():
-        pytest.skip(f"{path} is not cached (run met generate once to fetch it)")
+        missing(f"{path} is not cached (run met generate once to fetch it)")
 
     def load():
         loaded = load_model(path, progress=False)

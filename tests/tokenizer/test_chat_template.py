@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from metrale_core.testing.requires import missing
 from metrale_core.chat_template import render_chat_template
 from metrale_core.errors import ConfigError, InvalidRequest
 from metrale_core.tokenizer import Tokenizer
@@ -44,18 +45,18 @@ TOOL_CHAT = [
 
 @pytest.fixture(scope="module")
 def smol_pair():
-    transformers = pytest.importorskip("transformers")
+    import transformers
     if not SMOL.is_file():
-        pytest.skip(f"{SMOL} absent")
+        missing(f"{SMOL} absent")
     hf = transformers.AutoTokenizer.from_pretrained(str(SMOL.parent), gguf_file=SMOL.name)
     return Tokenizer.from_gguf(SMOL), hf
 
 
 @pytest.fixture(scope="module")
 def qwen3_pair():
-    transformers = pytest.importorskip("transformers")
+    import transformers
     if not (QWEN3 / "tokenizer.json").is_file():
-        pytest.skip(f"no Qwen3 tokenizer in {QWEN3}")
+        missing(f"no Qwen3 tokenizer in {QWEN3} (scripts/fetch-test-data.sh)")
     return Tokenizer.from_dir(QWEN3), transformers.AutoTokenizer.from_pretrained(str(QWEN3))
 
 

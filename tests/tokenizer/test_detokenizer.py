@@ -7,6 +7,8 @@ import random
 from pathlib import Path
 
 import pytest
+
+from metrale_core.testing.requires import missing
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers
 
@@ -30,7 +32,7 @@ def byte_tok() -> Tokenizer:
 @pytest.fixture(scope="module")
 def smol() -> Tokenizer:
     if not SMOL.is_file():
-        pytest.skip(f"{SMOL} absent")
+        missing(f"{SMOL} absent")
     return Tokenizer.from_gguf(SMOL)
 
 

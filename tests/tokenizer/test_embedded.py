@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from metrale_core.testing.requires import missing
 from metrale_core import embedded
 from metrale_core.errors import ConfigError
 
@@ -150,6 +151,6 @@ def test_cache_dir_default(monkeypatch):
 def test_real_cached_model_verifies():
     real = Path.home() / ".cache" / "metrale" / "models" / embedded.GGUF_NAME
     if not real.is_file():
-        pytest.skip(f"{real} absent")
+        missing(f"{real} absent")
     assert embedded.is_verified(real, embedded.GGUF_SHA256, use_sidecar=False)
     assert embedded.is_verified(real, embedded.GGUF_SHA256)

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from metrale_core.testing.requires import missing, needs_file
 from metrale_core.errors import WeightsError
 from metrale_core.tokenizer import Tokenizer, TokenizerError, read_gguf_metadata
 
 SMOL = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-needs_smol = pytest.mark.skipif(not SMOL.is_file(), reason=f"{SMOL} absent (met pulls it on first use)")
+needs_smol = needs_file(SMOL, "met pulls it on first use; scripts/fetch-test-data.sh fetches it")
 
 CHAT_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712,
             8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
@@ -53,15 +54,15 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
     if not SMOL.is_file():
-        pytest.skip(f"{SMOL} absent")
+        missing(f"{SMOL} absent")
     return Tokenizer.from_gguf(SMOL)
 
 
 @pytest.fixture(scope="module")
 def hf_tok():
-    transformers = pytest.importorskip("transformers")
+    import transformers
     if not SMOL.is_file():
-        pytest.skip(f"{SMOL} absent")
+        missing(f"{SMOL} absent")
     return transformers.AutoTokenizer.from_pretrained(str(SMOL.parent), gguf_file=SMOL.name)
 
 
@@ -117,7 +118,7 @@ def test_matches_transformers(tok, hf_tok):
 
 @needs_smol
 def test_from_store_uses_gguf_metadata(tok):
-    weights = pytest.importorskip("metrale_core.weights")
+    from metrale_core import weights
     store = weights.open_weights(SMOL)
     from_store = Tokenizer.from_store(store)
     assert from_store.encode("Once upon a time") == [6403, 1980, 253, 655]

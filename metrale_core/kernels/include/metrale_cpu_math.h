@@ -1,36 +1,123 @@
-/* Vector maths shared by the C CPU kernels of Metrale's plugins (AVX512F).
+/* Vector maths shared by the C CPU kernels of Metrale's plugins, for each ISA variant they are
+ * built for (see metrale_core/kernels/cpu.py): AVX512F (16 float lanes) or AVX2 + FMA (8 lanes).
  *
  * Owner: metrale_core.kernels (the include path of every C CPU library; see cpu.py).
- * Invariants: header-only, static inline; accurate to about 1 ulp over the float range; inputs
- * below -103.97 give 0 and above 88.38 give +inf, as expf does.
+ * Kernels written over mt_vf / MT_LANES / mt_* compile for both variants unchanged; the variant
+ * is chosen by the compiler flags (__AVX512F__ defined or not).
+ *
+ * Invariants: header-only, static inline; mt_exp is accurate to about 1 ulp over the float range;
+ * inputs below -103.97 give 0 and above 88.38 give +inf, as expf does, and both variants give
+ * the same bits for the same input.  mt_tail_mask(n) selects lanes [0, n) of one vector;
+ * masked loads never touch memory outside the selected lanes.
  */
 #ifndef METRALE_CPU_MATH_H
 #define METRALE_CPU_MATH_H
 
 #include <immintrin.h>
 
-/* exp(x) per lane: 2^n * p(r), n = round(x / ln 2), r = x - n ln 2 (Cody-Waite split), p the
- * degree-7 minimax polynomial of Cephes' expf. */
-static inline __m512 mt_exp512(__m512 x) {
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
-    x = _mm512_max_ps(x, _mm512_set1_ps(-103.972077083991796f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
+#if defined(__AVX512F__)
+
+#define MT_LANES 16
+typedef __m512 mt_vf;
+typedef __mmask16 mt_mask;
 
 /* Lanes [0, n) of a 16-lane chunk (n <= 16). */
-static inline __mmask16 mt_tail_mask(int n) {
+static inline mt_mask mt_tail_mask(int n) {
     return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
+}
+static inline mt_vf mt_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void mt_store(float *p, mt_vf v) { _mm512_storeu_ps(p, v); }
+static inline mt_vf mt_maskz_load(mt_mask m, const float *p) { return _mm512_maskz_loadu_ps(m, p); }
+/* Lanes outside m keep src. */
+static inline mt_vf mt_mask_load(mt_vf src, mt_mask m, const float *p) { return _mm512_mask_loadu_ps(src, m, p); }
+static inline void mt_mask_store(float *p, mt_mask m, mt_vf v) { _mm512_mask_storeu_ps(p, m, v); }
+static inline mt_vf mt_maskz_mov(mt_mask m, mt_vf v) { return _mm512_maskz_mov_ps(m, v); }
+static inline mt_vf mt_set1(float x) { return _mm512_set1_ps(x); }
+static inline mt_vf mt_zero(void) { return _mm512_setzero_ps(); }
+static inline mt_vf mt_add(mt_vf a, mt_vf b) { return _mm512_add_ps(a, b); }
+static inline mt_vf mt_sub(mt_vf a, mt_vf b) { return _mm512_sub_ps(a, b); }
+static inline mt_vf mt_mul(mt_vf a, mt_vf b) { return _mm512_mul_ps(a, b); }
+static inline mt_vf mt_div(mt_vf a, mt_vf b) { return _mm512_div_ps(a, b); }
+static inline mt_vf mt_max(mt_vf a, mt_vf b) { return _mm512_max_ps(a, b); }
+static inline mt_vf mt_min(mt_vf a, mt_vf b) { return _mm512_min_ps(a, b); }
+static inline mt_vf mt_fmadd(mt_vf a, mt_vf b, mt_vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline mt_vf mt_fnmadd(mt_vf a, mt_vf b, mt_vf c) { return _mm512_fnmadd_ps(a, b, c); }
+static inline float mt_reduce_add(mt_vf v) { return _mm512_reduce_add_ps(v); }
+static inline float mt_reduce_max(mt_vf v) { return _mm512_reduce_max_ps(v); }
+static inline mt_vf mt_round(mt_vf v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* p * 2^n for integral n in [-150, 128]. */
+static inline mt_vf mt_scale2(mt_vf p, mt_vf n) { return _mm512_scalef_ps(p, n); }
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+#define MT_LANES 8
+typedef __m256 mt_vf;
+typedef __m256i mt_mask; /* all-ones lanes are selected */
+
+/* Lanes [0, n) of an 8-lane chunk (n <= 8). */
+static inline mt_mask mt_tail_mask(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline mt_vf mt_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void mt_store(float *p, mt_vf v) { _mm256_storeu_ps(p, v); }
+static inline mt_vf mt_maskz_load(mt_mask m, const float *p) { return _mm256_maskload_ps(p, m); }
+static inline mt_vf mt_mask_load(mt_vf src, mt_mask m, const float *p) {
+    return _mm256_blendv_ps(src, _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
+}
+static inline void mt_mask_store(float *p, mt_mask m, mt_vf v) { _mm256_maskstore_ps(p, m, v); }
+static inline mt_vf mt_maskz_mov(mt_mask m, mt_vf v) { return _mm256_and_ps(v, _mm256_castsi256_ps(m)); }
+static inline mt_vf mt_set1(float x) { return _mm256_set1_ps(x); }
+static inline mt_vf mt_zero(void) { return _mm256_setzero_ps(); }
+static inline mt_vf mt_add(mt_vf a, mt_vf b) { return _mm256_add_ps(a, b); }
+static inline mt_vf mt_sub(mt_vf a, mt_vf b) { return _mm256_sub_ps(a, b); }
+static inline mt_vf mt_mul(mt_vf a, mt_vf b) { return _mm256_mul_ps(a, b); }
+static inline mt_vf mt_div(mt_vf a, mt_vf b) { return _mm256_div_ps(a, b); }
+static inline mt_vf mt_max(mt_vf a, mt_vf b) { return _mm256_max_ps(a, b); }
+static inline mt_vf mt_min(mt_vf a, mt_vf b) { return _mm256_min_ps(a, b); }
+static inline mt_vf mt_fmadd(mt_vf a, mt_vf b, mt_vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline mt_vf mt_fnmadd(mt_vf a, mt_vf b, mt_vf c) { return _mm256_fnmadd_ps(a, b, c); }
+static inline float mt_reduce_add(mt_vf v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline float mt_reduce_max(mt_vf v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+static inline mt_vf mt_round(mt_vf v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* 2^e for integral e in [-126, 127], as float bits. */
+static inline mt_vf mt_pow2i(mt_vf e) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(e), _mm256_set1_epi32(127)), 23));
+}
+/* p * 2^n for integral n in [-150, 128], in two exact steps of 2^(n/2) so that neither power
+ * leaves the normal range; the last product rounds once, as scalef does. */
+static inline mt_vf mt_scale2(mt_vf p, mt_vf n) {
+    const mt_vf half = _mm256_floor_ps(_mm256_mul_ps(n, _mm256_set1_ps(0.5f)));
+    return _mm256_mul_ps(_mm256_mul_ps(p, mt_pow2i(half)), mt_pow2i(_mm256_sub_ps(n, half)));
+}
+
+#else
+#error "metrale_cpu_math.h needs AVX512F, or AVX2 and FMA (see metrale_core/kernels/cpu.py)"
+#endif
+
+/* exp(x) per lane: 2^n * p(r), n = round(x / ln 2), r = x - n ln 2 (Cody-Waite split), p the
+ * degree-7 minimax polynomial of Cephes' expf. */
+static inline mt_vf mt_exp(mt_vf x) {
+    x = mt_min(x, mt_set1(88.3762626647949f));
+    x = mt_max(x, mt_set1(-103.972077083991796f));
+    const mt_vf n = mt_round(mt_mul(x, mt_set1(1.44269504088896341f)));
+    mt_vf r = mt_fnmadd(n, mt_set1(0.693359375f), x);
+    r = mt_fnmadd(n, mt_set1(-2.12194440e-4f), r);
+    mt_vf p = mt_set1(1.9875691500e-4f);
+    p = mt_fmadd(p, r, mt_set1(1.3981999507e-3f));
+    p = mt_fmadd(p, r, mt_set1(8.3334519073e-3f));
+    p = mt_fmadd(p, r, mt_set1(4.1665795894e-2f));
+    p = mt_fmadd(p, r, mt_set1(1.6666665459e-1f));
+    p = mt_fmadd(p, r, mt_set1(5.0000001201e-1f));
+    p = mt_fmadd(p, mt_mul(r, r), mt_add(r, mt_set1(1.0f)));
+    return mt_scale2(p, n);
 }
 
 #endif

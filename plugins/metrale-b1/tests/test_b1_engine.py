@@ -126,7 +126,6 @@ def test_count_is_published_as_the_b1_count_extra_and_shown_on_the_stats_tab():
     snap = engine.snapshots.latest
     assert snap.extras["b1_count"] == before + EXPECTED == low_margin_count(engine)
 
-    pytest.importorskip("textual")
     from metrale_core.tui.stats_pane import RateTracker, stats_texts
 
     assert f"B1 count: {before + EXPECTED}" in stats_texts(snap, RateTracker())["plugins"].plain

@@ -11,11 +11,9 @@ import json
 import sys
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
-
-pytest.importorskip("litestar")
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "server"))
 from server_testlib import ScriptedLM, wait_ready, write_tokenizer  # noqa: E402

@@ -54,7 +54,6 @@ def test_no_line_on_an_engine_without_fp8(tmp_path):
 
 
 def test_stats_tab_shows_the_scale_source(tmp_path):
-    pytest.importorskip("textual")
     from metrale_core.tui.stats_pane import RateTracker, stats_texts
 
     engine = engine_on(write_checkpoint(tmp_path / "c", scales((0, 1))))

@@ -21,7 +21,6 @@ from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.forward_spy import ForwardSpy
 from metrale_core.weights import open_weights
 
-pytest.importorskip("transformers")
 pytest.importorskip("metrale_fp8")
 
 import glm_harness as H  # noqa: E402

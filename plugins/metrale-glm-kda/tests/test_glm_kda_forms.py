@@ -83,7 +83,7 @@ def test_decode_step_op_updates_only_its_slots():
 def test_moe_block_matches_transformers(n_group, topk_group, experts_path, monkeypatch):
     if experts_path == "per_expert":
         monkeypatch.setattr(moe_module, "DENSE_LIMIT", 0)
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextMoE
 
     cfg = transformers.Glm5NextTextConfig(hidden_size=16, moe_intermediate_size=8, n_routed_experts=8,

@@ -17,8 +17,6 @@ from metrale_core.weights import open_weights
 
 from metrale_glm_kda.config import GlmDims
 
-pytest.importorskip("transformers")
-
 import glm_harness as H  # noqa: E402
 
 

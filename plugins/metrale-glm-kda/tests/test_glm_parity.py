@@ -23,8 +23,6 @@ from metrale_core.testing.forward_spy import ForwardSpy
 from metrale_core.weights import open_weights
 from metrale_glm_kda.model import CHUNK_MIN_ROWS
 
-transformers = pytest.importorskip("transformers")
-
 import glm_harness as H  # noqa: E402
 
 NEW_TOKENS = 32

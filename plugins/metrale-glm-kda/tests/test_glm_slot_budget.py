@@ -15,8 +15,6 @@ from metrale_core.plugins import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.weights import open_weights
 
-pytest.importorskip("transformers")
-
 import glm_harness as H  # noqa: E402
 
 

@@ -27,9 +27,6 @@ from metrale_core.sampling.params import SamplingParams
 from metrale_core.weights import open_weights
 from metrale_glm_kda import kda
 
-transformers = pytest.importorskip("transformers")
-spec = pytest.importorskip("metrale_speculative")
-
 from metrale_speculative.draft_model import DraftModelProposer  # noqa: E402
 from metrale_speculative.factories import load_checkpoint_model  # noqa: E402
 from metrale_speculative.gate import SpecGate  # noqa: E402

@@ -8,25 +8,18 @@ logits of every row, keyed by (sequence, position), for comparison with HF trans
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from metrale_core.testing.requires import needs_file
+from metrale_core.weights import open_weights
+
 from metrale_core.components import LoadOptions
 from metrale_core.errors import ShapeMismatch, WeightsError
 from metrale_core.model_api import ForwardBatch, PagedKVCache
-
-
-def real_open_weights():
-    """``metrale_core.weights.open_weights`` once it exists, else None."""
-    try:
-        module = importlib.import_module("metrale_core.weights")
-    except ImportError:
-        return None
-    return getattr(module, "open_weights", None)
 
 
 class FakeStore:
@@ -83,12 +76,9 @@ def save_checkpoint(model, directory: Path) -> Path:
 
 
 def open_store(directory: Path, *, use_real: bool | None = None) -> Any:
-    """The real ``open_weights`` store when it exists (or when asked), else a FakeStore."""
-    opener = real_open_weights()
-    if use_real is None:
-        use_real = opener is not None
-    if use_real:
-        return opener(directory)
+    """The real ``open_weights`` store (default), or a FakeStore with ``use_real=False``."""
+    if use_real is None or use_real:
+        return open_weights(directory)
     from safetensors.torch import load_file
 
     tensors: dict[str, torch.Tensor] = {}
@@ -196,3 +186,9 @@ def max_logit_diff(hf_model, runner: PagedRunner) -> float:
         ours = torch.stack([runner.logits[(seq, p)] for p in range(len(toks))])
         worst = max(worst, float((ours - ref).abs().max()))
     return worst
+
+
+#: The real SmolLM2-135M-Instruct Q4_1 (``met generate`` or ``scripts/fetch-test-data.sh`` fetches it).
+SMOL_GGUF = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: Mark for tests of the real model: skipped where it is absent, failed under CI=true.
+needs_smol = needs_file(SMOL_GGUF, "bash scripts/fetch-test-data.sh fetches it")

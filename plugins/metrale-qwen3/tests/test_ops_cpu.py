@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from metrale_core.kernels import KERNELS_ENV, cpu_unavailable_reason
+from metrale_core.kernels.cpu import cpu_capable
+from metrale_core.testing.requires import cpu_isa_params, missing, use_cpu_isa
 from metrale_core.layers.attention import DecodeGather, attend_decode_gathered, prefill_attention
 from metrale_core.layers.functional import apply_rope, rope_cos_sin, rope_inv_freq
 from metrale_core.layers.ops import KERNEL_PACKAGE, DecoderOps
@@ -23,15 +25,16 @@ def randn(*shape, dtype=torch.float32):
 
 
 def _ops(path: str, monkeypatch) -> DecoderOps:
-    if path == "cpu" and CPU_SKIP:
-        pytest.skip(f"C CPU kernels: {CPU_SKIP}")
+    if path.startswith("cpu-"):  # the C kernels of one ISA variant, forced
+        use_cpu_isa(monkeypatch, path.removeprefix("cpu-"), "metrale_core.layers")
+        path = "cpu"
     monkeypatch.setenv(KERNELS_ENV, path)
     return DecoderOps("cpu")
 
 
-@pytest.fixture(params=["native", "cpu"])
+@pytest.fixture(params=["native", *(f"cpu-{isa}" for isa in cpu_isa_params())])
 def ops(request, monkeypatch) -> DecoderOps:
-    """The decoder's ops on one CPU path."""
+    """The decoder's ops on one CPU path: torch, or the C kernels of each variant the CPU runs."""
     return _ops(request.param, monkeypatch)
 
 
@@ -47,6 +50,8 @@ def _all(ops: DecoderOps):
 
 def test_ops_choose_the_c_kernels_on_cpu_unless_native_is_forced(monkeypatch):
     monkeypatch.delenv(KERNELS_ENV, raising=False)
+    if CPU_SKIP and cpu_capable():
+        missing(f"the C kernels do not run on this capable CPU: {CPU_SKIP}")
     expected = "native" if CPU_SKIP else "cpu"
     assert all(op.path == expected and op.device.type == "cpu" for op in _all(DecoderOps("cpu")))
     monkeypatch.setenv(KERNELS_ENV, "native")

@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from metrale_core.errors import ShapeMismatch
 from metrale_core.model_api import CausalLM
-from qwen3_harness import build_hf, open_store, real_open_weights, save_checkpoint
+from qwen3_harness import build_hf, open_store, save_checkpoint
 
 
 def test_plugin_is_installed_and_registered():
@@ -38,8 +38,6 @@ def _tiny_llama(tmp_path, **overrides):
 
 @pytest.mark.parametrize("store_kind", ["fake", "real"])
 def test_registry_factory_builds_a_causal_lm(tmp_path, store_kind):
-    if store_kind == "real" and real_open_weights() is None:
-        pytest.skip("metrale_core.weights.open_weights is not available yet")
     from metrale_core.components import LoadOptions
     from metrale_core.plugins import load_registry
 
@@ -55,8 +53,6 @@ def test_registry_factory_builds_a_causal_lm(tmp_path, store_kind):
 
 @pytest.mark.parametrize("store_kind", ["fake", "real"])
 def test_wrong_shape_names_the_tensor(tmp_path, store_kind):
-    if store_kind == "real" and real_open_weights() is None:
-        pytest.skip("metrale_core.weights.open_weights is not available yet")
     import json
 
     from qwen3_harness import load

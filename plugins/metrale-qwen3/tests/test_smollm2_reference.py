@@ -2,28 +2,26 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from qwen3_harness import PagedRunner, load, real_open_weights
+from metrale_core.weights import open_weights
+from qwen3_harness import SMOL_GGUF as GGUF
+from qwen3_harness import PagedRunner, load, needs_smol
 
-GGUF = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411,
                407, 19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1,
                520, 9531, 198]
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} is not downloaded"),
-    pytest.mark.skipif(real_open_weights() is None, reason="metrale_core.weights.open_weights missing"),
+    needs_smol,
 ]
 
 
 def test_smollm2_matches_hf_reference_outputs():
     torch.set_num_threads(2)
-    model = load("llama", real_open_weights()(GGUF))
+    model = load("llama", open_weights(GGUF))
     assert model.info.architecture == "llama" and model.info.vocab_size == 49152
     assert model.weights.lm_head is model.weights.embed  # no output.weight: tied
     runner = PagedRunner(model, num_blocks=32, block_size=16)

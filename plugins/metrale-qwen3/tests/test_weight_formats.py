@@ -4,7 +4,6 @@ top-1 agreement and KL against the exact model, on the exact model's greedy cont
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,9 +13,11 @@ from gguf import quants as gguf_quants
 
 from metrale_core.components import LoadOptions
 from metrale_core.errors import ConfigError
-from metrale_core.kernels import KERNELS_ENV, cpu_unavailable_reason
+from metrale_core.kernels import KERNELS_ENV
 from metrale_core.kernels.cpu import cpu_flags
+from metrale_core.testing.requires import cpu_isa_params, missing, use_cpu_isa
 from metrale_core.weights.gguf_dequant import dequantize
+from metrale_core.weights import open_weights
 from metrale_core.weights.store import RawTensor
 import metrale_core.layers.linear as linear_mod
 from metrale_core.layers import cpu_qmatmul
@@ -25,9 +26,9 @@ from metrale_core.layers.linear import (SMALL_BATCH_ROWS, WEIGHT_FORMAT_ENV, Bf1
                                   Int4Linear, Int8Linear, gguf_blocks, int4_from_gguf, quantize_int8,
                                   resolve_weight_format)
 
-from qwen3_harness import PagedRunner, load, real_open_weights
+from qwen3_harness import SMOL_GGUF as GGUF
+from qwen3_harness import PagedRunner, load, needs_smol
 
-GGUF = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _raw(weight: np.ndarray, qtype: str) -> RawTensor:
@@ -35,15 +36,20 @@ def _raw(weight: np.ndarray, qtype: str) -> RawTensor:
     return RawTensor(data, qtype, tuple(weight.shape))
 
 
-VNNI_SKIP = f"VNNI kernel: {cpu_unavailable_reason(cpu_qmatmul.PACKAGE) or 'METRALE_KERNELS=native'}"
+def _c_kernel(monkeypatch, isa: str):
+    """The matmul's C library in variant ``isa`` (skip, or fail under CI=true, where it cannot run)."""
+    use_cpu_isa(monkeypatch, isa, cpu_qmatmul.PACKAGE)
+    lib = cpu_qmatmul.kernel()
+    if lib is None:
+        pytest.skip("METRALE_KERNELS=native")
+    return lib
 
 
-@pytest.fixture(params=["vnni", "torch-int4"])
+@pytest.fixture(params=[*(f"c-{isa}" for isa in cpu_isa_params()), "torch-int4"])
 def kernel_path(request, monkeypatch):
-    """Run a test on the VNNI kernel (where it runs) and on torch's int4 fallback."""
-    if request.param == "vnni":
-        if cpu_qmatmul.kernel() is None:
-            pytest.skip(VNNI_SKIP)
+    """Run a test on the C kernel of each variant the CPU runs and on torch's int4 fallback."""
+    if request.param.startswith("c-"):
+        _c_kernel(monkeypatch, request.param.removeprefix("c-"))
         return BlockQuantLinear
     monkeypatch.setattr(cpu_qmatmul, "kernel", lambda: None)
     return Int4Linear
@@ -76,15 +82,21 @@ def test_quantized_projections_keep_the_gguf_codes_and_scales(qtype, kernel_path
 HAS_AMX = {"amx_tile", "amx_int8"} <= cpu_flags()
 
 
-@pytest.fixture(params=["vnni", "amx"])
-def matmul_path(request):
-    """The kernel with AMX off (AVX512-VNNI only) or on (calls of AMX_MIN_ROWS rows or more)."""
-    lib = cpu_qmatmul.kernel()
-    if lib is None:
-        pytest.skip(VNNI_SKIP)
-    if request.param == "amx" and not HAS_AMX:
+def _matmul_paths() -> list[str]:
+    isas = cpu_isa_params()
+    return [*(["avx512-vnni", "avx512-amx"] if "avx512" in isas else []), *(["avx2"] if "avx2" in isas else []),
+            *(["none"] if isas == ["none"] else [])]
+
+
+@pytest.fixture(params=_matmul_paths())
+def matmul_path(request, monkeypatch):
+    """The kernel of each variant the CPU runs; the AVX512 one with AMX off (AVX512-VNNI only) or
+    on (calls of AMX_MIN_ROWS rows or more)."""
+    isa, _, sub = request.param.partition("-")
+    lib = _c_kernel(monkeypatch, isa)
+    if sub == "amx" and not HAS_AMX:
         pytest.skip("the CPU has no AMX-INT8")
-    assert cpu_qmatmul.set_amx(lib, request.param == "amx") == (request.param == "amx")
+    assert cpu_qmatmul.set_amx(lib, sub == "amx") == (sub == "amx")
     yield lib
     cpu_qmatmul.set_amx(lib, True)
 
@@ -114,9 +126,11 @@ def test_quantized_matmul_matches_its_reference(bits, rows, matmul_path):
 def test_bf16_kernel_keeps_float32_products(rows):
     """bfloat16 weights times bfloat16-rounded activations, summed and returned in float32 (what
     the bf16 format's output head uses so close logits do not tie)."""
+    if "avx512_bf16" not in cpu_flags() or "avx512" not in cpu_isa_params():
+        pytest.skip("needs AVX512-BF16 (the AVX512 variant's bfloat16 matmul)")
     lib = cpu_qmatmul.bf16_kernel()
     if lib is None:
-        pytest.skip("needs the C kernels and AVX512-BF16")
+        missing("the C kernels with AVX512-BF16 do not run on this capable CPU")
     w = torch.randn(48, 96)
     x = torch.randn(rows, 96) * 3
     got = cpu_qmatmul.qmatmul_bf16(lib, x, cpu_qmatmul.pack_bf16(w), 48)
@@ -208,8 +222,7 @@ NEW_TOKENS = 16
 #: GGUF and sequences) scores 0.979 / KL 0.0029 against the exact model.
 BOUNDS = {"bf16": (0.95, 0.005), "int8": (0.90, 0.02), "int4": (0.93, 0.006)}
 
-real = pytest.mark.skipif(not GGUF.is_file() or real_open_weights() is None,
-                          reason=f"{GGUF} is not downloaded")
+real = needs_smol
 
 
 def _teacher_forced(model, sequences: list[list[int]], prompt_lens: list[int]) -> list[torch.Tensor]:
@@ -233,7 +246,7 @@ def _greedy(model, prompt: list[int]) -> list[int]:
 @pytest.fixture(scope="module")
 def exact_reference():
     torch.set_num_threads(2)
-    model = load("llama", real_open_weights()(GGUF))
+    model = load("llama", open_weights(GGUF))
     assert model.weights.weight_format == "exact" and isinstance(model.weights.head, DenseLinear)
     sequences = [_greedy(model, p) for p in PROMPTS]
     assert sequences[0][len(PROMPTS[0]):len(PROMPTS[0]) + 8] == [504, 3575, 282, 4649, 314, 7042, 30, 2]
@@ -251,7 +264,7 @@ def test_lossy_formats_stay_close_to_exact_on_smollm2(fmt, path, exact_reference
     for knob in ("SMALL_BATCH_ROWS", "BLOCK_QUANT_BATCH_ROWS"):
         monkeypatch.setattr(linear_mod, knob, 10 ** 9 if path == "codes" else 0)
     monkeypatch.setenv(WEIGHT_FORMAT_ENV, fmt)
-    model = load("llama", real_open_weights()(GGUF))
+    model = load("llama", open_weights(GGUF))
     assert model.weights.weight_format == fmt
     if fmt == "bf16":  # float32 logits: the C kernel where the CPU has AVX512-BF16, else torch's
         head = model.weights.head

@@ -53,7 +53,6 @@ def test_no_extra_when_speculation_is_off(target):
 
 
 def test_stats_tab_shows_the_acceptance(target):
-    pytest.importorskip("textual")
     from metrale_core.tui.stats_pane import RateTracker, stats_texts
 
     engine = run_engine(target, speculative="ngram", num_draft_tokens=3, spec_gate="force",

@@ -1,4 +1,6 @@
-/* The decoder's small hot ops in float32 for x86 CPUs (AVX512F), one call per op and step.
+/* The decoder's small hot ops in float32 for x86 CPUs, one call per op and step; written over
+ * metrale_cpu_math.h's vectors, so the same source builds the AVX512F and the AVX2 + FMA variant
+ * of the library (MT_LANES = 16 or 8 float lanes).
  *
  * Owner: metrale_qwen3.ops (the forward_cpu of RMSNorm, QKNormRope, SwiGLU, KVCacheWrite and
  * PagedAttentionDecode; layers.py / attention.py are the oracles they are tested against).
@@ -10,7 +12,8 @@
  *
  * Invariants: rows of x / q / k / v are dense (unit stride along the head dimension); head_dim
  * is a multiple of 16 where noted; every entry point returns 0, or -1 for arguments it cannot
- * take (the Python side checks first and routes such calls to the torch path).
+ * take (the Python side checks first and routes such calls to the torch path).  The signatures
+ * are those of decoder_ops.h.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -18,27 +21,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decoder_ops.h"
 #include "metrale_cpu_math.h"
 
 /* Rows at or above this many float elements in total are split over the OpenMP team. */
 #define PARALLEL_ELEMENTS 16384
 
 static inline float sum_squares(const float *x, int n) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int i = 0; i < n; i += 16) {
-        __m512 v = _mm512_maskz_loadu_ps(mt_tail_mask(n - i), x + i);
-        acc = _mm512_fmadd_ps(v, v, acc);
+    mt_vf acc = mt_zero();
+    for (int i = 0; i < n; i += MT_LANES) {
+        mt_vf v = mt_maskz_load(mt_tail_mask(n - i), x + i);
+        acc = mt_fmadd(v, v, acc);
     }
-    return _mm512_reduce_add_ps(acc);
+    return mt_reduce_add(acc);
 }
 
 /* out = w * (x * rsqrt(mean(x^2) + eps)); x and out may alias. */
 static inline void norm_row(const float *x, const float *w, float *out, int n, float eps) {
-    const __m512 inv = _mm512_set1_ps(1.0f / __builtin_sqrtf(sum_squares(x, n) / (float)n + eps));
-    for (int i = 0; i < n; i += 16) {
-        const __mmask16 m = mt_tail_mask(n - i);
-        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv);
-        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
+    const mt_vf inv = mt_set1(1.0f / __builtin_sqrtf(sum_squares(x, n) / (float)n + eps));
+    for (int i = 0; i < n; i += MT_LANES) {
+        const mt_mask m = mt_tail_mask(n - i);
+        mt_vf v = mt_mul(mt_maskz_load(m, x + i), inv);
+        mt_mask_store(out + i, m, mt_mul(v, mt_maskz_load(m, w + i)));
     }
 }
 
@@ -53,13 +57,13 @@ int dop_rms_norm(const float *x, int64_t x_stride, const float *w, float *out, i
 /* rotate_half RoPE of one head in place: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin. */
 static inline void rope_head(float *x, const float *cos, const float *sin, int d) {
     const int half = d / 2;
-    for (int i = 0; i < half; i += 16) {
-        const __mmask16 m = mt_tail_mask(half - i);
-        __m512 a = _mm512_maskz_loadu_ps(m, x + i), b = _mm512_maskz_loadu_ps(m, x + half + i);
-        __m512 ca = _mm512_maskz_loadu_ps(m, cos + i), sa = _mm512_maskz_loadu_ps(m, sin + i);
-        __m512 cb = _mm512_maskz_loadu_ps(m, cos + half + i), sb = _mm512_maskz_loadu_ps(m, sin + half + i);
-        _mm512_mask_storeu_ps(x + i, m, _mm512_fnmadd_ps(b, sa, _mm512_mul_ps(a, ca)));
-        _mm512_mask_storeu_ps(x + half + i, m, _mm512_fmadd_ps(a, sb, _mm512_mul_ps(b, cb)));
+    for (int i = 0; i < half; i += MT_LANES) {
+        const mt_mask m = mt_tail_mask(half - i);
+        mt_vf a = mt_maskz_load(m, x + i), b = mt_maskz_load(m, x + half + i);
+        mt_vf ca = mt_maskz_load(m, cos + i), sa = mt_maskz_load(m, sin + i);
+        mt_vf cb = mt_maskz_load(m, cos + half + i), sb = mt_maskz_load(m, sin + half + i);
+        mt_mask_store(x + i, m, mt_fnmadd(b, sa, mt_mul(a, ca)));
+        mt_mask_store(x + half + i, m, mt_fmadd(a, sb, mt_mul(b, cb)));
     }
 }
 
@@ -83,30 +87,42 @@ int dop_qk_norm_rope(float *q, int64_t q_stride, int hq, float *k, int64_t k_str
 /* out[r, i] = silu(gu[r, i]) * gu[r, inter + i] for gu [rows, 2 * inter]. */
 int dop_swiglu(const float *gu, float *out, int rows, int inter, int threads) {
     if (rows < 0 || inter <= 0 || threads <= 0) return -1;
-    const __m512 one = _mm512_set1_ps(1.0f);
+    const mt_vf one = mt_set1(1.0f);
 #pragma omp parallel for num_threads(threads) schedule(static) if ((int64_t)rows * inter >= PARALLEL_ELEMENTS)
     for (int r = 0; r < rows; r++) {
         const float *g = gu + (int64_t)r * 2 * inter, *u = g + inter;
         float *o = out + (int64_t)r * inter;
-        for (int i = 0; i < inter; i += 16) {
-            const __mmask16 m = mt_tail_mask(inter - i);
-            __m512 x = _mm512_maskz_loadu_ps(m, g + i);
-            __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, mt_exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
-            _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
+        for (int i = 0; i < inter; i += MT_LANES) {
+            const mt_mask m = mt_tail_mask(inter - i);
+            mt_vf x = mt_maskz_load(m, g + i);
+            mt_vf s = mt_div(x, mt_add(one, mt_exp(mt_sub(mt_zero(), x))));
+            mt_mask_store(o + i, m, mt_mul(s, mt_maskz_load(m, u + i)));
         }
     }
     return 0;
 }
 
-/* bfloat16 of 16 floats, rounded to nearest even, NaN -> 0xFFFF: bit for bit torch's
- * (vectorised) .to(bfloat16). */
-static inline __m256i to_bf16(__m512 x) {
+/* bfloat16 of MT_LANES floats, rounded to nearest even, NaN -> 0xFFFF: bit for bit torch's
+ * (vectorised) .to(bfloat16); stored at out. */
+#if MT_LANES == 16
+static inline void store_bf16(uint16_t *out, __m512 x) {
     const __m512i u = _mm512_castps_si512(x);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
     r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32((int)0xFFFF0000u));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+    _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
 }
+#else
+static inline void store_bf16(uint16_t *out, __m256 x) {
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32((int)0xFFFF0000u), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    r = _mm256_srli_epi32(r, 16);  /* 0..0xFFFF per lane: packus keeps them; fix the lane order */
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128((__m128i *)out, _mm256_castsi256_si128(packed));
+}
+#endif
 
 /* Cache rows (row = Hk * d elements; float32, or bfloat16 when bf16) at slots[t] = k[t] / v[t]. */
 int dop_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_stride, void *k_cache,
@@ -121,8 +137,7 @@ int dop_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_str
                 continue;
             }
             uint16_t *out = (uint16_t *)dst[kv] + slots[t] * row;
-            for (int i = 0; i < row; i += 16)
-                _mm256_storeu_si256((__m256i *)(out + i), to_bf16(_mm512_loadu_ps(src[kv] + i)));
+            for (int i = 0; i < row; i += MT_LANES) store_bf16(out + i, mt_load(src[kv] + i));
         }
     }
     return 0;
@@ -130,26 +145,27 @@ int dop_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_str
 
 /* Scores s[0, len) -> softmax probabilities in place (max-subtracted exponentials, normalised). */
 static void softmax_row(float *s, int64_t len) {
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int64_t t = 0; t < len; t += 16)
-        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, mt_tail_mask((int)(len - t)), s + t));
-    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t t = 0; t < len; t += 16) {
-        const __mmask16 m = mt_tail_mask((int)(len - t));
-        __m512 e = _mm512_maskz_mov_ps(m, mt_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + t), top)));
-        _mm512_mask_storeu_ps(s + t, m, e);
-        sum = _mm512_add_ps(sum, e);
+    mt_vf mx = mt_set1(-INFINITY);
+    for (int64_t t = 0; t < len; t += MT_LANES)
+        mx = mt_max(mx, mt_mask_load(mx, mt_tail_mask((int)(len - t)), s + t));
+    const mt_vf top = mt_set1(mt_reduce_max(mx));
+    mt_vf sum = mt_zero();
+    for (int64_t t = 0; t < len; t += MT_LANES) {
+        const mt_mask m = mt_tail_mask((int)(len - t));
+        mt_vf e = mt_maskz_mov(m, mt_exp(mt_sub(mt_maskz_load(m, s + t), top)));
+        mt_mask_store(s + t, m, e);
+        sum = mt_add(sum, e);
     }
-    const float total = _mm512_reduce_add_ps(sum);
-    const __m512 inv = _mm512_set1_ps(total > 0.0f ? 1.0f / total : 0.0f);
-    for (int64_t t = 0; t < len; t += 16) {
-        const __mmask16 m = mt_tail_mask((int)(len - t));
-        _mm512_mask_storeu_ps(s + t, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + t), inv));
+    const float total = mt_reduce_add(sum);
+    const mt_vf inv = mt_set1(total > 0.0f ? 1.0f / total : 0.0f);
+    for (int64_t t = 0; t < len; t += MT_LANES) {
+        const mt_mask m = mt_tail_mask((int)(len - t));
+        mt_mask_store(s + t, m, mt_mul(mt_maskz_load(m, s + t), inv));
     }
 }
 
-/* Sums of four 16-lane vectors, as [sum a0, sum a1, sum a2, sum a3]. */
+/* Sums of four vectors, as [sum a0, sum a1, sum a2, sum a3]. */
+#if MT_LANES == 16
 static inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     const __m512 x01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
     const __m512 x23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
@@ -158,18 +174,30 @@ static inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     const __m256 z = _mm256_add_ps(_mm512_castps512_ps256(y), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)));
     return _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
 }
+#else
+static inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+#endif
 
 /* Element offset of position t of KV head h in a [blocks, bs, Hk, d] cache. */
 static inline int64_t cache_row(const int64_t *table, int64_t t, int block_size, int hk, int h, int d) {
     return ((table[t / block_size] * block_size + t % block_size) * hk + h) * d;
 }
 
-/* 16 cache elements from offset e as float32 (bfloat16 widened exactly). */
-static inline __m512 load16(const void *cache, int64_t e, const int bf16) {
+/* MT_LANES cache elements from offset e as float32 (bfloat16 widened exactly). */
+static inline mt_vf load_cache(const void *cache, int64_t e, const int bf16) {
+#if MT_LANES == 16
     if (bf16)
         return _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + e))), 16));
-    return _mm512_loadu_ps((const float *)cache + e);
+#else
+    if (bf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)cache + e))), 16));
+#endif
+    return mt_load((const float *)cache + e);
 }
 
 /* The g query heads qh [g, D] of KV head h of one sequence over its len cached positions (table:
@@ -181,34 +209,34 @@ static inline __attribute__((always_inline)) void attend_kv_head(
         int64_t len, int g, int hk, int h, const int D, const int BF16, int block_size, float scale,
         float *scores) {
     for (int j = 0; j < g; j++) {
-        __m512 qv[16];
-        for (int i = 0; i < D / 16; i++) qv[i] = _mm512_mul_ps(_mm512_loadu_ps(qh + j * D + i * 16), _mm512_set1_ps(scale));
+        mt_vf qv[256 / MT_LANES];
+        for (int i = 0; i < D / MT_LANES; i++) qv[i] = mt_mul(mt_load(qh + j * D + i * MT_LANES), mt_set1(scale));
         float *s = scores + j * len;
         int64_t t = 0;
         for (; t + 4 <= len; t += 4) {
-            __m512 a[4];
+            mt_vf a[4];
             for (int u = 0; u < 4; u++) {
                 const int64_t kr = cache_row(table, t + u, block_size, hk, h, D);
-                a[u] = _mm512_mul_ps(qv[0], load16(k_cache, kr, BF16));
-                for (int i = 1; i < D / 16; i++) a[u] = _mm512_fmadd_ps(qv[i], load16(k_cache, kr + i * 16, BF16), a[u]);
+                a[u] = mt_mul(qv[0], load_cache(k_cache, kr, BF16));
+                for (int i = 1; i < D / MT_LANES; i++) a[u] = mt_fmadd(qv[i], load_cache(k_cache, kr + i * MT_LANES, BF16), a[u]);
             }
             _mm_storeu_ps(s + t, reduce4(a[0], a[1], a[2], a[3]));
         }
         for (; t < len; t++) {
             const int64_t kr = cache_row(table, t, block_size, hk, h, D);
-            __m512 a = _mm512_mul_ps(qv[0], load16(k_cache, kr, BF16));
-            for (int i = 1; i < D / 16; i++) a = _mm512_fmadd_ps(qv[i], load16(k_cache, kr + i * 16, BF16), a);
-            s[t] = _mm512_reduce_add_ps(a);
+            mt_vf a = mt_mul(qv[0], load_cache(k_cache, kr, BF16));
+            for (int i = 1; i < D / MT_LANES; i++) a = mt_fmadd(qv[i], load_cache(k_cache, kr + i * MT_LANES, BF16), a);
+            s[t] = mt_reduce_add(a);
         }
         softmax_row(s, len);
-        __m512 acc[16];
-        for (int i = 0; i < D / 16; i++) acc[i] = _mm512_setzero_ps();
+        mt_vf acc[256 / MT_LANES];
+        for (int i = 0; i < D / MT_LANES; i++) acc[i] = mt_zero();
         for (t = 0; t < len; t++) {
             const int64_t vr = cache_row(table, t, block_size, hk, h, D);
-            const __m512 p = _mm512_set1_ps(s[t]);
-            for (int i = 0; i < D / 16; i++) acc[i] = _mm512_fmadd_ps(p, load16(v_cache, vr + i * 16, BF16), acc[i]);
+            const mt_vf p = mt_set1(s[t]);
+            for (int i = 0; i < D / MT_LANES; i++) acc[i] = mt_fmadd(p, load_cache(v_cache, vr + i * MT_LANES, BF16), acc[i]);
         }
-        for (int i = 0; i < D / 16; i++) _mm512_storeu_ps(out + j * D + i * 16, acc[i]);
+        for (int i = 0; i < D / MT_LANES; i++) mt_store(out + j * D + i * MT_LANES, acc[i]);
     }
 }
 

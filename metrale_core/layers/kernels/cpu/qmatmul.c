@@ -1,4 +1,4 @@
-/* Block-quantized matmul for x86 CPUs with AVX512-VNNI: y[R, N] = x[R, K] @ W[N, K]^T (and, at
+/* Block-quantized matmul for x86 CPUs with AVX512-VNNI (AVX2: qmatmul_avx2.c): y[R, N] = x[R, K] @ W[N, K]^T (and, at
  * the end of the file, the bfloat16-weight matmul with float32 results of the bf16 format's head).
  *
  * Owner: metrale_qwen3.cpu_qmatmul (packs the weights into the layout below and calls it);
@@ -39,6 +39,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "qmatmul.h"
+
 #define QK 32
 #define TILE 16
 #define ROW_GROUP 4
@@ -50,6 +52,10 @@
  * depend on the rows (padded to 16), so it beats VNNI from ~12 rows (SmolLM2, 2 threads). */
 #define AMX_MIN_ROWS 12
 #define AMX_ROWS 16
+
+/* The rest of the file up to mq_scratch_bytes, and everything after it, is the AVX512 variant
+ * of the library; qmatmul_avx2.c holds the AVX2 one (see qmatmul.h). */
+#if defined(__AVX512VNNI__)
 
 static int amx_permitted = 0, amx_enabled = 0;
 
@@ -63,6 +69,8 @@ int mq_set_amx(int on) {
     return amx_enabled;
 }
 
+#endif
+
 static inline int padded_rows(int R) { return (R + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS; }
 
 size_t mq_scratch_bytes(int R, int K) {
@@ -71,6 +79,8 @@ size_t mq_scratch_bytes(int R, int K) {
 }
 
 int mq_record_bytes(int bits) { return bits == 4 ? 320 : 576; }
+
+#if defined(__AVX512VNNI__)
 
 /* Q8 per block of 32: codes qa, scale da and scaled code sum sa (see the header). */
 static void quantize_row(const float *x, int K, int8_t *qa, float *da, float *sa) {
@@ -380,3 +390,5 @@ __attribute__((target("avx512bf16"))) int mq_linear_bf16(const float *x, int R, 
     }
     return 0;
 }
+
+#endif  /* __AVX512VNNI__ */
