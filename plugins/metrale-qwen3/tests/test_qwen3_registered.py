@@ -68,7 +68,7 @@ def test_wrong_shape_names_the_tensor(tmp_path, store_kind):
 def test_loaders_declare_the_weight_formats_they_honour():
     """The registration (torch-free) declares exactly the formats ``linear`` implements."""
     from metrale_core.plugins import load_registry
-    from metrale_qwen3.linear import WEIGHT_FORMATS
+    from metrale_core.layers.linear import WEIGHT_FORMATS
 
     reg = load_registry()
     for name in ("qwen3", "llama", "qwen2"):
