@@ -21,6 +21,7 @@ from typing import Any, Awaitable
 from litestar import Request
 
 from metrale_core.server.errors import APIError
+from metrale_core.server.memory import after_large_body
 from metrale_core.server.offload import off_loop
 from metrale_core.server.schemas import check_ranges, parse_body
 
@@ -37,8 +38,11 @@ async def read_request(request: Request, cls: type) -> Any:
 
 
 def _parse(body: bytes, cls: type) -> Any:
-    parsed = parse_body(body, cls)
-    check_ranges(parsed)
+    try:
+        parsed = parse_body(body, cls)
+        check_ranges(parsed)
+    finally:
+        after_large_body(len(body))
     return parsed
 
 
