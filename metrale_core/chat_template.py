@@ -13,11 +13,18 @@ Invariants:
   reasoning given as ``thinking`` / ``reasoning`` is also exposed as ``reasoning_content``.
 - A template that cannot be compiled raises ``ConfigError`` (the model's fault); a conversation the
   template rejects (``raise_exception``, a bad field, a sandbox violation) raises ``InvalidRequest``.
+- Rendering is bounded: at most ``time_budget_s`` seconds (checked cooperatively on every call,
+  attribute/item access, intercepted operator and output piece, since a Python thread cannot be
+  killed) and at most ``max_chars`` characters of output; ``range`` is capped at jinja's
+  ``MAX_RANGE`` and ``*`` / ``+`` / ``**`` refuse to build values beyond the output cap.  Past a
+  bound the render raises ``InvalidRequest`` naming the template and the bound.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
@@ -25,11 +32,16 @@ from typing import Any, Mapping, Sequence
 import jinja2
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from metrale_core.errors import ConfigError, InvalidRequest
 
-__all__ = ["compile_chat_template", "render_chat_template"]
+__all__ = ["MAX_TEMPLATE_CHARS", "TEMPLATE_TIME_BUDGET_S", "compile_chat_template",
+           "render_chat_template"]
+
+#: Default bounds of one render: seconds, and characters of output.
+TEMPLATE_TIME_BUDGET_S = 2.0
+MAX_TEMPLATE_CHARS = 16 << 20
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
@@ -50,6 +62,80 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separ
 
 def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
+
+
+class _OverBudget(Exception):
+    """A render went past its time or size bound (raised from the sandbox's hooks)."""
+
+
+class _Budget:
+    def __init__(self, seconds: float, max_chars: int) -> None:
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.max_chars = max_chars
+
+
+#: The budget of the render running on this thread (None outside a render).
+_current = threading.local()
+
+
+def _tick() -> None:
+    budget = getattr(_current, "budget", None)
+    if budget is not None and time.monotonic() > budget.deadline:
+        raise _OverBudget(f"it ran longer than its time budget of {budget.seconds:g} s")
+
+
+def _check_size(n: int) -> None:
+    budget = getattr(_current, "budget", None)
+    limit = budget.max_chars if budget is not None else MAX_TEMPLATE_CHARS
+    if n > limit:
+        raise _OverBudget(f"it tried to build a value of {n} items, more than its output cap "
+                          f"of {limit} characters")
+
+
+def _sized(value: Any) -> int | None:
+    return len(value) if isinstance(value, (str, list, tuple)) else None
+
+
+def _bounded_range(*args: int) -> range:
+    _tick()
+    try:
+        return safe_range(*args)
+    except OverflowError as exc:
+        raise jinja2.exceptions.SecurityError(str(exc)) from None
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox with the cooperative time check and size caps of one render."""
+
+    intercepted_binops = frozenset({"*", "+", "**"})
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805,B902 - jinja's signature
+        _tick()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def getattr(self, obj, attribute):
+        _tick()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj, argument):
+        _tick()
+        return super().getitem(obj, argument)
+
+    def call_binop(self, context, operator, left, right):
+        _tick()
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                n = _sized(seq)
+                if n is not None and isinstance(times, int):
+                    _check_size(n * times)
+        elif operator == "+":
+            a, b = _sized(left), _sized(right)
+            if a is not None and b is not None:
+                _check_size(a + b)
+        elif operator == "**" and isinstance(right, int) and abs(right) > 4096:
+            raise _OverBudget(f"it raised a number to the power {right}")
+        return super().call_binop(context, operator, left, right)
 
 
 class _TemplateDict:
@@ -74,6 +160,9 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 
     def __setitem__(self, name, value):
         _TemplateNamespace._check_name(name)
+        _tick()
+        if (n := _sized(value)) is not None:
+            _check_size(n)
         jinja2.utils.Namespace.__setitem__(self, name, value)
 
     @staticmethod
@@ -100,7 +189,7 @@ class _GenerationTag(jinja2.ext.Extension):
 @lru_cache(maxsize=16)
 def compile_chat_template(template: str) -> jinja2.Template:
     """Compile once per template string; ``ConfigError`` if it is not valid Jinja."""
-    env = ImmutableSandboxedEnvironment(
+    env = _BoundedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
@@ -108,6 +197,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _TemplateDict()
     env.globals["namespace"] = _TemplateNamespace
+    env.globals["range"] = _bounded_range
     try:
         return env.from_string(template)
     except jinja2.exceptions.TemplateSyntaxError as exc:
@@ -156,11 +246,15 @@ def render_chat_template(
     *,
     tools: Sequence[Mapping[str, Any]] | None = None,
     add_generation_prompt: bool = True,
+    time_budget_s: float = TEMPLATE_TIME_BUDGET_S,
+    max_chars: int = MAX_TEMPLATE_CHARS,
     **template_kwargs: Any,
 ) -> str:
     """Render ``messages`` (and optional JSON-schema ``tools``) with ``template``.
 
     ``template_kwargs`` become template variables (``bos_token``, ``eos_token``, ``enable_thinking``, ...).
+    The render stops with ``InvalidRequest`` after ``time_budget_s`` seconds or ``max_chars``
+    characters of output (see the module invariants).
     """
     compiled = compile_chat_template(template)
     if tools is not None:
@@ -168,13 +262,28 @@ def render_chat_template(
             if not isinstance(tool, Mapping):
                 raise InvalidRequest(f"tools must be JSON-schema objects, got {type(tool).__name__}")
     variables = {"documents": None, **_plain(template_kwargs)}
+    outer = getattr(_current, "budget", None)
+    _current.budget = _Budget(time_budget_s, max_chars)
     try:
-        return compiled.render(
+        pieces, total = [], 0
+        for piece in compiled.generate(
             messages=_normalise_messages(messages),
             tools=_plain(list(tools)) if tools is not None else None,
             add_generation_prompt=bool(add_generation_prompt),
             **variables,
-        )
+        ):
+            total += len(piece)
+            if total > max_chars:
+                raise _OverBudget(f"its output passed the output cap of {max_chars} characters")
+            _tick()
+            pieces.append(piece)
+        return "".join(pieces)
+    except _OverBudget as exc:
+        raise InvalidRequest(f"the model's chat template was stopped on this conversation: {exc}") from None
+    except (RecursionError, MemoryError, OverflowError) as exc:
+        raise InvalidRequest(
+            f"the model's chat template failed on this conversation ({type(exc).__name__}: {exc})"
+        ) from None
     except _TemplateRaised as exc:
         raise InvalidRequest(f"the model's chat template rejected the conversation: {exc.message}") from exc
     except jinja2.exceptions.SecurityError as exc:
@@ -184,3 +293,5 @@ def render_chat_template(
             f"the model's chat template failed on this conversation ({type(exc).__name__}: {exc}); "
             f"check the message roles and fields"
         ) from exc
+    finally:
+        _current.budget = outer

@@ -23,9 +23,12 @@ __all__ = ["build_parser", "main"]
 
 
 def configure_logging(level: str) -> None:
-    """The one place that adds a loguru sink: stderr, at ``level``."""
+    """The one place that adds a loguru sink: stderr, at ``level``.
+
+    ``diagnose`` and ``backtrace`` are off: a traceback never prints local variables (prompt
+    text, token ids) nor frames above the catch point."""
     logger.remove()
-    logger.add(sys.stderr, level=level.upper(),
+    logger.add(sys.stderr, level=level.upper(), diagnose=False, backtrace=False,
                format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
 
 

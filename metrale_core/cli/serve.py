@@ -113,6 +113,7 @@ def run(args, registry) -> int:
     if args.log_level in ("warning", "error"):
         # requests are logged at INFO; show them (and only them) even at the default level
         logger.add(sys.stderr, level="INFO", format="<green>{time:HH:mm:ss}</green> {message}",
+                   diagnose=False, backtrace=False,
                    filter=lambda record: record["name"] == "metrale_core.server.app"
                    and record["level"].no < 30)
     app = create_app(config, build_loader(args, registry, model), registry)

@@ -17,6 +17,10 @@ Invariants:
 - Text that could be the start of a stop string is held back until it cannot be; a finished
   sequence flushes whatever is held.
 - Without a tokenizer ``text_delta`` is always ``""`` and stop strings are not checked.
+- One request's parameters can fail only that request: when sampling the batch raises, each row
+  is sampled alone; a row that still fails finishes with ``"error"`` (its message in
+  ``RequestOutput.error``) and every other row gets its token.  ``LLMEngine.fail_in_flight`` is
+  left for failures of the step itself (the model).
 - A sequence's ``extras["stream_parser"]`` is fed exactly the emitted text deltas, in
   order, in the engine thread, and finished with the sequence; its pieces are
   ``RequestOutput.parsed``.  So its state is current when the next position is sampled.
@@ -84,6 +88,10 @@ def _parse(seq: Sequence, delta: str, finished: bool) -> tuple:
     return tuple(parsed)
 
 
+def _row_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _content_delta(text: str) -> Any:
     from metrale_core.streamparse import ParsedDelta
 
@@ -126,14 +134,24 @@ class OutputProcessor:
             rows = [chunk.seq for _, chunk in plain]
             rows_logits = logits if len(plain) == logits.shape[0] else \
                 logits[torch.tensor([offsets[i] for i, _ in plain], device=logits.device)]
-            result = self.pipeline.sample(rows_logits, rows, [chunk.kind for _, chunk in plain])
+            kinds = [chunk.kind for _, chunk in plain]
+            try:
+                batch = self.pipeline.sample(rows_logits, rows, kinds)
+                results = [(j, batch) for j in range(len(rows))]
+            except Exception:  # noqa: BLE001 - find the row(s) at fault; fail only those
+                results = self._sample_rows_alone(rows_logits, rows, kinds)
             for j, (i, chunk) in enumerate(plain):
                 seq = chunk.seq
+                k, result = results[j]
+                if isinstance(result, BaseException):
+                    self.scheduler.finish(seq, "error", error=_row_error(result))
+                    by_chunk[i] = self.final_output(seq)
+                    continue
                 logprob = None
                 if seq.params.logprobs is not None and result.logprobs is not None:
-                    top = tuple(result.top_logprobs[j]) if result.top_logprobs is not None else ()
-                    logprob = ((result.token_ids[j], result.logprobs[j], top),)
-                by_chunk[i] = self._append(seq, int(result.token_ids[j]), logprob)
+                    top = tuple(result.top_logprobs[k]) if result.top_logprobs is not None else ()
+                    logprob = ((result.token_ids[k], result.logprobs[k], top),)
+                by_chunk[i] = self._append(seq, int(result.token_ids[k]), logprob)
         verify = [(i, chunk) for i, chunk in sampled if chunk.is_verify]
         if verify:
             from metrale_core.engine.verifier import commit_verify_chunks
@@ -145,6 +163,18 @@ class OutputProcessor:
         outputs.extend(by_chunk[i] for i, _ in sampled)
         self.scheduler.complete(plan)
         return outputs
+
+    def _sample_rows_alone(self, logits: torch.Tensor, rows: list, kinds: list) -> list:
+        """``(0, SampleOutput)`` or ``(0, exception)`` per row, each row sampled by itself."""
+        out: list = []
+        for j, (seq, kind) in enumerate(zip(rows, kinds)):
+            try:
+                out.append((0, self.pipeline.sample(logits[j:j + 1], [seq], [kind])))
+            except Exception as exc:  # noqa: BLE001 - this row's own failure
+                logger.warning("sampling request {!r} failed; failing only that request: {}",
+                               seq.request_id, _row_error(exc))
+                out.append((0, exc))
+        return out
 
     def final_output(self, seq: Sequence) -> RequestOutput:
         """The last delta of a sequence finished outside sampling (abort, timeout, error)."""

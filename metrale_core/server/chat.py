@@ -14,8 +14,11 @@ Invariants:
   call and stopped normally finishes with ``"tool_calls"``.
 - Usage is exact: prompt tokens of the rendered prompt once, completion tokens summed over the
   choices (every generated token, the final EOS included).
-- An engine-side failure (``error``, ``timeout``, ``abort`` at shutdown) is an OpenAI-shaped error:
-  the response status for a whole response, one error event for a stream.
+- An engine-side failure (``error``, ``abort`` at shutdown) is an OpenAI-shaped error: the
+  response status for a whole response, one error event (then ``[DONE]``) for a stream.  A
+  request that reaches ``--request-timeout`` is not an error: it ends with the text generated so
+  far and ``finish_reason: "timeout"``.
+- A whole response is computed under ``while_connected``: a client that disconnects aborts it.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from attrs import define, field
 from litestar import Request, Response, post
 
 from metrale_core.server.chat_prompt import chat_prompt, parser_factory
-from metrale_core.server.common import check_model, new_id, read_request, usage
+from metrale_core.server.common import check_model, new_id, read_request, usage, while_connected
 from metrale_core.server.errors import APIError
 from metrale_core.server.generation import plan_jobs, run_jobs
+from metrale_core.server.offload import off_loop
 from metrale_core.server.openapi import body_operation
 from metrale_core.server.logprobs import TokenNamer, chat_logprobs
 from metrale_core.server.schemas import ChatCompletionRequest
@@ -43,9 +47,6 @@ def engine_failure(out: Any) -> APIError | None:
     reason = out.finish_reason
     if reason == "error":
         return APIError(500, f"generation failed: {out.error}", type="server_error")
-    if reason == "timeout":
-        return APIError(504, "the request timed out (--request-timeout) before it finished",
-                        code="request_timeout")
     if reason == "abort":
         return APIError(503, "the request was cancelled because the server is shutting down",
                         code="shutting_down")
@@ -125,7 +126,7 @@ class _Choice:
 
 @post("/v1/chat/completions", operation_id="createChatCompletion", tags=["openai"],
       summary="Create a chat completion (OpenAI-compatible)", status_code=200,
-      operation_class=body_operation(ChatCompletionRequest))
+      operation_class=body_operation(ChatCompletionRequest, stream=True))
 async def chat_completions(request: Request) -> Response:
     host = request.app.state.host
     req = await read_request(request, ChatCompletionRequest)
@@ -133,7 +134,8 @@ async def chat_completions(request: Request) -> Response:
     served = host.ready()
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs")
-    prompt, prompt_text = chat_prompt(served.tokenizer, req)
+    prompt, prompt_text = await off_loop(chat_prompt, served.tokenizer, req,
+                                         served.engine.max_model_len)
     extras = parser_factory(host, req, prompt_text)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -145,13 +147,17 @@ async def chat_completions(request: Request) -> Response:
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return sse_response(_stream(host, jobs, choices, namer, meta, include_usage))
-    async for index, out in run_jobs(host, jobs):
-        choice = choices[index]
-        choice.delta(out)
-        if namer is not None and out.logprobs:
-            choice.logprobs += chat_logprobs(namer, out.logprobs)
-        if out.finished and (failure := engine_failure(out)) is not None:
-            raise failure
+
+    async def collect() -> None:
+        async for index, out in run_jobs(host, jobs):
+            choice = choices[index]
+            choice.delta(out)
+            if namer is not None and out.logprobs:
+                choice.logprobs += chat_logprobs(namer, out.logprobs)
+            if out.finished and (failure := engine_failure(out)) is not None:
+                raise failure
+
+    await while_connected(request, collect())
     body = {**meta, "object": "chat.completion", "system_fingerprint": None, "choices": [
         {"index": c.index, "message": c.message(),
          "logprobs": {"content": c.logprobs} if namer is not None else None,

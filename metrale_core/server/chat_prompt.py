@@ -24,10 +24,13 @@ from typing import Any, Callable
 from metrale_core.server.errors import APIError
 from metrale_core.server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
 
-__all__ = ["chat_prompt", "parser_factory", "reasoning_format", "template_messages",
-           "template_tools", "wants_tool_parsing"]
+__all__ = ["chat_prompt", "parser_factory", "reasoning_format", "render_messages",
+           "template_kwargs", "template_messages", "template_tools", "wants_tool_parsing"]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
+#: Names the renderer itself takes; a ``chat_template_kwargs`` key may not override them.
+_RESERVED = ("messages", "tools", "add_generation_prompt", "template", "self", "time_budget_s",
+             "max_chars")
 
 
 def _text(message: ChatMessage, path: str) -> str | None:
@@ -36,10 +39,13 @@ def _text(message: ChatMessage, path: str) -> str | None:
         return content
     pieces = []
     for j, part in enumerate(content):
-        if part.type == "text" and part.text is not None:
-            pieces.append(part.text)
-        elif part.type == "refusal" and part.refusal is not None:
-            pieces.append(part.refusal)
+        if part.type in ("text", "refusal"):
+            value = part.text if part.type == "text" else part.refusal
+            if value is None:
+                raise APIError(400, f"{path}.content[{j}].{part.type}: required for a "
+                                    f"{part.type!r} content part",
+                               param=f"{path}.content[{j}].{part.type}")
+            pieces.append(value)
         else:
             raise APIError(400, f"{path}.content[{j}].type: only 'text' content parts are "
                                 f"supported, got {part.type!r}", param=f"{path}.content[{j}].type")
@@ -112,6 +118,11 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
             if tool.function.description is not None:
                 fn["description"] = tool.function.description
             fn["parameters"] = tool.function.parameters or {"type": "object", "properties": {}}
+            props = fn["parameters"].get("properties")
+            if props is not None and not isinstance(props, dict):
+                raise APIError(400, f"tools[{i}].function.parameters.properties: must be an "
+                                    f"object (a JSON schema), got {type(props).__name__}",
+                               param=f"tools[{i}].function.parameters.properties")
             tools.append({"type": "function", "function": fn})
     choice = req.tool_choice
     if isinstance(choice, str) and choice not in ("none", "auto", "required"):
@@ -132,8 +143,11 @@ def wants_tool_parsing(req: ChatCompletionRequest) -> bool:
     return bool(req.tools) and req.tool_choice != "none"
 
 
-def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> tuple[list[int], str]:
-    """Render the conversation with the model's chat template: ``(prompt ids, prompt text)``."""
+def chat_prompt(tokenizer: Any, req: ChatCompletionRequest,
+                max_model_len: int = 1 << 30) -> tuple[list[int], str]:
+    """Render the conversation with the model's chat template: ``(prompt ids, prompt text)``.
+
+    CPU work (template, tokenizer): the routes run it off the event loop (``offload``)."""
     if req.response_format is not None and req.response_format.type != "text":
         raise APIError(400, f"response_format.type: {req.response_format.type!r} is not supported "
                             f"by this server (no constrained decoding); use 'text' and ask for "
@@ -145,14 +159,49 @@ def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> tuple[list[int], 
         raise APIError(400, "modalities: only 'text' output is supported", param="modalities")
     messages = template_messages(req.messages)
     tools = template_tools(req)
-    kwargs = dict(req.chat_template_kwargs or {})
-    for reserved in ("messages", "tools", "add_generation_prompt"):
-        if reserved in kwargs:
-            raise APIError(400, f"chat_template_kwargs.{reserved}: set it as a request field",
-                           param=f"chat_template_kwargs.{reserved}")
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
-                                         tools=tools, **kwargs)
+    text = render_messages(tokenizer, messages, tools=tools,
+                           add_generation_prompt=req.add_generation_prompt,
+                           chat_template_kwargs=req.chat_template_kwargs,
+                           max_model_len=max_model_len)
     return tokenizer.encode(text, add_special_tokens=False), text
+
+
+def template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """``chat_template_kwargs`` checked against the renderer's own parameters."""
+    kwargs = dict(kwargs or {})
+    for reserved in _RESERVED:
+        if reserved in kwargs:
+            hint = "set it as a request field" if reserved in (
+                "messages", "tools", "add_generation_prompt") else "reserved by the server"
+            raise APIError(400, f"chat_template_kwargs.{reserved}: {hint}",
+                           param=f"chat_template_kwargs.{reserved}")
+    return kwargs
+
+
+def _chars(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_chars(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_chars(v) for v in value)
+    return 0
+
+
+def render_messages(tokenizer: Any, messages: list[dict[str, Any]], *,
+                    tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
+                    chat_template_kwargs: dict[str, Any] | None, max_model_len: int) -> str:
+    """The rendered prompt text; 400 before rendering when the conversation cannot fit the
+    context, and the render bounded to what the context can hold (``guards``)."""
+    from metrale_core.server.guards import check_prompt_chars, max_prompt_chars
+
+    kwargs = template_kwargs(chat_template_kwargs)
+    check_prompt_chars(_chars(messages), tokenizer, max_model_len, "messages")
+    text = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tools=tools,
+        max_chars=max_prompt_chars(tokenizer, max_model_len) + (1 << 20), **kwargs)
+    check_prompt_chars(len(text), tokenizer, max_model_len, "messages")
+    return text
 
 
 def reasoning_format(host: Any) -> str | None:

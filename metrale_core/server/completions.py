@@ -18,9 +18,11 @@ from typing import Any, AsyncIterator
 from litestar import Request, Response, post
 
 from metrale_core.server.chat import engine_failure
-from metrale_core.server.common import check_model, new_id, read_request, usage
+from metrale_core.server.common import check_model, new_id, read_request, usage, while_connected
 from metrale_core.server.errors import APIError
 from metrale_core.server.generation import plan_jobs, run_jobs
+from metrale_core.server.guards import check_prompt_chars
+from metrale_core.server.offload import off_loop
 from metrale_core.server.openapi import body_operation
 from metrale_core.server.logprobs import TokenNamer, completion_logprobs
 from metrale_core.server.schemas import CompletionRequest
@@ -29,7 +31,11 @@ from metrale_core.server.streaming import sse_response
 __all__ = ["completions"]
 
 
-def _prompts(tokenizer: Any, prompt: Any) -> list[list[int]]:
+def _prompts(tokenizer: Any, prompt: Any, max_model_len: int) -> list[list[int]]:
+    """Token ids of every prompt (run off the event loop); 400 for a text that cannot fit."""
+    texts = [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)]
+    for text in texts:
+        check_prompt_chars(len(text), tokenizer, max_model_len, "prompt")
     if isinstance(prompt, str):
         return [tokenizer.encode(prompt, add_special_tokens=True)]
     if all(isinstance(p, int) for p in prompt):
@@ -40,7 +46,7 @@ def _prompts(tokenizer: Any, prompt: Any) -> list[list[int]]:
 
 @post("/v1/completions", operation_id="createCompletion", tags=["openai"],
       summary="Create a completion (legacy OpenAI API)", status_code=200,
-      operation_class=body_operation(CompletionRequest))
+      operation_class=body_operation(CompletionRequest, stream=True))
 async def completions(request: Request) -> Response:
     host = request.app.state.host
     req = await read_request(request, CompletionRequest)
@@ -53,7 +59,7 @@ async def completions(request: Request) -> Response:
     if req.echo and req.logprobs is not None:
         raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)",
                        param="echo")
-    prompts = _prompts(served.tokenizer, req.prompt)
+    prompts = await off_loop(_prompts, served.tokenizer, req.prompt, served.engine.max_model_len)
     jobs = plan_jobs(host, req, prompts, max_tokens=req.max_tokens if req.max_tokens is not None
                      else 16, logprobs=req.logprobs)
     namer = TokenNamer(served.tokenizer) if req.logprobs is not None else None
@@ -67,14 +73,18 @@ async def completions(request: Request) -> Response:
     texts = {job.index: [echo[job.index]] for job in jobs}
     lps: dict[int, list] = {job.index: [] for job in jobs}
     finals: dict[int, Any] = {}
-    async for index, out in run_jobs(host, jobs):
-        texts[index].append(out.text_delta)
-        if out.logprobs:
-            lps[index] += out.logprobs
-        if out.finished:
-            if (failure := engine_failure(out)) is not None:
-                raise failure
-            finals[index] = out
+
+    async def collect() -> None:
+        async for index, out in run_jobs(host, jobs):
+            texts[index].append(out.text_delta)
+            if out.logprobs:
+                lps[index] += out.logprobs
+            if out.finished:
+                if (failure := engine_failure(out)) is not None:
+                    raise failure
+                finals[index] = out
+
+    await while_connected(request, collect())
     choices = [{"index": i, "text": "".join(texts[i]),
                 "logprobs": completion_logprobs(namer, lps[i], len(echo[i])) if namer else None,
                 "finish_reason": finals[i].finish_reason} for i in sorted(finals)]

@@ -6,8 +6,12 @@ streams their deltas, merged, as ``(choice index, RequestOutput)`` pairs.
 
 Invariants:
 - Everything that can reject a request (prompt too long, ``max_tokens`` beyond the context,
-  token ids outside the vocabulary, a full queue) raises before the first engine request is
-  added, so a rejected request is always a clean 4xx/503 and never a half-started stream.
+  token ids or ``logit_bias`` keys outside the vocabulary, a full queue) raises before the first
+  engine request is added, so a rejected request is always a clean 4xx/503 and never a
+  half-started stream.
+- :func:`plan_jobs` admits the request (``EngineHost.admit``) as its last step: from then on it
+  counts against the queue limit, for streams too, until :func:`run_jobs` ends (or the
+  returned :class:`Jobs` is dropped unrun).
 - ``n`` choices are ``n`` engine requests; with a ``seed``, choice ``i`` uses ``seed + i``
   (so ``n=2`` does not return two identical samples and a fixed seed is reproducible).
 - When the consumer stops (client gone, error, shutdown), every engine request still running is
@@ -20,16 +24,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from contextlib import aclosing
-from typing import Any, AsyncIterator, Sequence
+from contextlib import aclosing, contextmanager
+from typing import Any, AsyncIterator, Iterator, Sequence
 
 from attrs import frozen
 
 from metrale_core.errors import InvalidRequest
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.server.errors import APIError
+from metrale_core.server.guards import check_bias_vocab
 
-__all__ = ["Job", "plan_jobs", "run_jobs", "sampling_params", "stop_lists"]
+__all__ = ["Job", "Jobs", "plan_jobs", "run_jobs", "sampling_params", "stop_lists"]
 
 
 @frozen
@@ -41,6 +46,12 @@ class Job:
     params: SamplingParams
     #: Per-sequence plugin state handed to the engine (e.g. ``{"stream_parser": ...}``).
     extras: dict | None = None
+
+
+class Jobs(list):
+    """The jobs of one request plus its ``admission`` (released by :func:`run_jobs`)."""
+
+    admission: Any = None
 
 
 def stop_lists(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -90,7 +101,8 @@ def plan_jobs(host: Any, req: Any, prompts: Sequence[list[int]], *, max_tokens: 
     """One job per (prompt, choice), validated against the engine; raises 4xx / 503."""
     engine = host.ready().engine
     host.check_capacity(len(prompts) * req.n)
-    jobs = []
+    check_bias_vocab(getattr(req, "logit_bias", None), engine.model.info.vocab_size)
+    jobs = Jobs()
     for p, prompt in enumerate(prompts):
         limit = _max_tokens(max_tokens, len(prompt), engine.max_model_len)
         for i in range(req.n):
@@ -102,6 +114,7 @@ def plan_jobs(host: Any, req: Any, prompts: Sequence[list[int]], *, max_tokens: 
                                param="prompt") from None
             extras = extras_factory() if extras_factory is not None else None
             jobs.append(Job(index=p * req.n + i, prompt_ids=ids, params=params, extras=extras))
+    jobs.admission = host.admit(len(jobs))
     return jobs
 
 
@@ -122,6 +135,7 @@ async def _timed(host: Any, job: Job, request_id: str) -> AsyncIterator:
     start = last = time.perf_counter()
     first, final = True, None
     latest = None
+    host.running_ids.add(request_id)
     try:
         async with aclosing(_generate(host, job, request_id)) as stream:
             async for out in stream:
@@ -138,6 +152,7 @@ async def _timed(host: Any, job: Job, request_id: str) -> AsyncIterator:
                     final = out
                 yield out
     finally:
+        host.running_ids.discard(request_id)
         end = time.perf_counter() - start
         if final is not None:
             metrics.finished(final.finish_reason, final.num_prompt_tokens,
@@ -147,10 +162,19 @@ async def _timed(host: Any, job: Job, request_id: str) -> AsyncIterator:
                              latest.num_output_tokens if latest is not None else 0, end)
 
 
+@contextmanager
+def _released(admission: Any) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        admission.release()
+
+
 async def run_jobs(host: Any, jobs: Sequence[Job]) -> AsyncIterator[tuple[int, Any]]:
     """Merged deltas of ``jobs`` as ``(job.index, RequestOutput)``; aborts the rest on exit."""
     base = uuid.uuid4().hex[:16]
-    with host.admitted(len(jobs)):
+    admission = getattr(jobs, "admission", None)
+    with host.admitted(len(jobs)) if admission is None else _released(admission):
         if len(jobs) == 1:
             async with aclosing(_timed(host, jobs[0], f"{base}-0")) as stream:
                 async for out in stream:

@@ -11,9 +11,15 @@ Invariants:
   that has run torch's parallel CPU ops keeps an OpenMP thread team, and with one alive the engine
   thread's CPU forward runs at half speed on a 2-core machine (SmolLM2 int4: 36 vs 71 tok/s).
 - Admission is bounded: at most ``engine.max_num_seqs + config.max_waiting`` engine requests are
-  in flight; one more is a 503 with ``Retry-After`` before any work starts.
-- While stopping, new requests get 503; in-flight streams finish or are cancelled (aborted) when
-  the grace period ends; the engine thread is joined last.
+  in flight; one more is a 503 with ``Retry-After`` before any work starts.  A request is
+  counted when it is admitted (:meth:`EngineHost.admit`, for streams too, before the response
+  body starts) until its :class:`Admission` is released.  A request that needs more engine
+  requests than the whole capacity can never run: 400 naming the limit, not 503.
+- While stopping, new requests get 503; in-flight requests get the grace period
+  (:meth:`EngineHost.drain`, called before uvicorn closes connections), then their engine
+  requests are aborted, so a stream ends with an error event and ``[DONE]``; the engine thread
+  is joined last.
+- ``/health`` never shows a load failure's message (it may hold local paths); the log has it.
 """
 
 from __future__ import annotations
@@ -88,6 +94,27 @@ class ServerConfig:
     created: int = field(factory=lambda: int(time.time()))
 
 
+class Admission:
+    """``n`` engine requests counted as in flight; :meth:`release` (idempotent) uncounts them.
+
+    Released by ``run_jobs`` when the request ends, by the route when it fails before
+    streaming, or, for a stream whose body never started (client gone first), when the
+    admission is garbage-collected."""
+
+    __slots__ = ("host", "n", "released")
+
+    def __init__(self, host: "EngineHost", n: int) -> None:
+        self.host, self.n, self.released = host, n, False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.host._release(self.n)
+
+    def __del__(self) -> None:
+        self.release()
+
+
 @define
 class EngineHost:
     """The served engine and its state; see the module docstring."""
@@ -101,6 +128,8 @@ class EngineHost:
     in_flight: int = 0
     #: The app's ``ServerMetrics`` (set by ``create_app``).
     metrics: Any = None
+    #: Engine request ids now running (aborted when the shutdown grace ends).
+    running_ids: set = field(factory=set)
     _idle: asyncio.Event | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -114,8 +143,8 @@ class EngineHost:
             async_engine = AsyncEngine(served.engine)
             async_engine.start()
         except Exception as exc:  # noqa: BLE001 - reported through /health and the log
-            self.status, self.error = "failed", f"{type(exc).__name__}: {exc}"
-            logger.error("model load failed: {}", self.error)
+            self.status, self.error = "failed", type(exc).__name__
+            logger.error("model load failed: {}: {}", type(exc).__name__, exc)
             return
         if self.status == "stopping":
             async_engine.shutdown()
@@ -126,14 +155,7 @@ class EngineHost:
 
     async def shutdown(self) -> None:
         """Stop admitting, give in-flight requests the grace period, then stop the engine."""
-        self.status = "stopping"
-        if self.in_flight:
-            logger.info("shutdown: waiting up to {}s for {} in-flight request(s)",
-                        self.config.shutdown_grace_s, self.in_flight)
-            try:
-                await asyncio.wait_for(self._idle_event().wait(), self.config.shutdown_grace_s)
-            except asyncio.TimeoutError:
-                logger.warning("shutdown: aborting {} request(s) still running", self.in_flight)
+        await self.drain()
         if self.async_engine is not None:
             await asyncio.to_thread(self.async_engine.shutdown)
 
@@ -143,7 +165,8 @@ class EngineHost:
         if self.status == "ready" and self.served is not None:
             return self.served
         if self.status == "failed":
-            raise APIError(503, f"the model failed to load: {self.error}", code="model_load_failed")
+            raise APIError(503, f"the model failed to load ({self.error}); see the server log",
+                           code="model_load_failed")
         if self.status == "stopping":
             raise APIError(503, "the server is shutting down", code="shutting_down")
         raise APIError(503, "the model is still loading; retry shortly", code="model_not_loaded",
@@ -155,23 +178,64 @@ class EngineHost:
         return served.engine.config.max_num_seqs + self.config.max_waiting
 
     def check_capacity(self, n: int) -> None:
-        """503 with Retry-After when ``n`` more engine requests would overflow the queue."""
+        """503 with Retry-After when ``n`` more engine requests would overflow the queue; 400
+        when ``n`` exceeds the whole capacity (it could never be admitted)."""
+        if n > self.capacity:
+            raise APIError(400, f"this request needs {n} engine requests (prompts x n), more "
+                                f"than this server ever admits at once ({self.capacity} = "
+                                f"--max-num-seqs + --max-waiting); lower n or send fewer "
+                                f"prompts", param="n", code="request_too_large")
         if self.in_flight + n > self.capacity:
             raise APIError(503, f"the server is at capacity ({self.in_flight} requests in flight, "
                                 f"limit {self.capacity}); retry later", code="queue_full",
                            headers={"Retry-After": "1"})
 
+    def admit(self, n: int) -> "Admission":
+        """Check the capacity and count ``n`` engine requests as in flight until the returned
+        :class:`Admission` is released."""
+        self.check_capacity(n)
+        self.in_flight += n
+        self._idle_event().clear()
+        return Admission(self, n)
+
+    def _release(self, n: int) -> None:
+        self.in_flight -= n
+        if self.in_flight == 0:
+            self._idle_event().set()
+
     @contextmanager
     def admitted(self, n: int) -> Iterator[None]:
         """Count ``n`` engine requests as in flight for the duration of the block."""
+        admission = Admission(self, n)
         self.in_flight += n
         self._idle_event().clear()
         try:
             yield
         finally:
-            self.in_flight -= n
-            if self.in_flight == 0:
-                self._idle_event().set()
+            admission.release()
+
+    async def drain(self) -> None:
+        """Stop admitting; wait up to the grace period for in-flight requests, then abort the
+        engine requests still running (their streams end with an error event) and give their
+        responses a moment to be written."""
+        self.status = "stopping"
+        if not self.in_flight:
+            return
+        logger.info("shutdown: waiting up to {}s for {} in-flight request(s)",
+                    self.config.shutdown_grace_s, self.in_flight)
+        try:
+            await asyncio.wait_for(self._idle_event().wait(), self.config.shutdown_grace_s)
+            return
+        except asyncio.TimeoutError:
+            pass
+        logger.warning("shutdown: aborting {} request(s) still running", self.in_flight)
+        if self.async_engine is not None:
+            for request_id in list(self.running_ids):
+                self.async_engine.abort(request_id)
+        try:
+            await asyncio.wait_for(self._idle_event().wait(), 5.0)
+        except asyncio.TimeoutError:
+            pass
 
     def _idle_event(self) -> asyncio.Event:
         if self._idle is None:

@@ -12,6 +12,7 @@ from litestar import Request, get
 from litestar.params import PathParameter
 
 from metrale_core.server.common import check_model
+from metrale_core.server.openapi import documented
 
 __all__ = ["get_model", "list_models"]
 
@@ -24,14 +25,15 @@ def _card(host: Any) -> dict[str, Any]:
     return card
 
 
-@get("/v1/models", operation_id="listModels", tags=["openai"], sync_to_thread=False)
+@get("/v1/models", operation_id="listModels", tags=["openai"], sync_to_thread=False,
+     operation_class=documented(None, (401, 500)))
 def list_models(request: Request) -> dict[str, Any]:
     """List the served model."""
     return {"object": "list", "data": [_card(request.app.state.host)]}
 
 
 @get("/v1/models/{model:path}", operation_id="retrieveModel", tags=["openai"],
-     sync_to_thread=False)
+     sync_to_thread=False, operation_class=documented(None, (401, 404, 500)))
 def get_model(request: Request, model: Annotated[str, PathParameter()]) -> dict[str, Any]:
     """Describe one model (404 unless it is the served one)."""
     host = request.app.state.host

@@ -1,11 +1,17 @@
-"""OpenAPI request-body schemas for routes that validate their bodies themselves.
+"""The OpenAPI document, generated from the typed records that validate requests.
 
-Owner: the chat, completions and tokenize routes pass ``operation_class=body_operation(Model)``.
-Those handlers read the raw body (so validation errors carry cattrs paths in OpenAI's error
-shape) and therefore declare no ``data`` parameter; this module documents the body anyway,
-deriving the JSON schema from the same attrs models the converter uses.
+Owner: every route passes ``operation_class=documented(Model, statuses)`` (or
+``body_operation(Model)``, the same with the statuses of a JSON-body route).  Those handlers
+read the raw body (so validation errors carry cattrs paths in OpenAI's error shape) and
+therefore declare no ``data`` parameter; this module documents the body anyway.
 
-Invariant: the schema is generated from the attrs classes in ``schemas``, never written twice.
+Invariants:
+- The request schema is derived from the attrs classes in ``schemas``, never written twice:
+  field types, required fields, numeric ranges from ``schemas.BOUNDS`` (``minimum``,
+  ``maximum``, ``exclusiveMinimum`` ...) and string enums from the fields' ``enum`` metadata.
+- Every status a route can answer is documented with OpenAI's error body (``ERROR_STATUSES``
+  for JSON-body routes: 400, 401, 404, 413, 415, 500, 503), and nothing it cannot answer.
+- A streaming route documents both ``application/json`` and ``text/event-stream`` for 200.
 """
 
 from __future__ import annotations
@@ -18,9 +24,9 @@ from typing import Any
 
 import attrs
 from litestar.openapi.spec.enums import OpenAPIType
-from litestar.openapi.spec import OpenAPIMediaType, Operation, RequestBody, Schema
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, RequestBody, Schema
 
-__all__ = ["body_operation", "json_schema"]
+__all__ = ["ERROR_SCHEMA", "ERROR_STATUSES", "body_operation", "documented", "json_schema"]
 
 _SCALARS = {str: OpenAPIType.STRING, int: OpenAPIType.INTEGER, float: OpenAPIType.NUMBER,
             bool: OpenAPIType.BOOLEAN}
@@ -45,7 +51,7 @@ def json_schema(tp: Any) -> Schema:
         hints = typing.get_type_hints(tp)
         props, required = {}, []
         for f in attrs.fields(tp):
-            props[f.name] = json_schema(hints[f.name])
+            props[f.name] = _constrained(json_schema(hints[f.name]), f)
             if f.default is attrs.NOTHING:
                 required.append(f.name)
         return Schema(type=OpenAPIType.OBJECT, title=tp.__name__, properties=props,
@@ -53,16 +59,88 @@ def json_schema(tp: Any) -> Schema:
     return Schema()
 
 
+def _constrained(schema: Schema, f: Any) -> Schema:
+    """``schema`` of attrs field ``f`` with its enum and numeric bounds."""
+    from metrale_core.server.schemas import BOUNDS
+
+    enum = f.metadata.get("enum")
+    if enum and schema.type == OpenAPIType.STRING:
+        schema.enum = list(enum)
+    bound = BOUNDS.get(f.name)
+    if bound is None:
+        return schema
+    targets = [schema] + list(schema.one_of or [])
+    for sub in targets:
+        if sub.type not in (OpenAPIType.INTEGER, OpenAPIType.NUMBER):
+            continue
+        if bound.low is not None:
+            if bound.low_open:
+                sub.exclusive_minimum = bound.low
+            else:
+                sub.minimum = bound.low
+        if bound.high is not None:
+            if bound.high_open:
+                sub.exclusive_maximum = bound.high
+            else:
+                sub.maximum = bound.high
+    return schema
+
+
+#: OpenAI's error object.
+ERROR_SCHEMA = Schema(
+    type=OpenAPIType.OBJECT, title="ErrorResponse", required=["error"], properties={
+        "error": Schema(type=OpenAPIType.OBJECT, required=["message", "type", "param", "code"],
+                        properties={
+                            "message": Schema(type=OpenAPIType.STRING),
+                            "type": Schema(type=OpenAPIType.STRING),
+                            "param": Schema(one_of=[Schema(type=OpenAPIType.STRING),
+                                                    Schema(type=OpenAPIType.NULL)]),
+                            "code": Schema(one_of=[Schema(type=OpenAPIType.STRING),
+                                                   Schema(type=OpenAPIType.INTEGER),
+                                                   Schema(type=OpenAPIType.NULL)])})})
+
+_DESCRIPTIONS = {
+    400: "Invalid request (the message names the field)", 401: "Missing or wrong API key",
+    404: "Unknown model", 405: "Method not allowed", 413: "Request body too large",
+    415: "The body is not JSON", 500: "Server fault (never bad input)",
+    501: "Not implemented by this server",
+    503: "Loading, shutting down, or at capacity (Retry-After)",
+}
+
+#: What a route with a JSON body and the API-key guard can answer besides 200.
+ERROR_STATUSES = (400, 401, 404, 413, 415, 500, 503)
+
+
+def _error_response(status: int) -> OpenAPIResponse:
+    return OpenAPIResponse(description=_DESCRIPTIONS.get(status, "Error"), content={
+        "application/json": OpenAPIMediaType(schema=ERROR_SCHEMA)})
+
+
 @lru_cache(maxsize=None)
-def body_operation(model: type) -> type[Operation]:
-    """An ``Operation`` class that documents a JSON request body of type ``model``."""
+def documented(model: type | None = None, statuses: tuple[int, ...] = ERROR_STATUSES,
+               stream: bool = False) -> type[Operation]:
+    """An ``Operation`` class documenting a JSON request body of type ``model`` (if any) and
+    exactly the error ``statuses`` the route can answer (plus its 200)."""
 
     @dataclass
-    class BodyOperation(Operation):
+    class DocumentedOperation(Operation):
         def __post_init__(self) -> None:
-            self.request_body = RequestBody(
-                required=True,
-                content={"application/json": OpenAPIMediaType(schema=json_schema(model))})
+            if model is not None:
+                self.request_body = RequestBody(
+                    required=True,
+                    content={"application/json": OpenAPIMediaType(schema=json_schema(model))})
+            ok = (self.responses or {}).get("200") or OpenAPIResponse(description="OK")
+            if stream:
+                ok = OpenAPIResponse(description="The whole response, or server-sent events "
+                                                 "with \"stream\": true", content={
+                    "application/json": OpenAPIMediaType(schema=Schema(type=OpenAPIType.OBJECT)),
+                    "text/event-stream": OpenAPIMediaType(schema=Schema(type=OpenAPIType.STRING))})
+            self.responses = {"200": ok, **{str(s): _error_response(s) for s in statuses}}
 
-    BodyOperation.__name__ = f"{model.__name__}Operation"
-    return BodyOperation
+    DocumentedOperation.__name__ = f"{getattr(model, '__name__', 'Route')}Operation"
+    return DocumentedOperation
+
+
+def body_operation(model: type, stream: bool = False) -> type[Operation]:
+    """:func:`documented` for a route with a JSON body of type ``model``."""
+    return documented(model, ERROR_STATUSES, stream)

@@ -4,10 +4,12 @@ Owner: ``metrale_core.cli.serve`` calls :func:`serve_forever`; tests and ``bench
 call :func:`serve_in_thread`.
 
 Invariants:
-- uvicorn's own access log is off (the app logs each request through loguru) and its graceful
-  shutdown timeout is the server's grace period: on SIGINT/SIGTERM in-flight streams get that
-  long to finish, then they are cancelled (which aborts their engine requests) and the app's
-  lifespan stops the engine.
+- uvicorn's own access log is off (the app logs each request through loguru).  On
+  SIGINT/SIGTERM the server stops accepting connections, then the app's ``EngineHost.drain``
+  gives in-flight requests the grace period and aborts the rest, so every stream ends with an
+  error event and ``data: [DONE]`` rather than being cut off; only then does uvicorn close
+  connections (cancelling anything still left after a few more seconds) and the app's lifespan
+  stop the engine.
 - :func:`serve_in_thread` binds the socket itself before starting (port 0 picks a free port), so
   ``RunningServer.url`` is right as soon as it returns; it returns once the server accepts
   connections.
@@ -27,13 +29,26 @@ __all__ = ["RunningServer", "serve_forever", "serve_in_thread", "uvicorn_config"
 
 def uvicorn_config(app, host: str, port: int, grace_s: float) -> uvicorn.Config:
     return uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False,
-                          log_level="warning", timeout_graceful_shutdown=max(1, int(grace_s)),
+                          log_level="warning", timeout_graceful_shutdown=5,
                           timeout_keep_alive=5)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, draining the app's in-flight requests before connections are closed."""
+
+    async def shutdown(self, sockets=None) -> None:
+        for server in self.servers:
+            server.close()
+        state = getattr(self.config.app, "state", None)
+        host = getattr(state, "host", None) if state is not None else None
+        if host is not None and hasattr(host, "drain"):
+            await host.drain()
+        await super().shutdown(sockets)
 
 
 def serve_forever(app, host: str, port: int, grace_s: float) -> None:
     """Serve until SIGINT/SIGTERM (blocking)."""
-    uvicorn.Server(uvicorn_config(app, host, port, grace_s)).run()
+    _Server(uvicorn_config(app, host, port, grace_s)).run()
 
 
 @define
@@ -62,7 +77,7 @@ def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, grace_s: float 
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn_config(app, host, port, grace_s))
+    server = _Server(uvicorn_config(app, host, port, grace_s))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                               name="metrale-uvicorn", daemon=True)
     thread.start()

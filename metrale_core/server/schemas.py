@@ -21,7 +21,9 @@ from typing import Any, Callable, Union
 
 import cattrs
 import cattrs.cols
-from attrs import fields, frozen
+from attrs import field, fields, frozen
+from attrs import has as attrs_has
+from cattrs.gen import make_dict_structure_fn
 from cattrs.errors import (
     AttributeValidationNote,
     ClassValidationError,
@@ -31,6 +33,8 @@ from cattrs.errors import (
 )
 
 from metrale_core.server.errors import APIError
+from metrale_core.server.guards import (
+    MAX_JSON_DEPTH, MAX_LOGIT_BIAS, MAX_STOP, MAX_STOP_CHARS, check_json)
 
 __all__ = [
     "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "ContentPart", "DetokenizeRequest",
@@ -41,6 +45,14 @@ __all__ = [
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
+def one_of(*values: str, default: Any = ...) -> Any:
+    """A string field whose allowed values the OpenAPI document lists (``enum``); the routes
+    check them with messages naming the field."""
+    if default is ...:
+        return field(metadata={"enum": values})
+    return field(default=default, metadata={"enum": values})
+
+
 # --- leaf records ----------------------------------------------------------------------------
 
 
@@ -48,7 +60,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 class ContentPart:
     """One part of a message's content; only ``text`` parts can be served."""
 
-    type: str
+    type: str = one_of("text", "refusal", "image_url", "input_audio", "file")
     text: str | None = None
     image_url: dict[str, Any] | None = None
     input_audio: dict[str, Any] | None = None
@@ -68,7 +80,7 @@ class ToolCall:
 
     id: str
     function: FunctionCall
-    type: str = "function"
+    type: str = one_of("function", default="function")
     index: int | None = None
 
 
@@ -77,7 +89,7 @@ Content = Union[str, list[ContentPart], None]
 
 @frozen(kw_only=True)
 class ChatMessage:
-    role: str
+    role: str = one_of(*ROLES)
     content: Content = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
@@ -99,7 +111,7 @@ class FunctionDef:
 
 @frozen(kw_only=True)
 class Tool:
-    type: str
+    type: str = one_of("function")
     function: FunctionDef
 
 
@@ -110,7 +122,7 @@ class NamedFunction:
 
 @frozen(kw_only=True)
 class NamedToolChoice:
-    type: str
+    type: str = one_of("function")
     function: NamedFunction
 
 
@@ -310,6 +322,17 @@ def _make_converter() -> cattrs.Converter:
 
     conv.register_structure_hook_factory(
         lambda t: getattr(t, "__origin__", None) is list, strict_list)
+
+    def strict_record(type_: Any) -> Callable:
+        base = make_dict_structure_fn(type_, conv)
+
+        def hook(value: Any, _t: Any) -> Any:
+            if not isinstance(value, dict):
+                raise TypeError(f"must be an object, got {_kind(value)}")
+            return base(value, _t)
+        return hook
+
+    conv.register_structure_hook_factory(attrs_has, strict_record)
     conv.register_structure_hook(Content, _union_hook(
         conv, {"null": None, "str": str, "list": list[ContentPart]},
         "a string or an array of content parts"))
@@ -371,8 +394,12 @@ def parse_body(body: bytes, cls: type) -> Any:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise APIError(400, f"the request body is nested deeper than {MAX_JSON_DEPTH} "
+                            f"levels") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, got {_kind(data)}")
+    check_json(data)
     # OpenAI documents most optional fields as nullable: a top-level null means "the default"
     data = {key: value for key, value in data.items() if value is not None}
     try:
@@ -383,22 +410,45 @@ def parse_body(body: bytes, cls: type) -> Any:
 
 # --- ranges ----------------------------------------------------------------------------------
 
-#: field -> (check, requirement) for the numeric fields of both request kinds; None passes.
-_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "temperature": (lambda v: 0.0 <= v <= 2.0, "must be between 0 and 2"),
-    "top_p": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
-    "top_k": (lambda v: v >= -1, "must be >= 0 (0 or -1 disables it)"),
-    "min_p": (lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1"),
-    "frequency_penalty": (lambda v: -2.0 <= v <= 2.0, "must be between -2 and 2"),
-    "presence_penalty": (lambda v: -2.0 <= v <= 2.0, "must be between -2 and 2"),
-    "repetition_penalty": (lambda v: 0.0 < v <= 10.0, "must be in (0, 10]"),
-    "max_tokens": (lambda v: v >= 1, "must be >= 1"),
-    "max_completion_tokens": (lambda v: v >= 1, "must be >= 1"),
-    "n": (lambda v: 1 <= v <= 128, "must be between 1 and 128"),
-    "best_of": (lambda v: 1 <= v <= 128, "must be between 1 and 128"),
-    "top_logprobs": (lambda v: 0 <= v <= 20, "must be between 0 and 20"),
-    "logprobs": (lambda v: isinstance(v, bool) or 0 <= v <= 20, "must be between 0 and 20"),
-    "seed": (lambda v: -(1 << 63) <= v < (1 << 64), "must fit in 64 bits"),
+@frozen
+class Bound:
+    """The allowed range of a numeric request field (``None``: unbounded on that side)."""
+
+    low: float | None = None
+    high: float | None = None
+    #: The low end itself is excluded (``top_p`` > 0).
+    low_open: bool = False
+    #: The high end itself is excluded (``seed`` < 2**64).
+    high_open: bool = False
+    text: str = ""
+
+    def ok(self, value: Any) -> bool:
+        if isinstance(value, bool):
+            return True
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
+            return False
+        return True
+
+
+#: field -> bound, for the numeric fields of every request kind; one table for the checks
+#: (:func:`check_ranges`) and the OpenAPI document (``openapi``).
+BOUNDS: dict[str, Bound] = {
+    "temperature": Bound(0, 2, text="must be between 0 and 2"),
+    "top_p": Bound(0, 1, low_open=True, text="must be in (0, 1]"),
+    "top_k": Bound(-1, None, text="must be >= 0 (0 or -1 disables it)"),
+    "min_p": Bound(0, 1, text="must be between 0 and 1"),
+    "frequency_penalty": Bound(-2, 2, text="must be between -2 and 2"),
+    "presence_penalty": Bound(-2, 2, text="must be between -2 and 2"),
+    "repetition_penalty": Bound(0, 10, low_open=True, text="must be in (0, 10]"),
+    "max_tokens": Bound(1, None, text="must be >= 1"),
+    "max_completion_tokens": Bound(1, None, text="must be >= 1"),
+    "n": Bound(1, 128, text="must be between 1 and 128"),
+    "best_of": Bound(1, 128, text="must be between 1 and 128"),
+    "top_logprobs": Bound(0, 20, text="must be between 0 and 20"),
+    "logprobs": Bound(0, 20, text="must be between 0 and 20"),
+    "seed": Bound(-(1 << 63), 1 << 64, high_open=True, text="must fit in 64 bits"),
 }
 
 
@@ -406,11 +456,24 @@ def check_ranges(request: Any) -> None:
     """Raise a 400 naming every numeric field of ``request`` outside its allowed range."""
     problems = []
     for f in fields(type(request)):
-        rule = _RANGES.get(f.name)
+        bound = BOUNDS.get(f.name)
         value = getattr(request, f.name)
-        if rule is not None and value is not None and not rule[0](value):
-            problems.append((f.name, f"{rule[1]}, got {value!r}"))
-    for key, bias in (getattr(request, "logit_bias", None) or {}).items():
+        if bound is not None and value is not None and not bound.ok(value):
+            problems.append((f.name, f"{bound.text}, got {value!r}"))
+    logit_bias = getattr(request, "logit_bias", None) or {}
+    if len(logit_bias) > MAX_LOGIT_BIAS:
+        problems.append(("logit_bias", f"at most {MAX_LOGIT_BIAS} entries, got "
+                                       f"{len(logit_bias)}"))
+        logit_bias = {}
+    stop = getattr(request, "stop", None)
+    stops = [stop] if isinstance(stop, str) else list(stop or ())
+    if len(stops) > MAX_STOP:
+        problems.append(("stop", f"at most {MAX_STOP} stop strings, got {len(stops)}"))
+    for i, text in enumerate(stops[:MAX_STOP]):
+        if len(text) > MAX_STOP_CHARS:
+            problems.append((f"stop[{i}]" if not isinstance(stop, str) else "stop",
+                             f"at most {MAX_STOP_CHARS} characters, got {len(text)}"))
+    for key, bias in logit_bias.items():
         if not key.lstrip("-").isdigit():
             problems.append((f"logit_bias.{key}", "keys must be token ids (integers as strings)"))
         elif not -100.0 <= bias <= 100.0:

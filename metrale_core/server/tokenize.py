@@ -11,9 +11,11 @@ from typing import Any
 
 from litestar import Request, post
 
-from metrale_core.server.chat_prompt import template_messages
+from metrale_core.server.chat_prompt import render_messages, template_messages
 from metrale_core.server.common import check_model, read_request
 from metrale_core.server.errors import APIError
+from metrale_core.server.guards import check_prompt_chars
+from metrale_core.server.offload import off_loop
 from metrale_core.server.openapi import body_operation
 from metrale_core.server.schemas import DetokenizeRequest, TokenizeRequest
 
@@ -31,14 +33,19 @@ async def tokenize(request: Request) -> dict[str, Any]:
     tok = served.tokenizer
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give exactly one of prompt or messages", param="prompt")
-    if req.messages is not None:
-        text = tok.apply_chat_template(template_messages(req.messages),
-                                       add_generation_prompt=req.add_generation_prompt,
-                                       **(req.chat_template_kwargs or {}))
-        ids = tok.encode(text, add_special_tokens=False)
-    else:
-        ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    ids = await off_loop(_tokens, tok, req, served.engine.max_model_len)
     return {"tokens": ids, "count": len(ids), "max_model_len": served.engine.max_model_len}
+
+
+def _tokens(tok: Any, req: TokenizeRequest, max_model_len: int) -> list[int]:
+    if req.messages is not None:
+        text = render_messages(tok, template_messages(req.messages), tools=None,
+                               add_generation_prompt=req.add_generation_prompt,
+                               chat_template_kwargs=req.chat_template_kwargs,
+                               max_model_len=max_model_len)
+        return tok.encode(text, add_special_tokens=False)
+    check_prompt_chars(len(req.prompt), tok, max_model_len, "prompt")
+    return tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
 
 
 @post("/detokenize", tags=["tokenizer"], status_code=200,

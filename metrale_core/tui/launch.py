@@ -77,12 +77,13 @@ def use_dashboard(no_tui: bool = False, stream: TextIO | None = None,
 def dashboard_logging(ring: LogRing, level: str) -> Iterator[None]:
     """Route loguru to ``ring`` for the duration (the caller's stderr sink is put back after)."""
     logger.remove()
-    handler = logger.add(ring.sink, level=level.upper(), format="{message}")
+    handler = logger.add(ring.sink, level=level.upper(), format="{message}", diagnose=False,
+                         backtrace=False)
     try:
         yield
     finally:
         logger.remove(handler)
-        logger.add(sys.stderr, level=level.upper(),
+        logger.add(sys.stderr, level=level.upper(), diagnose=False, backtrace=False,
                    format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
 
 
