@@ -28,6 +28,7 @@ from metrale_core.engine.config import EngineConfig
 from metrale_core.engine.output import OutputProcessor, RequestOutput
 from metrale_core.engine.request import Request, Sequence
 from metrale_core.engine.kv_dtype import resolve_kv_storage
+from metrale_core.engine.pooling import plan_pools, pool_step
 from metrale_core.engine.runner import ModelRunner, model_device
 from metrale_core.engine.scheduler import FcfsPolicy, Scheduler
 from metrale_core.engine.spec_driver import build_spec_driver
@@ -200,14 +201,18 @@ class LLMEngine:
         spec = self.spec_driver
         if spec is None:
             plan = self.scheduler.schedule()
-            logits = self.runner.execute(plan)
-            outputs = self.output_processor.update(plan, logits)
+            pooling = plan_pools(plan)
+            logits = self.runner.execute(plan, want_hidden=pooling)
+            pooled = pool_step(self, plan, self.runner.last_hidden) if pooling else []
+            outputs = pooled + self.output_processor.update(plan, logits)
         else:  # speculative: drafts -> verify chunks -> accept -> rollback -> report
             started = self.config.clock()
             drafts = spec.drafts()
             plan = self.scheduler.schedule(drafts)
-            logits = self.runner.execute(plan, want_hidden=spec.wants_hidden)
-            outputs = self.output_processor.update(plan, logits, drafts)
+            pooling = plan_pools(plan)
+            logits = self.runner.execute(plan, want_hidden=spec.wants_hidden or pooling)
+            pooled = pool_step(self, plan, self.runner.last_hidden) if pooling else []
+            outputs = pooled + self.output_processor.update(plan, logits, drafts)
             spec.after_step(plan, outputs, self.config.clock() - started)
         self.snapshots.publish(plan, outputs)
         return outputs

@@ -93,6 +93,8 @@ class ScriptedLM:
                               eos_token_ids=(self.eos,))
         self.header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
         self.user = tokenizer.encode("<|im_start|>user\n", add_special_tokens=False)
+        #: What a template renders after the header when thinking is off (skipped by the script).
+        self.no_think = tokenizer.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
         self._replies: dict[tuple[int, ...], list[int] | None] = {}
         self.num_forwards = 0
 
@@ -133,6 +135,8 @@ class ScriptedLM:
         for at in range(len(history) - n, -1, -1):
             if history[at:at + n] == self.header:
                 start = at + n
+                if history[start:start + len(self.no_think)] == self.no_think:
+                    start += len(self.no_think)
                 break
         if start is None:
             return None

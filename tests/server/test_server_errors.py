@@ -82,7 +82,7 @@ CASES = [
      "outside the vocabulary"),
     ("tokenize-both", "/tokenize", {"prompt": "a", "messages": CHAT["messages"]}, None, 400,
      "exactly one"),
-    ("unsupported-route", "/v1/embeddings", {"input": "a"}, None, 501, "not implemented"),
+    ("unsupported-route", "/v1/images/generations", {"prompt": "a"}, None, 501, "not implemented"),
     ("unknown-route", "/v1/nothing-here", {}, None, 404, "no route"),
 ]
 
