@@ -27,7 +27,8 @@ def parse_sse(text: str) -> list[tuple[str | None, dict]]:
 
 
 def check_messages_stream(events: list[tuple[str | None, dict]]) -> list[dict]:
-    """Assert the Anthropic order; returns the content blocks the deltas build."""
+    """Assert the Anthropic order; returns the content blocks the deltas build (a ``tool_use``
+    block also carries ``json_text``, its fragments concatenated)."""
     assert events, "no events"
     for name, data in events:
         assert name is not None, f"event without an 'event:' line: {data}"
@@ -69,7 +70,11 @@ def check_messages_stream(events: list[tuple[str | None, dict]]) -> list[dict]:
     assert open_index is None, f"block {open_index} never stopped"
     for block in blocks:
         if block["type"] == "tool_use":
-            block["input"] = json.loads(block["_json"]) if block["_json"] else {}
+            try:
+                block["input"] = json.loads(block["_json"]) if block["_json"] else {}
+            except ValueError:
+                raise AssertionError(f"input_json_delta fragments are not JSON: {block['_json']!r}")
+            block["json_text"] = block["_json"]
         del block["_json"]
     return blocks
 
@@ -86,6 +91,8 @@ def check_responses_stream(events: list[tuple[str | None, dict]]) -> dict:
     added: dict[int, dict] = {}
     done: set[int] = set()
     parts: dict[int, str] = {}
+    #: the closing events an open item still owes before its output_item.done, in order
+    owed: list[str] = []
     open_index = None
     for _, data in events[2:-1]:
         kind = data["type"]
@@ -95,10 +102,20 @@ def check_responses_stream(events: list[tuple[str | None, dict]]) -> dict:
             assert index == len(added), f"output_index {index} out of order or repeated"
             added[index] = data["item"]
             open_index = index
+            owed = {"message": ["response.output_text.done", "response.content_part.done"],
+                    "reasoning": ["response.reasoning_text.done", "response.content_part.done"],
+                    "function_call": ["response.function_call_arguments.done"]}[
+                        data["item"]["type"]]
             continue
         index = data["output_index"]
         assert index == open_index, f"{kind} for output_index {index}, open is {open_index}"
         item = added[index]
+        if kind.endswith(".done") and kind != "response.output_item.done":
+            assert owed and owed[0] == kind, f"{kind} out of order (expected {owed[:1]})"
+            owed.pop(0)
+        elif kind != "response.output_item.done":
+            assert len(owed) == {"function_call": 1}.get(item["type"], 2), \
+                f"{kind} after the item's closing events began"
         if kind == "response.content_part.added":
             assert item["type"] in ("message", "reasoning") and index not in parts
             parts[index] = ""
@@ -117,6 +134,7 @@ def check_responses_stream(events: list[tuple[str | None, dict]]) -> dict:
         elif kind == "response.function_call_arguments.done":
             assert data["arguments"] == parts.get(index, ""), "arguments .done differs"
         elif kind == "response.output_item.done":
+            assert not owed, f"output_item.done before {owed}"
             assert data["item"]["id"] == item["id"], "output_item.done for another item"
             if item["type"] in ("message", "reasoning"):
                 assert index in parts, "a text item closed without its content part"
