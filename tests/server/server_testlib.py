@@ -178,3 +178,22 @@ def wait_ready(url: str, timeout: float = 30.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"{url} never became healthy")
+
+
+def checkpoint_loader(path, registry, **engine):
+    """A server loader for an HF checkpoint directory through the registry's model loader."""
+    def load():
+        from metrale_core.components import LoadOptions
+        from metrale_core.engine import EngineConfig, LLMEngine
+        from metrale_core.server import ServedModel
+        from metrale_core.tokenizer import Tokenizer
+        from metrale_core.weights import open_weights
+
+        store = open_weights(path)
+        model = registry.find_model_loader(store.config).factory(store, LoadOptions())
+        tok = Tokenizer.from_dir(path)
+        cfg = dict(block_size=4, num_kv_blocks=256, max_num_seqs=16, max_prefill_tokens=16)
+        cfg.update(engine)
+        return ServedModel(engine=LLMEngine(model, EngineConfig(**cfg), tokenizer=tok,
+                                            registry=registry), tokenizer=tok, model_type="qwen3")
+    return load

@@ -14,7 +14,7 @@ import openai
 import pytest
 import torch
 
-from server_testlib import write_tokenizer
+from server_testlib import checkpoint_loader, write_tokenizer
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("metrale_qwen3")
@@ -38,30 +38,13 @@ def qwen3_dir(tmp_path_factory):
     return path, hf
 
 
-def _loader(path, registry, **engine):
-    def load():
-        from metrale_core.components import LoadOptions
-        from metrale_core.engine import EngineConfig, LLMEngine
-        from metrale_core.server import ServedModel
-        from metrale_core.tokenizer import Tokenizer
-        from metrale_core.weights import open_weights
-
-        store = open_weights(path)
-        model = registry.find_model_loader(store.config).factory(store, LoadOptions())
-        tok = Tokenizer.from_dir(path)
-        cfg = dict(block_size=4, num_kv_blocks=256, max_num_seqs=16, max_prefill_tokens=16)
-        cfg.update(engine)
-        return ServedModel(engine=LLMEngine(model, EngineConfig(**cfg), tokenizer=tok,
-                                            registry=registry), tokenizer=tok, model_type="qwen3")
-    return load
-
-
 @pytest.fixture(scope="module")
 def served(qwen3_dir, start_server):
     from metrale_core.plugins import load_registry
 
     path, hf = qwen3_dir
-    server, host = start_server(loader=_loader(path, load_registry()), served_model_name="tiny")
+    server, host = start_server(loader=checkpoint_loader(path, load_registry()),
+                                served_model_name="tiny")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
     return server, host, client, hf
 
@@ -152,8 +135,8 @@ def test_last_token_pooling_flag(qwen3_dir, start_server):
     from metrale_core.plugins import load_registry
 
     path, hf = qwen3_dir
-    server, _ = start_server(loader=_loader(path, load_registry()), served_model_name="tiny",
-                             pooling="last")
+    server, _ = start_server(loader=checkpoint_loader(path, load_registry()),
+                             served_model_name="tiny", pooling="last")
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
     ids = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
     got = c.embeddings.create(model="tiny", input=ids, encoding_format="float").data[0].embedding
