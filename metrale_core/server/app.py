@@ -14,7 +14,8 @@ auth and error shape), ``/v1/models``, ``/tokenize``,
 Invariants:
 - Every error body is OpenAI-shaped (``errors.exception_handlers``).
 - Request bodies above ``config.max_body_bytes`` are refused with 413 before being buffered.
-- One access-log line per request through loguru (method, path, status, duration).
+- One access-log line per request through loguru (method, path, status, duration), and the
+  same request counted in ``/metrics`` by route (``metrale:http_requests_total``).
 """
 
 from __future__ import annotations
@@ -79,8 +80,13 @@ def _access_log(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, send_wrapper)
         finally:
             client = scope.get("client") or ("-", 0)
+            elapsed = time.perf_counter() - start
             logger.info("{} {} {} {} {:.1f}ms", client[0], scope["method"], scope["path"],
-                        status or "-", (time.perf_counter() - start) * 1000)
+                        status or "-", elapsed * 1000)
+            route = scope.get("path_template")
+            metrics = getattr(scope.get("litestar_app"), "state", {}).get("metrics")
+            if route and metrics is not None:
+                metrics.http_request(route, scope["method"], status or 500, elapsed)
     return middleware
 
 
