@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from typing import Any, AsyncIterator, Iterator
 
 from attrs import define, field, frozen
@@ -57,12 +58,14 @@ class ChatRun:
     final: Any = None
 
     async def outputs(self) -> AsyncIterator[Any]:
-        async for _, out in run_jobs(self.host, [self.job]):
-            if out.finished:
-                self.final = out
-                self.finish_reason = out.finish_reason
-                self.output_tokens = out.num_output_tokens
-            yield out
+        """The engine deltas; closing this generator aborts the engine request at once."""
+        async with aclosing(run_jobs(self.host, [self.job])) as stream:
+            async for _, out in stream:
+                if out.finished:
+                    self.final = out
+                    self.finish_reason = out.finish_reason
+                    self.output_tokens = out.num_output_tokens
+                yield out
 
 
 def start_chat(host: Any, req: Any, *, max_tokens: int | None) -> ChatRun:
