@@ -26,9 +26,10 @@ from attrs import define, field, frozen
 
 from metrale_core.server.chat_prompt import chat_prompt, parser_factory
 from metrale_core.server.common import new_id
+from metrale_core.server.errors import APIError
 from metrale_core.server.generation import Job, plan_jobs, run_jobs
 
-__all__ = ["ChatRun", "Piece", "pieces", "start_chat"]
+__all__ = ["ChatRun", "Piece", "pieces", "renamed", "start_chat"]
 
 
 @frozen
@@ -98,3 +99,13 @@ def pieces(run: ChatRun, out: Any) -> Iterator[Piece]:
             if p.arguments:
                 call["arguments"] += p.arguments
                 yield Piece("args", p.arguments, index=p.tool_call_index, call_id=call["id"])
+
+
+def renamed(exc: APIError, chat_field: str, api_field: str) -> APIError:
+    """``exc`` with a chat field path (``response_format.type``) renamed to the API's own
+    (``text.format.type``), so an error names what the client sent; other errors unchanged."""
+    if not (exc.param and exc.param.startswith(chat_field)):
+        return exc
+    path = api_field + exc.param[len(chat_field):]
+    return APIError(exc.status, exc.message.replace(exc.param, path, 1), param=path,
+                    code=exc.code, type=exc.type, headers=exc.headers)

@@ -184,6 +184,7 @@ BAD = [
     ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "maybe"}}, "tool_choice.type"),
     ({"thinking": {"type": "sometimes"}}, "thinking.type"),
     ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config.format"),
+    ({"output_config": {"format": {"type": "yaml"}}}, "output_config.format"),
     ({"bogus": 1}, "bogus"),
     ({"model": "other"}, "model"),
 ]

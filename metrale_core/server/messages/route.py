@@ -41,7 +41,7 @@ from metrale_core.server.messages.records import CountTokensRequest, MessagesReq
 from metrale_core.server.messages.translate import to_chat
 from metrale_core.server.chat_prompt import chat_prompt
 from metrale_core.server.openapi import body_operation
-from metrale_core.server.translate import ChatRun, pieces, start_chat
+from metrale_core.server.translate import ChatRun, pieces, renamed, start_chat
 
 __all__ = ["messages_router"]
 
@@ -82,7 +82,11 @@ async def _start(request: Request) -> tuple[Any, MessagesRequest, ChatRun, str]:
     req = await read_request(request, MessagesRequest)
     name = check_model(host, req.model)
     chat = to_chat(req)
-    return host, req, start_chat(host, chat, max_tokens=req.max_tokens), name
+    try:
+        run = start_chat(host, chat, max_tokens=req.max_tokens)
+    except APIError as exc:  # name the Messages field for what chat knows as response_format
+        raise renamed(exc, "response_format", "output_config.format") from None
+    return host, req, run, name
 
 
 @post("/v1/messages", operation_id="createMessage", tags=["anthropic"], status_code=200,
@@ -202,7 +206,10 @@ async def count_tokens(request: Request) -> Response:
     host = request.app.state.host
     req = await read_request(request, CountTokensRequest)
     check_model(host, req.model)
-    prompt, _ = chat_prompt(host.ready().tokenizer, to_chat(req))
+    try:
+        prompt, _ = chat_prompt(host.ready().tokenizer, to_chat(req))
+    except APIError as exc:
+        raise renamed(exc, "response_format", "output_config.format") from None
     return Response({"input_tokens": len(prompt)}, media_type="application/json")
 
 

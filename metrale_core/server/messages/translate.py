@@ -18,8 +18,9 @@ Mapping:
 - ``stop_sequences`` -> ``stop``; ``max_tokens``, ``temperature``, ``top_p``, ``top_k`` as is.
 
 Invariants:
-- Images, documents, server tools and ``output_config.format`` are a 400 naming the field,
-  never silently dropped.
+- ``output_config.format`` (``json_schema``) -> ``response_format``, refused or honoured exactly
+  as chat's is (errors renamed to ``output_config.format`` by the route).
+- Images, documents and server tools are a 400 naming the field, never silently dropped.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from metrale_core.server.schemas import (
     FunctionDef,
     NamedFunction,
     NamedToolChoice,
+    ResponseFormat,
     Tool,
     ToolCall,
 )
@@ -201,10 +203,18 @@ def _ranges(req: MessagesRequest) -> None:
             raise _bad(f"stop_sequences[{i}]", "must not be empty")
 
 
+def _response_format(config: dict | None) -> ResponseFormat | None:
+    fmt = (config or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" \
+            or not isinstance(fmt.get("schema"), dict):
+        raise _bad("output_config.format", "must be {\"type\": \"json_schema\", \"schema\": {...}}")
+    return ResponseFormat(type="json_schema", json_schema={"name": "output", "schema": fmt["schema"]})
+
+
 def to_chat(req: CountTokensRequest) -> ChatCompletionRequest:
     """The chat request equivalent to ``req`` (a Messages or count_tokens request)."""
-    if req.output_config is not None and req.output_config.get("format") is not None:
-        raise _bad("output_config.format", "structured output is not supported by this server")
     messages: list[ChatMessage] = []
     system = _system(req.system)
     if system is not None:
@@ -223,6 +233,7 @@ def to_chat(req: CountTokensRequest) -> ChatCompletionRequest:
     tools = _tools(req)
     fields: dict[str, Any] = dict(
         model=req.model, messages=messages, tools=tools,
+        response_format=_response_format(req.output_config),
         tool_choice=_tool_choice(req.tool_choice, tools),
         chat_template_kwargs={"enable_thinking": _thinking(req.thinking)})
     if isinstance(req, MessagesRequest):

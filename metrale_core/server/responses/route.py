@@ -40,7 +40,7 @@ from metrale_core.server.responses.events import OutputBuilder
 from metrale_core.server.responses.records import ResponsesRequest
 from metrale_core.server.responses.store import ResponseStore, StoredResponse
 from metrale_core.server.responses.translate import output_messages, to_chat
-from metrale_core.server.translate import ChatRun, pieces, start_chat
+from metrale_core.server.translate import ChatRun, pieces, renamed, start_chat
 
 __all__ = ["response_handlers"]
 
@@ -101,11 +101,7 @@ def _start(request: Request, req: ResponsesRequest) -> tuple[ChatRun, list, str]
     try:
         run = start_chat(host, chat, max_tokens=req.max_output_tokens)
     except APIError as exc:  # name the Responses field for what chat knows as response_format
-        if exc.param and exc.param.startswith("response_format"):
-            path = "text.format" + exc.param[len("response_format"):]
-            raise APIError(exc.status, exc.message.replace(exc.param, path, 1), param=path,
-                           code=exc.code) from None
-        raise
+        raise renamed(exc, "response_format", "text.format") from None
     return run, conversation, name
 
 
