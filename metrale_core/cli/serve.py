@@ -52,6 +52,12 @@ def add_parser(sub, registry) -> argparse.ArgumentParser:
     http.add_argument("--reasoning-parser", default=None, metavar="NAME",
                       help="split <think> reasoning into reasoning_content (qwen3, think, "
                            "deepseek_r1, glm45, none; default: by model type)")
+    http.add_argument("--pooling", default=None, choices=("mean", "last"),
+                      help="/v1/embeddings pooling over the last hidden state (default: the "
+                           "model's declared pooling, else mean)")
+    http.add_argument("--responses-store-size", type=int, default=1024, metavar="N",
+                      help="responses kept in memory for previous_response_id and "
+                           "GET /v1/responses/{id} (LRU; 0 stores none; default: 1024)")
     http.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
                       help="time in-flight requests get to finish on shutdown (default: 10)")
     http.add_argument("--no-tui", action="store_true",
@@ -105,7 +111,8 @@ def run(args, registry) -> int:
         served_model_name=args.served_model_name or served_name(model), api_key=args.api_key,
         max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting,
         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
-        shutdown_grace_s=args.shutdown_grace)
+        shutdown_grace_s=args.shutdown_grace, pooling=args.pooling,
+        responses_store_size=args.responses_store_size)
     from metrale_core.tui.launch import use_dashboard
 
     if use_dashboard(args.no_tui)[0]:

@@ -31,6 +31,7 @@ from metrale_core.engine.config import EngineConfig
 from metrale_core.engine.output import OutputProcessor, RequestOutput
 from metrale_core.engine.request import Request, Sequence
 from metrale_core.engine.kv_dtype import resolve_kv_storage
+from metrale_core.engine.pooling import plan_pools, pool_step
 from metrale_core.engine.runner import ModelRunner, model_device
 from metrale_core.engine.scheduler import FcfsPolicy, Scheduler
 from metrale_core.engine.spec_driver import SpecDriver, build_spec_driver
@@ -205,7 +206,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one step; returns the deltas it produced."""
         plan = self.scheduler.schedule()  # asks the speculation driver for drafts, if any
-        outputs = self.output_processor.update(plan, self.runner.execute(plan))
+        pooling = plan_pools(plan)  # embedding rows need the step's hidden states
+        logits = self.runner.execute(plan, hidden=pooling)
+        pooled = pool_step(self, plan, self.runner.last_hidden) if pooling else []
+        outputs = pooled + self.output_processor.update(plan, logits)
         self.speculation.after_step(plan, outputs)  # rollback + report; nothing when off
         self.snapshots.publish(plan, outputs)
         return outputs

@@ -63,6 +63,9 @@ class RequestOutput:
     #: The ``ParsedDelta`` pieces of ``text_delta`` when the request has a ``stream_parser`` extra
     #: (``metrale_core.streamparse``); the final delta includes what ``finish()`` flushed.
     parsed: tuple = ()
+    #: The pooled, L2-normalised vector of a pooling (embedding) request's final delta
+    #: (``metrale_core.engine.pooling``); None otherwise.
+    embedding: Any = None
 
 
 def _parse(seq: Sequence, delta: str, finished: bool) -> tuple:

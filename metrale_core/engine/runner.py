@@ -103,14 +103,15 @@ class ModelRunner:
         them; set once by the engine's speculation driver)."""
         self.keeps_hidden = True
 
-    def execute(self, plan: SchedulerOutput) -> torch.Tensor | None:
+    def execute(self, plan: SchedulerOutput, *, hidden: bool = False) -> torch.Tensor | None:
         """Run the model over ``plan``; returns ``[N, vocab]`` float32 logits of the sampled rows
-        (None for an empty plan); see :meth:`keep_hidden_states` for ``last_hidden``."""
+        (None for an empty plan); ``last_hidden`` is kept when ``hidden`` (this step pools
+        embeddings) or after :meth:`keep_hidden_states`."""
         self.last_hidden = None
         if plan.is_empty:
             return None
         batch = self.build_batch(plan)
-        if self.keeps_hidden:
+        if self.keeps_hidden or hidden:
             logits, self.last_hidden = self.model.forward_with_hidden(batch, self.kv, self.state)
         else:
             logits = self.model.forward(batch, self.kv, self.state)

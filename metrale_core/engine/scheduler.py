@@ -52,6 +52,7 @@ from loguru import logger
 
 from metrale_core.engine.block_manager import BlockManager
 from metrale_core.engine.config import EngineConfig
+from metrale_core.engine.pooling import skips_prefix_cache
 from metrale_core.engine.request import Sequence, SequenceStatus
 from metrale_core.engine.state_slots import StateSlots
 from metrale_core.errors import InvalidRequest, KVCacheExhausted
@@ -396,7 +397,7 @@ class Scheduler:
                 continue
             if not self.state_slots.can_allocate():
                 break
-            hits = bm.match_prefix(seq)
+            hits = [] if skips_prefix_cache(seq) else bm.match_prefix(seq)
             cached = len(hits) * bm.block_size
             n = min(seq.num_prefill_tokens - cached, budget)
             if not bm.can_allocate(hits, cached + n):

@@ -5,14 +5,17 @@ tiny model.  The lifespan creates the :class:`EngineHost`, starts loading the mo
 background (``/health`` is 503 until it is ready) and, at exit, drains in-flight requests for
 the grace period before stopping the engine thread.
 
-Routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/tokenize``,
+Routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` (+ ``GET``/``DELETE``
+``/v1/responses/{id}``), ``/v1/embeddings``, ``/v1/messages`` (+ ``/count_tokens``, Anthropic
+auth and error shape), ``/v1/models``, ``/tokenize``,
 ``/detokenize``, ``/health``, ``/health/live``, ``/metrics``, the OpenAPI schema under
 ``/schema``; other OpenAI routes answer 501.
 
 Invariants:
 - Every error body is OpenAI-shaped (``errors.exception_handlers``).
 - Request bodies above ``config.max_body_bytes`` are refused with 413 before being buffered.
-- One access-log line per request through loguru (method, path, status, duration).
+- One access-log line per request through loguru (method, path, status, duration), and the
+  same request counted in ``/metrics`` by route (``metrale:http_requests_total``).
 """
 
 from __future__ import annotations
@@ -31,17 +34,20 @@ from loguru import logger
 from metrale_core.server.auth import api_key_guard
 from metrale_core.server.chat import chat_completions
 from metrale_core.server.completions import completions
+from metrale_core.server.embeddings import create_embeddings
 from metrale_core.server.errors import APIError, exception_handlers
 from metrale_core.server.health import health, live
 from metrale_core.server.host import EngineHost, ServedModel, ServerConfig
 from metrale_core.server.metrics import ServerMetrics, metrics_route
+from metrale_core.server.messages import messages_router
 from metrale_core.server.models import get_model, list_models
+from metrale_core.server.responses import ResponseStore, response_handlers
 from metrale_core.server.tokenize import detokenize, tokenize
 
 __all__ = ["create_app"]
 
 #: OpenAI routes this server does not implement (answered 501).
-UNSUPPORTED = ("embeddings", "responses", "audio", "images", "moderations", "files", "batches",
+UNSUPPORTED = ("audio", "images", "moderations", "files", "batches",
                "fine_tuning", "assistants", "threads", "vector_stores", "uploads", "realtime",
                "conversations", "evals", "containers")
 
@@ -51,7 +57,8 @@ UNSUPPORTED = ("embeddings", "responses", "audio", "images", "moderations", "fil
        sync_to_thread=False)
 def not_implemented(request: Request) -> None:
     raise APIError(501, f"{request.method} {request.url.path} is not implemented by this server "
-                        f"(it serves chat completions, completions, models, tokenize)",
+                        f"(it serves chat completions, completions, responses, embeddings, "
+                        f"models, tokenize, and Anthropic messages)",
                    code="not_implemented")
 
 
@@ -73,8 +80,13 @@ def _access_log(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, send_wrapper)
         finally:
             client = scope.get("client") or ("-", 0)
+            elapsed = time.perf_counter() - start
             logger.info("{} {} {} {} {:.1f}ms", client[0], scope["method"], scope["path"],
-                        status or "-", (time.perf_counter() - start) * 1000)
+                        status or "-", elapsed * 1000)
+            route = scope.get("path_template")
+            metrics = getattr(scope.get("litestar_app"), "state", {}).get("metrics")
+            if route and metrics is not None:
+                metrics.http_request(route, scope["method"], status or 500, elapsed)
     return middleware
 
 
@@ -96,15 +108,16 @@ def create_app(config: ServerConfig, loader: Callable[[], ServedModel], registry
             await host.shutdown()
 
     api = Router(path="/", guards=[api_key_guard], route_handlers=[
-        chat_completions, completions, list_models, get_model, tokenize, detokenize,
-        not_implemented])
+        chat_completions, completions, *response_handlers, create_embeddings, list_models,
+        get_model, tokenize, detokenize, not_implemented])
     return Litestar(
-        route_handlers=[api, health, live, metrics_route],
+        route_handlers=[api, messages_router(), health, live, metrics_route],
         lifespan=[lifespan],
         exception_handlers=exception_handlers(),
         middleware=[_access_log],
         request_max_body_size=config.max_body_bytes,
-        state=State({"host": host, "metrics": metrics}),
+        state=State({"host": host, "metrics": metrics,
+                     "responses": ResponseStore(config.responses_store_size)}),
         openapi_config=OpenAPIConfig(title="Metrale", version="1", path="/schema")
         if openapi else None,
         debug=False,

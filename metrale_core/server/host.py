@@ -88,6 +88,10 @@ class ServerConfig:
     tool_call_parser: str | None = None
     #: Reasoning parser name (None: by the model type; ``"none"`` turns it off).
     reasoning_parser: str | None = None
+    #: ``/v1/embeddings`` pooling, ``mean`` or ``last`` (None: the model's declared default).
+    pooling: str | None = None
+    #: Responses kept for ``previous_response_id`` / ``GET /v1/responses/{id}`` (LRU; 0: none).
+    responses_store_size: int = 1024
     #: Seconds in-flight requests get to finish at shutdown before they are aborted.
     shutdown_grace_s: float = 10.0
     #: Unix time the server started (``created`` of ``/v1/models``).

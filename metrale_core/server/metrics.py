@@ -11,7 +11,10 @@ Exported (all labelled ``model_name``):
   ``metrale:num_preemptions_total``, ``metrale:prompt_tokens_total``,
   ``metrale:generation_tokens_total``, ``metrale:request_success_total{finished_reason}``;
 - histograms ``metrale:time_to_first_token_seconds``, ``metrale:inter_token_latency_seconds``,
-  ``metrale:e2e_request_latency_seconds``.
+  ``metrale:e2e_request_latency_seconds``;
+- by route (the path template, e.g. ``/v1/responses/{response_id:str}``): the counter
+  ``metrale:http_requests_total{route,method,status}`` and the histogram
+  ``metrale:http_request_duration_seconds{route,method}`` (a stream counts until its last byte).
 
 Invariants:
 - One ``CollectorRegistry`` per app (several apps in one process never clash).
@@ -99,7 +102,8 @@ class _EngineCollector:
 
 _SERVER_NAMES = {"metrale:time_to_first_token_seconds", "metrale:inter_token_latency_seconds",
                  "metrale:e2e_request_latency_seconds", "metrale:prompt_tokens",
-                 "metrale:generation_tokens", "metrale:request_success"}
+                 "metrale:generation_tokens", "metrale:request_success", "metrale:http_requests",
+                 "metrale:http_request_duration_seconds"}
 
 
 class ServerMetrics:
@@ -122,7 +126,18 @@ class ServerMetrics:
                                          labels, registry=r).labels(model_name)
         self._success = Counter("metrale:request_success", "Finished requests by finish reason",
                                 ["model_name", "finished_reason"], registry=r)
+        self._http = Counter("metrale:http_requests", "HTTP requests by route, method and status",
+                             ["model_name", "route", "method", "status"], registry=r)
+        self._http_seconds = Histogram("metrale:http_request_duration_seconds",
+                                       "HTTP request duration by route", ["model_name", "route",
+                                                                          "method"],
+                                       buckets=_E2E_BUCKETS, registry=r)
         r.register(_EngineCollector(host, model_name))
+
+    def http_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        """Record one answered HTTP request on ``route`` (its path template)."""
+        self._http.labels(self.model_name, route, method, str(status)).inc()
+        self._http_seconds.labels(self.model_name, route, method).observe(seconds)
 
     def finished(self, reason: str | None, prompt_tokens: int, output_tokens: int,
                  e2e_s: float) -> None:

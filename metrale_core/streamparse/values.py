@@ -46,7 +46,9 @@ def index_tools(tools: list[dict] | None) -> dict[str, dict[str, dict]]:
             continue
         params = fn.get("parameters") or {}
         props = params.get("properties") if isinstance(params, dict) else None
-        out[fn["name"]] = {k: v for k, v in (props or {}).items() if isinstance(v, dict)}
+        if not isinstance(props, dict):  # a malformed schema types nothing (never a crash)
+            props = {}
+        out[fn["name"]] = {k: v for k, v in props.items() if isinstance(v, dict)}
     return out
 
 

@@ -44,7 +44,7 @@ def start_server(byte_tokenizer):
         server = serve_in_thread(app)
         host = app.state.host
         running.append(server)
-        wait_ready(server.url)
+        wait_ready(server.url, timeout=120)  # real models load slowly on a busy machine
         return server, host
 
     yield start

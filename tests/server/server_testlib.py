@@ -93,6 +93,8 @@ class ScriptedLM:
                               eos_token_ids=(self.eos,))
         self.header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
         self.user = tokenizer.encode("<|im_start|>user\n", add_special_tokens=False)
+        #: What a template renders after the header when thinking is off (skipped by the script).
+        self.no_think = tokenizer.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
         self._replies: dict[tuple[int, ...], list[int] | None] = {}
         self.num_forwards = 0
 
@@ -133,6 +135,8 @@ class ScriptedLM:
         for at in range(len(history) - n, -1, -1):
             if history[at:at + n] == self.header:
                 start = at + n
+                if history[start:start + len(self.no_think)] == self.no_think:
+                    start += len(self.no_think)
                 break
         if start is None:
             return None
@@ -174,3 +178,22 @@ def wait_ready(url: str, timeout: float = 30.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"{url} never became healthy")
+
+
+def checkpoint_loader(path, registry, **engine):
+    """A server loader for an HF checkpoint directory through the registry's model loader."""
+    def load():
+        from metrale_core.components import LoadOptions
+        from metrale_core.engine import EngineConfig, LLMEngine
+        from metrale_core.server import ServedModel
+        from metrale_core.tokenizer import Tokenizer
+        from metrale_core.weights import open_weights
+
+        store = open_weights(path)
+        model = registry.find_model_loader(store.config).factory(store, LoadOptions())
+        tok = Tokenizer.from_dir(path)
+        cfg = dict(block_size=4, num_kv_blocks=256, max_num_seqs=16, max_prefill_tokens=16)
+        cfg.update(engine)
+        return ServedModel(engine=LLMEngine(model, EngineConfig(**cfg), tokenizer=tok,
+                                            registry=registry), tokenizer=tok, model_type="qwen3")
+    return load

@@ -131,7 +131,7 @@ CASES = [
      None, 400, "more than this server ever admits at once (288"),
     ("prompt-chars-early", "/v1/completions", {"prompt": "x" * 200_000}, None, 400,
      "characters, more than this model's context"),
-    ("unsupported-route", "/v1/embeddings", {"input": "a"}, None, 501, "not implemented"),
+    ("unsupported-route", "/v1/images/generations", {"prompt": "a"}, None, 501, "not implemented"),
     ("unknown-route", "/v1/nothing-here", {}, None, 404, "no route"),
 ]
 

@@ -1,0 +1,116 @@
+"""The one chat path under the Responses and Messages APIs: run a chat request, yield pieces.
+
+Owner: ``server.responses`` and ``server.messages``.  Each of those APIs translates its request
+into a :class:`~metrale_core.server.schemas.ChatCompletionRequest` and calls :func:`start_chat`,
+which renders it with the same chat template (``chat_prompt``), attaches the same stream parser
+(tool calls, reasoning; ``parser_factory``) and plans it with the same checks (``plan_jobs``) as
+``/v1/chat/completions``.  :func:`pieces` then turns each engine delta into typed
+:class:`Piece` records (text, reasoning, the start of a tool call, a fragment of its arguments)
+that each API maps onto its own events.
+
+Invariants:
+- Everything that can reject the request runs in :func:`start_chat`, before the first engine
+  request is added (so a rejection is a clean 4xx, never a half-started stream).
+- Without a stream parser the engine's text delta is text; with one, the parser's pieces are
+  used (tool-call arguments are never sent as text).
+- A tool call's first piece is ``call`` (with its id and name), followed by ``args`` fragments
+  that concatenate to the arguments JSON.
+"""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+from typing import Any, AsyncIterator, Iterator
+
+from attrs import define, field, frozen
+
+from metrale_core.server.chat_prompt import chat_prompt, parser_factory
+from metrale_core.server.common import new_id
+from metrale_core.server.errors import APIError
+from metrale_core.server.generation import Job, plan_jobs, run_jobs
+
+__all__ = ["ChatRun", "Piece", "pieces", "renamed", "start_chat"]
+
+
+@frozen
+class Piece:
+    """One translated piece of output."""
+
+    #: ``text`` | ``reasoning`` | ``call`` (a tool call starts) | ``args`` (arguments fragment)
+    kind: str
+    text: str = ""
+    #: For ``call`` / ``args``: the call's index in this response.
+    index: int = 0
+    call_id: str = ""
+    name: str = ""
+
+
+@define
+class ChatRun:
+    """A planned chat request and what its output accumulated."""
+
+    host: Any
+    #: ``plan_jobs``' one-job list; it carries the request's admission, which ``run_jobs`` releases.
+    jobs: list[Job]
+    prompt_tokens: int
+    calls: dict[int, dict] = field(factory=dict)
+    finish_reason: str | None = None
+    output_tokens: int = 0
+    #: The engine's final delta (``finish_reason`` ``error``/``timeout``/``abort`` included).
+    final: Any = None
+
+    @property
+    def job(self) -> Job:
+        return self.jobs[0]
+
+    async def outputs(self) -> AsyncIterator[Any]:
+        """The engine deltas; closing this generator aborts the engine request at once."""
+        async with aclosing(run_jobs(self.host, self.jobs)) as stream:
+            async for _, out in stream:
+                if out.finished:
+                    self.final = out
+                    self.finish_reason = out.finish_reason
+                    self.output_tokens = out.num_output_tokens
+                yield out
+
+
+def start_chat(host: Any, req: Any, *, max_tokens: int | None) -> ChatRun:
+    """Render, validate and plan ``req`` (a ``ChatCompletionRequest``) as one engine request."""
+    served = host.ready()
+    prompt, prompt_text = chat_prompt(served.tokenizer, req)
+    extras = parser_factory(host, req, prompt_text)
+    jobs = plan_jobs(host, req, [prompt], max_tokens=max_tokens, logprobs=None,
+                     extras_factory=extras)
+    return ChatRun(host=host, jobs=jobs, prompt_tokens=len(prompt))
+
+
+def pieces(run: ChatRun, out: Any) -> Iterator[Piece]:
+    """The pieces of one engine delta (see the module docstring)."""
+    if run.job.extras is None:
+        if out.text_delta:
+            yield Piece("text", out.text_delta)
+        return
+    for p in out.parsed:
+        if p.reasoning:
+            yield Piece("reasoning", p.reasoning)
+        if p.content:
+            yield Piece("text", p.content)
+        if p.tool_call_index is not None:
+            call = run.calls.get(p.tool_call_index)
+            if call is None:
+                call = run.calls[p.tool_call_index] = {
+                    "id": p.tool_call_id or new_id("call"), "name": p.name or "", "arguments": ""}
+                yield Piece("call", index=p.tool_call_index, call_id=call["id"], name=call["name"])
+            if p.arguments:
+                call["arguments"] += p.arguments
+                yield Piece("args", p.arguments, index=p.tool_call_index, call_id=call["id"])
+
+
+def renamed(exc: APIError, chat_field: str, api_field: str) -> APIError:
+    """``exc`` with a chat field path (``response_format.type``) renamed to the API's own
+    (``text.format.type``), so an error names what the client sent; other errors unchanged."""
+    if not (exc.param and exc.param.startswith(chat_field)):
+        return exc
+    path = api_field + exc.param[len(chat_field):]
+    return APIError(exc.status, exc.message.replace(exc.param, path, 1), param=path,
+                    code=exc.code, type=exc.type, headers=exc.headers)
