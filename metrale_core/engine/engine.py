@@ -137,13 +137,14 @@ class LLMEngine:
                          params: SamplingParams) -> list[int]:
         """Raise ``InvalidRequest`` / ``PromptTooLong`` for a request that can never run.
 
-        Returns the prompt as a list of ints.  Reads only the configuration, so any thread may
-        call it.
+        Returns the prompt as a list of ints.  Reads only the configuration (and the logit
+        processors' ``validate_params``, which must be thread-safe), so any thread may call it.
         """
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequest(f"request_id must be a non-empty string, got {request_id!r}")
         if not isinstance(params, SamplingParams):
             raise InvalidRequest(f"params must be SamplingParams, got {type(params).__name__}")
+        self.output_processor.pipeline.validate(params)  # e.g. a structured-output constraint
         if len(prompt_ids) == 0:
             raise InvalidRequest(f"request {request_id!r}: the prompt is empty")
         if len(prompt_ids) + 1 > self.max_model_len:

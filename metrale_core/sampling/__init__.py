@@ -26,6 +26,7 @@ from metrale_core.sampling.pipeline import (
 )
 from metrale_core.sampling.position import PositionKind
 from metrale_core.sampling.sampler import DefaultSampler, truncate
+from metrale_core.sampling.structured import StructuredOutput, StructuredOutputError
 
 __all__ = [
     "DEBUG_OBSERVERS_ENV",
@@ -41,6 +42,8 @@ __all__ = [
     "Sampler",
     "SamplingError",
     "SamplingParams",
+    "StructuredOutput",
+    "StructuredOutputError",
     "apply_penalties_and_bias",
     "truncate",
 ]
