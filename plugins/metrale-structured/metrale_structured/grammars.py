@@ -30,6 +30,8 @@ TOOL_FORMATS = ("hermes", "qwen3_coder", "glm47")
 _TAGS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 _TAG_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in _TAGS) + ")")
 _JSON_DEFAULTS = {"whitespace_flexible": False}
+#: JSON inside tool calls: the spacing models are trained on (``{"name": "f", "arguments": ...}``).
+_CALL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class GrammarError(ValueError):
@@ -120,9 +122,9 @@ def _params(tool: dict) -> dict:
 
 
 def _json_embed(schema: Any) -> str:
-    """``%json {schema}`` with compact whitespace (as response_format JSON)."""
+    """``%json {schema}`` with the separators tool-call formats use (``", "``, ``": "``)."""
     if isinstance(schema, dict) and "x-guidance" not in schema:
-        schema = {**schema, "x-guidance": _JSON_DEFAULTS}
+        schema = {**schema, "x-guidance": _CALL_JSON}
     return "%json " + json.dumps(schema)
 
 
