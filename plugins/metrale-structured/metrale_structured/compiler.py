@@ -32,9 +32,9 @@ __all__ = ["Compiler", "LIMITS_KW", "MAX_BYTES", "MAX_ENTRIES", "llg_tokenizer"]
 
 MAX_ENTRIES = 512
 MAX_BYTES = 64 << 20
-#: Parser limits: a tighter lexer-state budget than llguidance's default (250k) bounds compile
+#: Parser limits: tighter lexer-state and initial-fuel budgets than llguidance's defaults bound compile
 #: time and memory of hostile regexes; ordinary schemas use a few hundred states.
-LIMITS_KW = dict(max_lexer_states=50_000, initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000)
+LIMITS_KW = dict(max_lexer_states=50_000, initial_lexer_fuel=200_000, step_lexer_fuel=200_000)
 
 _TOKENIZERS: dict[tuple, Any] = {}
 _TOKENIZERS_LOCK = threading.Lock()
