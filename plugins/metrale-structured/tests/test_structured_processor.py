@@ -167,3 +167,18 @@ def test_tool_call_grammar_accepts_the_format_the_parser_reads(proc, fmt):
     pieces = parser.feed(text) + parser.finish()
     args = "".join(p.arguments for p in pieces if p.tool_call_index == 0)
     assert json.loads(args) == {"city": "Paris", "days": 3}
+
+
+def test_the_grammar_starts_after_the_reasoning_section(proc, tokenizer):
+    think, end = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
+    spec = StructuredOutput("regex", "ab", "f", reasoning_end="</think>",
+                            reasoning_start="<think>")
+    r = Row(SamplingParams(max_tokens=64, structured=spec))
+    assert allowed(proc, [r]) == [{ord("a"), think}]   # answer now, or think first
+    r.output_ids += [think, ord("z"), ord("<")]
+    assert len(allowed(proc, [r])[0]) == MODEL_VOCAB   # thinking: unconstrained
+    r.output_ids.append(end)
+    assert allowed(proc, [r]) == [{ord("a")}]          # after </think>: the grammar
+    started = Row(SamplingParams(max_tokens=8, structured=StructuredOutput(
+        "regex", "ab", "f", reasoning_end="</think>", starts_in_reasoning=True)))
+    assert len(allowed(proc, [started])[0]) == MODEL_VOCAB

@@ -35,9 +35,11 @@ WEATHER = [{"role": "user", "content": "What is the weather in Paris for 3 days?
 @pytest.fixture(scope="module", params=["smollm2", "qwen3-random"])
 def served(request, tmp_path_factory):
     if request.param == "smollm2":
-        server, host = start(smollm2_path(), model_type="llama")
+        path, model_type = smollm2_path(), "llama"
     else:
-        server, host = start(qwen3_dir(tmp_path_factory.mktemp("q3")), model_type="qwen3")
+        path, model_type = qwen3_dir(tmp_path_factory.mktemp("q3")), "qwen3"
+    server, host = start(path, model_type=model_type)
+    host.checkpoint = (path, model_type)  # for a second server of the same model
     try:
         yield request.param, server, host
     finally:
@@ -113,7 +115,8 @@ def test_max_tokens_mid_object_finishes_with_length(served):
     for stream in (False, True):
         text, finish = chat_text(c, stream=stream, messages=ASK, max_tokens=12, temperature=0,
                                  response_format={"type": "json_schema", "json_schema": {
-                                     "name": "x", "schema": schema}})
+                                     "name": "x", "schema": schema}},
+                                 extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         assert finish == "length" and text.startswith('{"items":[')
 
 
@@ -218,3 +221,52 @@ def _forced_calls(c):
         _check_calls(calls, finish, exactly_one=True)
         calls, finish = _tool_reply(c, "required", None, stream)
         _check_calls(calls, finish)
+
+
+def test_mixed_concurrent_streams_and_metrics(served):
+    """16 concurrent streams, half constrained: every constrained reply validates, every free
+    reply equals the same free request on a server without the plugin; n=2 constrained choices
+    both validate; the plugin's Prometheus metrics count them."""
+    import importlib.metadata
+
+    import httpx
+
+    from metrale_core.plugins import load_registry
+
+    _, server, host = served
+    c = client(server)
+    free_msgs = [[{"role": "user", "content": f"Say something about the number {i}."}]
+                 for i in range(8)]
+    names = list(SCHEMAS)[:8]
+
+    def job(i):
+        if i % 2:
+            return ("free", chat_text(c, stream=True, messages=free_msgs[i // 2], max_tokens=24,
+                                      temperature=0)[0])
+        name = names[i // 2]
+        return (name, _schema_reply(c, name, True, 0.0, i)[1])
+
+    results = concurrently(job, range(16))
+    for name, text in results[0::2]:
+        jsonschema.validate(json.loads(text), SCHEMAS[name])
+    path, model_type = host.checkpoint
+    eps = [ep for ep in importlib.metadata.entry_points(group="metrale") if ep.name != "structured"]
+    bare, _ = start(path, model_type=model_type, registry=load_registry(entry_points=eps))
+    try:
+        bc = client(bare)
+        alone = concurrently(lambda m: chat_text(bc, stream=True, messages=m, max_tokens=24,
+                                                 temperature=0)[0], free_msgs)
+    finally:
+        bare.stop()
+    assert [text for _, text in results[1::2]] == alone
+    resp = c.chat.completions.create(model="m", messages=ASK, max_tokens=96, n=2, temperature=1.0,
+                                     seed=5, response_format={"type": "json_schema", "json_schema": {
+                                         "name": "e", "schema": SCHEMAS["enum"]}})
+    for choice in resp.choices:
+        jsonschema.validate(json.loads(choice.message.content), SCHEMAS["enum"])
+    metrics = httpx.get(server.url + "/metrics").text
+    requests = [ln for ln in metrics.splitlines()
+                if ln.startswith("metrale:structured_requests_total ")]
+    assert requests and float(requests[0].split()[1]) >= 10
+    assert "metrale:structured_mask_seconds_count" in metrics
+    assert "metrale:structured_compile_seconds_sum" in metrics
