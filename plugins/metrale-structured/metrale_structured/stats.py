@@ -24,6 +24,7 @@ class StructuredStats:
     compiled: int = 0
     cache_hits: int = 0
     compile_seconds: list = field(factory=list)
+    compile_total_s: float = 0.0
     #: Seconds spent building llguidance tokenizers (once per model).
     tokenizer_setup_s: float = 0.0
     #: Rows whose matcher failed mid-generation (forced to end).
@@ -36,6 +37,7 @@ class StructuredStats:
 
     def record_compile(self, seconds: float) -> None:
         self.compiled += 1
+        self.compile_total_s += seconds
         self.compile_seconds.append(seconds)
         if len(self.compile_seconds) > 4096:
             del self.compile_seconds[:2048]
