@@ -218,25 +218,29 @@ class StructuredProcessor:
             llnp.fill_next_token_bitmask_par(self._executor, plain, bitmask)
         if drafted:
             llnp.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)
-        allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
-        allowed[:, self.compiler.tokenizer_vocab:] = 0  # model padding past the tokenizer
+        # disallowed = the inverted bits, unpacked once (uint8 0/1, viewed as bool: no copy)
+        banned = np.unpackbits(np.invert(bitmask).view(np.uint8), axis=1,
+                               bitorder="little")[:, :vocab]
+        banned[:, self.compiler.tokenizer_vocab:] = 1  # model padding past the tokenizer
         for r, token in extra_allow:
-            allowed[r, token] = 1
+            banned[r, token] = 0
         for r in forced_eos:
-            allowed[r, list(self._eos)] = 1
-        rows = np.array([r for _, r in target])
-        picked = allowed[rows]
-        empty = ~picked.any(axis=1)
+            banned[r, list(self._eos)] = 0
+        rows = [r for _, r in target]
+        picked = banned if rows == list(range(num_rows)) else banned[rows]
+        empty = picked.all(axis=1)
         if empty.any():  # a matcher that stopped without allowing EOS: end the row
             STATS.matcher_errors += int(empty.sum())
-            picked[np.nonzero(empty)[0][:, None], list(self._eos)] = 1
-        mask = torch.from_numpy(picked).to(device=logits.device, dtype=torch.bool)
+            picked[np.nonzero(empty)[0][:, None], list(self._eos)] = 0
+        mask = torch.from_numpy(picked.view(np.bool_))
+        if mask.device != logits.device:
+            mask = mask.to(logits.device)
         index = [j for j, _ in target]
         if len(index) == logits.shape[0] and index == list(range(len(index))):
-            logits.masked_fill_(~mask, float("-inf"))
+            logits.masked_fill_(mask, float("-inf"))
         else:
             idx = torch.tensor(index, dtype=torch.long, device=logits.device)
-            logits[idx] = logits[idx].masked_fill(~mask, float("-inf"))
+            logits[idx] = logits[idx].masked_fill(mask, float("-inf"))
 
 
 def _warn_failed(seq: Any, state: RowState) -> None:

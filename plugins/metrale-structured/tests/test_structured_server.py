@@ -39,9 +39,8 @@ def served(request, tmp_path_factory):
     else:
         path, model_type = qwen3_dir(tmp_path_factory.mktemp("q3")), "qwen3"
     server, host = start(path, model_type=model_type)
-    host.checkpoint = (path, model_type)  # for a second server of the same model
     try:
-        yield request.param, server, host
+        yield request.param, server, host, (path, model_type)
     finally:
         server.stop()
 
@@ -57,7 +56,7 @@ def _schema_reply(c, name: str, stream: bool, temperature: float, seed: int):
 
 
 def test_every_schema_validates_streamed_and_whole_greedy_and_sampled(served):
-    _, server, host = served
+    _, server, host, checkpoint = served
     c = client(server)
     jobs = [(name, stream, temp, i) for i, name in enumerate(SCHEMAS)
             for stream, temp in ((False, 0.0), (True, 0.9))]
@@ -73,7 +72,7 @@ def test_every_schema_validates_streamed_and_whole_greedy_and_sampled(served):
 
 
 def test_regex_choice_gbnf_json_object_and_completions(served):
-    _, server, _ = served
+    _, server, _, _ = served
     c = client(server)
     kw = dict(messages=ASK, max_tokens=40, extra_body={"chat_template_kwargs": {
         "enable_thinking": False}})
@@ -108,7 +107,7 @@ def test_regex_choice_gbnf_json_object_and_completions(served):
 
 
 def test_max_tokens_mid_object_finishes_with_length(served):
-    _, server, _ = served
+    _, server, _, _ = served
     c = client(server)
     schema = {"type": "object", "properties": {"items": {"type": "array", "items": {
         "type": "string", "maxLength": 8}, "minItems": 30}}, "required": ["items"]}
@@ -140,7 +139,7 @@ def test_max_tokens_mid_object_finishes_with_length(served):
      "grammar", "one output constraint"),
 ])
 def test_bad_constraints_are_400_naming_the_field(served, bad, param, words):
-    _, server, _ = served
+    _, server, _, _ = served
     c = client(server)
     with pytest.raises(openai.BadRequestError) as info:
         c.chat.completions.create(model="m", messages=ASK, max_tokens=4, **bad)
@@ -151,7 +150,7 @@ def test_bad_constraints_are_400_naming_the_field(served, bad, param, words):
 def test_pathological_regex_compiles_in_bounded_time_or_is_refused(served):
     import time
 
-    _, server, _ = served
+    _, server, _, _ = served
     c = client(server)
     started = time.perf_counter()
     try:
@@ -198,7 +197,7 @@ def _check_calls(calls, finish, only=None, exactly_one=False):
 
 @pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "glm47"])
 def test_forced_tool_calls_in_each_wire_format(served, fmt):
-    which, server, host = served
+    which, server, host, _ = served
     if which == "smollm2" and fmt != "hermes":
         pytest.skip("the embedded model is served with its own (hermes) format; the other "
                     "formats run on the Qwen3 config")
@@ -233,7 +232,7 @@ def test_mixed_concurrent_streams_and_metrics(served):
 
     from metrale_core.plugins import load_registry
 
-    _, server, host = served
+    _, server, host, checkpoint = served
     c = client(server)
     free_msgs = [[{"role": "user", "content": f"Say something about the number {i}."}]
                  for i in range(8)]
@@ -249,7 +248,7 @@ def test_mixed_concurrent_streams_and_metrics(served):
     results = concurrently(job, range(16))
     for name, text in results[0::2]:
         jsonschema.validate(json.loads(text), SCHEMAS[name])
-    path, model_type = host.checkpoint
+    path, model_type = checkpoint
     eps = [ep for ep in importlib.metadata.entry_points(group="metrale") if ep.name != "structured"]
     bare, _ = start(path, model_type=model_type, registry=load_registry(entry_points=eps))
     try:
