@@ -133,6 +133,14 @@ def _is_plain_string(schema: Any) -> bool:
         set(schema) & {"enum", "const", "pattern", "format", "minLength", "maxLength"})
 
 
+
+def _raw_pattern(pattern: str) -> str:
+    """A JSON-Schema ``pattern`` as a Lark regex over the whole raw value (anchors dropped)."""
+    core = pattern[1:] if pattern.startswith("^") else ".*" + pattern
+    core = core[:-1] if core.endswith("$") and not core.endswith("\\$") else core + ".*"
+    return "(?:" + core.replace("/", "\\/") + ")"
+
+
 def _value_rule(schema: Any) -> str:
     """A raw-text parameter value (qwen3_coder, glm47): strings as text, others as JSON."""
     if isinstance(schema, dict) and schema.get("type") == "string":
@@ -142,6 +150,11 @@ def _value_rule(schema: Any) -> str:
             return _lark_string(schema["const"])
         if _is_plain_string(schema):
             return r"/[^<\n]*/"
+        if set(schema) <= {"type", "minLength", "maxLength", "description", "title"}:
+            low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
+            return "/[^<\\n]{%d,%s}/" % (low, "" if high is None else int(high))
+        if set(schema) <= {"type", "pattern", "description", "title"}:
+            return "/" + _raw_pattern(schema["pattern"]) + "/"
     return _json_embed(schema)
 
 

@@ -185,9 +185,13 @@ def _tool_reply(c, choice, parallel, stream):
     return [tuple(calls[i]) for i in sorted(calls)], finish
 
 
-def _check_calls(calls, finish, only=None, exactly_one=False):
+def _check_calls(calls, finish, only=None, exactly_one=False, may_run_on=False):
     params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    assert finish == "tool_calls" and calls, (calls, finish)
+    if may_run_on and finish == "length":  # parallel calls: the model may keep calling
+        calls = calls[:-1]               # (the last one is cut by max_tokens)
+    else:
+        assert finish == "tool_calls", (calls, finish)
+    assert calls, (calls, finish)
     if exactly_one:
         assert len(calls) == 1, calls
     for name, args in calls:
@@ -219,7 +223,7 @@ def _forced_calls(c):
         calls, finish = _tool_reply(c, "required", False, stream)
         _check_calls(calls, finish, exactly_one=True)
         calls, finish = _tool_reply(c, "required", None, stream)
-        _check_calls(calls, finish)
+        _check_calls(calls, finish, may_run_on=True)
 
 
 def test_mixed_concurrent_streams_and_metrics(served):
@@ -260,7 +264,8 @@ def test_mixed_concurrent_streams_and_metrics(served):
     assert [text for _, text in results[1::2]] == alone
     resp = c.chat.completions.create(model="m", messages=ASK, max_tokens=96, n=2, temperature=1.0,
                                      seed=5, response_format={"type": "json_schema", "json_schema": {
-                                         "name": "e", "schema": SCHEMAS["enum"]}})
+                                         "name": "e", "schema": SCHEMAS["enum"]}},
+                                     extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     for choice in resp.choices:
         jsonschema.validate(json.loads(choice.message.content), SCHEMAS["enum"])
     metrics = httpx.get(server.url + "/metrics").text
