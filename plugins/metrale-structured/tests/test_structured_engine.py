@@ -83,13 +83,14 @@ def test_preemption_recompute_and_mixed_batch_keep_outputs(qwen3):
 
     registry, tok, model = load_registry(), qwen3.tokenizer, qwen3.model
     requests = _requests(tok)
+    requests += [(rid + "2", prompt, params) for rid, prompt, params in requests]
     alone = {}
     for rid, prompt, params in requests:  # each request alone, plenty of KV
         alone.update(streams(run(model, [(rid, prompt, params)], tokenizer=tok, registry=registry,
                                  block_size=16, num_kv_blocks=128)))
     # all together in a pool too small for all: some are preempted and recomputed
-    tight = run(model, requests, tokenizer=tok, registry=registry, block_size=16, num_kv_blocks=8,
-                max_prefill_tokens=32)
+    tight = run(model, requests, tokenizer=tok, registry=registry, block_size=4, num_kv_blocks=16,
+                max_prefill_tokens=16)
     assert tight["_engine"].scheduler.num_preemptions > 0
     assert streams(tight) == alone
     _check_valid(alone)
