@@ -144,7 +144,9 @@ class LLMEngine:
             raise InvalidRequest(f"request_id must be a non-empty string, got {request_id!r}")
         if not isinstance(params, SamplingParams):
             raise InvalidRequest(f"params must be SamplingParams, got {type(params).__name__}")
-        self.output_processor.pipeline.validate(params)  # e.g. a structured-output constraint
+        check = getattr(self.output_processor.pipeline, "validate", None)
+        if check is not None:  # the logit processors' own checks (a structured-output grammar)
+            check(params)
         if len(prompt_ids) == 0:
             raise InvalidRequest(f"request {request_id!r}: the prompt is empty")
         if len(prompt_ids) + 1 > self.max_model_len:
