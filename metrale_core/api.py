@@ -76,6 +76,7 @@ _SAMPLING = {
                                         "Sampler", "SamplingError"),
     "metrale_core.sampling.params": ("SamplingParams",),
     "metrale_core.sampling.sampler": ("inverse_cdf",),
+    "metrale_core.sampling.structured": ("StructuredOutput", "StructuredOutputError"),
 }
 _STREAMPARSE = {
     "metrale_core.streamparse.base": ("CALL_CLOSE", "CALL_OPEN", "CompletedCall", "ParsedDelta", "TagParserBase",

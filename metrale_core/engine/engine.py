@@ -145,13 +145,16 @@ class LLMEngine:
                          params: SamplingParams) -> list[int]:
         """Raise ``InvalidRequest`` / ``PromptTooLong`` for a request that can never run.
 
-        Returns the prompt as a list of ints.  Reads only the configuration, so any thread may
-        call it.
+        Returns the prompt as a list of ints.  Reads only the configuration (and the logit
+        processors' ``validate_params``, which must be thread-safe), so any thread may call it.
         """
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequest(f"request_id must be a non-empty string, got {request_id!r}")
         if not isinstance(params, SamplingParams):
             raise InvalidRequest(f"params must be SamplingParams, got {type(params).__name__}")
+        check = getattr(self.output_processor.pipeline, "validate", None)
+        if check is not None:  # the logit processors' own checks (a structured-output grammar)
+            check(params)
         if len(prompt_ids) == 0:
             raise InvalidRequest(f"request {request_id!r}: the prompt is empty")
         if len(prompt_ids) + 1 > self.max_model_len:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     )
     from metrale_core.sampling.position import PositionKind
     from metrale_core.sampling.sampler import DefaultSampler, truncate
+    from metrale_core.sampling.structured import StructuredOutput, StructuredOutputError
 
 #: Public name -> the submodule that defines it.  Imported on first use (PEP 562), so that
 #: ``metrale_core.sampling.position`` (imported by ``metrale_core.components`` and so by every
@@ -42,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "DEBUG_OBSERVERS_ENV": "pipeline", "LogitPipeline": "pipeline",
     "LogitProcessorFailed": "pipeline", "ObserverWroteLogits": "pipeline",
     "PositionKind": "position", "DefaultSampler": "sampler", "truncate": "sampler",
+    "StructuredOutput": "structured", "StructuredOutputError": "structured",
 }
 
 
@@ -72,6 +74,8 @@ __all__ = [
     "Sampler",
     "SamplingError",
     "SamplingParams",
+    "StructuredOutput",
+    "StructuredOutputError",
     "apply_penalties_and_bias",
     "truncate",
 ]

@@ -75,6 +75,11 @@ class LogitProcessor(Protocol):
     writing processor either modifies ``logits`` in place and returns ``None``, or returns a new
     tensor of the same shape.  A read-only processor (an observer) must not write ``logits``;
     its return value is ignored.
+
+    Optional members the pipeline honours: ``wants_row(row) -> bool`` (only wanted rows are
+    passed; none wanted means no call and no copy of the logits), ``validate_params(params)``
+    (called at admission by ``LogitPipeline.validate``; raise ``InvalidRequest`` to refuse) and
+    ``handles_structured_output = True`` (the processor enforces ``SamplingParams.structured``).
     """
 
     def __call__(self, logits: torch.Tensor, ctx: ProcessorContext) -> torch.Tensor | None: ...

@@ -11,6 +11,8 @@ import math
 
 from attrs import field, frozen, validators
 
+from metrale_core.sampling.structured import StructuredOutput
+
 __all__ = ["SamplingParams"]
 
 
@@ -56,6 +58,10 @@ class SamplingParams:
     ignore_eos: bool = False
     #: Number of top logprobs to return per token (None = no logprobs).
     logprobs: int | None = field(default=None, validator=validators.optional(validators.ge(0)))
+    #: Output constraint (JSON Schema, regex, grammar, forced tool calls), enforced by the logit
+    #: processor that handles structured output; None = unconstrained.
+    structured: StructuredOutput | None = field(
+        default=None, validator=validators.optional(validators.instance_of(StructuredOutput)))
 
     @property
     def is_greedy(self) -> bool:

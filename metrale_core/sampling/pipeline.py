@@ -6,7 +6,11 @@ from ``LogitProcessorSpec`` records, nothing calls pluggy per token) and calls :
 
 Invariants:
 - The logits passed in are never modified (the pipeline copies before the first write).
-- A processor sees only the rows whose ``PositionKind`` it declared, never any other row.
+- A processor sees only the rows whose ``PositionKind`` it declared, never any other row; a
+  processor with a ``wants_row(row)`` method sees only the rows it wants (and is skipped, with no
+  copy of the logits, when it wants none).
+- A request with a ``structured`` constraint is refused by :meth:`LogitPipeline.validate` unless
+  some processor declares ``handles_structured_output = True``.
 - A read-only processor (observer) sees the logits after every processor of lower order (the
   masks) and before penalties and bias; if it writes them the pipeline raises
   :class:`ObserverWroteLogits` naming it.
@@ -21,6 +25,7 @@ import torch
 from loguru import logger
 
 from metrale_core.errors import MetraleError, PluginError
+from metrale_core.sampling.structured import StructuredOutputError
 from metrale_core.sampling.interface import ProcessorContext, RowLike, SampleOutput, Sampler
 from metrale_core.sampling.penalties import apply_penalties_and_bias
 from metrale_core.sampling.position import PositionKind
@@ -75,6 +80,7 @@ class LogitPipeline:
                     "which is not callable as processor(logits, ctx)"
                 )
         self._stages = sorted(processors, key=lambda pair: pair[0].order)
+        self._wants = [getattr(instance, "wants_row", None) for _, instance in self._stages]
         self.sampler = sampler
         if debug_observers is None:
             debug_observers = os.environ.get(DEBUG_OBSERVERS_ENV, "") not in ("", "0")
@@ -91,9 +97,28 @@ class LogitPipeline:
         return tuple(spec.name for spec, _ in self._stages)
 
     def processor(self, name: str) -> Any:
-        """The instance of the processor ``name`` in this pipeline, or None (a plugin reads its
-        per-engine state from it)."""
-        return next((instance for spec, instance in self._stages if spec.name == name), None)
+        """The instance of the processor named ``name`` in this pipeline, or None."""
+        return next((inst for spec, inst in self._stages if spec.name == name), None)
+
+    @property
+    def handles_structured_output(self) -> bool:
+        """True when some processor enforces ``SamplingParams.structured``."""
+        return any(getattr(inst, "handles_structured_output", False) for _, inst in self._stages)
+
+    def validate(self, params: Any) -> None:
+        """Refuse a request no processor can serve: raises ``StructuredOutputError`` (an
+        ``InvalidRequest``) naming the field.  Each processor with a ``validate_params(params)``
+        method checks the request too (say, compiles its grammar)."""
+        structured = getattr(params, "structured", None)
+        if structured is not None and not self.handles_structured_output:
+            raise StructuredOutputError(
+                f"{structured.field or 'response_format'}: constrained decoding ({structured.kind}) "
+                "needs a structured-output plugin, and none is installed (pip install "
+                "metrale-structured)", param=structured.field or "response_format")
+        for _, instance in self._stages:
+            check = getattr(instance, "validate_params", None)
+            if check is not None:
+                check(params)
 
     def runs_on(self, kind: PositionKind) -> bool:
         """True when some processor declared ``kind`` (speculative verify re-runs the
@@ -122,8 +147,9 @@ class LogitPipeline:
                 f"{tuple(logits.shape)}, {len(rows)} rows, {len(kinds)} kinds"
             )
         work = _Work(logits)
-        for spec, instance in self._stages:
-            selected = [i for i, kind in enumerate(kinds) if kind in spec.kinds]
+        for (spec, instance), wants in zip(self._stages, self._wants):
+            selected = [i for i, kind in enumerate(kinds) if kind in spec.kinds
+                        and (wants is None or wants(rows[i]))]
             if not selected:
                 continue
             ctx = ProcessorContext(

@@ -30,6 +30,7 @@ from attrs import define, field
 from litestar import Request, Response, post
 
 from metrale_core.server.chat_prompt import chat_prompt, parser_factory
+from metrale_core.server.structured import chat_structured_output
 from metrale_core.server.common import check_model, new_id, read_request, usage, while_connected
 from metrale_core.server.errors import APIError
 from metrale_core.server.generation import plan_jobs, run_jobs
@@ -137,10 +138,11 @@ async def chat_completions(request: Request) -> Response:
     prompt, prompt_text = await off_loop(chat_prompt, served.tokenizer, req,
                                          served.engine.max_model_len)
     extras = parser_factory(host, req, prompt_text)
+    structured = chat_structured_output(host, req, prompt_text)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     jobs = plan_jobs(host, req, [prompt], max_tokens=max_tokens, logprobs=logprobs,
-                     extras_factory=extras)
+                     extras_factory=extras, structured=structured)
     choices = {job.index: _Choice(job.index, parsed=job.extras is not None) for job in jobs}
     namer = TokenNamer(served.tokenizer) if req.logprobs else None
     meta = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": name}

@@ -12,8 +12,9 @@ Invariants:
 - Assistant ``tool_calls`` reach the template with ``arguments`` as a dict when they are a JSON
   object (what Qwen/Llama templates expect), else as the string given.
 - ``tool_choice``: ``none`` renders the tools but parses no calls; ``auto`` and ``required`` parse
-  calls (``required`` is not enforced by a grammar: a reply without a call finishes normally);
-  a named function must be one of ``tools`` (400 otherwise) and is parsed like ``auto``.
+  calls; a named function must be one of ``tools`` (400 otherwise).  ``required`` and a named
+  function are enforced by a grammar when a structured-output plugin is installed
+  (``server.structured``; without one such a request is a 400).
 """
 
 from __future__ import annotations
@@ -148,10 +149,6 @@ def chat_prompt(tokenizer: Any, req: ChatCompletionRequest,
     """Render the conversation with the model's chat template: ``(prompt ids, prompt text)``.
 
     CPU work (template, tokenizer): the routes run it off the event loop (``offload``)."""
-    if req.response_format is not None and req.response_format.type != "text":
-        raise APIError(400, f"response_format.type: {req.response_format.type!r} is not supported "
-                            f"by this server (no constrained decoding); use 'text' and ask for "
-                            f"JSON in the prompt", param="response_format.type")
     for field in ("audio", "prediction", "web_search_options"):
         if getattr(req, field) is not None:
             raise APIError(400, f"{field}: not supported by this server", param=field)

@@ -27,6 +27,7 @@ from metrale_core.server.openapi import body_operation
 from metrale_core.server.logprobs import TokenNamer, completion_logprobs
 from metrale_core.server.schemas import CompletionRequest
 from metrale_core.server.streaming import sse_response
+from metrale_core.server.structured import structured_output
 
 __all__ = ["completions"]
 
@@ -61,7 +62,7 @@ async def completions(request: Request) -> Response:
                        param="echo")
     prompts = await off_loop(_prompts, served.tokenizer, req.prompt, served.engine.max_model_len)
     jobs = plan_jobs(host, req, prompts, max_tokens=req.max_tokens if req.max_tokens is not None
-                     else 16, logprobs=req.logprobs)
+                     else 16, logprobs=req.logprobs, structured=structured_output(req))
     namer = TokenNamer(served.tokenizer) if req.logprobs is not None else None
     echo = {job.index: served.tokenizer.decode(job.prompt_ids) if req.echo else "" for job in jobs}
     meta = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()),

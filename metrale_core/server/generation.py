@@ -61,7 +61,7 @@ def stop_lists(stop: str | list[str] | None) -> tuple[str, ...]:
 
 
 def sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
-                    seed_offset: int = 0) -> SamplingParams:
+                    seed_offset: int = 0, structured: Any = None) -> SamplingParams:
     """The engine's ``SamplingParams`` for one choice of ``req`` (chat or completion request)."""
     seed = None if req.seed is None else (req.seed + seed_offset) & ((1 << 64) - 1)
     top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
@@ -75,7 +75,7 @@ def sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
             repetition_penalty=req.repetition_penalty or 1.0, logit_bias=bias, seed=seed,
             max_tokens=max_tokens, stop=stop_lists(req.stop),
             stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
-            logprobs=logprobs)
+            logprobs=logprobs, structured=structured)
     except (TypeError, ValueError) as exc:
         raise APIError(400, f"bad sampling parameter: {exc}") from None
 
@@ -97,8 +97,10 @@ def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> i
 
 
 def plan_jobs(host: Any, req: Any, prompts: Sequence[list[int]], *, max_tokens: int | None,
-              logprobs: int | None, extras_factory=None) -> list[Job]:
-    """One job per (prompt, choice), validated against the engine; raises 4xx / 503."""
+              logprobs: int | None, extras_factory=None, structured: Any = None) -> list[Job]:
+    """One job per (prompt, choice), validated against the engine; raises 4xx / 503.
+
+    ``structured``: the request's ``StructuredOutput`` (``server.structured``), or None."""
     engine = host.ready().engine
     host.check_capacity(len(prompts) * req.n)
     check_bias_vocab(getattr(req, "logit_bias", None), engine.model.info.vocab_size)
@@ -106,12 +108,13 @@ def plan_jobs(host: Any, req: Any, prompts: Sequence[list[int]], *, max_tokens: 
     for p, prompt in enumerate(prompts):
         limit = _max_tokens(max_tokens, len(prompt), engine.max_model_len)
         for i in range(req.n):
-            params = sampling_params(req, max_tokens=limit, logprobs=logprobs, seed_offset=i)
+            params = sampling_params(req, max_tokens=limit, logprobs=logprobs, seed_offset=i,
+                                     structured=structured)
             try:
                 ids = engine.validate_request("validate", prompt, params)
             except InvalidRequest as exc:
                 raise APIError(400, str(exc).replace("request 'validate': ", ""),
-                               param="prompt") from None
+                               param=getattr(exc, "param", None) or "prompt") from None
             extras = extras_factory() if extras_factory is not None else None
             jobs.append(Job(index=p * req.n + i, prompt_ids=ids, params=params, extras=extras))
     jobs.admission = host.admit(len(jobs))

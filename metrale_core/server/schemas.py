@@ -141,6 +141,8 @@ class StreamOptions:
 class ResponseFormat:
     type: str
     json_schema: dict[str, Any] | None = None
+    #: llama.cpp: ``{"type": "json_object", "schema": {...}}``.
+    schema: dict[str, Any] | None = None
 
 
 Stop = Union[str, list[str], None]
@@ -175,6 +177,10 @@ class _SamplingRequest:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    #: Structured output (``metrale_core.server.structured``): vLLM's object, llama.cpp's fields.
+    structured_outputs: dict[str, Any] | None = None
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
 
 
 @frozen(kw_only=True)
@@ -214,6 +220,7 @@ class CompletionRequest(_SamplingRequest):
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+    response_format: ResponseFormat | None = None
 
 
 @frozen(kw_only=True)

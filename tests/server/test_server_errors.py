@@ -60,7 +60,7 @@ CASES = [
      400, "messages[1].tool_call_id"),
     ("json-schema-format", "/v1/chat/completions",
      chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), None, 400,
-     "response_format.type"),
+     "response_format.json_schema.schema: required"),
     ("tool-choice-bad", "/v1/chat/completions", chat(tool_choice="always"), None, 400,
      "tool_choice"),
     ("unknown-model", "/v1/chat/completions", chat(model="gpt-9"), None, 404, "does not exist"),

@@ -184,13 +184,21 @@ def test_tokenize_and_detokenize(base_url, byte_tokenizer):
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
-def test_response_format_json_object_is_refused_not_ignored(client):
+def test_response_format_json_object_is_refused_without_a_structured_plugin(start_server, client):
+    import importlib.metadata
+
     import openai
 
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="scripted", messages=user("capital"),
-                                       response_format={"type": "json_object"})
-    assert "response_format.type" in info.value.body["message"]
+    from metrale_core.plugins import load_registry
+
+    eps = [ep for ep in importlib.metadata.entry_points(group="metrale") if ep.name != "structured"]
+    bare, _ = start_server(registry=load_registry(entry_points=eps))
+    bare_client = openai.OpenAI(base_url=bare.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    for extra in ({"response_format": {"type": "json_object"}},
+                  {"extra_body": {"structured_outputs": {"regex": "[0-9]+"}}}):
+        with pytest.raises(openai.BadRequestError) as info:
+            bare_client.chat.completions.create(model="scripted", messages=user("capital"), **extra)
+        assert "needs a structured-output plugin" in info.value.body["message"]
     resp = client.chat.completions.create(model="scripted", messages=user("capital"),
                                           temperature=0, response_format={"type": "text"})
     assert resp.choices[0].message.content.endswith("Paris.")

@@ -1,0 +1,254 @@
+"""``StructuredProcessor``: the logit processor that masks constrained rows with llguidance.
+
+Owner: built once per engine by the ``structured-output`` ``LogitProcessorSpec`` factory, bound to
+the engine's tokenizer by ``metrale_engine_started`` (:meth:`StructuredProcessor.bind`).  The
+server thread calls :meth:`validate_params` at admission (compiles, caches, or refuses with a
+``StructuredOutputError`` naming the field); the engine thread calls ``__call__`` per step.
+
+Per sequence, ``seq.extras["structured"]`` holds a :class:`RowState`: the llguidance matcher, the
+number of committed output tokens it has consumed, and the reasoning phase (``start``: the model
+may open ``<think>``; ``thinking``: unconstrained until ``</think>``; ``grammar``).
+
+Invariants:
+- The matcher consumes each committed output token exactly once: before masking it is synced to
+  ``seq.output_ids`` from its own count, so a re-run prefill (preemption, recompute) or a verify
+  step never advances it twice.  Draft tokens never advance it: a verify row's drafts are masked
+  through llguidance's draft-token batch fill (which rolls back) or a ``deep_copy``.
+- One bitmask row per masked logits row, all filled by one ``LLExecutor`` call per step; ids at
+  or past the tokenizer's vocabulary (model padding) are always masked; EOS is allowed exactly
+  when the matcher accepts (llguidance's mask with the engine's EOS ids).
+- Rows without a constraint are never seen (``wants_row``), so their logits are not copied.
+- Verify rows past a grammar-invalid draft are left unmasked: that draft is rejected at the
+  masked row before it, so they are never sampled.
+- A matcher that fails mid-generation (a resource limit) allows only EOS: the row ends, no batch
+  fails.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from attrs import define
+from loguru import logger
+
+from metrale_core.api import StructuredOutputError
+from metrale_structured.grammars import GrammarError
+from metrale_structured.stats import STATS
+
+__all__ = ["EXTRA", "RowState", "StructuredProcessor", "make_processor"]
+
+#: ``seq.extras`` key of the per-sequence state.
+EXTRA = "structured"
+
+
+@define
+class RowState:
+    """One constrained sequence's matcher and phase."""
+
+    matcher: Any
+    phase: str = "grammar"
+    consumed: int = 0
+    failed: bool = False
+
+    def advance(self, tokens, marks: tuple[int | None, int | None]) -> bool:
+        """Consume ``tokens`` (phase-aware); False (and ``failed``) when the grammar rejects one."""
+        start, end = marks
+        for t in tokens:
+            if self.phase == "start":
+                if start is not None and t == start:
+                    self.phase = "thinking"
+                    continue
+                self.phase = "grammar"
+            if self.phase == "thinking":
+                if t == end:
+                    self.phase = "grammar"
+                continue
+            if self.failed or not self.matcher.consume_token(int(t)):
+                self.failed = True
+                return False
+        return True
+
+    def copy(self) -> "RowState":
+        return RowState(self.matcher.deep_copy(), self.phase, self.consumed, self.failed)
+
+
+class StructuredProcessor:
+    """Masks every row whose request carries ``SamplingParams.structured``."""
+
+    handles_structured_output = True
+
+    def __init__(self, config: Any = None, num_threads: int = 2) -> None:
+        self.compiler = None
+        self.num_threads = num_threads
+        self._executor = None
+        self._eos: tuple[int, ...] = ()
+        self._marks: dict[tuple[str | None, str | None], tuple[int | None, int | None]] = {}
+        self._bitmask = np.zeros((0, 0), dtype=np.int32)
+
+    # --- set-up ----------------------------------------------------------------------------------
+    def bind(self, tokenizer: Any, vocab_size: int, eos_ids) -> None:
+        """Build (or reuse) the llguidance tokenizer of the engine's tokenizer."""
+        import llguidance
+
+        from metrale_structured.compiler import Compiler
+
+        backend = getattr(tokenizer, "backend", None)
+        if backend is None or not hasattr(backend, "to_str"):
+            logger.warning("structured output: the tokenizer has no tokenizer.json form; "
+                           "constrained requests will be refused")
+            return
+        self._eos = tuple(sorted(int(e) for e in eos_ids))
+        n_vocab = max(int(vocab_size), int(tokenizer.vocab_size))
+        self.compiler = Compiler(backend.to_str(), n_vocab, self._eos, int(tokenizer.vocab_size))
+        self._executor = llguidance.LLExecutor(self.num_threads)
+
+    def wants_row(self, row: Any) -> bool:
+        return row.params.structured is not None
+
+    def validate_params(self, params: Any) -> None:
+        """Compile (or fetch from the cache) the request's constraint; 400-worthy errors raise
+        ``StructuredOutputError`` naming the field."""
+        spec = params.structured
+        if spec is None:
+            return
+        if self.compiler is None:
+            raise StructuredOutputError(f"{spec.field}: constrained decoding needs the model's "
+                                        "tokenizer (tokenizer.json), and this engine has none",
+                                        param=spec.field)
+        try:
+            self.compiler.matcher(spec.kind, spec.value, spec.field)
+        except GrammarError as exc:
+            raise StructuredOutputError(str(exc), param=spec.field) from None
+
+    # --- per step --------------------------------------------------------------------------------
+    def _marks_of(self, spec: Any) -> tuple[int | None, int | None]:
+        key = (spec.reasoning_start, spec.reasoning_end)
+        marks = self._marks.get(key)
+        if marks is None:
+            start = self.compiler.single_token(spec.reasoning_start) if spec.reasoning_start else None
+            end = self.compiler.single_token(spec.reasoning_end) if spec.reasoning_end else None
+            marks = self._marks[key] = (start, end) if end is not None else (None, None)
+        return marks
+
+    def _state(self, seq: Any) -> RowState:
+        state = seq.extras.get(EXTRA)
+        if state is None:
+            spec = seq.params.structured
+            matcher = self.compiler.matcher(spec.kind, spec.value, spec.field)
+            start, end = self._marks_of(spec)
+            phase = "grammar"
+            if end is not None:
+                phase = "thinking" if spec.starts_in_reasoning else ("start" if start is not None
+                                                                       else "grammar")
+            state = seq.extras[EXTRA] = RowState(matcher, phase)
+            STATS.requests += 1
+        committed = seq.output_ids
+        if state.consumed < len(committed):
+            if not state.advance(committed[state.consumed:], self._marks_of(seq.params.structured)):
+                _warn_failed(seq, state)
+            state.consumed = len(committed)
+        return state
+
+    def __call__(self, logits: torch.Tensor, ctx: Any) -> None:
+        if self.compiler is None:
+            raise StructuredOutputError("structured output: the processor has no tokenizer")
+        started = time.perf_counter()
+        groups: dict[int, list[tuple[int, Any, tuple[int, ...]]]] = {}
+        for j, row in enumerate(ctx.rows):
+            seq = getattr(row, "seq", row)
+            pending = tuple(row.output_ids[len(seq.output_ids):]) if row is not seq else ()
+            groups.setdefault(id(seq), []).append((j, seq, pending))
+        entries: list[tuple[Any, int, list[int]]] = []
+        target: list[tuple[int, int]] = []        # (logits row, mask row)
+        extra_allow: list[tuple[int, int]] = []   # (mask row, token id)
+        forced_eos: list[int] = []                # mask rows that may only end
+        next_row = 0
+        for members in groups.values():
+            seq = members[0][1]
+            state = self._state(seq)
+            longest = max(members, key=lambda m: len(m[2]))[2]
+            if state.failed:
+                for j, _, _ in members:
+                    target.append((j, next_row))
+                    forced_eos.append(next_row)
+                    next_row += 1
+                continue
+            if state.phase == "grammar":  # fast path: one draft-token batch entry per sequence
+                n = state.matcher.validate_tokens(list(longest)) if longest else 0
+                entries.append((state.matcher, next_row, list(longest[:n])))
+                for j, _, pending in members:
+                    if len(pending) <= n:
+                        target.append((j, next_row + len(pending)))
+                next_row += n + 1
+                continue
+            marks = self._marks_of(seq.params.structured)
+            for j, _, pending in members:  # reasoning phases: per row, on a copy
+                view = state.copy() if pending else state
+                if pending and not view.advance(pending, marks):
+                    continue
+                if view.phase == "thinking":
+                    continue
+                entries.append((view.matcher, next_row, []))
+                if view.phase == "start":
+                    extra_allow.append((next_row, marks[0]))
+                target.append((j, next_row))
+                next_row += 1
+        if target:
+            self._apply(logits, entries, target, extra_allow, forced_eos, next_row)
+        STATS.record_mask(time.perf_counter() - started)
+        return None
+
+    def _apply(self, logits: torch.Tensor, entries, target, extra_allow, forced_eos,
+               num_rows: int) -> None:
+        import llguidance.numpy as llnp
+
+        vocab = logits.shape[1]
+        words = (max(vocab, self.compiler.n_vocab) + 31) // 32
+        if self._bitmask.shape[0] < num_rows or self._bitmask.shape[1] != words:
+            self._bitmask = np.zeros((max(num_rows, 2 * self._bitmask.shape[0]), words),
+                                     dtype=np.int32)
+        bitmask = self._bitmask[:num_rows]
+        bitmask.fill(0)
+        plain = [(m, r) for m, r, drafts in entries if not drafts]
+        drafted = [e for e in entries if e[2]]
+        if plain:  # one parallel fill for the batch (a second one for rows with drafts)
+            llnp.fill_next_token_bitmask_par(self._executor, plain, bitmask)
+        if drafted:
+            llnp.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)
+        # disallowed = the inverted bits, unpacked once (uint8 0/1, viewed as bool: no copy)
+        banned = np.unpackbits(np.invert(bitmask).view(np.uint8), axis=1,
+                               bitorder="little")[:, :vocab]
+        banned[:, self.compiler.tokenizer_vocab:] = 1  # model padding past the tokenizer
+        for r, token in extra_allow:
+            banned[r, token] = 0
+        for r in forced_eos:
+            banned[r, list(self._eos)] = 0
+        rows = [r for _, r in target]
+        picked = banned if rows == list(range(num_rows)) else banned[rows]
+        empty = picked.all(axis=1)
+        if empty.any():  # a matcher that stopped without allowing EOS: end the row
+            STATS.matcher_errors += int(empty.sum())
+            picked[np.nonzero(empty)[0][:, None], list(self._eos)] = 0
+        mask = torch.from_numpy(picked.view(np.bool_))
+        if mask.device != logits.device:
+            mask = mask.to(logits.device)
+        index = [j for j, _ in target]
+        if len(index) == logits.shape[0] and index == list(range(len(index))):
+            logits.masked_fill_(mask, float("-inf"))
+        else:
+            idx = torch.tensor(index, dtype=torch.long, device=logits.device)
+            logits[idx] = logits[idx].masked_fill(mask, float("-inf"))
+
+
+def _warn_failed(seq: Any, state: RowState) -> None:
+    STATS.matcher_errors += 1
+    logger.warning("structured output: request {!r}: the grammar rejected a committed token ({}); "
+                   "the sequence is ended", seq.request_id, state.matcher.get_error())
+
+
+def make_processor(config: Any = None) -> StructuredProcessor:
+    """``LogitProcessorSpec.factory``: one processor per engine (bound at engine start)."""
+    return StructuredProcessor(config)
