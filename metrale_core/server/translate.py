@@ -28,6 +28,8 @@ from metrale_core.server.chat_prompt import chat_prompt, parser_factory
 from metrale_core.server.common import new_id
 from metrale_core.server.errors import APIError
 from metrale_core.server.generation import Job, plan_jobs, run_jobs
+from metrale_core.server.offload import off_loop
+from metrale_core.server.structured import chat_structured_output
 
 __all__ = ["ChatRun", "Piece", "pieces", "renamed", "start_chat"]
 
@@ -74,13 +76,15 @@ class ChatRun:
                 yield out
 
 
-def start_chat(host: Any, req: Any, *, max_tokens: int | None) -> ChatRun:
-    """Render, validate and plan ``req`` (a ``ChatCompletionRequest``) as one engine request."""
+async def start_chat(host: Any, req: Any, *, max_tokens: int | None) -> ChatRun:
+    """Render (off the event loop), validate and plan ``req`` (a ``ChatCompletionRequest``) as one
+    engine request, with chat's structured-output constraint (``text.format`` and the like)."""
     served = host.ready()
-    prompt, prompt_text = chat_prompt(served.tokenizer, req)
+    prompt, prompt_text = await off_loop(chat_prompt, served.tokenizer, req, served.engine.max_model_len)
     extras = parser_factory(host, req, prompt_text)
+    structured = chat_structured_output(host, req, prompt_text)
     jobs = plan_jobs(host, req, [prompt], max_tokens=max_tokens, logprobs=None,
-                     extras_factory=extras)
+                     extras_factory=extras, structured=structured)
     return ChatRun(host=host, jobs=jobs, prompt_tokens=len(prompt))
 
 

@@ -183,7 +183,9 @@ BAD = [
     ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
     ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "maybe"}}, "tool_choice.type"),
     ({"thinking": {"type": "sometimes"}}, "thinking.type"),
-    ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config.format"),
+    ({"output_config": {"format": {"type": "json_schema",
+                                   "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}},
+     "output_config.format"),
     ({"output_config": {"format": {"type": "yaml"}}}, "output_config.format"),
     ({"bogus": 1}, "bogus"),
     ({"model": "other"}, "model"),
@@ -195,7 +197,9 @@ def test_bad_input_is_a_4xx_in_anthropic_shape(base_url, change, field):
     body = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         if path.endswith("count_tokens"):
-            if field in ("max_tokens", "temperature", "top_k", "stop_sequences"):
+            # count_tokens renders the prompt only: sampling fields and a schema's grammar
+            # (compiled when the request is planned) are not its business.
+            if field in ("max_tokens", "temperature", "top_k", "stop_sequences") or "nonsense" in str(change):
                 continue
             body = {k: v for k, v in body.items() if k != "max_tokens"}
         r = httpx.post(base_url + path, json=body, timeout=30)

@@ -31,6 +31,7 @@ from loguru import logger
 
 from metrale_core.server.chat import engine_failure
 from metrale_core.server.common import check_model, new_id, read_request
+from metrale_core.server.offload import off_loop
 from metrale_core.server.errors import APIError
 from metrale_core.server.messages.errors import (
     anthropic_error_body,
@@ -83,7 +84,7 @@ async def _start(request: Request) -> tuple[Any, MessagesRequest, ChatRun, str]:
     name = check_model(host, req.model)
     chat = to_chat(req)
     try:
-        run = start_chat(host, chat, max_tokens=req.max_tokens)
+        run = await start_chat(host, chat, max_tokens=req.max_tokens)
     except APIError as exc:  # name the Messages field for what chat knows as response_format
         raise renamed(exc, "response_format", "output_config.format") from None
     return host, req, run, name
@@ -207,7 +208,8 @@ async def count_tokens(request: Request) -> Response:
     req = await read_request(request, CountTokensRequest)
     check_model(host, req.model)
     try:
-        prompt, _ = chat_prompt(host.ready().tokenizer, to_chat(req))
+        served = host.ready()
+        prompt, _ = await off_loop(chat_prompt, served.tokenizer, to_chat(req), served.engine.max_model_len)
     except APIError as exc:
         raise renamed(exc, "response_format", "output_config.format") from None
     return Response({"input_tokens": len(prompt)}, media_type="application/json")

@@ -35,7 +35,7 @@ from metrale_core.errors import MetraleError
 from metrale_core.server.chat import engine_failure
 from metrale_core.server.common import check_model, new_id, read_request
 from metrale_core.server.errors import APIError
-from metrale_core.server.openapi import body_operation
+from metrale_core.server.openapi import body_operation, documented
 from metrale_core.server.responses.events import OutputBuilder
 from metrale_core.server.responses.records import ResponsesRequest
 from metrale_core.server.responses.store import ResponseStore, StoredResponse
@@ -85,7 +85,7 @@ def _remember(request: Request, req: ResponsesRequest, body: dict, conversation:
             body=body, messages=tuple(conversation + output_messages(body["output"]))))
 
 
-def _start(request: Request, req: ResponsesRequest) -> tuple[ChatRun, list, str]:
+async def _start(request: Request, req: ResponsesRequest) -> tuple[ChatRun, list, str]:
     host = request.app.state.host
     name = check_model(host, req.model)
     history: tuple = ()
@@ -99,7 +99,7 @@ def _start(request: Request, req: ResponsesRequest) -> tuple[ChatRun, list, str]
         history = stored.messages
     chat, conversation = to_chat(req, history)
     try:
-        run = start_chat(host, chat, max_tokens=req.max_output_tokens)
+        run = await start_chat(host, chat, max_tokens=req.max_output_tokens)
     except APIError as exc:  # name the Responses field for what chat knows as response_format
         raise renamed(exc, "response_format", "text.format") from None
     return run, conversation, name
@@ -110,7 +110,7 @@ def _start(request: Request, req: ResponsesRequest) -> tuple[ChatRun, list, str]
       operation_class=body_operation(ResponsesRequest))
 async def create_response(request: Request) -> Response | Stream:
     req = await read_request(request, ResponsesRequest)
-    run, conversation, name = _start(request, req)
+    run, conversation, name = await _start(request, req)
     meta = {"id": new_id("resp").replace("-", "_"), "created_at": int(time.time()), "model": name}
     if req.stream:
         return Stream(_sse(_stream(request, req, run, conversation, meta)),
@@ -178,7 +178,8 @@ def _not_found(response_id: str) -> APIError:
 
 
 @get("/v1/responses/{response_id:str}", operation_id="getResponse", tags=["openai"],
-     summary="Retrieve a stored response", sync_to_thread=False)
+     summary="Retrieve a stored response", sync_to_thread=False,
+     operation_class=documented(None, (401, 404, 500)))
 def get_response(request: Request, response_id: Annotated[str, PathParameter()]) -> Response:
     stored = _store(request).get(response_id)
     if stored is None:
@@ -187,7 +188,8 @@ def get_response(request: Request, response_id: Annotated[str, PathParameter()])
 
 
 @delete("/v1/responses/{response_id:str}", operation_id="deleteResponse", tags=["openai"],
-        summary="Delete a stored response", status_code=200, sync_to_thread=False)
+        summary="Delete a stored response", status_code=200, sync_to_thread=False,
+        operation_class=documented(None, (401, 404, 500)))
 def delete_response(request: Request, response_id: Annotated[str, PathParameter()]) -> Response:
     if not _store(request).delete(response_id):
         raise _not_found(response_id)
