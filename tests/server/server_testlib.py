@@ -197,3 +197,21 @@ def checkpoint_loader(path, registry, **engine):
         return ServedModel(engine=LLMEngine(model, EngineConfig(**cfg), tokenizer=tok,
                                             registry=registry), tokenizer=tok, model_type="qwen3")
     return load
+
+
+def stream_while_stopping(server, max_tokens: int) -> list[str]:
+    """Start a streamed completion on ``server``, stop the server once its first event arrives,
+    and return the non-empty SSE lines the client read after that (the shutdown tests)."""
+    import threading
+
+    import httpx
+
+    body = {"prompt": "abc", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as stream:
+        lines = stream.iter_lines()
+        assert next(lines).startswith("data: ")
+        stopper = threading.Thread(target=server.stop)
+        stopper.start()
+        rest = [line for line in lines if line]
+    stopper.join(30)
+    return rest

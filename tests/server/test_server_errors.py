@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from server_testlib import API_KEY, wait_ready
+from server_testlib import API_KEY, stream_while_stopping, wait_ready
 
 CHAT = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -263,14 +263,7 @@ def test_full_queue_is_503_with_retry_after(start_server):
 
 def test_graceful_shutdown_finishes_in_flight_streams(start_server):
     server, host = start_server()
-    body = {"prompt": "abc", "max_tokens": 200, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as stream:
-        lines = stream.iter_lines()
-        assert next(lines).startswith("data: ")
-        stopper = threading.Thread(target=server.stop)
-        stopper.start()
-        rest = [line for line in lines if line]
-    stopper.join(30)
+    rest = stream_while_stopping(server, max_tokens=200)
     assert rest[-1] == "data: [DONE]"
     assert '"finish_reason":"length"' in rest[-2]
     assert not server.thread.is_alive()

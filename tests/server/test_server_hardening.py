@@ -18,7 +18,7 @@ import attrs
 import httpx
 import pytest
 
-from server_testlib import CHATML, ScriptedLM
+from server_testlib import CHATML, ScriptedLM, stream_while_stopping
 
 #: ChatML plus three hostile branches switched on by chat_template_kwargs.
 HOSTILE = (
@@ -170,14 +170,7 @@ def test_non_streaming_request_is_aborted_on_disconnect(start_server):
 
 def test_streams_past_the_grace_end_with_an_error_event(start_server):
     server, host = start_server(shutdown_grace_s=0.3)
-    body = {"prompt": "abc", "max_tokens": 4000, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as stream:
-        lines = stream.iter_lines()
-        assert next(lines).startswith("data: ")
-        stopper = threading.Thread(target=server.stop)
-        stopper.start()
-        rest = [line for line in lines if line]
-    stopper.join(30)
+    rest = stream_while_stopping(server, max_tokens=4000)
     assert rest[-1] == "data: [DONE]"
     error = json.loads(rest[-2][len("data: "):])["error"]
     assert error["code"] == "shutting_down" and "shutting down" in error["message"]
