@@ -57,7 +57,8 @@ _MODEL = {
     "metrale_core.layers": ("DTYPES", "WEIGHT_FORMATS", "WEIGHT_FORMAT_ENV", "AttentionPlan", "DecoderOps",
                             "DenseLinear", "Embedding", "GeGLU", "KVCacheWrite", "Linear",
                             "PagedAttentionDecode", "PagedAttentionPrefill", "QKNormRope", "RMSNorm",
-                            "SwiGLU", "apply_rope", "build_linear", "geglu", "paged_attention",
+                            "SwiGLU", "apply_rope", "build_embedding", "build_linear", "embed_tokens", "geglu",
+                            "paged_attention",
                             "require_weight_format", "resolve_weight_format", "rms_norm", "rope_cos_sin",
                             "rope_inv_freq", "signed_sin", "swiglu", "torch_dtype", "write_kv"),
 }

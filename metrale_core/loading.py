@@ -88,7 +88,7 @@ def model_from_store(store: Any, options: LoadOptions, registry: Registry,
     """
     spec = registry.find_model_loader(store.config)
     wanted = options.weight_format
-    if wanted is not None and wanted not in spec.weight_formats:
+    if wanted is not None and wanted != "auto" and wanted not in spec.weight_formats:  # auto: every loader
         raise ConfigError(f"--weight-format {wanted} is not available for this checkpoint: its "
                           f"loader {spec.name!r} honours {', '.join(spec.weight_formats)}")
     path = getattr(store, "path", None)

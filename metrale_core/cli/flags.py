@@ -54,11 +54,12 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
     model.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                        help="activation and weight dtype (default: float32)")
     model.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    model.add_argument("--weight-format", choices=("exact", "bf16", "int8", "int4"), default=None,
-                       help="how linear weights are kept on CPU: exact (dequantized, the default; "
-                            "reproduces the reference outputs), or bf16 / int8 / int4, faster and "
-                            "lossy (measured in docs/user-guide.md) "
-                            "(default: $METRALE_WEIGHT_FORMAT or exact)")
+    model.add_argument("--weight-format", choices=("auto", "exact", "bf16", "int8", "int4"), default=None,
+                       help="how linear weights are kept on CPU: auto (the default: each tensor in its "
+                            "checkpoint's own precision -- a GGUF runs on its own quantized blocks, "
+                            "bf16/fp32 tensors in bf16/fp32; batch-invariant), exact (dequantized to the "
+                            "model dtype; reproduces the reference outputs), or bf16 / int8 / int4 "
+                            "(measured in docs/user-guide.md) (default: $METRALE_WEIGHT_FORMAT or auto)")
     model.add_argument("--threads", type=_positive_int, default=None, metavar="N",
                        help="CPU threads for torch's kernels (default: torch's choice, one per core)")
 

@@ -8,8 +8,9 @@ kernel (``kernels/cpu/*.c``):
 - RoPE: :func:`rope_inv_freq` (default / linear / llama3 scaling), :func:`rope_cos_sin`,
   :func:`apply_rope`, fused with the per-head QK-norm in :class:`QKNormRope`;
 - gated MLPs: :class:`SwiGLU`, :class:`GeGLU`;
-- embedding and head: :class:`Embedding`; the head is a :func:`build_linear` projection;
-- linear: :func:`build_linear` in a weight format (``exact`` / ``bf16`` / ``int8`` / ``int4``),
+- embedding and head: :class:`Embedding`, :func:`build_embedding` / :func:`embed_tokens` (a
+  quantized GGUF table read in place); the head is a :func:`build_linear` projection;
+- linear: :func:`build_linear` in a weight format (``auto`` / ``exact`` / ``bf16`` / ``int8`` / ``int4``),
   so every model plugin gets the formats for free; :func:`require_weight_format` is how a loader
   that cannot honour a format refuses it;
 - paged attention: :class:`AttentionPlan`, :func:`paged_attention`, the decode / prefill /
@@ -40,7 +41,9 @@ from metrale_core.layers.linear import (
     WEIGHT_FORMATS,
     DenseLinear,
     Linear,
+    build_embedding,
     build_linear,
+    embed_tokens,
     require_weight_format,
     resolve_weight_format,
 )
@@ -72,7 +75,9 @@ __all__ = [
     "RMSNorm",
     "SwiGLU",
     "apply_rope",
+    "build_embedding",
     "build_linear",
+    "embed_tokens",
     "geglu",
     "paged_attention",
     "require_weight_format",

@@ -6,8 +6,16 @@ through :func:`build_linear`, ``model.DecoderLM`` only calls them (``y = linear(
 A *weight format* says how the matrices are kept in memory and multiplied (``--weight-format``,
 read from ``LoadOptions.weight_format`` when present, else ``$METRALE_WEIGHT_FORMAT``):
 
-``exact`` (default)
-    dense tensors in the model dtype, ``F.linear`` -- bit-identical to dequantize-then-matmul.
+``auto`` (default)
+    every tensor keeps its checkpoint's precision class: a GGUF block tensor (Q4_0 ... Q6_K,
+    IQ4_NL/IQ4_XS; Q2_K/Q3_K repacked) is multiplied on its own blocks
+    (:mod:`metrale_core.layers.gguf_linear`; Q4_0/Q4_1/Q8_0 by the kernel below, without a batch
+    copy), F16/BF16 tensors run in bfloat16, F32 tensors in the model dtype (``exact``'s path).
+    No dense copy of a quantized matrix is kept, and every row's result is independent of the
+    call's row count (batch-invariant; on AMX CPUs the AMX path is turned off for it).
+``exact``
+    dense tensors in the model dtype, ``F.linear`` -- bit-identical to dequantize-then-matmul
+    (the oracle that reproduces HF transformers; parity tests ask for it explicitly).
 ``bf16``
     dense bfloat16 matrices; activations are cast to bfloat16 at each matmul and the result back
     (the output head keeps its products in float32 where the CPU has AVX512-BF16).
@@ -40,8 +48,8 @@ Invariants:
 - Every ``Linear`` maps ``[T, in_features]`` activations of the model dtype to ``[T, out_features]``
   of the same dtype; a bias is added in the model dtype after the matmul.
 - Fused projections concatenate their parts along the output dimension (``[q; k; v]``).
-- A quantized projection's result depends on how many rows the call has (codes or bfloat16
-  copy); both stay within the format's measured error of ``exact``.
+- In ``int8``/``int4`` a quantized projection's result depends on how many rows the call has
+  (codes or bfloat16 copy); in ``auto`` it does not.
 - Only ``exact`` leaves outputs unchanged; the other formats are lossy (measured by the tests in
   ``tests/test_weight_formats.py``) and run on CPU only.
 """
@@ -57,13 +65,32 @@ import torch.nn.functional as F
 from attrs import field, frozen
 
 from metrale_core.errors import ConfigError, ShapeMismatch
-from metrale_core.layers import cpu_qmatmul
+from metrale_core.layers import cpu_qmatmul, gguf_linear
 
-__all__ = ["WEIGHT_FORMATS", "WEIGHT_FORMAT_ENV", "Bf16Linear", "BlockQuantLinear", "DenseLinear",
-           "Int4Linear", "Int8Linear", "Linear", "block_linear", "build_linear", "gguf_blocks", "int4_from_gguf",
-           "quantize_int8", "require_weight_format", "resolve_weight_format"]
+__all__ = [
+    "DEFAULT_WEIGHT_FORMAT",
+    "WEIGHT_FORMATS",
+    "WEIGHT_FORMAT_ENV",
+    "Bf16Linear",
+    "BlockQuantLinear",
+    "DenseLinear",
+    "Int4Linear",
+    "Int8Linear",
+    "Linear",
+    "StackedLinear",
+    "block_linear",
+    "build_embedding",
+    "build_linear",
+    "embed_tokens",
+    "gguf_blocks",
+    "int4_from_gguf",
+    "quantize_int8",
+    "require_weight_format",
+    "resolve_weight_format",
+]
 
-WEIGHT_FORMATS = ("exact", "bf16", "int8", "int4")
+WEIGHT_FORMATS = ("auto", "exact", "bf16", "int8", "int4")
+DEFAULT_WEIGHT_FORMAT = "auto"
 WEIGHT_FORMAT_ENV = "METRALE_WEIGHT_FORMAT"
 #: Activation dtype fed to the quantized CPU kernels (they want activations and scales alike).
 QUANT_ACT_DTYPE = torch.bfloat16
@@ -87,8 +114,8 @@ class Linear(Protocol):
 
 
 def resolve_weight_format(options: Any = None) -> str:
-    """The weight format to load with: ``options.weight_format``, else the environment, else exact."""
-    fmt = getattr(options, "weight_format", None) or os.environ.get(WEIGHT_FORMAT_ENV) or "exact"
+    """The weight format to load with: ``options.weight_format``, else the environment, else auto."""
+    fmt = getattr(options, "weight_format", None) or os.environ.get(WEIGHT_FORMAT_ENV) or DEFAULT_WEIGHT_FORMAT
     fmt = str(fmt).lower()
     if fmt not in WEIGHT_FORMATS:
         raise ConfigError(f"weight format {fmt!r} is not supported; use one of {', '.join(WEIGHT_FORMATS)} "
@@ -99,8 +126,10 @@ def resolve_weight_format(options: Any = None) -> str:
 def require_weight_format(options: Any, supported: Sequence[str], model: str) -> str:
     """The requested weight format (:func:`resolve_weight_format`) when ``model``'s loader can
     honour it; a ``ConfigError`` naming what it supports otherwise -- a loader never ignores a
-    requested format silently."""
+    requested format silently.  ``auto`` (the default) becomes ``exact`` for a loader without it."""
     fmt = resolve_weight_format(options)
+    if fmt == "auto" and "auto" not in supported:
+        return "exact"  # the checkpoint's own precision, as far as this loader keeps formats
     if fmt not in supported:
         raise ConfigError(f"the {model} loader cannot keep weights in format {fmt!r} (it supports "
                           f"{', '.join(supported)}); drop --weight-format / ${WEIGHT_FORMAT_ENV} or use "
@@ -342,6 +371,8 @@ def build_linear(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, i
     """
     out_features = sum(s[0] for s in shapes)
     in_features = shapes[0][1]
+    if fmt == "auto":
+        return _build_auto(store, names, shapes, dtype, device, bias, dense, output_head)
     if fmt != "exact" and torch.device(device).type != "cpu":
         raise ConfigError(f"weight format {fmt!r} runs on CPU only; use --weight-format exact on {device}")
     int4 = fmt == "int4" and _int4_ready(store, names, out_features, in_features)
@@ -367,3 +398,102 @@ def build_linear(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, i
     if int4:
         return int4_from_gguf([store.get_raw(n) for n in names], bias, dense)
     return quantize_int8(dense, bias, batch_copy=True)
+
+
+@frozen
+class StackedLinear:
+    """Parts of a fused projection kept in different formats (a Q4_K_M file's ``attn_v`` is Q6_K
+    while ``attn_q``/``attn_k`` are Q4_K): ``y = [part_0(x) | part_1(x) | ...] (+ bias)``."""
+
+    parts: tuple[Any, ...]
+    bias: torch.Tensor | None = None
+
+    @property
+    def out_features(self) -> int:
+        return sum(p.out_features for p in self.parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return _add_bias(torch.cat([p(x) for p in self.parts], dim=-1), self.bias)
+
+
+def _check_shapes(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, int]]) -> None:
+    for name, shape in zip(names, shapes, strict=True):
+        if tuple(store.shape(name)) != tuple(shape):
+            raise ShapeMismatch(f"tensor {name!r} has shape {list(store.shape(name))} but the model "
+                                f"expects {list(shape)}; the checkpoint does not match its config")
+
+
+def _legacy_kernel(quant_type: str, out_features: int, in_features: int) -> Any:
+    """The qmatmul.c kernel for a Q4_0/Q4_1/Q8_0 matrix it can take (fp16 scales, as stored),
+    with AMX off (its sums round differently from 12 rows on), else None."""
+    if quant_type not in _GGUF_BLOCK_BYTES or out_features % 16 or in_features % _GROUP:
+        return None
+    kernel = cpu_qmatmul.kernel()
+    if kernel is not None:
+        cpu_qmatmul.set_amx(kernel, False)
+    return kernel
+
+
+def _auto_part(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, int]], quant_type: str,
+               dtype: torch.dtype, device: torch.device | str, bias: torch.Tensor | None,
+               output_head: bool) -> Linear:
+    """One run of same-typed parts of a projection in format ``auto``."""
+    out_features, in_features = sum(s[0] for s in shapes), shapes[0][1]
+    if store.format == "gguf" and gguf_linear.kind_of(quant_type) is not None:
+        raws = [store.get_raw(n) for n in names]
+        if _legacy_kernel(quant_type, out_features, in_features) is not None:
+            return int4_from_gguf(raws, bias)
+        return gguf_linear.gguf_linear(raws, bias)
+    parts = [store.get(n, dtype=dtype, shape=s).to(device) for n, s in zip(names, shapes, strict=True)]
+    dense = parts[0] if len(parts) == 1 else torch.cat(parts)
+    if quant_type in ("F16", "BF16") and dtype == torch.float32:
+        # the checkpoint's own class: bfloat16 values (the head multiplies them in float32)
+        dense = dense.to(torch.bfloat16)
+        return DenseLinear(dense.to(torch.float32).contiguous() if output_head else dense.contiguous(), bias)
+    return DenseLinear(dense.to(dtype).contiguous(), bias)
+
+
+def _build_auto(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, int]], dtype: torch.dtype,
+                device: torch.device | str, bias: torch.Tensor | None, dense: torch.Tensor | None,
+                output_head: bool) -> Linear:
+    """Format ``auto`` (module docstring): each part in its checkpoint's precision class."""
+    on_cpu = torch.device(device).type == "cpu"
+    if not on_cpu or getattr(store, "format", None) not in ("gguf", "safetensors"):
+        if dense is None:
+            parts = [store.get(n, dtype=dtype, shape=s).to(device) for n, s in zip(names, shapes, strict=True)]
+            dense = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return DenseLinear(dense, bias)
+    _check_shapes(store, names, shapes)
+    types = [store.quant_type(n) for n in names]
+    if dense is not None and not (store.format == "gguf" and gguf_linear.kind_of(types[0]) is not None):
+        return DenseLinear(dense, bias)
+    runs: list[tuple[str, list[int]]] = []
+    for i, t in enumerate(types):
+        if runs and runs[-1][0] == t:
+            runs[-1][1].append(i)
+        else:
+            runs.append((t, [i]))
+    if len(runs) == 1:
+        return _auto_part(store, names, shapes, types[0], dtype, device, bias, output_head)
+    parts = tuple(_auto_part(store, [names[i] for i in idx], [shapes[i] for i in idx], t, dtype, device, None,
+                             output_head) for t, idx in runs)
+    return StackedLinear(parts, bias)
+
+
+def build_embedding(store: Any, name: str, shape: tuple[int, int], fmt: str, dtype: torch.dtype,
+                    device: torch.device | str) -> torch.Tensor | gguf_linear.QuantEmbedding:
+    """The token table ``name``: in format ``auto`` a quantized GGUF table on CPU stays in its
+    blocks (:class:`~metrale_core.layers.gguf_linear.QuantEmbedding`, rows dequantized on lookup);
+    otherwise the dense tensor in ``dtype``.  Look tokens up with :func:`embed_tokens`."""
+    if (fmt == "auto" and torch.device(device).type == "cpu" and getattr(store, "format", None) == "gguf"
+            and gguf_linear.kind_of(store.quant_type(name)) is not None):
+        _check_shapes(store, [name], [shape])
+        return gguf_linear.QuantEmbedding(store.get_raw(name), dtype)
+    return store.get(name, dtype=dtype, shape=shape).to(device)
+
+
+def embed_tokens(ids: torch.Tensor, table: torch.Tensor | gguf_linear.QuantEmbedding) -> torch.Tensor:
+    """Rows ``ids`` of a token table from :func:`build_embedding` (``F.embedding`` for a tensor)."""
+    if isinstance(table, gguf_linear.QuantEmbedding):
+        return table.lookup(ids)
+    return F.embedding(ids, table)

@@ -15,7 +15,6 @@ Invariants:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from metrale_core.api import (
     AttentionPlan,
@@ -24,6 +23,7 @@ from metrale_core.api import (
     KVLayout,
     ModelInfo,
     PagedKVCache,
+    embed_tokens,
     paged_attention,
     rope_cos_sin,
     rope_inv_freq,
@@ -83,7 +83,7 @@ class DecoderLM:
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)
         plan = AttentionPlan.from_batch(batch, self._scale,
                                         gather=self.ops.decode_attention.path == "native")
-        x = F.embedding(batch.input_ids, self.weights.embed) if inputs_embeds is None \
+        x = embed_tokens(batch.input_ids, self.weights.embed) if inputs_embeds is None \
             else inputs_embeds.to(self.dtype)
         for i, layer in enumerate(self.weights.layers):
             x = self._layer(x, layer, kv, i, batch, plan, cos, sin)

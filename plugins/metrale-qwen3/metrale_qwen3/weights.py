@@ -9,7 +9,7 @@ Invariants:
   ``lm_head.weight``.
 - Projections are fused at load time: ``qkv = [q; k; v]`` and ``gate_up = [gate; up]``, and kept
   in the weight format of the shared linear layer (``metrale_core.layers.build_linear``;
-  ``exact`` by default: dense tensors, bit-identical to the dequantized checkpoint).
+  ``auto`` by default: a GGUF stays in its blocks, its token table too (``build_embedding``)).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from attrs import frozen
 
-from metrale_core.api import Linear, build_linear
+from metrale_core.api import Linear, build_embedding, build_linear
 
 from metrale_qwen3.dims import ModelDims
 
@@ -50,7 +50,8 @@ class LayerWeights:
 
 @frozen
 class DecoderWeights:
-    embed: torch.Tensor
+    #: The token table: a tensor, or a quantized GGUF table read in place (``embed_tokens``).
+    embed: Any
     layers: tuple[LayerWeights, ...]
     norm: torch.Tensor
     #: The dense output matrix (the embedding itself when tied); None when only ``head`` keeps it.
@@ -62,7 +63,7 @@ class DecoderWeights:
 
 
 def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
-                 device: torch.device | str, weight_format: str = "exact") -> DecoderWeights:
+                 device: torch.device | str, weight_format: str = "auto") -> DecoderWeights:
     """Read, check and fuse every tensor the decoder needs, projections in ``weight_format``."""
 
     def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -97,10 +98,10 @@ def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
             k_norm=maybe(a + "k_norm.weight", (d,), dims.qk_norm),
             post_norm=get(p + "post_attention_layernorm.weight", (D,)), gate_up=gate_up,
             down=linear([m + "down_proj.weight"], [(D, I)], maybe(m + "down_proj.bias", (D,), dims.mlp_bias))))
-    embed = get("model.embed_tokens.weight", (dims.vocab_size, D))
+    embed = build_embedding(store, "model.embed_tokens.weight", (dims.vocab_size, D), weight_format, dtype, device)
     tied = dims.tie_word_embeddings or "lm_head.weight" not in store
     head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"
-    if tied or weight_format == "exact":
+    if isinstance(embed, torch.Tensor) and (tied or weight_format == "exact"):
         lm_head = embed if tied else get("lm_head.weight", (dims.vocab_size, D))
         head = build_linear(store, [head_name], [(dims.vocab_size, D)], weight_format, dtype, device,
                             dense=lm_head, output_head=True)

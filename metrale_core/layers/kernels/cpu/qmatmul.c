@@ -39,11 +39,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "metrale_qmatmul_tiles.h"
 #include "qmatmul.h"
 
 #define QK 32
 #define TILE 16
-#define ROW_GROUP 4
+#define ROW_GROUP MQ_TILE_ROWS
 /* Records prefetched ahead of the one being multiplied (the hardware prefetcher alone leaves a
  * single-row call ~25% short of the memory bandwidth on SmolLM2's shapes; 8-24 measure alike). */
 #define PREFETCH_RECORDS 12
@@ -157,21 +158,13 @@ static inline __attribute__((always_inline)) void tile_rows(
     for (int r = 0; r < rows; r++) _mm512_storeu_ps(y + (size_t)r * ldy, f[r]);
 }
 
-#define TILE_FN(BITS, ROWS)                                                                       \
-    static void tile_##BITS##_##ROWS(const uint8_t *rec, int nb, const int8_t *qa,              \
-                                     const float *da, const float *sa, int K, float *y,         \
-                                     int ldy) {                                                 \
-        tile_rows(rec, nb, BITS, qa, da, sa, K, ROWS, y, ldy);                                   \
-    }
-TILE_FN(4, 1) TILE_FN(4, 2) TILE_FN(4, 3) TILE_FN(4, 4)
-TILE_FN(8, 1) TILE_FN(8, 2) TILE_FN(8, 3) TILE_FN(8, 4)
+#define MQ_TILE_ARGS const uint8_t *rec, int nb, const int8_t *qa, const float *da, const float *sa, int K, \
+                     float *y, int ldy
+#define MQ_TILE_BODY(BITS, ROWS) tile_rows(rec, nb, BITS, qa, da, sa, K, ROWS, y, ldy)
+MQ_TILE_FNS(tile, 4) MQ_TILE_FNS(tile, 8)
 
-typedef void (*tile_fn)(const uint8_t *, int, const int8_t *, const float *, const float *, int,
-                        float *, int);
-static const tile_fn TILE_FNS[2][ROW_GROUP] = {
-    {tile_4_1, tile_4_2, tile_4_3, tile_4_4},
-    {tile_8_1, tile_8_2, tile_8_3, tile_8_4},
-};
+typedef void (*tile_fn)(MQ_TILE_ARGS);
+static const tile_fn TILE_FNS[2][MQ_TILE_ROWS] = {MQ_TILE_ROW(tile, 4), MQ_TILE_ROW(tile, 8)};
 
 
 typedef struct {

@@ -1,0 +1,217 @@
+/* GGUF block kernels: y[R, N] = x[R, K] @ W[N, K]^T for the GGUF types whose blocks are not
+ * qmatmul.c's (Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, IQ4_NL, IQ4_XS, and Q2_K / Q3_K repacked), on AVX2
+ * (the AVX512 variant of the library compiles this same AVX2 code).
+ *
+ * Owner: metrale_core.layers.gguf_linear (repacks a GGUF tensor into the layout below and calls
+ * mq_gguf_linear); metrale_core.kernels.cpu builds it with the package's other C files.
+ *
+ * Every GGUF type above is, per output channel n and sub-block of S = 32 (or 16) weights along K,
+ *     W[n, k] = d[n, s] * q[n, k] + m[n, s]
+ * with small integer codes q and float32 d, m that are exact products of the file's fp16 scales
+ * and its 4..8-bit sub-block scales (an 11-bit mantissa times an 8-bit integer fits float32's
+ * 24).  A kind (see mq_gguf_record_bytes) fixes: CODE = 4 (unsigned nibbles 0..15) or 8 (signed
+ * int8), S = 32 or 16, and whether m is present (0 for symmetric types).
+ *
+ * Activations are quantized per row and block of 32 to int8 as llama.cpp's Q8_0/Q8_1 do
+ * (qa = round(x / da), da = max|x| / 127); sa = da * sum(qa) over the sub-block.  Then
+ *     y[r, n] = sum_b sum_s  d[n, s] * da[r, b] * (q[n, s, :] . qa[r, s, :])  +  m[n, s] * sa[r, s]
+ * with exact int32 dot products (vpmaddubsw / vpmaddwd).
+ *
+ * Layout: output channels in tiles of 16, each tile a run of K/32 records, one per block of 32:
+ *   codes   CODE 4: 256 bytes, byte j*64 + c*4 + i = q[c, 4j + i] | q[c, 4(j+4) + i] << 4 (j < 4)
+ *           CODE 8: 512 bytes, byte g*64 + c*4 + i = q[c, 4g + i] as int8                (g < 8)
+ *   d       float32 [32 / S][16]   (sub-block s of 16 channels c)
+ *   m       float32 [32 / S][16]   (only when the kind has m)
+ *
+ * Batch invariance: each (row, channel) result is computed by one thread, in one fixed order
+ * (blocks ascending, sub-blocks ascending, d-term then m-term by FMA), whatever R is and
+ * whichever rows share a call; threads split the channel tiles, never K.
+ *
+ * Invariants: K % 32 == 0, N % 16 == 0; x and y float32, row-major, contiguous; scratch of
+ * mq_gguf_scratch_bytes(R, K) bytes; signatures in gguf_qmatmul.h.
+ */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf_qmatmul.h"
+#include "metrale_qmatmul_tiles.h"
+
+#define QK 32
+#define TILE 16
+#define GROUP MQ_TILE_ROWS
+#define PREFETCH 8
+
+/* kind = (code bits, sub-block size, has m) */
+enum { K_U4_32_M = 0, K_S8_32 = 1, K_S8_32_M = 2, K_S8_16 = 3, K_S8_16_M = 4, N_KINDS = 5 };
+
+static inline int kind_bits(int kind) { return kind == K_U4_32_M ? 4 : 8; }
+static inline int kind_subs(int kind) { return kind >= K_S8_16 ? 2 : 1; }
+static inline int kind_has_m(int kind) { return kind == K_U4_32_M || kind == K_S8_32_M || kind == K_S8_16_M; }
+
+int mq_gguf_record_bytes(int kind) {
+    if (kind < 0 || kind >= N_KINDS) return -1;
+    return (kind_bits(kind) == 4 ? 256 : 512) + 64 * kind_subs(kind) * (1 + kind_has_m(kind));
+}
+
+size_t mq_gguf_scratch_bytes(int R, int K) {
+    return (size_t)R * K + 4 * sizeof(float) * (size_t)R * (K / QK) + 128;
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+static inline int hsum8i(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Q8 per block of 32: codes qa, scale da, and the scaled code sums sa32 (block) and sa16 (its
+ * two halves) -- IEEE division, round to nearest even, as cpu_qmatmul.quantize_activations. */
+static void quantize_row(const float *x, int K, int8_t *qa, float *da, float *sa32, float *sa16) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < K / QK; b++) {
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + b * QK + 8 * i);
+            mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], abs_mask));
+        }
+        const float amax = hmax8(mx);
+        const float d = amax / 127.0f;
+        const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
+        const int s0 = hsum8i(_mm256_add_epi32(q[0], q[1])), s1 = hsum8i(_mm256_add_epi32(q[2], q[3]));
+        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(qa + b * QK), _mm256_permutevar8x32_epi32(packed, order));
+        da[b] = d;
+        sa32[b] = d * (float)(s0 + s1);
+        sa16[2 * b] = d * (float)s0;
+        sa16[2 * b + 1] = d * (float)s1;
+    }
+}
+
+static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* `rows` (<= GROUP) activation rows times one tile of 16 channels, in two halves of 8 channels;
+ * inlined with constant kind / rows so the loops unroll. */
+static inline __attribute__((always_inline)) void tile_rows(
+        const uint8_t *rec, int nb, int kind, const int8_t *qa, const float *da, const float *sa32,
+        const float *sa16, int K, int rows, float *y, int ldy) {
+    const int bits = kind_bits(kind), subs = kind_subs(kind), has_m = kind_has_m(kind);
+    const int record = mq_gguf_record_bytes(kind), codes = bits == 4 ? 256 : 512;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones16 = _mm256_set1_epi16(1);
+    __m256 f[GROUP][2];
+    for (int r = 0; r < rows; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *p = rec + (size_t)b * record;
+        for (int line = 0; line < record; line += 64)
+            _mm_prefetch((const char *)(p + PREFETCH * record + line), _MM_HINT_T0);
+        const float *sc = (const float *)(p + codes);
+        for (int h = 0; h < 2; h++) {
+            __m256i w[8];
+            if (bits == 4) {
+                for (int j = 0; j < 4; j++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
+                    w[j] = _mm256_and_si256(v, low4);
+                    w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                }
+            } else {
+                for (int g = 0; g < 8; g++) w[g] = _mm256_loadu_si256((const __m256i *)(p + 64 * g + 32 * h));
+            }
+            __m256 dw[2], mw[2];
+            for (int s = 0; s < subs; s++) {
+                dw[s] = _mm256_loadu_ps(sc + 16 * s + 8 * h);
+                if (has_m) mw[s] = _mm256_loadu_ps(sc + 16 * subs + 16 * s + 8 * h);
+            }
+            for (int r = 0; r < rows; r++) {
+                const int8_t *q = qa + (size_t)r * K + b * QK;
+                __m256i dot[2];
+                for (int s = 0; s < subs; s++) {
+                    const int g0 = s * 8 / subs, g1 = (s + 1) * 8 / subs;
+                    if (bits == 4) {  /* pairs <= 3840, eight groups <= 30720: int16 holds them */
+                        __m256i acc = _mm256_setzero_si256();
+                        for (int g = g0; g < g1; g++)
+                            acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(w[g], bcast4(q + 4 * g)));
+                        dot[s] = _mm256_madd_epi16(acc, ones16);
+                    } else {  /* |q| <= 128, |qa| <= 127: a pair fits int16 */
+                        __m256i acc = _mm256_setzero_si256();
+                        for (int g = g0; g < g1; g++) {
+                            const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[g]),
+                                                                       _mm256_sign_epi8(bcast4(q + 4 * g), w[g]));
+                            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones16));
+                        }
+                        dot[s] = acc;
+                    }
+                }
+                const int at = r * nb + b;
+                const __m256 a = _mm256_set1_ps(da[at]);
+                for (int s = 0; s < subs; s++) {
+                    f[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[s]), _mm256_mul_ps(dw[s], a), f[r][h]);
+                    if (has_m) {
+                        const float sm = subs == 1 ? sa32[at] : sa16[2 * at + s];
+                        f[r][h] = _mm256_fmadd_ps(mw[s], _mm256_set1_ps(sm), f[r][h]);
+                    }
+                }
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        _mm256_storeu_ps(y + (size_t)r * ldy, f[r][0]);
+        _mm256_storeu_ps(y + (size_t)r * ldy + 8, f[r][1]);
+    }
+}
+
+#define MQ_TILE_ARGS const uint8_t *rec, int nb, const int8_t *qa, const float *da, const float *sa32, \
+                     const float *sa16, int K, float *y, int ldy
+#define MQ_TILE_BODY(KIND, ROWS) tile_rows(rec, nb, KIND, qa, da, sa32, sa16, K, ROWS, y, ldy)
+MQ_TILE_FNS(gguf_tile, K_U4_32_M) MQ_TILE_FNS(gguf_tile, K_S8_32) MQ_TILE_FNS(gguf_tile, K_S8_32_M)
+MQ_TILE_FNS(gguf_tile, K_S8_16) MQ_TILE_FNS(gguf_tile, K_S8_16_M)
+
+typedef void (*gguf_tile_fn)(MQ_TILE_ARGS);
+static const gguf_tile_fn gguf_tile_table[N_KINDS][MQ_TILE_ROWS] = {
+    MQ_TILE_ROW(gguf_tile, K_U4_32_M), MQ_TILE_ROW(gguf_tile, K_S8_32), MQ_TILE_ROW(gguf_tile, K_S8_32_M),
+    MQ_TILE_ROW(gguf_tile, K_S8_16), MQ_TILE_ROW(gguf_tile, K_S8_16_M),
+};
+
+/* y[R, N] = x[R, K] @ W^T for W packed as described above; returns 0, or -1 for bad arguments. */
+int mq_gguf_linear(const float *x, int R, int K, const uint8_t *w, int N, int kind, float *y,
+                   void *scratch, int threads) {
+    if (R <= 0 || K % QK || N % TILE || kind < 0 || kind >= N_KINDS || threads <= 0) return -1;
+    const int nb = K / QK, tiles = N / TILE;
+    const size_t tile_bytes = (size_t)nb * mq_gguf_record_bytes(kind);
+    int8_t *qa = (int8_t *)scratch;
+    float *da = (float *)(((uintptr_t)(qa + (size_t)R * K) + 63) & ~(uintptr_t)63);
+    float *sa32 = da + (size_t)R * nb, *sa16 = sa32 + (size_t)R * nb;
+    const gguf_tile_fn *fns = gguf_tile_table[kind];
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++)
+            quantize_row(x + (size_t)r * K, K, qa + (size_t)r * K, da + (size_t)r * nb, sa32 + (size_t)r * nb,
+                         sa16 + (size_t)r * 2 * nb);
+#pragma omp for schedule(static)
+        for (int t = 0; t < tiles; t++) {
+            const uint8_t *rec = w + (size_t)t * tile_bytes;
+            for (int r0 = 0; r0 < R; r0 += GROUP) {
+                const int n = R - r0 < GROUP ? R - r0 : GROUP;
+                fns[n - 1](rec, nb, qa + (size_t)r0 * K, da + (size_t)r0 * nb, sa32 + (size_t)r0 * nb,
+                           sa16 + (size_t)r0 * 2 * nb, K, y + (size_t)r0 * N + (size_t)t * TILE, N);
+            }
+        }
+    }
+    return 0;
+}
+
+#endif

@@ -1,0 +1,166 @@
+"""GGUF block kernels (metrale_core.layers.gguf_linear) on fixture GGUF files of every type.
+
+Each fixture tensor is encoded here with numpy (random codes and sub-block scales, sane fp16
+super-scales), written with ``gguf.GGUFWriter`` and read back through ``GGUFStore``.  Oracles:
+``gguf.quants.dequantize`` for the decoded blocks, a float64 evaluation of the block maths for
+the kernel, and the dequantized matrix times the quantized activations for the whole product.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize
+
+from metrale_core.layers import gguf_linear as gl
+from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa
+from metrale_core.weights.gguf_store import GGUFStore
+
+TYPES = list(gl.GGUF_KINDS)
+N, K = 48, 512  # two K-quant super-blocks; three channel tiles
+ROWS = [1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 64]
+
+
+def encode(quant_type: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Random valid blocks of ``quant_type`` ``[n, row_bytes]``: random bytes with every fp16
+    (super-)scale field set to a sane random value."""
+    _, per_block, size = gl.GGUF_KINDS[quant_type]
+    blocks = rng.integers(0, 256, size=(n, k // per_block, size), dtype=np.uint8)
+    fields = {
+        "Q4_0": [0],
+        "Q4_1": [0, 2],
+        "Q5_0": [0],
+        "Q5_1": [0, 2],
+        "Q8_0": [0],
+        "Q4_K": [0, 2],
+        "Q5_K": [0, 2],
+        "Q6_K": [208],
+        "Q2_K": [80, 82],
+        "Q3_K": [108],
+        "IQ4_NL": [0],
+        "IQ4_XS": [0],
+    }
+    for off in fields[quant_type]:
+        scale = rng.uniform(0.2, 1.0, size=blocks.shape[:2]) * rng.choice([1e-3, 1e-2], size=blocks.shape[:2])
+        blocks[..., off : off + 2] = scale.astype("<f2")[..., None].view(np.uint8)
+    return blocks.reshape(n, -1)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> GGUFStore:
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("gguf") / "blocks.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_embedding_length(K)
+    writer.add_head_count(8)
+    writer.add_block_count(1)
+    writer.add_context_length(64)
+    for t in TYPES:
+        writer.add_tensor(f"blk.0.{t}.weight", encode(t, N, K, rng), raw_dtype=GGMLQuantizationType[t])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return GGUFStore(path)
+
+
+def raw(store: GGUFStore, t: str):
+    return store.get_raw(next(n for n, g in store.gguf_names.items() if g == f"blk.0.{t}.weight"))
+
+
+def oracle(r) -> np.ndarray:
+    return dequantize(np.asarray(r.data), GGMLQuantizationType[r.quant_type]).reshape(r.shape)
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_decode_reproduces_gguf_dequantize(store: GGUFStore, t: str) -> None:
+    r = raw(store, t)
+    _, codes, d, m = gl.decode(gl._blocks(r, slice(None)), t)
+    sub = K // d.shape[1]
+    w = codes.astype(np.float32).reshape(N, -1, sub) * d[..., None]
+    if m is not None:
+        w = w + m[..., None]
+    np.testing.assert_array_equal(w.reshape(N, K), oracle(r))
+
+
+def _check(y: torch.Tensor, x: torch.Tensor, r, rep_codes, d, m) -> None:
+    ref = gl.reference(x, rep_codes, d, m)
+    scale = ref.abs().max().item() + 1e-30
+    assert (y.double() - ref).abs().max().item() <= 2e-5 * scale
+    # the whole product: dequantized weights (gguf) times the quantized activations
+    q, da, _ = gl.quantize_activations(x)
+    xq = (q.double().reshape(x.shape[0], -1, 32) * da.double()[..., None]).reshape(x.shape)
+    full = xq @ torch.from_numpy(oracle(r)).double().T
+    assert (y.double() - full).abs().max().item() <= 2e-5 * (full.abs().max().item() + 1e-30)
+
+
+@pytest.mark.parametrize("isa", cpu_isa_params())
+@pytest.mark.parametrize("t", TYPES)
+def test_native_kernel_every_type_and_row_count(
+    store: GGUFStore, t: str, isa: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_cpu_isa(monkeypatch, isa, gl.PACKAGE)
+    r = raw(store, t)
+    lin = gl.gguf_linear([r])
+    assert lin.kernel is not None and lin.weight.records is not None
+    _, codes, d, m = gl.decode(gl._blocks(r, slice(None)), t)
+    codes_t = torch.from_numpy(codes.astype(np.int16))
+    d_t, m_t = torch.from_numpy(d), None if m is None else torch.from_numpy(m)
+    x_all = torch.randn(max(ROWS), K, generator=torch.Generator().manual_seed(1))
+    alone = [lin(x_all[i : i + 1]) for i in range(max(ROWS))]
+    for rows in ROWS:
+        x = x_all[:rows]
+        y = lin(x)
+        _check(y, x, r, codes_t, d_t, m_t)
+        # batch invariance: each row equals that row multiplied alone, bit for bit
+        assert torch.equal(y, torch.cat(alone[:rows]))
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_torch_fallback_every_type(store: GGUFStore, t: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("METRALE_KERNELS", "native")
+    r = raw(store, t)
+    lin = gl.gguf_linear([r])
+    assert lin.kernel is None and lin.weight.codes is not None
+    _, codes, d, m = gl.decode(gl._blocks(r, slice(None)), t)
+    codes_t = torch.from_numpy(codes.astype(np.int16))
+    for rows in (1, 5, 64):
+        x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
+        _check(lin(x), x, r, codes_t, torch.from_numpy(d), None if m is None else torch.from_numpy(m))
+
+
+@pytest.mark.parametrize("isa", cpu_isa_params())
+def test_fused_rows_and_small_repack_chunks(store: GGUFStore, isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two tensors fused along rows, repacked in chunks of 16 rows, equal the parts side by side."""
+    use_cpu_isa(monkeypatch, isa, gl.PACKAGE)
+    monkeypatch.setattr(gl, "REPACK_ROWS", 16)
+    a, b = raw(store, "Q4_K"), raw(store, "Q4_K")
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(5))
+    fused = gl.gguf_linear([a, b])(x)
+    one = gl.gguf_linear([a])(x)
+    assert torch.equal(fused, torch.cat([one, one], dim=1))
+
+
+def test_q2k_q3k_repack_warns(store: GGUFStore) -> None:
+    from loguru import logger
+
+    seen: list[str] = []
+    sink = logger.add(lambda msg: seen.append(str(msg)), level="WARNING")
+    gl._warned.clear()
+    try:
+        gl.gguf_linear([raw(store, "Q2_K")])
+        gl.gguf_linear([raw(store, "Q3_K")])
+    finally:
+        logger.remove(sink)
+    assert any("Q2_K" in s and "bytes per weight" in s for s in seen)
+    assert any("Q3_K" in s and "bytes per weight" in s for s in seen)
+
+
+@pytest.mark.parametrize("t", ["Q8_0", "Q6_K", "Q4_K"])
+def test_quant_embedding_rows(store: GGUFStore, t: str) -> None:
+    r = raw(store, t)
+    table = gl.QuantEmbedding(r, torch.float32)
+    ids = torch.tensor([[3, 0, 3], [47, 5, 3]])
+    np.testing.assert_array_equal(table.lookup(ids).numpy(), oracle(r)[ids.numpy()])
