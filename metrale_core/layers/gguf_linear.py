@@ -8,9 +8,11 @@ Every supported GGML type is, per output channel and sub-block of ``S`` (32 or 1
 ``W = d * q + m`` with small integer codes ``q`` and float32 ``d``/``m`` that are *exact*
 products of the file's fp16 scales and its sub-block scales (:func:`decode`).  The C kernel
 (``kernels/cpu/gguf_qmatmul.c``, AVX2; the file header has the record layout) multiplies by those
-codes with activations quantized per block of 32 to int8, as llama.cpp's Q8_0 does for the
-legacy types.  (llama.cpp quantizes activations per 256 for K-quants; per 32 is finer, so this
-path is at least as close to the float result, for the same integer work.)  Q2_K and Q3_K have no
+codes with activations quantized per block of 32 -- by default to 15 bits (``255 * hi + lo``,
+two int8 dot products: twice llama.cpp's integer work, the same weight bytes), because int8
+activations (llama.cpp's Q8_0; ``fine=False`` here) flip near-tied greedy choices, e.g. the
+embedded SmolLM2's answer to "What is the capital of France?" (top-2 logits 0.08 apart).
+(llama.cpp quantizes activations per 256 for K-quants; per 32 is finer.)  Q2_K and Q3_K have no
 kernel of their own: their codes (2-3 bits, scales per 16) are repacked into the 8-bit, per-16
 kind, exactly but at 1.25-1.5 bytes per weight instead of 0.33-0.43 (logged as a WARNING).
 
@@ -307,24 +309,39 @@ def _warn_widened(quant_type: str, kind: int) -> None:
 # --- activations and the torch path --------------------------------------------------------------
 
 
-def quantize_activations(x: torch.Tensor, sub: int = QK) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(qa [R, K], da [R, K/32], sa [R, K/sub])`` exactly as the C kernel computes them."""
+def quantize_activations(
+    x: torch.Tensor, sub: int = QK, fine: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(hi, lo, da, sa)`` exactly as the C kernel computes them: codes ``[R, K]`` with the
+    activation ``x ~ da * (255 * hi + lo)`` (``fine``; else ``da * hi`` and ``lo`` zero),
+    ``da`` ``[R, K/32]`` and ``sa = da * sum(codes)`` ``[R, K/sub]``."""
     xb = x.float().reshape(x.shape[0], -1, QK)
     amax = xb.abs().amax(-1)
     inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
-    q = torch.round(xb * inv[..., None]).clamp(-128, 127)
-    da = amax / 127.0
-    sums = q.reshape(x.shape[0], -1, sub).sum(-1)
-    return q.reshape(x.shape), da, da.repeat_interleave(QK // sub, dim=1) * sums
+    t = xb * inv[..., None]
+    hi = torch.round(t)
+    if fine:
+        lo = (torch.round(t * 255.0) - 255.0 * hi).clamp(-127, 127)
+        code = 255.0 * hi + lo
+        da = amax / 32385.0
+    else:
+        lo = torch.zeros_like(hi)
+        code = hi
+        da = amax / 127.0
+    sums = code.reshape(x.shape[0], -1, sub).sum(-1)
+    return hi.reshape(x.shape), lo.reshape(x.shape), da, da.repeat_interleave(QK // sub, dim=1) * sums
 
 
-def reference(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+def reference(
+    x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, fine: bool = True
+) -> torch.Tensor:
     """What the kernel computes, in float64: per sub-block integer dots, scaled, plus the m term."""
     n, k = codes.shape
     sub = k // d.shape[1]
-    q, da, sa = quantize_activations(x, sub)
+    hi, lo, da, sa = quantize_activations(x, sub, fine)
+    q = 255.0 * hi.double() + lo.double() if fine else hi.double()
     rows = q.shape[0]
-    dots = torch.einsum("rbs,nbs->rnb", q.double().reshape(rows, -1, sub), codes.double().reshape(n, -1, sub))
+    dots = torch.einsum("rbs,nbs->rnb", q.reshape(rows, -1, sub), codes.double().reshape(n, -1, sub))
     da_sub = da.double().repeat_interleave(QK // sub, dim=1)
     y = (dots * d.double()[None] * da_sub[:, None]).sum(-1)
     if m is not None:
@@ -332,24 +349,30 @@ def reference(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Te
     return y
 
 
-def fallback_matmul(x: torch.Tensor, w: Repacked) -> torch.Tensor:
-    """``x @ W.T`` from codes and scales by torch (the path without the C kernel), float32."""
+def fallback_matmul(x: torch.Tensor, w: Repacked, fine: bool = True) -> torch.Tensor:
+    """``x @ W.T`` from codes and scales by torch (the path without the C kernel), float32: the
+    integer dots are float32 matmuls of int8-sized values (exact), combined in float64."""
     n, k = w.codes.shape
     sub = k // w.d.shape[1]
-    q, da, sa = quantize_activations(x, sub)
-    rows = q.shape[0]
-    da_sub = da.repeat_interleave(QK // sub, dim=1)
-    codes = w.codes.view(torch.int8).float() if w.codes.dtype != torch.uint8 else w.codes.float()
-    codes = codes.reshape(n, -1, sub).transpose(0, 1)  # [ns, N, S]
+    hi, lo, da, sa = quantize_activations(x, sub, fine)
+    rows = hi.shape[0]
+    da_sub = da.double().repeat_interleave(QK // sub, dim=1)
+    codes = w.codes.float().reshape(n, -1, sub).transpose(0, 1)  # [ns, N, S]
     step = max(1, (1 << 22) // max(1, n * (k // sub)))
     out = []
+
+    def dots(q: torch.Tensor) -> torch.Tensor:  # exact integers [r, N, ns]
+        return torch.bmm(q.reshape(-1, k // sub, sub).transpose(0, 1), codes.transpose(1, 2)).permute(1, 2, 0)
+
     for r0 in range(0, rows, step):
-        qb = q[r0 : r0 + step].reshape(-1, k // sub, sub).transpose(0, 1)  # [ns, r, S]
-        dots = torch.bmm(qb, codes.transpose(1, 2)).permute(1, 2, 0)  # exact integers [r, N, ns]
-        y = (dots * w.d[None] * da_sub[r0 : r0 + step, None]).sum(-1)
+        sl = slice(r0, r0 + step)
+        dot = dots(hi[sl]).double()
+        if fine:
+            dot = 255.0 * dot + dots(lo[sl]).double()
+        y = (dot * w.d.double()[None] * da_sub[sl, None]).sum(-1)
         if w.m is not None:
-            y = y + (w.m[None] * sa[r0 : r0 + step, None]).sum(-1)
-        out.append(y)
+            y = y + (w.m.double()[None] * sa[sl, None].double()).sum(-1)
+        out.append(y.float())
     return torch.cat(out)
 
 
@@ -363,7 +386,9 @@ def _scratch(nbytes: int) -> int:
     return buf.data_ptr()
 
 
-def native_matmul(lib: ctypes.CDLL, x: torch.Tensor, w: Repacked, threads: int | None = None) -> torch.Tensor:
+def native_matmul(
+    lib: ctypes.CDLL, x: torch.Tensor, w: Repacked, fine: bool = True, threads: int | None = None
+) -> torch.Tensor:
     """``x [R, K] (float32) @ W.T`` through ``mq_gguf_linear``."""
     x = x.contiguous()
     rows, k = x.shape
@@ -375,6 +400,7 @@ def native_matmul(lib: ctypes.CDLL, x: torch.Tensor, w: Repacked, threads: int |
         w.records.data_ptr(),
         w.out_features,
         w.kind,
+        int(fine),
         y.data_ptr(),
         _scratch(lib.mq_gguf_scratch_bytes(rows, k)),
         threads or torch.get_num_threads(),
@@ -392,6 +418,8 @@ class GGUFLinear:
     weight: Repacked
     kernel: Any = field(default=None, repr=False)
     bias: torch.Tensor | None = None
+    #: 15-bit activations (255 * hi + lo); False: int8 as llama.cpp (half the integer work).
+    fine: bool = True
 
     @property
     def out_features(self) -> int:
@@ -400,18 +428,21 @@ class GGUFLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).float()
-        y = native_matmul(self.kernel, x2, self.weight) if self.kernel is not None else fallback_matmul(x2, self.weight)
+        if self.kernel is not None:
+            y = native_matmul(self.kernel, x2, self.weight, self.fine)
+        else:
+            y = fallback_matmul(x2, self.weight, self.fine)
         y = y.to(x.dtype).reshape(*shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
 
-def gguf_linear(raws: Sequence[Any], bias: torch.Tensor | None = None) -> GGUFLinear:
+def gguf_linear(raws: Sequence[Any], bias: torch.Tensor | None = None, fine: bool = True) -> GGUFLinear:
     """The :class:`GGUFLinear` of GGUF tensors ``raws`` (fused along rows; one GGML type)."""
     lib = gguf_kernel()
     n = sum(int(r.shape[0]) for r in raws)
     if lib is not None and (n % TILE or int(raws[0].shape[1]) % QK):
         lib = None
-    return GGUFLinear(repack(raws, native=lib is not None), lib, bias)
+    return GGUFLinear(repack(raws, native=lib is not None), lib, bias, fine)
 
 
 # --- token tables --------------------------------------------------------------------------------

@@ -9,10 +9,10 @@ read from ``LoadOptions.weight_format`` when present, else ``$METRALE_WEIGHT_FOR
 ``auto`` (default)
     every tensor keeps its checkpoint's precision class: a GGUF block tensor (Q4_0 ... Q6_K,
     IQ4_NL/IQ4_XS; Q2_K/Q3_K repacked) is multiplied on its own blocks
-    (:mod:`metrale_core.layers.gguf_linear`; Q4_0/Q4_1/Q8_0 by the kernel below, without a batch
-    copy), F16/BF16 tensors run in bfloat16, F32 tensors in the model dtype (``exact``'s path).
-    No dense copy of a quantized matrix is kept, and every row's result is independent of the
-    call's row count (batch-invariant; on AMX CPUs the AMX path is turned off for it).
+    (:mod:`metrale_core.layers.gguf_linear`, activations quantized per 32 to 15 bits), F16/BF16
+    tensors run in bfloat16, F32 tensors in the model dtype (``exact``'s path).  No dense copy
+    of a quantized matrix is kept, and every row's result is independent of the call's row
+    count (batch-invariant).
 ``exact``
     dense tensors in the model dtype, ``F.linear`` -- bit-identical to dequantize-then-matmul
     (the oracle that reproduces HF transformers; parity tests ask for it explicitly).
@@ -423,27 +423,13 @@ def _check_shapes(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, 
                                 f"expects {list(shape)}; the checkpoint does not match its config")
 
 
-def _legacy_kernel(quant_type: str, out_features: int, in_features: int) -> Any:
-    """The qmatmul.c kernel for a Q4_0/Q4_1/Q8_0 matrix it can take (fp16 scales, as stored),
-    with AMX off (its sums round differently from 12 rows on), else None."""
-    if quant_type not in _GGUF_BLOCK_BYTES or out_features % 16 or in_features % _GROUP:
-        return None
-    kernel = cpu_qmatmul.kernel()
-    if kernel is not None:
-        cpu_qmatmul.set_amx(kernel, False)
-    return kernel
-
-
 def _auto_part(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, int]], quant_type: str,
                dtype: torch.dtype, device: torch.device | str, bias: torch.Tensor | None,
                output_head: bool) -> Linear:
     """One run of same-typed parts of a projection in format ``auto``."""
     out_features, in_features = sum(s[0] for s in shapes), shapes[0][1]
     if store.format == "gguf" and gguf_linear.kind_of(quant_type) is not None:
-        raws = [store.get_raw(n) for n in names]
-        if _legacy_kernel(quant_type, out_features, in_features) is not None:
-            return int4_from_gguf(raws, bias)
-        return gguf_linear.gguf_linear(raws, bias)
+        return gguf_linear.gguf_linear([store.get_raw(n) for n in names], bias)
     parts = [store.get(n, dtype=dtype, shape=s).to(device) for n, s in zip(names, shapes, strict=True)]
     dense = parts[0] if len(parts) == 1 else torch.cat(parts)
     if quant_type in ("F16", "BF16") and dtype == torch.float32:

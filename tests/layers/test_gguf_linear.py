@@ -85,15 +85,20 @@ def test_decode_reproduces_gguf_dequantize(store: GGUFStore, t: str) -> None:
     np.testing.assert_array_equal(w.reshape(N, K), oracle(r))
 
 
-def _check(y: torch.Tensor, x: torch.Tensor, r, rep_codes, d, m) -> None:
-    ref = gl.reference(x, rep_codes, d, m)
+def _check(y: torch.Tensor, x: torch.Tensor, r, rep_codes, d, m, fine: bool = True) -> None:
+    ref = gl.reference(x, rep_codes, d, m, fine)
     scale = ref.abs().max().item() + 1e-30
     assert (y.double() - ref).abs().max().item() <= 2e-5 * scale
     # the whole product: dequantized weights (gguf) times the quantized activations
-    q, da, _ = gl.quantize_activations(x)
-    xq = (q.double().reshape(x.shape[0], -1, 32) * da.double()[..., None]).reshape(x.shape)
-    full = xq @ torch.from_numpy(oracle(r)).double().T
+    hi, lo, da, _ = gl.quantize_activations(x, fine=fine)
+    q = 255.0 * hi.double() + lo.double() if fine else hi.double()
+    xq = (q.reshape(x.shape[0], -1, 32) * da.double()[..., None]).reshape(x.shape)
+    w = torch.from_numpy(oracle(r)).double()
+    full = xq @ w.T
     assert (y.double() - full).abs().max().item() <= 2e-5 * (full.abs().max().item() + 1e-30)
+    if fine:  # 15-bit activations: within 1e-3 of the float product
+        exact = x.double() @ w.T
+        assert (y.double() - exact).abs().max().item() <= 1e-3 * (exact.abs().max().item() + 1e-30)
 
 
 @pytest.mark.parametrize("isa", cpu_isa_params())
@@ -116,6 +121,9 @@ def test_native_kernel_every_type_and_row_count(
         _check(y, x, r, codes_t, d_t, m_t)
         # batch invariance: each row equals that row multiplied alone, bit for bit
         assert torch.equal(y, torch.cat(alone[:rows]))
+    coarse = gl.GGUFLinear(lin.weight, lin.kernel, fine=False)  # int8 activations, as llama.cpp
+    for rows in (1, 5, 64):
+        _check(coarse(x_all[:rows]), x_all[:rows], r, codes_t, d_t, m_t, fine=False)
 
 
 @pytest.mark.parametrize("t", TYPES)
@@ -129,6 +137,8 @@ def test_torch_fallback_every_type(store: GGUFStore, t: str, monkeypatch: pytest
     for rows in (1, 5, 64):
         x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
         _check(lin(x), x, r, codes_t, torch.from_numpy(d), None if m is None else torch.from_numpy(m))
+    coarse = gl.GGUFLinear(lin.weight, None, fine=False)
+    _check(coarse(x), x, r, codes_t, torch.from_numpy(d), None if m is None else torch.from_numpy(m), fine=False)
 
 
 @pytest.mark.parametrize("isa", cpu_isa_params())

@@ -12,8 +12,12 @@
  * 24).  A kind (see mq_gguf_record_bytes) fixes: CODE = 4 (unsigned nibbles 0..15) or 8 (signed
  * int8), S = 32 or 16, and whether m is present (0 for symmetric types).
  *
- * Activations are quantized per row and block of 32 to int8 as llama.cpp's Q8_0/Q8_1 do
- * (qa = round(x / da), da = max|x| / 127); sa = da * sum(qa) over the sub-block.  Then
+ * Activations are quantized per row and block of 32.  Coarse (fine = 0): to int8 as llama.cpp's
+ * Q8_0/Q8_1 do (qa = round(x / da), da = max|x| / 127).  Fine (fine = 1, the default of
+ * format auto): to 15 bits, qa = 255 * hi + lo with int8 hi, lo and da = max|x| / (127 * 255),
+ * so each dot product is two int8 ones, 255 * (q . hi) + (q . lo): twice the integer work, the
+ * same weight bytes, and activations 255x finer (close greedy calls no longer flip on them).
+ * sa = da * sum(qa) over the sub-block.  Then
  *     y[r, n] = sum_b sum_s  d[n, s] * da[r, b] * (q[n, s, :] . qa[r, s, :])  +  m[n, s] * sa[r, s]
  * with exact int32 dot products (vpmaddubsw / vpmaddwd).
  *
@@ -56,7 +60,7 @@ int mq_gguf_record_bytes(int kind) {
 }
 
 size_t mq_gguf_scratch_bytes(int R, int K) {
-    return (size_t)R * K + 4 * sizeof(float) * (size_t)R * (K / QK) + 128;
+    return 2 * (size_t)R * K + 4 * sizeof(float) * (size_t)R * (K / QK) + 128;
 }
 
 static inline float hmax8(__m256 v) {
@@ -72,11 +76,15 @@ static inline int hsum8i(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* Q8 per block of 32: codes qa, scale da, and the scaled code sums sa32 (block) and sa16 (its
- * two halves) -- IEEE division, round to nearest even, as cpu_qmatmul.quantize_activations. */
-static void quantize_row(const float *x, int K, int8_t *qa, float *da, float *sa32, float *sa16) {
+/* Activations per block of 32 (see the header): hi = round(t), t = x * 127 / amax, and with `fine`
+ * lo = clamp(round(255 t) - 255 hi, -127, 127); the scale da = amax / 127 (coarse) or
+ * amax / (127 * 255) (fine), and sa32 / sa16 = da * the sub-block sums of the codes (hi, or
+ * 255 hi + lo) -- IEEE division, round to nearest even, as gguf_linear.quantize_activations. */
+static void quantize_row(const float *x, int K, int fine, int8_t *hi, int8_t *lo, float *da, float *sa32,
+                         float *sa16) {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), n255 = _mm256_set1_epi32(255);
+    const __m256i lo_min = _mm256_set1_epi32(-127), lo_max = _mm256_set1_epi32(127);
     for (int b = 0; b < K / QK; b++) {
         __m256 v[4], mx = _mm256_setzero_ps();
         for (int i = 0; i < 4; i++) {
@@ -84,13 +92,27 @@ static void quantize_row(const float *x, int K, int8_t *qa, float *da, float *sa
             mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], abs_mask));
         }
         const float amax = hmax8(mx);
-        const float d = amax / 127.0f;
         const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        __m256i q[4];
-        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
-        const int s0 = hsum8i(_mm256_add_epi32(q[0], q[1])), s1 = hsum8i(_mm256_add_epi32(q[2], q[3]));
+        __m256i q[4], r[4], code[4];
+        for (int i = 0; i < 4; i++) {
+            const __m256 t = _mm256_mul_ps(v[i], id);
+            q[i] = _mm256_cvtps_epi32(t);  /* round to nearest even */
+            code[i] = q[i];
+            if (fine) {
+                const __m256i full = _mm256_cvtps_epi32(_mm256_mul_ps(t, _mm256_set1_ps(255.0f)));
+                r[i] = _mm256_min_epi32(_mm256_max_epi32(_mm256_sub_epi32(full, _mm256_mullo_epi32(q[i], n255)),
+                                                         lo_min), lo_max);
+                code[i] = _mm256_add_epi32(_mm256_mullo_epi32(q[i], n255), r[i]);
+            }
+        }
+        const int s0 = hsum8i(_mm256_add_epi32(code[0], code[1])), s1 = hsum8i(_mm256_add_epi32(code[2], code[3]));
         const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256((__m256i *)(qa + b * QK), _mm256_permutevar8x32_epi32(packed, order));
+        _mm256_storeu_si256((__m256i *)(hi + b * QK), _mm256_permutevar8x32_epi32(packed, order));
+        if (fine) {
+            const __m256i lp = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+            _mm256_storeu_si256((__m256i *)(lo + b * QK), _mm256_permutevar8x32_epi32(lp, order));
+        }
+        const float d = amax / (fine ? 32385.0f : 127.0f);
         da[b] = d;
         sa32[b] = d * (float)(s0 + s1);
         sa16[2 * b] = d * (float)s0;
@@ -106,12 +128,28 @@ static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *p) {
 
 /* `rows` (<= GROUP) activation rows times one tile of 16 channels, in two halves of 8 channels;
  * inlined with constant kind / rows so the loops unroll. */
+/* The exact int32 dot product of sub-block s (k-groups g0..g1) of codes w with activations q. */
+static inline __attribute__((always_inline)) __m256i sub_dot(const __m256i w[8], const int8_t *q, int bits,
+                                                              int g0, int g1) {
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    __m256i acc = _mm256_setzero_si256();
+    if (bits == 4) {  /* pairs <= 3840, eight groups <= 30720: int16 holds them */
+        for (int g = g0; g < g1; g++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(w[g], bcast4(q + 4 * g)));
+        return _mm256_madd_epi16(acc, ones16);
+    }
+    for (int g = g0; g < g1; g++) {  /* |w| <= 128, |q| <= 127: a pair fits int16 */
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(bcast4(q + 4 * g), w[g]));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones16));
+    }
+    return acc;
+}
+
 static inline __attribute__((always_inline)) void tile_rows(
-        const uint8_t *rec, int nb, int kind, const int8_t *qa, const float *da, const float *sa32,
-        const float *sa16, int K, int rows, float *y, int ldy) {
+        const uint8_t *rec, int nb, int kind, int fine, const int8_t *qa, const int8_t *ql, const float *da,
+        const float *sa32, const float *sa16, int K, int rows, float *y, int ldy) {
     const int bits = kind_bits(kind), subs = kind_subs(kind), has_m = kind_has_m(kind);
     const int record = mq_gguf_record_bytes(kind), codes = bits == 4 ? 256 : 512;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones16 = _mm256_set1_epi16(1);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
     __m256 f[GROUP][2];
     for (int r = 0; r < rows; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -140,20 +178,10 @@ static inline __attribute__((always_inline)) void tile_rows(
                 __m256i dot[2];
                 for (int s = 0; s < subs; s++) {
                     const int g0 = s * 8 / subs, g1 = (s + 1) * 8 / subs;
-                    if (bits == 4) {  /* pairs <= 3840, eight groups <= 30720: int16 holds them */
-                        __m256i acc = _mm256_setzero_si256();
-                        for (int g = g0; g < g1; g++)
-                            acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(w[g], bcast4(q + 4 * g)));
-                        dot[s] = _mm256_madd_epi16(acc, ones16);
-                    } else {  /* |q| <= 128, |qa| <= 127: a pair fits int16 */
-                        __m256i acc = _mm256_setzero_si256();
-                        for (int g = g0; g < g1; g++) {
-                            const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[g]),
-                                                                       _mm256_sign_epi8(bcast4(q + 4 * g), w[g]));
-                            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones16));
-                        }
-                        dot[s] = acc;
-                    }
+                    dot[s] = sub_dot(w, q, bits, g0, g1);
+                    if (fine)  /* 255 * dot(hi) + dot(lo): |.| < 2^31 */
+                        dot[s] = _mm256_add_epi32(_mm256_mullo_epi32(dot[s], _mm256_set1_epi32(255)),
+                                                  sub_dot(w, ql + (size_t)r * K + b * QK, bits, g0, g1));
                 }
                 const int at = r * nb + b;
                 const __m256 a = _mm256_set1_ps(da[at]);
@@ -173,41 +201,48 @@ static inline __attribute__((always_inline)) void tile_rows(
     }
 }
 
-#define MQ_TILE_ARGS const uint8_t *rec, int nb, const int8_t *qa, const float *da, const float *sa32, \
-                     const float *sa16, int K, float *y, int ldy
-#define MQ_TILE_BODY(KIND, ROWS) tile_rows(rec, nb, KIND, qa, da, sa32, sa16, K, ROWS, y, ldy)
-MQ_TILE_FNS(gguf_tile, K_U4_32_M) MQ_TILE_FNS(gguf_tile, K_S8_32) MQ_TILE_FNS(gguf_tile, K_S8_32_M)
-MQ_TILE_FNS(gguf_tile, K_S8_16) MQ_TILE_FNS(gguf_tile, K_S8_16_M)
+#define MQ_TILE_ARGS const uint8_t *rec, int nb, const int8_t *qa, const int8_t *ql, const float *da, \
+                     const float *sa32, const float *sa16, int K, float *y, int ldy
+/* KIND = kind + N_KINDS * fine */
+#define MQ_TILE_BODY(KIND, ROWS) \
+    tile_rows(rec, nb, (KIND) % N_KINDS, (KIND) / N_KINDS, qa, ql, da, sa32, sa16, K, ROWS, y, ldy)
+MQ_TILE_FNS(gguf_tile, 0) MQ_TILE_FNS(gguf_tile, 1) MQ_TILE_FNS(gguf_tile, 2) MQ_TILE_FNS(gguf_tile, 3)
+MQ_TILE_FNS(gguf_tile, 4) MQ_TILE_FNS(gguf_tile, 5) MQ_TILE_FNS(gguf_tile, 6) MQ_TILE_FNS(gguf_tile, 7)
+MQ_TILE_FNS(gguf_tile, 8) MQ_TILE_FNS(gguf_tile, 9)
 
 typedef void (*gguf_tile_fn)(MQ_TILE_ARGS);
-static const gguf_tile_fn gguf_tile_table[N_KINDS][MQ_TILE_ROWS] = {
-    MQ_TILE_ROW(gguf_tile, K_U4_32_M), MQ_TILE_ROW(gguf_tile, K_S8_32), MQ_TILE_ROW(gguf_tile, K_S8_32_M),
-    MQ_TILE_ROW(gguf_tile, K_S8_16), MQ_TILE_ROW(gguf_tile, K_S8_16_M),
+static const gguf_tile_fn gguf_tile_table[2 * N_KINDS][MQ_TILE_ROWS] = {
+    MQ_TILE_ROW(gguf_tile, 0), MQ_TILE_ROW(gguf_tile, 1), MQ_TILE_ROW(gguf_tile, 2), MQ_TILE_ROW(gguf_tile, 3),
+    MQ_TILE_ROW(gguf_tile, 4), MQ_TILE_ROW(gguf_tile, 5), MQ_TILE_ROW(gguf_tile, 6), MQ_TILE_ROW(gguf_tile, 7),
+    MQ_TILE_ROW(gguf_tile, 8), MQ_TILE_ROW(gguf_tile, 9),
 };
 
-/* y[R, N] = x[R, K] @ W^T for W packed as described above; returns 0, or -1 for bad arguments. */
-int mq_gguf_linear(const float *x, int R, int K, const uint8_t *w, int N, int kind, float *y,
+/* y[R, N] = x[R, K] @ W^T for W packed as described above (fine: 15-bit activations, else
+ * 8-bit); returns 0, or -1 for bad arguments. */
+int mq_gguf_linear(const float *x, int R, int K, const uint8_t *w, int N, int kind, int fine, float *y,
                    void *scratch, int threads) {
     if (R <= 0 || K % QK || N % TILE || kind < 0 || kind >= N_KINDS || threads <= 0) return -1;
+    fine = fine != 0;
     const int nb = K / QK, tiles = N / TILE;
     const size_t tile_bytes = (size_t)nb * mq_gguf_record_bytes(kind);
-    int8_t *qa = (int8_t *)scratch;
-    float *da = (float *)(((uintptr_t)(qa + (size_t)R * K) + 63) & ~(uintptr_t)63);
+    int8_t *qa = (int8_t *)scratch, *ql = qa + (size_t)R * K;
+    float *da = (float *)(((uintptr_t)(ql + (size_t)R * K) + 63) & ~(uintptr_t)63);
     float *sa32 = da + (size_t)R * nb, *sa16 = sa32 + (size_t)R * nb;
-    const gguf_tile_fn *fns = gguf_tile_table[kind];
+    const gguf_tile_fn *fns = gguf_tile_table[kind + N_KINDS * fine];
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
         for (int r = 0; r < R; r++)
-            quantize_row(x + (size_t)r * K, K, qa + (size_t)r * K, da + (size_t)r * nb, sa32 + (size_t)r * nb,
-                         sa16 + (size_t)r * 2 * nb);
+            quantize_row(x + (size_t)r * K, K, fine, qa + (size_t)r * K, ql + (size_t)r * K, da + (size_t)r * nb,
+                         sa32 + (size_t)r * nb, sa16 + (size_t)r * 2 * nb);
 #pragma omp for schedule(static)
         for (int t = 0; t < tiles; t++) {
             const uint8_t *rec = w + (size_t)t * tile_bytes;
             for (int r0 = 0; r0 < R; r0 += GROUP) {
                 const int n = R - r0 < GROUP ? R - r0 : GROUP;
-                fns[n - 1](rec, nb, qa + (size_t)r0 * K, da + (size_t)r0 * nb, sa32 + (size_t)r0 * nb,
-                           sa16 + (size_t)r0 * 2 * nb, K, y + (size_t)r0 * N + (size_t)t * TILE, N);
+                fns[n - 1](rec, nb, qa + (size_t)r0 * K, ql + (size_t)r0 * K, da + (size_t)r0 * nb,
+                           sa32 + (size_t)r0 * nb, sa16 + (size_t)r0 * 2 * nb, K, y + (size_t)r0 * N + (size_t)t * TILE,
+                           N);
             }
         }
     }

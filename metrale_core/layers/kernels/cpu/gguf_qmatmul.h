@@ -12,7 +12,7 @@
 
 int mq_gguf_record_bytes(int kind);
 size_t mq_gguf_scratch_bytes(int R, int K);
-int mq_gguf_linear(const float *x, int R, int K, const uint8_t *w, int N, int kind, float *y,
+int mq_gguf_linear(const float *x, int R, int K, const uint8_t *w, int N, int kind, int fine, float *y,
                    void *scratch, int threads);
 
 #endif
