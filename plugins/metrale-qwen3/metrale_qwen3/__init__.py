@@ -27,7 +27,7 @@ _LOADERS = {
 
 #: The ``--weight-format`` values the loaders honour (``metrale_core.layers.linear.WEIGHT_FORMATS``,
 #: repeated here so that registering imports no torch; a test keeps the two equal).
-WEIGHT_FORMATS = ("exact", "bf16", "int8", "int4")
+WEIGHT_FORMATS = ("auto", "exact", "bf16", "int8", "int4")
 
 
 @hookimpl

@@ -87,13 +87,15 @@ def open_store(directory: Path, *, use_real: bool | None = None) -> Any:
     return FakeStore(tensors, json.loads((directory / "config.json").read_text()))
 
 
-def load(spec_name: str, store: Any, dtype: str = "float32", device: str = "cpu"):
-    """Build a model through the registered loader factory (as the engine does)."""
+def load(spec_name: str, store: Any, dtype: str = "float32", device: str = "cpu",
+         weight_format: str | None = "exact"):
+    """Build a model through the registered loader factory (as the engine does); in the ``exact``
+    weight format unless told otherwise (None: the environment's, else the default ``auto``)."""
     from metrale_qwen3 import metrale_model_loaders
 
     specs = {}
     metrale_model_loaders(lambda spec: specs.__setitem__(spec.name, spec))
-    return specs[spec_name].factory(store, LoadOptions(dtype=dtype, device=device))
+    return specs[spec_name].factory(store, LoadOptions(dtype=dtype, device=device, weight_format=weight_format))
 
 
 class PagedRunner:
