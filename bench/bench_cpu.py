@@ -13,7 +13,7 @@ at a time): build it from the sources vendored in the llama-cpp-python sdist
 (``cmake -B build -DLLAMA_BUILD_SERVER=ON && cmake --build build --target llama-server``) and pass
 ``--llama-server PATH`` (default: ``.venv-bench/bin/llama-server`` when present).
 
-    python bench/bench_cpu.py [--formats exact,int4] [--threads 2] [--http] [--no-hf] [--no-llama]
+    python bench/bench_cpu.py [--formats auto,int4] [--threads 2] [--http] [--no-hf] [--no-llama]
 
 Notes: HF decode rates are (generate(n) - generate(1)) / (n - 1), i.e. prefill excluded;
 llama-cpp-python's server runs one request at a time, so its "aggregate" is its serial rate.
@@ -197,8 +197,9 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--prefill-tokens", type=int, default=512)
-    ap.add_argument("--formats", default="exact,int4",
-                    help="comma list of weight formats, each optionally :bfloat16 for bf16 activations")
+    ap.add_argument("--formats", default="auto",
+                    help="comma list of weight formats, each optionally :bfloat16 for bf16 activations "
+                         "(default: auto, what met serve runs with no flag)")
     ap.add_argument("--http", action="store_true", help="N-stream aggregate over HTTP (met serve vs "
                     "llama-cpp-python's server)")
     ap.add_argument("--no-hf", action="store_true")
