@@ -95,6 +95,9 @@ def model_from_store(store: Any, options: LoadOptions, registry: Registry,
     logger.info("loading {} with the '{}' loader ({} tensors)", path if path is not None else store,
                 spec.name, len(store.names()))
     model_obj = spec.factory(reading if reading is not None else store, options)
+    drop_pages = getattr(store, "drop_resident_pages", None)
+    if drop_pages is not None:  # GGUF: the repacked tensors are copies; the file's pages can go
+        drop_pages()
     if getattr(model_obj, "weight_store", None) is None:
         model_obj.weight_store = store
     return spec, model_obj

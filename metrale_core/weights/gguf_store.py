@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,14 @@ class GGUFStore(WeightStore):
         if name in self._heads:
             values = unpermute_rows(values, self._heads[name])
         return torch.from_numpy(values), True
+
+    def drop_resident_pages(self) -> None:
+        """Let the OS take back the mapped file's pages (``MADV_DONTNEED``): after a load that
+        repacked every tensor, the file's pages no longer count in the process's memory; a later
+        read (a token-table row kept in place) maps its page again from the page cache."""
+        mm = getattr(getattr(self._reader, "data", None), "_mmap", None)
+        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            mm.madvise(mmap.MADV_DONTNEED)
 
     def _release(self) -> None:
         self._reader = None
