@@ -24,17 +24,39 @@ from metrale_core.weights import open_weights
 
 VOCAB = 256
 #: GGUF name suffix -> block type (a mix, as a Q4_K_M file mixes types within a layer).
-TYPES = {"attn_q": "Q4_0", "attn_k": "Q4_0", "attn_v": "Q8_0", "attn_output": "Q5_0", "ffn_gate": "Q4_1",
-         "ffn_up": "Q4_1", "ffn_down": "Q5_1"}
-HF_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+TYPES = {
+    "attn_q": "Q4_0",
+    "attn_k": "Q4_0",
+    "attn_v": "Q8_0",
+    "attn_output": "Q5_0",
+    "ffn_gate": "Q4_1",
+    "ffn_up": "Q4_1",
+    "ffn_down": "Q5_1",
+}
+HF_TO_GGUF = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
 
 
 def _write_qwen2_gguf(path) -> None:
-    config = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                      tie_word_embeddings=True)
+    config = transformers.Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     hf = transformers.Qwen2ForCausalLM(config)
     w = GGUFWriter(str(path), "qwen2")
@@ -89,8 +111,10 @@ def _run(model, requests) -> dict[str, list[int]]:
 
 def _prompts(vocab: int) -> list[tuple[str, list[int]]]:
     g = torch.Generator().manual_seed(3)
-    return [(f"r{i}", torch.randint(3, vocab, (int(torch.randint(2, 24, (1,), generator=g)),), generator=g).tolist())
-            for i in range(16)]
+    return [
+        (f"r{i}", torch.randint(3, vocab, (int(torch.randint(2, 24, (1,), generator=g)),), generator=g).tolist())
+        for i in range(16)
+    ]
 
 
 def _check(model, vocab: int) -> None:
