@@ -184,8 +184,8 @@ def test_non_ascii_vocab_entries_are_respelled_to_bytes():
 
 
 def test_unsupported_tokenizer_type_is_a_weights_error():
-    with pytest.raises(TokenizerError, match="'llama' is not supported") as info:
-        Tokenizer.from_gguf_metadata(_meta(**{"tokenizer.ggml.model": "llama"}), source="x.gguf")
+    with pytest.raises(TokenizerError, match="'bert' is not supported") as info:
+        Tokenizer.from_gguf_metadata(_meta(**{"tokenizer.ggml.model": "bert"}), source="x.gguf")
     assert isinstance(info.value, WeightsError)
 
 
