@@ -60,7 +60,8 @@ _MODEL = {
                             "SwiGLU", "apply_rope", "build_embedding", "build_linear", "embed_tokens", "geglu",
                             "paged_attention",
                             "require_weight_format", "resolve_weight_format", "rms_norm", "rope_cos_sin",
-                            "rope_inv_freq", "signed_sin", "swiglu", "torch_dtype", "write_kv"),
+                            "rope_inv_freq", "signed_sin", "swiglu", "torch_dtype", "write_kv",
+                            "windowed_paged_attention"),
 }
 _KERNELS = {
     "metrale_core.kernels": ("KERNELS_ENV", "CustomOp", "KernelCompileError", "KernelInputError", "KernelPath",

@@ -9,7 +9,8 @@ Sources:
   ``chat_template.json`` and ``generation_config.json`` (extra EOS ids);
 - a GGUF file's ``tokenizer.*`` metadata: ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE from
   the stored tokens and merges; CONTROL tokens become special added tokens, USER_DEFINED tokens
-  plain added tokens, matched whole in the text the way llama.cpp does).
+  plain added tokens, matched whole in the text the way llama.cpp does), or ``"llama"``
+  (SentencePiece: ``tokenizer_spm``).
 
 Invariants:
 - ``encode(text, add_special_tokens=False)`` never adds BOS/EOS; with ``True`` it adds exactly what
@@ -31,6 +32,7 @@ from tokenizers import Tokenizer as _Backend
 
 from metrale_core.chat_template import render_chat_template
 from metrale_core.errors import InvalidRequest, WeightsError
+from metrale_core.tokenizer_spm import spm_backend
 
 __all__ = ["Tokenizer", "TokenizerError", "read_gguf_metadata"]
 
@@ -146,12 +148,40 @@ class Tokenizer:
         if not tokens:
             raise TokenizerError(f"{source}: the GGUF metadata has no tokenizer.ggml.tokens; it carries no tokenizer")
         kind = meta.get("tokenizer.ggml.model")
-        if kind != "gpt2":
+        if kind not in ("gpt2", "llama"):
             raise TokenizerError(
                 f"{source}: GGUF tokenizer type {kind!r} is not supported (only byte-level BPE, "
-                f"tokenizer.ggml.model = 'gpt2'); use the model's Hugging Face directory instead"
+                f"tokenizer.ggml.model = 'gpt2', and SentencePiece, 'llama'); use the model's Hugging Face "
+                f"directory instead"
             )
         types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+        backend = spm_backend(meta, tokens, types) if kind == "llama" else cls._byte_level_backend(
+            meta, tokens, types, source)
+
+        def token_id(key: str) -> int | None:
+            value = meta.get(f"tokenizer.ggml.{key}")
+            return int(value) if value is not None and 0 <= int(value) < len(tokens) else None
+
+        bos, eos = token_id("bos_token_id"), token_id("eos_token_id")
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+        add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+        _set_post_processor(backend, tokens, bos if add_bos else None, eos if add_eos else None)
+        names = {"bos_token": bos, "eos_token": eos, "unk_token": token_id("unknown_token_id"),
+                 "pad_token": token_id("padding_token_id")}
+        return cls(
+            backend=backend,
+            bos_token_id=bos,
+            eos_token_ids=_unique([eos, token_id("eot_token_id"), token_id("eom_token_id")]),
+            pad_token_id=names["pad_token"],
+            chat_template=meta.get("tokenizer.chat_template"),
+            special_tokens={k: tokens[v] for k, v in names.items() if v is not None},
+            source=source,
+        )
+
+    @staticmethod
+    def _byte_level_backend(meta: Mapping[str, Any], tokens: list[str], types: list[int],
+                            source: str) -> _Backend:
+        """The byte-level BPE backend of a ``gpt2`` GGUF vocabulary."""
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
         pre = meta.get("tokenizer.ggml.pre")
 
@@ -182,25 +212,7 @@ class Tokenizer:
         backend.add_special_tokens([t for t in added if t.special])
         backend.add_tokens([t for t in added if not t.special])
 
-        def token_id(key: str) -> int | None:
-            value = meta.get(f"tokenizer.ggml.{key}")
-            return int(value) if value is not None and 0 <= int(value) < len(tokens) else None
-
-        bos, eos = token_id("bos_token_id"), token_id("eos_token_id")
-        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
-        add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
-        _set_post_processor(backend, tokens, bos if add_bos else None, eos if add_eos else None)
-        names = {"bos_token": bos, "eos_token": eos, "unk_token": token_id("unknown_token_id"),
-                 "pad_token": token_id("padding_token_id")}
-        return cls(
-            backend=backend,
-            bos_token_id=bos,
-            eos_token_ids=_unique([eos, token_id("eot_token_id"), token_id("eom_token_id")]),
-            pad_token_id=names["pad_token"],
-            chat_template=meta.get("tokenizer.chat_template"),
-            special_tokens={k: tokens[v] for k, v in names.items() if v is not None},
-            source=source,
-        )
+        return backend
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> Tokenizer:

@@ -16,7 +16,8 @@ kernel (``kernels/cpu/*.c``):
 - paged attention: :class:`AttentionPlan`, :func:`paged_attention`, the decode / prefill /
   KV-write ops.  The decode CUDA kernel is one template over how a K/V row is loaded
   (``metrale_core/kernels/include/metrale_paged_attention.cuh``): a KV codec such as FP8
-  instantiates it with its own loader.
+  instantiates it with its own loader.  :func:`windowed_paged_attention` is the torch path for
+  layers with a sliding window and/or logit soft-capping (Gemma).
 
 Invariants: the oracles follow HF transformers (see ``functional.py``); :class:`DecoderOps`
 builds each op once per model so its path is chosen once; plugins import these names from
@@ -48,6 +49,7 @@ from metrale_core.layers.linear import (
     resolve_weight_format,
 )
 from metrale_core.layers.native_ops import Embedding, GeGLU
+from metrale_core.layers.window_attention import windowed_paged_attention
 from metrale_core.layers.ops import (
     DecoderOps,
     KVCacheWrite,
@@ -88,5 +90,6 @@ __all__ = [
     "signed_sin",
     "swiglu",
     "torch_dtype",
+    "windowed_paged_attention",
     "write_kv",
 ]

@@ -8,6 +8,7 @@ Invariants (HF transformers semantics, see specs §1.3-1.4):
   weight (``cast="input"``, HF Llama / Qwen3 / GLM); ``cast="weight"`` casts to the weight's dtype
   instead (the MTP head's norms, as DeepSeek-style MTP code writes it).  The two agree whenever
   input and weight share a dtype; the choice is explicit so no caller's numerics change silently.
+  ``unit_offset=True`` is Gemma's ``(1 + w)`` norm, multiplied in float32 and cast last.
 - RoPE is the non-interleaved "rotate_half" form; ``inv_freq`` and ``pos * inv_freq`` are float32,
   cos/sin are cast to the activation dtype before they are applied.
 - SwiGLU / GeGLU take the fused ``[gate | up]`` projection and return ``act(gate) * up``
@@ -28,9 +29,18 @@ __all__ = ["apply_rope", "geglu", "rms_norm", "rope_cos_sin", "rope_inv_freq", "
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
-             cast: Literal["input", "weight"] = "input") -> torch.Tensor:
+             cast: Literal["input", "weight"] = "input", unit_offset: bool = False) -> torch.Tensor:
     """``weight * cast(x32 * rsqrt(mean(x32^2) + eps), x.dtype)`` over the last dimension
-    (``cast="weight"``: cast to ``weight.dtype`` instead; see the module invariants)."""
+    (``cast="weight"``: cast to ``weight.dtype`` instead; see the module invariants).
+
+    ``unit_offset``: the Gemma form ``cast(x32 * rsqrt(...) * (1 + weight32), x.dtype)``, the
+    weight stored as an offset from 1 and applied in float32 before the cast (``cast`` unused)."""
+    if unit_offset:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, weight.shape, 1.0 + weight.float(), eps)
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return (x32 * (1.0 + weight.float())).to(x.dtype)
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         return F.rms_norm(x, weight.shape, weight, eps)  # one fused call, bit-identical in float32
     x32 = x.float()

@@ -56,3 +56,23 @@ def test_torch_dtype_is_one_table():
     assert {name: torch_dtype(name) for name in DTYPES} == DTYPES
     with pytest.raises(ConfigError, match="float64.*bfloat16"):
         torch_dtype("float64")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_unit_offset_is_gemmas_one_plus_w(dtype):
+    """``unit_offset=True``: ``(x32 * rsqrt(mean(x32^2) + eps) * (1 + w32)).to(x.dtype)``, as HF's
+    ``Gemma3RMSNorm`` (transformers is the oracle where it is installed)."""
+    g = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(5, 32, generator=g)).to(dtype)
+    w = 0.5 * torch.randn(32, generator=g)
+    got = rms_norm(x, w, 1e-6, unit_offset=True)
+    x32 = x.float()
+    want = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + w)).to(dtype)
+    assert got.dtype == dtype
+    assert (got.float() - want.float()).abs().max().item() <= (1e-6 if dtype == torch.float32 else 0.0)
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    hf = Gemma3RMSNorm(32, eps=1e-6)
+    with torch.no_grad():
+        hf.weight.copy_(w)
+    assert (got.float() - hf(x).float()).abs().max().item() <= (1e-6 if dtype == torch.float32 else 0.0)

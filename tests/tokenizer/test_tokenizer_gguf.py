@@ -184,8 +184,8 @@ def test_non_ascii_vocab_entries_are_respelled_to_bytes():
 
 
 def test_unsupported_tokenizer_type_is_a_weights_error():
-    with pytest.raises(TokenizerError, match="'llama' is not supported") as info:
-        Tokenizer.from_gguf_metadata(_meta(**{"tokenizer.ggml.model": "llama"}), source="x.gguf")
+    with pytest.raises(TokenizerError, match="'bert' is not supported") as info:
+        Tokenizer.from_gguf_metadata(_meta(**{"tokenizer.ggml.model": "bert"}), source="x.gguf")
     assert isinstance(info.value, WeightsError)
 
 
@@ -214,3 +214,55 @@ def test_control_tokens_outside_the_byte_alphabet_stay_raw():
 def test_metadata_without_tokens():
     with pytest.raises(TokenizerError, match="no tokenizer.ggml.tokens"):
         Tokenizer.from_gguf_metadata({"general.architecture": "llama"}, source="w.gguf")
+
+
+# --- SentencePiece GGUF vocabularies (tokenizer.ggml.model == "llama", Gemma) -----------------------
+
+def _spm_reference(text: str, vocab: dict[str, int], scores: list[float], prefix: bool) -> list[int]:
+    """llama.cpp's SPM algorithm, written out: merge the best-scoring adjacent pair (leftmost on a
+    tie) while the concatenation is a piece; characters that are no piece fall back to bytes."""
+    text = ("▁" if prefix else "") + text.replace(" ", "▁")
+    symbols = list(text)
+    while True:
+        best = None
+        for i in range(len(symbols) - 1):
+            joined = symbols[i] + symbols[i + 1]
+            if joined in vocab and (best is None or scores[vocab[joined]] > scores[vocab[best[1]]]):
+                best = (i, joined)
+        if best is None:
+            break
+        symbols[best[0]:best[0] + 2] = [best[1]]
+    ids = []
+    for s in symbols:
+        ids += [vocab[s]] if s in vocab else [vocab[f"<0x{b:02X}>"] for b in s.encode()]
+    return ids
+
+
+def _spm_meta(prefix: bool) -> dict:
+    pieces = ["a", "b", "c", "▁", "ab", "bc", "abc", "▁a", "▁ab", "ca", "cab", "bb", "▁abc"]
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "\n"]
+    tokens += [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [3, 3, 3, 2, 3, 3, 4] + [6] * 256 + [1] * len(pieces)
+    scores = [0.0] * (len(tokens) - len(pieces)) + [-float(i) * 1.5 + (3 * i % 7) for i in range(len(pieces))]
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
+            "tokenizer.ggml.unknown_token_id": 3, "tokenizer.ggml.add_bos_token": True,
+            "tokenizer.ggml.add_space_prefix": prefix}
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_spm_gguf_vocabulary_follows_llama_cpps_algorithm(prefix):
+    import random
+
+    meta = _spm_meta(prefix)
+    tok = Tokenizer.from_gguf_metadata(meta)
+    tokens, scores = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"]
+    vocab = {t: i for i, (t, ty) in enumerate(zip(tokens, meta["tokenizer.ggml.token_type"], strict=True))
+             if ty in (1, 6)}
+    rng = random.Random(0)
+    for _ in range(300):
+        text = "".join(rng.choice("abc  é") for _ in range(rng.randint(1, 12)))
+        assert tok.encode(text, add_special_tokens=False) == _spm_reference(text, vocab, scores, prefix), text
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    ids = tok.encode("ab<start_of_turn>c\nab", add_special_tokens=True)
+    assert ids[0] == 2 and 4 in ids and 6 in ids  # BOS, CONTROL and USER_DEFINED tokens matched whole

@@ -1,0 +1,142 @@
+"""Paged attention with a sliding window and/or logit soft-capping (torch path).
+
+Owner: ``metrale_core.layers``.  Models call :func:`windowed_paged_attention` for the layers that
+declare a window (Gemma 2/3 "sliding_attention" layers, Mistral-style models) or a soft-cap; the
+other layers keep :func:`metrale_core.layers.attention.paged_attention` and its kernels.
+
+Invariants:
+- A row at absolute position ``p`` of a layer with window ``w`` attends to the cached positions
+  ``max(0, p - w + 1) .. p`` of its own sequence (HF ``kv_idx > q_idx - sliding_window``,
+  llama.cpp ``p1 - p0 < n_swa``); ``window=None`` is plain causal attention.
+- Only the blocks that hold a position some row of the batch can still see are read (a decode
+  row reads ``ceil(w / block_size) + 1`` blocks at most), so blocks that slid out of every
+  window are never touched: the block manager may recycle them.
+- K/V are read through ``PagedKVCache.gather`` (every codec, FP8 included); softmax runs in
+  float32; soft-capping is ``cap * tanh(scores / cap)`` before the mask (Gemma 2).
+- The same :class:`~metrale_core.layers.attention.AttentionPlan` as ``paged_attention`` drives
+  it, so a layer's choice between the two costs nothing per step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from metrale_core.layers.attention import AttentionPlan
+from metrale_core.model_api import PagedKVCache
+
+__all__ = ["attend_masked", "windowed_paged_attention"]
+
+
+def attend_masked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float | None = None
+) -> torch.Tensor:
+    """``q`` ``[B, Hq, n, d]`` over ``k``/``v`` ``[B, Hk, L, d]`` where bool ``mask`` ``[B, 1, n, L]``
+    (GQA: KV head ``j`` serves query heads ``[j*G, (j+1)*G)``); returns ``[B, Hq, n, d]``."""
+    bsz, hq, n, d = q.shape
+    hk = k.shape[1]
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    q5 = q.float().view(bsz, hk, hq // hk, n, d)
+    scores = torch.einsum("bhgnd,bhld->bhgnl", q5, k.float()) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores.masked_fill_(~mask[:, :, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhgnl,bhld->bhgnd", probs, v.float())
+    return out.reshape(bsz, hq, n, d).to(q.dtype)
+
+
+def _decode(
+    q: torch.Tensor,
+    kv: PagedKVCache,
+    layer: int,
+    tables: torch.Tensor,
+    context: torch.Tensor,
+    max_context: int,
+    window: int | None,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """Decode rows ``q`` ``[B, Hq, d]``: row ``b`` sits at position ``context[b] - 1``."""
+    bs = kv.block_size
+    if window is None:
+        span, lo = max_context, torch.zeros_like(context)
+    else:
+        span, lo = min(window, max_context), (context - window).clamp(min=0)
+    first_block = lo // bs  # [B]
+    nb = -(-span // bs) + 1
+    cols = (first_block[:, None] + torch.arange(nb, device=q.device)[None, :]).clamp(max=tables.shape[1] - 1)
+    k, v = kv.gather(layer, tables.gather(1, cols), q.dtype)  # [B, nb * bs, Hk, d]
+    pos = first_block[:, None] * bs + torch.arange(nb * bs, device=q.device)[None, :]  # [B, nb * bs]
+    visible = (pos < context[:, None]) & (pos >= lo[:, None])
+    out = attend_masked(q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), visible[:, None, None, :], scale, softcap)
+    return out.squeeze(2)
+
+
+def _segment(
+    q: torch.Tensor,
+    kv: PagedKVCache,
+    layer: int,
+    table: torch.Tensor,
+    context_len: int,
+    window: int | None,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """Rows ``q`` ``[n, Hq, d]`` of one sequence, the last ``n`` of its ``context_len`` positions."""
+    n, bs = q.shape[0], kv.block_size
+    first = context_len - n
+    lo = 0 if window is None else max(0, first - window + 1)
+    b0 = lo // bs
+    k, v = kv.gather(layer, table[b0 : -(-context_len // bs)], q.dtype)  # [(nb - b0) * bs, Hk, d]
+    keys = torch.arange(b0 * bs, b0 * bs + k.shape[0], device=q.device)
+    rows = torch.arange(first, context_len, device=q.device)
+    allowed = keys[None, :] <= rows[:, None]
+    if window is not None:
+        allowed &= keys[None, :] > rows[:, None] - window
+    out = attend_masked(
+        q.transpose(0, 1).unsqueeze(0),
+        k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0),
+        allowed[None, None],
+        scale,
+        softcap,
+    )
+    return out[0].transpose(0, 1)
+
+
+def windowed_paged_attention(
+    q: torch.Tensor,
+    kv: PagedKVCache,
+    layer: int,
+    plan: AttentionPlan,
+    *,
+    window: int | None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Attend every row of ``q`` ``[T, Hq, d]`` over ``layer`` of ``kv`` within ``window``
+    positions (None: unbounded), scores soft-capped at ``softcap`` (None: not capped)."""
+    if window is not None and window < 1:
+        raise ValueError(f"an attention window must be >= 1 position, not {window}")
+    if plan.pure_decode:
+        return _decode(
+            q, kv, layer, plan.decode_tables, plan.decode_context, plan.decode_max_context, window, plan.scale, softcap
+        )
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if plan.decode_rows is not None:
+        out[plan.decode_rows] = _decode(
+            q[plan.decode_rows],
+            kv,
+            layer,
+            plan.decode_tables,
+            plan.decode_context,
+            plan.decode_max_context,
+            window,
+            plan.scale,
+            softcap,
+        )
+    for start, end, seq, context_len in plan.multi_row:
+        out[start:end] = _segment(
+            q[start:end], kv, layer, plan.block_tables[seq], context_len, window, plan.scale, softcap
+        )
+    return out
