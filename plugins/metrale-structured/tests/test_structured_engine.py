@@ -155,13 +155,16 @@ def test_grammar_with_logprobs_and_stop_strings(qwen3):
     import math
 
     from metrale_core.plugins import load_registry
+    from metrale_structured.stats import STATS
 
     registry, tok, model = load_registry(), qwen3.tokenizer, qwen3.model
     schema = SCHEMAS["array-ints"]
     structured = StructuredOutput("json_schema", json.dumps(schema), "response_format")
     k = 20
     params = SamplingParams(temperature=0.0, max_tokens=30, logprobs=k, structured=structured)
+    prepared = STATS.prepared_steps
     engine, tokens, text, logprobs, reason = _collect(model, tok, registry, params)
+    assert STATS.prepared_steps > prepared  # the engine filled masks during the forward pass
     assert reason == "stop"
     jsonschema.validate(json.loads(text), schema)
     assert [t for t, _, _ in logprobs] == tokens
