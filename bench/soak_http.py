@@ -7,6 +7,14 @@ server's RSS (MiB, from ``/proc/PID/status``); a flat RSS column means no leak (
 14).  Not a test: run by hand.
 
     python bench/soak_http.py [--model PATH | --tiny] [--requests 2000] [--window 500]
+                              [--trace DIR]
+
+``--trace DIR`` tells leak from allocator high-water: the server runs under ``tracemalloc``
+(10 frames) and, at every window, writes ``DIR/snap-N.pickle`` (a tracemalloc snapshot), and
+prints Python-traced MiB, live gc objects, and RSS before and after ``malloc_trim(0)``; at the
+end the top growth between the second and the last snapshot is printed by allocation site (a
+leak shows as a site that grows with the request count; high-water shows as RSS that falls
+back after ``malloc_trim`` while traced memory stays flat).
 
 ``--tiny`` serves a randomly initialised two-layer Qwen3 (hidden size 64) with the real Qwen3
 tokenizer (``scripts/fetch-test-data.sh``), written to a temporary directory with
@@ -71,7 +79,7 @@ async def one(client: httpx.AsyncClient, url: str, path: str, body: dict, status
 
 
 async def soak(url: str, pid: int, total: int, window: int, concurrency: int,
-               max_tokens: int) -> None:
+               max_tokens: int, trace: str | None = None) -> None:
     mix = requests_mix(max_tokens)
     queue: asyncio.Queue = asyncio.Queue()
     for i in range(total):
@@ -94,6 +102,8 @@ async def soak(url: str, pid: int, total: int, window: int, concurrency: int,
                     print(f"{done:>9} {pct(latencies, 0.5):>9.1f} {pct(latencies, 0.99):>9.1f} "
                           f"{rss_mib(pid):>9.1f}", flush=True)
                     latencies = []
+                    if trace:
+                        print(traced_window(trace, pid, done // window), flush=True)
 
     async with httpx.AsyncClient(timeout=300) as client:
         await asyncio.gather(*[worker(client) for _ in range(concurrency)])
@@ -118,7 +128,84 @@ def tiny_checkpoint(directory: str) -> str:
     return directory
 
 
-def start_server(model: str | None, threads: int) -> tuple[subprocess.Popen, str]:
+def serve_traced(directory: str, argv: list[str]) -> None:
+    """The ``--serve-traced`` mode: ``met serve`` under tracemalloc; SIGUSR1 writes a snapshot
+    and a JSON line of counters to ``directory`` (the soak's driver reads them)."""
+    import ctypes
+    import gc
+    import json
+    import signal
+    import tracemalloc
+
+    tracemalloc.start(10)
+    libc = ctypes.CDLL("libc.so.6")
+    taken = [0]
+
+    def dump(signum, frame) -> None:
+        gc.collect()
+        n = taken[0] = taken[0] + 1
+        snapshot = tracemalloc.take_snapshot()
+        snapshot.dump(os.path.join(directory, f"snap-{n}.pickle"))
+        by_type: dict[str, int] = {}
+        for obj in gc.get_objects():
+            name = type(obj).__name__
+            by_type[name] = by_type.get(name, 0) + 1
+        before = rss_mib(os.getpid())
+        libc.malloc_trim(0)
+        record = {"n": n, "traced_mib": tracemalloc.get_traced_memory()[0] / 2**20,
+                  "objects": sum(by_type.values()), "rss_mib": before,
+                  "rss_after_trim_mib": rss_mib(os.getpid()),
+                  "top_types": sorted(by_type.items(), key=lambda kv: -kv[1])[:40]}
+        with open(os.path.join(directory, f"counts-{n}.json"), "w") as f:
+            json.dump(record, f)
+
+    signal.signal(signal.SIGUSR1, dump)
+    from metrale_core.cli.main import main as met_main
+
+    raise SystemExit(met_main(argv))
+
+
+def traced_window(directory: str, pid: int, n: int) -> str:
+    """Ask the traced server for snapshot ``n``; its counters as one line."""
+    import json
+    import signal
+
+    path = os.path.join(directory, f"counts-{n}.json")
+    os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 300
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    with open(path) as f:
+        r = json.load(f)
+    return (f"  traced {r['traced_mib']:.1f} MiB, {r['objects']} gc objects, RSS "
+            f"{r['rss_mib']:.1f} -> {r['rss_after_trim_mib']:.1f} MiB after malloc_trim(0)")
+
+
+def traced_growth(directory: str, first: int, last: int, top: int = 15) -> None:
+    """Print the allocation sites that grew most between two snapshots, and the type counts."""
+    import json
+    import tracemalloc
+
+    a = tracemalloc.Snapshot.load(os.path.join(directory, f"snap-{first}.pickle"))
+    b = tracemalloc.Snapshot.load(os.path.join(directory, f"snap-{last}.pickle"))
+    stats = b.compare_to(a, "traceback")
+    print(f"traced growth, snapshot {first} -> {last}: "
+          f"{sum(s.size_diff for s in stats) / 1024:+.1f} KiB in total; top sites:")
+    for stat in stats[:top]:
+        frame = stat.traceback[-1]
+        print(f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks  "
+              f"{frame.filename}:{frame.lineno}")
+    with open(os.path.join(directory, f"counts-{first}.json")) as f:
+        ta = dict(json.load(f)["top_types"])
+    with open(os.path.join(directory, f"counts-{last}.json")) as f:
+        tb = dict(json.load(f)["top_types"])
+    grown = sorted(((tb.get(k, 0) - ta.get(k, 0), k) for k in tb), reverse=True)[:10]
+    print("gc object count growth by type: " + ", ".join(f"{k} {d:+d}" for d, k in grown))
+
+
+def start_server(model: str | None, threads: int,
+                 trace: str | None = None) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -127,6 +214,8 @@ def start_server(model: str | None, threads: int) -> tuple[subprocess.Popen, str
            "--max-num-seqs", "8"]
     if model:
         cmd.insert(4, model)
+    if trace:
+        cmd[1:3] = [os.path.abspath(__file__), "--serve-traced", trace, "--"]
     env = {**os.environ, "METRALE_NO_TUI": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -154,21 +243,31 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--trace", default=None, metavar="DIR",
+                        help="run the server under tracemalloc; snapshots and counters per window")
     args = parser.parse_args()
     import tempfile
 
     tmp = tempfile.TemporaryDirectory()
     model = tiny_checkpoint(tmp.name) if args.tiny else args.model
-    proc, url = start_server(model, args.threads)
+    if args.trace:
+        os.makedirs(args.trace, exist_ok=True)
+    proc, url = start_server(model, args.threads, args.trace)
     try:
         started = time.perf_counter()
         asyncio.run(soak(url, proc.pid, args.requests, args.window, args.concurrency,
-                         args.max_tokens))
+                         args.max_tokens, args.trace))
         print(f"{args.requests} requests in {time.perf_counter() - started:.1f}s", flush=True)
+        windows = args.requests // args.window
+        if args.trace and windows >= 2:
+            traced_growth(args.trace, min(2, windows - 1), windows)
     finally:
         proc.terminate()
         proc.wait(30)
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve-traced":
+        serve_traced(sys.argv[2], sys.argv[4:])
+    else:
+        main()

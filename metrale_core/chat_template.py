@@ -13,16 +13,21 @@ Invariants:
   reasoning given as ``thinking`` / ``reasoning`` is also exposed as ``reasoning_content``.
 - A template that cannot be compiled raises ``ConfigError`` (the model's fault); a conversation the
   template rejects (``raise_exception``, a bad field, a sandbox violation) raises ``InvalidRequest``.
-- Rendering is bounded: at most ``time_budget_s`` seconds (checked cooperatively on every call,
-  attribute/item access, intercepted operator and output piece, since a Python thread cannot be
-  killed) and at most ``max_chars`` characters of output; ``range`` is capped at jinja's
-  ``MAX_RANGE`` and ``*`` / ``+`` / ``**`` refuse to build values beyond the output cap.  Past a
-  bound the render raises ``InvalidRequest`` naming the template and the bound.
+- Rendering is bounded: at most ``time_budget_s`` seconds and at most ``max_chars`` characters
+  of output; ``range`` is capped at jinja's ``MAX_RANGE`` and ``*`` / ``+`` / ``**`` refuse to
+  build values beyond the output cap.  Past a bound the render raises ``InvalidRequest`` naming
+  the template and the bound.  The clock is checked on every call, attribute/item access,
+  intercepted operator and output piece, and on every executed line of the compiled template (a
+  thread-local ``sys.settrace`` hook that traces only template frames, chaining any tracer
+  already set): so a loop with an empty body stops too.  What stays unchecked is one C-level
+  operation, each bounded by the size caps (a Python thread cannot be killed; the user guide
+  says why the render is not moved to a killable process).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from datetime import datetime
@@ -83,6 +88,29 @@ def _tick() -> None:
     budget = getattr(_current, "budget", None)
     if budget is not None and time.monotonic() > budget.deadline:
         raise _OverBudget(f"it ran longer than its time budget of {budget.seconds:g} s")
+
+
+#: ``co_filename`` of the code jinja compiles from a template string.
+_TEMPLATE_FILENAME = "<template>"
+
+
+def _line_check(frame, event, arg):
+    """Local tracer of template frames: the time budget on every executed line."""
+    if event == "line":
+        _tick()
+    return _line_check
+
+
+def _line_guard(previous):
+    """A ``sys.settrace`` function that checks the budget on the lines of template frames and
+    hands every other frame to ``previous`` (a debugger's or coverage's tracer), if any."""
+
+    def trace(frame, event, arg):
+        if frame.f_code.co_filename == _TEMPLATE_FILENAME:
+            return _line_check
+        return previous(frame, event, arg) if previous is not None else None
+
+    return trace
 
 
 def _check_size(n: int) -> None:
@@ -264,6 +292,8 @@ def render_chat_template(
     variables = {"documents": None, **_plain(template_kwargs)}
     outer = getattr(_current, "budget", None)
     _current.budget = _Budget(time_budget_s, max_chars)
+    tracer = sys.gettrace()
+    sys.settrace(_line_guard(tracer))
     try:
         pieces, total = [], 0
         for piece in compiled.generate(
@@ -294,4 +324,5 @@ def render_chat_template(
             f"check the message roles and fields"
         ) from exc
     finally:
+        sys.settrace(tracer)
         _current.budget = outer

@@ -210,6 +210,7 @@ class LLMEngine:
         """Run one step; returns the deltas it produced."""
         plan = self.scheduler.schedule()  # asks the speculation driver for drafts, if any
         pooling = plan_pools(plan)  # embedding rows need the step's hidden states
+        self.output_processor.prepare(plan)  # processors may overlap work with the forward
         logits = self.runner.execute(plan, hidden=pooling)
         pooled = pool_step(self, plan, self.runner.last_hidden) if pooling else []
         outputs = pooled + self.output_processor.update(plan, logits)

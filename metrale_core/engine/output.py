@@ -95,6 +95,12 @@ def _row_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _sampled(plan: SchedulerOutput) -> list:
+    """``(index, chunk)`` of the chunks of ``plan`` that sample a token."""
+    return [(i, chunk) for i, chunk in enumerate(plan.chunks)
+            if chunk.sample and not chunk.seq.is_finished]
+
+
 def _content_delta(text: str) -> Any:
     from metrale_core.streamparse import ParsedDelta
 
@@ -115,6 +121,14 @@ class OutputProcessor:
         #: ``VerifyOutcome`` records of the last step's verify chunks.
         self.last_verify_outcomes: list = []
 
+    def prepare(self, plan: SchedulerOutput) -> None:
+        """Before ``plan``'s forward pass: let the pipeline start per-row work for the rows
+        :meth:`update` will sample plainly (``LogitPipeline.prepare``: a grammar mask fill
+        overlapping the forward)."""
+        plain = [chunk for _, chunk in _sampled(plan) if not chunk.is_verify]
+        if plain and hasattr(self.pipeline, "prepare"):
+            self.pipeline.prepare([chunk.seq for chunk in plain], [chunk.kind for chunk in plain])
+
     def update(self, plan: SchedulerOutput, logits: torch.Tensor | None) -> list[RequestOutput]:
         """Process one step; returns the deltas in plan order (scheduler-finished ones first).
 
@@ -129,8 +143,7 @@ class OutputProcessor:
         for chunk in plan.chunks:
             offsets.append(row)
             row += chunk.num_logits
-        sampled = [(i, chunk) for i, chunk in enumerate(plan.chunks)
-                   if chunk.sample and not chunk.seq.is_finished]
+        sampled = _sampled(plan)
         plain = [(i, chunk) for i, chunk in sampled if not chunk.is_verify]
         by_chunk: dict[int, RequestOutput] = {}
         if plain:

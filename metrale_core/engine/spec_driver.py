@@ -11,7 +11,8 @@ runs and the engine behaves (and traces) exactly as without speculation.
 Invariants:
 - Drafts are asked only for running sequences that are decoding (not prefilling) and did not opt
   out (``seq.extras["speculative"] is False``); each is capped so that the verify chunk neither
-  generates past ``max_tokens`` nor feeds a position at or past ``max_model_len``.
+  generates past ``max_tokens`` nor feeds a position at or past ``max_model_len``, and trimmed to
+  the prefix the logit pipeline's processors accept (``LogitPipeline.draft_prefix``: a grammar).
 - After a step with verify chunks of a recurrent model, ``ModelRunner.commit_verify`` runs
   before anything else can feed the model (the next ``schedule`` / ``execute``).
 - The speculator sees every non-empty step (``observe``), prefill-only steps included, so an MTP
@@ -94,9 +95,14 @@ class SpecDriver:
             return {}
         proposals = self.speculator.propose(seqs, caps)
         drafts = {}
+        valid = getattr(getattr(self.output_processor, "pipeline", None), "draft_prefix", None)
         for seq, cap, draft in zip(seqs, caps, proposals):
             if draft is not None and draft.token_ids and cap > 0:
-                drafts[seq.request_id] = draft.truncated(cap)
+                draft = draft.truncated(cap)
+                if valid is not None:  # a grammar's valid prefix: the rest would be rejected
+                    draft = draft.truncated(valid(seq, draft.token_ids))
+                if draft.token_ids:
+                    drafts[seq.request_id] = draft
         return drafts
 
     def after_step(self, plan: Any, outputs: list) -> None:

@@ -14,6 +14,11 @@ Invariants:
 - A read-only processor (observer) sees the logits after every processor of lower order (the
   masks) and before penalties and bias; if it writes them the pipeline raises
   :class:`ObserverWroteLogits` naming it.
+- :meth:`LogitPipeline.prepare` (called before the forward pass) only hints: a processor's
+  ``prepare(ctx)`` may start work for those rows, but its ``__call__`` must give the same result
+  with or without it; a failing ``prepare`` is logged and ignored.
+- :meth:`LogitPipeline.draft_prefix` never lengthens a draft: it is the shortest prefix every
+  processor with a ``valid_draft_prefix`` accepts.
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ class LogitPipeline:
                 )
         self._stages = sorted(processors, key=lambda pair: pair[0].order)
         self._wants = [getattr(instance, "wants_row", None) for _, instance in self._stages]
+        self._draft_checks = [(getattr(instance, "valid_draft_prefix", None), wants)
+                              for (_, instance), wants in zip(self._stages, self._wants,
+                                                              strict=True)]
         self.sampler = sampler
         if debug_observers is None:
             debug_observers = os.environ.get(DEBUG_OBSERVERS_ENV, "") not in ("", "0")
@@ -125,6 +133,33 @@ class LogitPipeline:
         ``FINAL_DECODE`` stages on committed positions only when there are any)."""
         return any(kind in spec.kinds for spec, _ in self._stages)
 
+    def draft_prefix(self, row: RowLike, token_ids: Sequence[int]) -> int:
+        """How many leading ``token_ids`` (speculative drafts for ``row``) every processor with a
+        ``valid_draft_prefix(row, token_ids) -> int`` method (say, a grammar) accepts; drafts
+        past it would be rejected at verify anyway, so the caller trims them."""
+        n = len(token_ids)
+        for check, wants in self._draft_checks:
+            if check is not None and n and (wants is None or wants(row)):
+                n = min(n, max(0, int(check(row, tuple(token_ids[:n])))))
+        return n
+
+    def prepare(self, rows: Sequence[RowLike], kinds: Sequence[PositionKind]) -> None:
+        """Before the forward pass of a step whose sampled rows will be ``rows``: each processor
+        with a ``prepare(ctx)`` method may start its per-row work (a grammar mask fill) so that it
+        overlaps the forward; errors are logged, and ``__call__`` redoes the work."""
+        for (spec, instance), wants in zip(self._stages, self._wants, strict=True):
+            start = getattr(instance, "prepare", None)
+            if start is None:
+                continue
+            ctx = _context(spec, wants, rows, kinds)
+            if ctx is None:
+                continue
+            try:
+                start(ctx)
+            except Exception as exc:  # a hint only; __call__ does the work
+                logger.warning("logit processor {!r}: prepare failed ({!r}); the step computes "
+                               "without it", spec.name, exc)
+
     def sample(
         self, logits: torch.Tensor, rows: Sequence[RowLike], kinds: Sequence[PositionKind]
     ) -> SampleOutput:
@@ -148,15 +183,9 @@ class LogitPipeline:
             )
         work = _Work(logits)
         for (spec, instance), wants in zip(self._stages, self._wants):
-            selected = [i for i, kind in enumerate(kinds) if kind in spec.kinds
-                        and (wants is None or wants(rows[i]))]
-            if not selected:
+            ctx = _context(spec, wants, rows, kinds)
+            if ctx is None:
                 continue
-            ctx = ProcessorContext(
-                indices=selected,
-                rows=[rows[i] for i in selected],
-                kinds=[kinds[i] for i in selected],
-            )
             if spec.read_only:
                 self._observe(spec, instance, work.tensor, ctx)
             else:
@@ -190,6 +219,16 @@ class _Work:
             self.tensor = self.tensor.clone()
             self.owned = True
         return self.tensor
+
+
+def _context(spec: LogitProcessorSpec, wants, rows, kinds) -> ProcessorContext | None:
+    """The rows of a step ``spec``'s processor runs on (its kinds, those it wants); None if none."""
+    selected = [i for i, kind in enumerate(kinds) if kind in spec.kinds
+                and (wants is None or wants(rows[i]))]
+    if not selected:
+        return None
+    return ProcessorContext(indices=selected, rows=[rows[i] for i in selected],
+                            kinds=[kinds[i] for i in selected])
 
 
 def _rows_of(logits: torch.Tensor, ctx: ProcessorContext) -> torch.Tensor:

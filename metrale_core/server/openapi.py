@@ -99,6 +99,18 @@ ERROR_SCHEMA = Schema(
                                                    Schema(type=OpenAPIType.INTEGER),
                                                    Schema(type=OpenAPIType.NULL)])})})
 
+#: Anthropic's error object (the Messages API's routes answer errors in this shape).
+ANTHROPIC_ERROR_SCHEMA = Schema(
+    type=OpenAPIType.OBJECT, title="AnthropicErrorResponse", required=["type", "error"],
+    properties={
+        "type": Schema(type=OpenAPIType.STRING, enum=["error"]),
+        "error": Schema(type=OpenAPIType.OBJECT, required=["type", "message"], properties={
+            "type": Schema(type=OpenAPIType.STRING),
+            "message": Schema(type=OpenAPIType.STRING)})})
+
+#: Error shapes by API.
+_ERROR_SCHEMAS = {"openai": ERROR_SCHEMA, "anthropic": ANTHROPIC_ERROR_SCHEMA}
+
 _DESCRIPTIONS = {
     400: "Invalid request (the message names the field)", 401: "Missing or wrong API key",
     404: "Unknown model", 405: "Method not allowed", 413: "Request body too large",
@@ -111,16 +123,17 @@ _DESCRIPTIONS = {
 ERROR_STATUSES = (400, 401, 404, 413, 415, 500, 503)
 
 
-def _error_response(status: int) -> OpenAPIResponse:
+def _error_response(status: int, errors: str = "openai") -> OpenAPIResponse:
     return OpenAPIResponse(description=_DESCRIPTIONS.get(status, "Error"), content={
-        "application/json": OpenAPIMediaType(schema=ERROR_SCHEMA)})
+        "application/json": OpenAPIMediaType(schema=_ERROR_SCHEMAS[errors])})
 
 
 @lru_cache(maxsize=None)
 def documented(model: type | None = None, statuses: tuple[int, ...] = ERROR_STATUSES,
-               stream: bool = False) -> type[Operation]:
+               stream: bool = False, errors: str = "openai") -> type[Operation]:
     """An ``Operation`` class documenting a JSON request body of type ``model`` (if any) and
-    exactly the error ``statuses`` the route can answer (plus its 200)."""
+    exactly the error ``statuses`` the route can answer (plus its 200), with error bodies in
+    the ``errors`` API's shape (``"openai"`` or ``"anthropic"``)."""
 
     @dataclass
     class DocumentedOperation(Operation):
@@ -135,12 +148,13 @@ def documented(model: type | None = None, statuses: tuple[int, ...] = ERROR_STAT
                                                  "with \"stream\": true", content={
                     "application/json": OpenAPIMediaType(schema=Schema(type=OpenAPIType.OBJECT)),
                     "text/event-stream": OpenAPIMediaType(schema=Schema(type=OpenAPIType.STRING))})
-            self.responses = {"200": ok, **{str(s): _error_response(s) for s in statuses}}
+            self.responses = {"200": ok,
+                              **{str(s): _error_response(s, errors) for s in statuses}}
 
     DocumentedOperation.__name__ = f"{getattr(model, '__name__', 'Route')}Operation"
     return DocumentedOperation
 
 
-def body_operation(model: type, stream: bool = False) -> type[Operation]:
+def body_operation(model: type, stream: bool = False, errors: str = "openai") -> type[Operation]:
     """:func:`documented` for a route with a JSON body of type ``model``."""
-    return documented(model, ERROR_STATUSES, stream)
+    return documented(model, ERROR_STATUSES, stream, errors)

@@ -1,10 +1,12 @@
 """Schema fuzz (schemathesis) against the server's own generated OpenAPI document.
 
-Every documented operation gets bounded, generated requests (valid and invalid bodies) through
-real uvicorn; the checks: no 5xx (``not_a_server_error``), every status documented for that
-operation (``status_code_conformance``) and the documented content types
-(``content_type_conformance``).  The server has a small context so generated ``max_tokens`` /
-``n`` stay cheap.
+Every documented operation (chat, completions, responses, messages, embeddings, tokenize, ...)
+gets bounded, generated requests (valid and invalid bodies) through real uvicorn; the checks: no
+5xx (``not_a_server_error``), every status documented for that operation
+(``status_code_conformance``), the documented content types (``content_type_conformance``) and
+every response body valid against the documented schema of its status
+(``response_schema_conformance``).  Mismatches are collected over all operations and reported
+together.  The server has a small context so generated ``max_tokens`` / ``n`` stay cheap.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ schemathesis = pytest.importorskip("schemathesis")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
+from schemathesis.core.failures import FailureGroup  # noqa: E402
 from schemathesis.specs.openapi.checks import (  # noqa: E402
     content_type_conformance,
+    response_schema_conformance,
     status_code_conformance,
 )
 
@@ -51,6 +55,8 @@ def test_generated_requests_get_documented_answers(api_schema, fuzz_url):
     assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/completions",
                                               "/tokenize", "/detokenize", "/v1/models"}
     seen: dict[int, int] = {}
+    checked: dict[str, set[int]] = {}
+    mismatches: list[str] = []
     for operation in operations:
         @given(case=operation.as_strategy())
         @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True,
@@ -58,10 +64,22 @@ def test_generated_requests_get_documented_answers(api_schema, fuzz_url):
         def run(case):
             response = case.call(base_url=fuzz_url, timeout=60)
             seen[response.status_code] = seen.get(response.status_code, 0) + 1
-            case.validate_response(response, checks=[
-                not_a_server_error, status_code_conformance, content_type_conformance])
+            try:
+                case.validate_response(response, checks=[
+                    not_a_server_error, status_code_conformance, content_type_conformance,
+                    response_schema_conformance])
+            except (Exception, FailureGroup) as exc:  # collect all, report together
+                first = str(exc).strip().splitlines()
+                mismatches.append(f"{case.method} {case.path} -> {response.status_code}: "
+                                  f"{' | '.join(first[:6])}")
+            checked.setdefault(f"{case.method} {case.path}", set()).add(response.status_code)
 
         run()
+    assert not mismatches, "\n".join(mismatches)
     # the fuzz reached the handlers: accepted requests and refused ones, and nothing else
     assert seen.get(200, 0) > 0 and seen.get(400, 0) > 0, seen
     assert all(status < 500 for status in seen), seen
+    # bodies were checked on every generating API
+    for route in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+                  "/v1/embeddings"):
+        assert checked.get(f"POST {route}"), (route, checked)

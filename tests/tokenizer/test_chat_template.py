@@ -155,3 +155,50 @@ def test_reasoning_aliases_and_bad_inputs():
         _render("x", [], tools=["get_weather"])
     with pytest.raises(InvalidRequest, match="failed on this conversation"):
         _render("{{ messages[0]['content'] + 1 }}", [{"role": "user", "content": "x"}])
+
+
+def test_a_loop_with_an_empty_body_stops_at_the_time_budget():
+    """No call, attribute or operator inside the loops: only the per-line check can stop it (it
+    would run ~10^10 empty iterations)."""
+    import threading
+    import time
+
+    template = ("{% set xs = range(100000)|list %}"
+                "{% for i in xs %}{% for j in xs %}{% endfor %}{% endfor %}")
+    result = {}
+
+    def render():
+        started = time.monotonic()
+        try:
+            render_chat_template(template, [{"role": "user", "content": "hi"}],
+                                 time_budget_s=0.3)
+        except InvalidRequest as exc:
+            result["error"] = str(exc)
+        result["s"] = time.monotonic() - started
+
+    thread = threading.Thread(target=render, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "the render ran past its time budget"
+    assert "time budget" in result["error"] and result["s"] < 5
+
+
+def test_the_line_check_keeps_a_tracer_already_set():
+    import sys
+
+    seen = []
+
+    def tracer(frame, event, arg):
+        seen.append(frame.f_code.co_name)
+        return None
+
+    sys.settrace(tracer)
+    try:
+        text = render_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}",
+                                    [{"role": "user", "content": "hi"}])
+        assert sys.gettrace() is tracer
+    finally:
+        sys.settrace(None)
+    assert text == "hi"
+    assert "root" not in seen  # the template's own frames are traced by the line check
+    assert "_tick" in seen  # other frames during the render still reach the tracer

@@ -92,7 +92,7 @@ async def _start(request: Request) -> tuple[Any, MessagesRequest, ChatRun, str]:
 
 @post("/v1/messages", operation_id="createMessage", tags=["anthropic"], status_code=200,
       summary="Create a message (Anthropic Messages API)",
-      operation_class=body_operation(MessagesRequest))
+      operation_class=body_operation(MessagesRequest, errors="anthropic"))
 async def create_message(request: Request) -> Response | Stream:
     host, req, run, name = await _start(request)
     message_id = new_id("msg")
@@ -202,7 +202,7 @@ async def _sse(events: AsyncIterator[tuple[str, dict]]) -> AsyncIterator[bytes]:
 
 @post("/v1/messages/count_tokens", operation_id="countMessageTokens", tags=["anthropic"],
       summary="Count the input tokens of a Messages request", status_code=200,
-      operation_class=body_operation(CountTokensRequest))
+      operation_class=body_operation(CountTokensRequest, errors="anthropic"))
 async def count_tokens(request: Request) -> Response:
     host = request.app.state.host
     req = await read_request(request, CountTokensRequest)

@@ -28,7 +28,7 @@ import numpy as np
 from metrale_structured.grammars import GrammarError, grammar_text
 from metrale_structured.stats import STATS
 
-__all__ = ["Compiler", "LIMITS_KW", "MAX_BYTES", "MAX_ENTRIES", "llg_tokenizer"]
+__all__ = ["LIMITS_KW", "MAX_BYTES", "MAX_ENTRIES", "Compiler", "llg_tokenizer"]
 
 MAX_ENTRIES = 512
 MAX_BYTES = 64 << 20
@@ -63,7 +63,7 @@ class Compiler:
     def __init__(self, tokenizer_json: str, n_vocab: int, eos_ids: tuple[int, ...],
                  tokenizer_vocab: int) -> None:
         import llguidance
-        import llguidance.numpy  # noqa: F401 - fill_next_token_bitmask
+        import llguidance.numpy
 
         self._llg = llguidance
         self.tok, self.key = llg_tokenizer(tokenizer_json, n_vocab, tuple(eos_ids))

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["GrammarError", "TOOL_FORMATS", "grammar_text"]
+__all__ = ["TOOL_FORMATS", "GrammarError", "grammar_text"]
 
 #: Tool-call wire formats a forced call can be written in.
 TOOL_FORMATS = ("hermes", "qwen3_coder", "glm47")

@@ -22,6 +22,13 @@ Invariants:
   masked row before it, so they are never sampled.
 - A matcher that fails mid-generation (a resource limit) allows only EOS: the row ends, no batch
   fails.
+- Overlap: ``prepare`` (before the forward pass) builds the plain rows' masks on one worker
+  thread; every other entry point (``__call__``, ``valid_draft_prefix``, the next ``prepare``)
+  joins it first, so matchers are touched by one thread at a time.  ``__call__`` uses the
+  prepared mask only when its rows, their output lengths and kinds are those it was built for,
+  else it builds the mask itself: the result is the same either way.
+- Speculative drafts are trimmed to their grammar-valid prefix (``valid_draft_prefix``) before
+  verify, so no verify row is spent on a draft the grammar rejects.
 """
 
 from __future__ import annotations
@@ -71,7 +78,7 @@ class RowState:
                 return False
         return True
 
-    def copy(self) -> "RowState":
+    def copy(self) -> RowState:
         return RowState(self.matcher.deep_copy(), self.phase, self.consumed, self.failed)
 
 
@@ -87,6 +94,11 @@ class StructuredProcessor:
         self._eos: tuple[int, ...] = ()
         self._marks: dict[tuple[str | None, str | None], tuple[int | None, int | None]] = {}
         self._bitmask = np.zeros((0, 0), dtype=np.int32)
+        self._model_vocab = 0
+        #: Fill masks during the forward pass (``prepare``); off = every fill in ``__call__``.
+        self.overlap = True
+        self._pool = None  # the one worker thread of prepare(), made on first use
+        self._pending: tuple[tuple, Any] | None = None
 
     # --- set-up ----------------------------------------------------------------------------------
     def bind(self, tokenizer: Any, vocab_size: int, eos_ids) -> None:
@@ -102,6 +114,7 @@ class StructuredProcessor:
             return
         self._eos = tuple(sorted(int(e) for e in eos_ids))
         n_vocab = max(int(vocab_size), int(tokenizer.vocab_size))
+        self._model_vocab = int(vocab_size)
         self.compiler = Compiler(backend.to_str(), n_vocab, self._eos, int(tokenizer.vocab_size))
         self._executor = llguidance.LLExecutor(self.num_threads)
 
@@ -152,12 +165,74 @@ class StructuredProcessor:
             state.consumed = len(committed)
         return state
 
+    def valid_draft_prefix(self, seq: Any, token_ids: tuple[int, ...]) -> int:
+        """How many leading speculative drafts of ``seq`` its grammar accepts (llguidance's
+        ``validate_tokens``; the matcher is not advanced).  The speculation driver trims the
+        draft to this prefix before verify: the rest would be rejected at a masked row."""
+        if self.compiler is None:
+            return 0
+        self._settle()
+        state = self._state(seq)
+        if state.failed:
+            return 0
+        if state.phase == "grammar":
+            return int(state.matcher.validate_tokens(list(token_ids)))
+        view, marks = state.copy(), self._marks_of(seq.params.structured)
+        for i, token in enumerate(token_ids):  # reasoning phases: token by token on a copy
+            if not view.advance((token,), marks):
+                return i
+        return len(token_ids)
+
+    # --- overlap with the forward pass ----------------------------------------------------------
+    def prepare(self, ctx: Any) -> None:
+        """Before the forward pass: fill the masks of ``ctx``'s rows on the worker thread (plain
+        rows only; ``__call__`` joins it, and uses it only for the same rows at the same
+        lengths)."""
+        self._settle()
+        if not self.overlap or self.compiler is None or any(getattr(r, "seq", r) is not r for r in ctx.rows):
+            return
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="structured-mask")
+        key = _key(ctx)
+        self._pending = (key, self._pool.submit(self._build, list(ctx.rows), self._model_vocab))
+
+    def _settle(self) -> Any:
+        """Join the worker's fill, if any: ``(key, (mask, index))`` or None; never raises."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        key, future = pending
+        try:
+            return key, future.result()
+        except Exception as exc:  # __call__ redoes the fill, and raises on the engine thread
+            logger.debug("structured output: the prepared mask failed ({!r}); recomputing", exc)
+            return None
+
+    # --- per step --------------------------------------------------------------------------------
     def __call__(self, logits: torch.Tensor, ctx: Any) -> None:
         if self.compiler is None:
             raise StructuredOutputError("structured output: the processor has no tokenizer")
+        prepared = self._settle()
+        started = time.perf_counter()
+        if prepared is not None and prepared[0] == _key(ctx) \
+                and (prepared[1] is None or prepared[1][0].shape[1] == logits.shape[1]):
+            built = prepared[1]
+            STATS.prepared_steps += 1
+        else:
+            built = self._build(ctx.rows, logits.shape[1])
+        if built is not None:
+            _apply(logits, *built)
+        STATS.record_mask(time.perf_counter() - started)
+        return None
+
+    def _build(self, rows, vocab: int):
+        """The ``[rows masked, vocab]`` bool mask (True = banned) and the logits row of each mask
+        row, or None when no row is masked (reasoning)."""
         started = time.perf_counter()
         groups: dict[int, list[tuple[int, Any, tuple[int, ...]]]] = {}
-        for j, row in enumerate(ctx.rows):
+        for j, row in enumerate(rows):
             seq = getattr(row, "seq", row)
             pending = tuple(row.output_ids[len(seq.output_ids):]) if row is not seq else ()
             groups.setdefault(id(seq), []).append((j, seq, pending))
@@ -196,16 +271,15 @@ class StructuredProcessor:
                     extra_allow.append((next_row, marks[0]))
                 target.append((j, next_row))
                 next_row += 1
-        if target:
-            self._apply(logits, entries, target, extra_allow, forced_eos, next_row)
-        STATS.record_mask(time.perf_counter() - started)
-        return None
+        if not target:
+            return None
+        built = self._mask(vocab, entries, target, extra_allow, forced_eos, next_row)
+        STATS.fill_seconds += time.perf_counter() - started
+        return built
 
-    def _apply(self, logits: torch.Tensor, entries, target, extra_allow, forced_eos,
-               num_rows: int) -> None:
+    def _mask(self, vocab: int, entries, target, extra_allow, forced_eos, num_rows: int):
         import llguidance.numpy as llnp
 
-        vocab = logits.shape[1]
         words = (max(vocab, self.compiler.n_vocab) + 31) // 32
         if self._bitmask.shape[0] < num_rows or self._bitmask.shape[1] != words:
             self._bitmask = np.zeros((max(num_rows, 2 * self._bitmask.shape[0]), words),
@@ -232,15 +306,24 @@ class StructuredProcessor:
         if empty.any():  # a matcher that stopped without allowing EOS: end the row
             STATS.matcher_errors += int(empty.sum())
             picked[np.nonzero(empty)[0][:, None], list(self._eos)] = 0
-        mask = torch.from_numpy(picked.view(np.bool_))
-        if mask.device != logits.device:
-            mask = mask.to(logits.device)
-        index = [j for j, _ in target]
-        if len(index) == logits.shape[0] and index == list(range(len(index))):
-            logits.masked_fill_(mask, float("-inf"))
-        else:
-            idx = torch.tensor(index, dtype=torch.long, device=logits.device)
-            logits[idx] = logits[idx].masked_fill(mask, float("-inf"))
+        return torch.from_numpy(picked.view(np.bool_)), [j for j, _ in target]
+
+
+def _key(ctx: Any) -> tuple:
+    """What a prepared mask was built for: each row's sequence and output length, and kind."""
+    return tuple((id(getattr(r, "seq", r)), len(r.output_ids)) for r in ctx.rows), \
+        tuple(ctx.kinds)
+
+
+def _apply(logits: torch.Tensor, mask: torch.Tensor, index: list[int]) -> None:
+    """Ban ``mask``'s tokens in the logits rows ``index`` (one per mask row), in place."""
+    if mask.device != logits.device:
+        mask = mask.to(logits.device)
+    if len(index) == logits.shape[0] and index == list(range(len(index))):
+        logits.masked_fill_(mask, float("-inf"))
+    else:
+        idx = torch.tensor(index, dtype=torch.long, device=logits.device)
+        logits[idx] = logits[idx].masked_fill(mask, float("-inf"))
 
 
 def _warn_failed(seq: Any, state: RowState) -> None:

@@ -16,10 +16,10 @@ jsonschema = pytest.importorskip("jsonschema")
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "metrale-speculative"
                        / "tests"))
 
-from metrale_core.sampling import SamplingParams, StructuredOutput  # noqa: E402
-
 from schemas import SCHEMAS  # noqa: E402
 from structured_testlib import qwen3_dir  # noqa: E402
+
+from metrale_core.sampling import SamplingParams, StructuredOutput  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -53,12 +53,13 @@ def _check_valid(result):
 
 
 def test_speculative_greedy_equals_plain_greedy_under_a_grammar(qwen3):
+    from spec_harness import run, streams
+
     from metrale_core.plugins import load_registry
     from metrale_speculative.draft_model import DraftModelProposer
     from metrale_speculative.gate import SpecGate
     from metrale_speculative.ngram import NgramProposer
     from metrale_speculative.speculator import GatedSpeculator
-    from spec_harness import run, streams
 
     registry, tok, model = load_registry(), qwen3.tokenizer, qwen3.model
     requests = _requests(tok)
@@ -78,8 +79,9 @@ def test_speculative_greedy_equals_plain_greedy_under_a_grammar(qwen3):
 
 
 def test_preemption_recompute_and_mixed_batch_keep_outputs(qwen3):
-    from metrale_core.plugins import load_registry
     from spec_harness import run, streams
+
+    from metrale_core.plugins import load_registry
 
     registry, tok, model = load_registry(), qwen3.tokenizer, qwen3.model
     requests = _requests(tok)
@@ -94,3 +96,96 @@ def test_preemption_recompute_and_mixed_batch_keep_outputs(qwen3):
     assert tight["_engine"].scheduler.num_preemptions > 0
     assert streams(tight) == alone
     _check_valid(alone)
+
+
+class _GarbageDrafts:
+    """Proposes the same token three times for every sequence; counts drafts sent to verify."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+        self.verified: dict[str, int] = {}
+
+    def propose(self, seqs, max_drafts):
+        from metrale_core.engine.speculation import Draft
+
+        return [Draft((self.token,) * 3) for _ in seqs]
+
+    def observe(self, report) -> None:
+        for o in report.outcomes:
+            self.verified[o.request_id] = self.verified.get(o.request_id, 0) + o.num_proposed
+
+
+def test_drafts_the_grammar_rejects_never_reach_verify(qwen3):
+    from spec_harness import run, streams
+
+    from metrale_core.plugins import load_registry
+
+    registry, tok, model = load_registry(), qwen3.tokenizer, qwen3.model
+    requests = [r for r in _requests(tok) if r[0] != "ref"]  # an int array: no strings
+    kw = {"tokenizer": tok, "registry": registry, "block_size": 16, "num_kv_blocks": 128}
+    expected = streams(run(model, requests, **kw))
+    garbage = _GarbageDrafts(tok.encode("Hello")[0])  # never valid inside an int array
+    got = run(model, requests, speculator=lambda ctx: garbage, **kw)
+    assert streams(got) == expected
+    assert garbage.verified.get("ints", 0) == 0   # trimmed to nothing before verify
+    assert garbage.verified.get("free", 0) > 0    # a free row is still verified
+
+
+def _collect(model, tok, registry, params):
+    from metrale_core.engine import EngineConfig, LLMEngine
+
+    engine = LLMEngine(model, EngineConfig(block_size=16, num_kv_blocks=128), tokenizer=tok,
+                       registry=registry)
+    engine.add_request("r", _requests(tok)[0][1], params)
+    tokens, text, logprobs, reason = [], "", [], None
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens += out.new_token_ids
+            text += out.text_delta
+            logprobs += out.logprobs or ()
+            reason = out.finish_reason or reason
+    return engine, tokens, text, logprobs, reason
+
+
+def test_grammar_with_logprobs_and_stop_strings(qwen3):
+    """Logprobs are those of the constrained distribution (the mask applies before the sampler's
+    log-softmax): every listed token is grammar-allowed and, where the grammar allows at most
+    ``k`` tokens, the top ``k`` are exactly those and their probabilities sum to 1.  A stop
+    string cuts the constrained output where it first appears."""
+    import math
+
+    from metrale_core.plugins import load_registry
+    from metrale_structured.stats import STATS
+
+    registry, tok, model = load_registry(), qwen3.tokenizer, qwen3.model
+    schema = SCHEMAS["array-ints"]
+    structured = StructuredOutput("json_schema", json.dumps(schema), "response_format")
+    k = 20
+    params = SamplingParams(temperature=0.0, max_tokens=30, logprobs=k, structured=structured)
+    prepared = STATS.prepared_steps
+    engine, tokens, text, logprobs, reason = _collect(model, tok, registry, params)
+    assert STATS.prepared_steps > prepared  # the engine filled masks during the forward pass
+    assert reason == "stop"
+    jsonschema.validate(json.loads(text), schema)
+    assert [t for t, _, _ in logprobs] == tokens
+    proc = engine.output_processor.pipeline.processor("structured-output")
+    small = 0
+    for i, (token, logprob, top) in enumerate(logprobs):
+        probe = SamplingParams(max_tokens=30, structured=structured)
+        seq = type("Probe", (), {"params": probe, "output_ids": tokens[:i], "extras": {},
+                                 "request_id": "probe"})()
+        logits = torch.zeros(1, model.info.vocab_size)
+        proc(logits, type("Ctx", (), {"rows": [seq], "kinds": [None]})())
+        allowed = set(torch.nonzero(logits[0] > float("-inf")).flatten().tolist())
+        assert {t for t, _ in top} <= allowed and token in allowed
+        assert abs(logprob - dict(top)[token]) < 1e-5
+        if len(allowed) <= k:
+            small += 1
+            assert {t for t, _ in top} == allowed
+            assert math.isclose(sum(math.exp(lp) for _, lp in top), 1.0, rel_tol=1e-4)
+    assert small > 0  # the test saw positions where the grammar narrows to a few tokens
+
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    params = SamplingParams(temperature=0.0, max_tokens=30, stop=[stop], structured=structured)
+    _, _, cut, _, reason = _collect(model, tok, registry, params)
+    assert reason == "stop" and cut == text[:text.index(stop)]

@@ -12,11 +12,16 @@ import torch
 from attrs import define, field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "server"))
-from server_testlib import write_tokenizer  # noqa: E402
+from server_testlib import write_tokenizer
 
-from metrale_core.engine.speculation import VerifyRow  # noqa: E402
-from metrale_core.sampling import (  # noqa: E402
-    PositionKind, ProcessorContext, SamplingParams, StructuredOutput, StructuredOutputError)
+from metrale_core.engine.speculation import VerifyRow
+from metrale_core.sampling import (
+    PositionKind,
+    ProcessorContext,
+    SamplingParams,
+    StructuredOutput,
+    StructuredOutputError,
+)
 
 MODEL_VOCAB = 300  # the tokenizer has 263 ids: 263..299 are padding rows
 
@@ -60,8 +65,8 @@ def allowed(proc, rows, kinds=None) -> list[set[int]]:
 
 
 def test_registered_and_handles_structured_output():
-    from metrale_core.engine.engine import build_pipeline
     from metrale_core.engine.config import EngineConfig
+    from metrale_core.engine.engine import build_pipeline
     from metrale_core.plugins import load_registry
 
     registry = load_registry()
@@ -182,3 +187,60 @@ def test_the_grammar_starts_after_the_reasoning_section(proc, tokenizer):
     started = Row(SamplingParams(max_tokens=8, structured=StructuredOutput(
         "regex", "ab", "f", reasoning_end="</think>", starts_in_reasoning=True)))
     assert len(allowed(proc, [started])[0]) == MODEL_VOCAB
+
+
+def test_drafts_are_trimmed_to_the_grammar_valid_prefix(proc, tokenizer):
+    seq = row("regex", "ab+c")
+    a, b, c, x = (ord(ch) for ch in "abcx")
+    assert proc.valid_draft_prefix(seq, (a, b, b, x, c)) == 3
+    assert proc.valid_draft_prefix(seq, (x,)) == 0
+    assert proc.valid_draft_prefix(seq, (a, b, c)) == 3
+    assert allowed(proc, [seq]) == [{a}]  # checking drafts never advanced the matcher
+    seq.output_ids += [a, b]              # committed tokens are synced first
+    assert proc.valid_draft_prefix(seq, (a,)) == 0
+    assert proc.valid_draft_prefix(seq, (b, c, b)) == 2
+    think, end = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
+    thinking = Row(SamplingParams(max_tokens=64, structured=StructuredOutput(
+        "regex", "ab", "f", reasoning_end="</think>", reasoning_start="<think>")))
+    # a reasoning section is free; the grammar applies after it ends
+    assert proc.valid_draft_prefix(thinking, (think, x, x, end, a, x)) == 5
+
+
+def test_pipeline_draft_prefix_asks_only_processors_that_want_the_row(proc):
+    from metrale_core.components import LogitProcessorSpec
+    from metrale_core.sampling.pipeline import LogitPipeline
+    from metrale_core.sampling.sampler import DefaultSampler
+
+    spec = LogitProcessorSpec(name="structured-output", factory=lambda c: proc, order=50,
+                              kinds=set(PositionKind))
+    pipeline = LogitPipeline([(spec, proc)], DefaultSampler())
+    a, x = ord("a"), ord("x")
+    assert pipeline.draft_prefix(row("regex", "a+"), (a, a, x, a)) == 2
+    assert pipeline.draft_prefix(Row(SamplingParams()), (x, x)) == 2  # a free row: untouched
+
+
+def test_a_prepared_mask_equals_the_computed_one_and_a_stale_one_is_not_used(proc):
+    from metrale_structured.stats import STATS
+
+    def masks(rows, prepare_at=None):
+        logits = torch.zeros(len(rows), MODEL_VOCAB)
+        ctx = ProcessorContext(range(len(rows)), rows, [PositionKind.FINAL_DECODE] * len(rows))
+        if prepare_at is not None:
+            prepare_at(ctx)
+        proc(logits, ctx)
+        return [set(torch.nonzero(r > float("-inf")).flatten().tolist()) for r in logits]
+
+    a, b, c = ord("a"), ord("b"), ord("c")
+    rows = [row("regex", "abc"), row("regex", "(ab|ac)c", [a])]
+    expected = masks(rows)
+    prepared = STATS.prepared_steps
+    assert masks(rows, proc.prepare) == expected == [{a}, {b, c}]
+    assert STATS.prepared_steps == prepared + 1
+
+    def prepare_then_commit(ctx):  # a token committed after the fill: the mask is stale
+        proc.prepare(ctx)
+        rows[0].output_ids.append(a)
+
+    assert masks(rows, prepare_then_commit) == [{b}, {b, c}]
+    assert STATS.prepared_steps == prepared + 1
+    assert rows[0].extras["structured"].consumed == 1  # never advanced twice

@@ -14,8 +14,7 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
 from schemas import SCHEMAS  # noqa: E402
-from structured_testlib import (  # noqa: E402
-    chat_text, client, concurrently, qwen3_dir, smollm2_path, start)
+from structured_testlib import chat_text, client, concurrently, qwen3_dir, smollm2_path, start  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
