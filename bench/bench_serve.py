@@ -74,6 +74,14 @@ def peak_rss_mb(pid: int) -> float:
     return NAN
 
 
+def main_thread_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) of ``pid``'s main thread: in ``met serve`` the event loop."""
+    if pid is None:
+        return NAN
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # --- servers -------------------------------------------------------------------------------------
 
 class Server:
@@ -164,7 +172,7 @@ async def _stream(client, url: str, prompt: str, n: int) -> tuple[float, float, 
     return sent, first, last, n
 
 
-async def http_figures(url: str, prompt_500: str, args) -> dict:
+async def http_figures(url: str, prompt_500: str, args, pid: int | None = None) -> dict:
     import httpx
 
     limits = httpx.Limits(max_connections=args.streams + 4, max_keepalive_connections=args.streams + 4)
@@ -183,15 +191,17 @@ async def http_figures(url: str, prompt_500: str, args) -> dict:
             r = await client.post(url + "/v1/completions", json=body)
             r.raise_for_status()
             prefill.append(r.json()["usage"]["prompt_tokens"] / (time.perf_counter() - t0))
-        agg = []
+        agg, loop_cpu = [], []
         for _ in range(args.reps):
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), main_thread_cpu_s(pid)
             runs = await asyncio.gather(*(_stream(client, url, PROMPTS[i % len(PROMPTS)],
                                                   args.decode_tokens)
                                           for i in range(args.streams)))
-            agg.append(sum(n for *_, n in runs) / (time.perf_counter() - t0))
+            tokens = sum(n for *_, n in runs)
+            agg.append(tokens / (time.perf_counter() - t0))
+            loop_cpu.append((main_thread_cpu_s(pid) - cpu0) / tokens * 1e6)
     return {"decode1": statistics.median(decode), "prefill": statistics.median(prefill),
-            "decodeN": statistics.median(agg)}
+            "decodeN": statistics.median(agg), "loop_us_per_token": statistics.median(loop_cpu)}
 
 
 # --- in-process --------------------------------------------------------------------------------
@@ -275,8 +285,9 @@ def bench_model(name: str, args, logs: Path) -> dict:
 
     met = met_serve(path, args, logs / f"met-{name}.log")
     row["health_first_s"] = met.start_s
+    print(f"[{name}] met serve up in {met.start_s:.1f} s", file=sys.stderr, flush=True)
     try:
-        row["met_http"] = asyncio.run(http_figures(met.url, prompt_500, args))
+        row["met_http"] = asyncio.run(http_figures(met.url, prompt_500, args, met.proc.pid))
         row["met_rss_mb"] = peak_rss_mb(met.proc.pid)
     finally:
         met.stop()
@@ -328,6 +339,8 @@ def report(rows: list[dict], args) -> None:
         ik = row["ik"]
         print("ik_llama.cpp llama-bench: " + (f"tg128 {ik.get('tg128', NAN):.1f}, pp512 "
                                              f"{ik.get('pp512', NAN):.1f}" if ik else "not built"))
+        print(f"met serve event loop (main thread) CPU at {args.streams} streams: "
+              f"{row['met_http']['loop_us_per_token']:.0f} us per token")
         print(f"met serve peak RSS {row['met_rss_mb']:.0f} MiB (GGUF {row['gguf_mb']:.0f} MiB); "
               + (f"llama-server {row['llama_rss_mb']:.0f} MiB; " if "llama_rss_mb" in row else "")
               + f"start to /health 200: first {row['health_first_s']:.1f} s, "
