@@ -104,8 +104,9 @@ def metrale_logits(path: Path, fmt: str | None, ids: list[int]) -> np.ndarray:
 
     loaded = load_model(path, LoadOptions(weight_format=fmt), progress=False)
     capture = _Capture(loaded.model)
-    engine = LLMEngine(capture, EngineConfig(block_size=16, kv_cache_memory=256 << 20,
-                                             max_prefill_tokens=len(ids) + 16))
+    engine = LLMEngine(
+        capture, EngineConfig(block_size=16, kv_cache_memory=256 << 20, max_prefill_tokens=len(ids) + 16)
+    )
     engine.add_request("q", ids, SamplingParams(temperature=0.0, max_tokens=1))
     while engine.has_unfinished():
         engine.step()
@@ -116,8 +117,13 @@ def metrale_logits(path: Path, fmt: str | None, ids: list[int]) -> np.ndarray:
 def llama_logits(python: str, path: Path, ids: list[int], threads: int) -> tuple[np.ndarray, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "logits.npy"
-        proc = subprocess.run([python, "-c", _LLAMA, str(path), str(out), str(threads)],
-                              input=json.dumps(ids), capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [python, "-c", _LLAMA, str(path), str(out), str(threads)],
+            input=json.dumps(ids),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return np.load(out), json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -159,8 +165,7 @@ def main() -> None:
         tok = Tokenizer.from_store(open_weights(path))
         ids = tok.encode(TEXT, add_special_tokens=True)[: args.tokens]
         exact = metrale_logits(path, "exact", ids)
-        candidates = [("metrale default", None)] + [(f"metrale {f}", f) for f in
-                                                    filter(None, args.formats.split(","))]
+        candidates = [("metrale default", None)] + [(f"metrale {f}", f) for f in filter(None, args.formats.split(","))]
         for label, fmt in candidates:
             rows.append((path.name, label, *compare(exact, metrale_logits(path, fmt, ids))))
             print(rows[-1], file=sys.stderr, flush=True)
@@ -168,8 +173,7 @@ def main() -> None:
             logits, info = llama_logits(args.llama_python, path, ids, args.threads)
             rows.append((path.name, f"llama.cpp {info['version']}", *compare(exact, logits)))
         else:
-            rows.append((path.name, f"llama.cpp: no {args.llama_python}", float("nan"),
-                         float("nan")))
+            rows.append((path.name, f"llama.cpp: no {args.llama_python}", float("nan"), float("nan")))
         print(rows[-1], file=sys.stderr, flush=True)
     print(f"teacher-forced against --weight-format exact, {args.tokens} tokens max per model")
     if info is not None:

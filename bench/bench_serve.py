@@ -38,10 +38,16 @@ import time
 from pathlib import Path
 
 ANCHORS = Path.home() / ".cache" / "metrale-anchors"
-PROMPTS = ["Write a short story about a lighthouse keeper.", "Explain how a hash table works.",
-           "Describe the water cycle in detail.", "Give me ten tips for better sleep.",
-           "What is the history of the printing press?", "Why is the sky blue?",
-           "Tell me about the life of octopuses.", "How do vaccines train the immune system?"]
+PROMPTS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a hash table works.",
+    "Describe the water cycle in detail.",
+    "Give me ten tips for better sleep.",
+    "What is the history of the printing press?",
+    "Why is the sky blue?",
+    "Tell me about the life of octopuses.",
+    "How do vaccines train the immune system?",
+]
 FILLER = "The quick brown fox jumps over the lazy dog while the old cat sleeps by the fire. "
 NAN = float("nan")
 
@@ -84,6 +90,7 @@ def main_thread_cpu_s(pid: int | None) -> float:
 
 # --- servers -------------------------------------------------------------------------------------
 
+
 class Server:
     """A server subprocess; ``start_s`` is spawn to ``ready`` (``/health`` 200)."""
 
@@ -98,8 +105,10 @@ class Server:
         deadline = time.monotonic() + 600
         while True:
             if self.proc.poll() is not None:
-                raise SystemExit(f"server exited ({self.proc.returncode}): {shlex.join(cmd)}\n"
-                                 + log.read_text(errors="replace")[-3000:])
+                raise SystemExit(
+                    f"server exited ({self.proc.returncode}): {shlex.join(cmd)}\n"
+                    + log.read_text(errors="replace")[-3000:]
+                )
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     break
@@ -122,17 +131,42 @@ class Server:
 
 def met_serve(path: Path, args, log: Path) -> Server:
     port = free_port()
-    cmd = [sys.executable, "-m", "metrale_core", "serve", str(path), "--port", str(port),
-           "--no-tui", "--served-model-name", "bench", *shlex.split(args.met_flags)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "metrale_core",
+        "serve",
+        str(path),
+        "--port",
+        str(port),
+        "--no-tui",
+        "--served-model-name",
+        "bench",
+        *shlex.split(args.met_flags),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     return Server(cmd, env, port, log)
 
 
 def llama_server(binary: Path, path: Path, args, log: Path) -> Server:
     port = free_port()
-    cmd = [str(binary), "-m", str(path), "-t", str(args.threads), "-tb", str(args.threads),
-           "-np", str(args.streams), "-c", str(2048 * args.streams), "--port", str(port),
-           "--host", "127.0.0.1"]
+    cmd = [
+        str(binary),
+        "-m",
+        str(path),
+        "-t",
+        str(args.threads),
+        "-tb",
+        str(args.threads),
+        "-np",
+        str(args.streams),
+        "-c",
+        str(2048 * args.streams),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+    ]
     return Server(cmd, dict(os.environ), port, log)
 
 
@@ -145,9 +179,16 @@ def system_info(log: Path) -> str:
 
 # --- over HTTP ---------------------------------------------------------------------------------
 
+
 def _body(prompt: str, max_tokens: int, stream: bool) -> dict:
-    return {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": stream}
+    return {
+        "model": "bench",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
 
 
 async def _stream(client, url: str, prompt: str, n: int) -> tuple[float, float, float, int]:
@@ -177,12 +218,12 @@ async def http_figures(url: str, prompt_500: str, args, pid: int | None = None) 
 
     limits = httpx.Limits(max_connections=args.streams + 4, max_keepalive_connections=args.streams + 4)
     async with httpx.AsyncClient(timeout=900, limits=limits) as client:
-        await asyncio.gather(*(_stream(client, url, PROMPTS[i % len(PROMPTS)], 4)
-                               for i in range(args.streams)))  # warm-up, opens the connections
+        await asyncio.gather(
+            *(_stream(client, url, PROMPTS[i % len(PROMPTS)], 4) for i in range(args.streams))
+        )  # warm-up, opens the connections
         decode = []
         for rep in range(args.reps):
-            _, first, last, n = await _stream(client, url, PROMPTS[rep % len(PROMPTS)],
-                                              args.decode_tokens)
+            _, first, last, n = await _stream(client, url, PROMPTS[rep % len(PROMPTS)], args.decode_tokens)
             decode.append((n - 1) / (last - first))
         prefill = []
         for rep in range(args.reps):
@@ -194,17 +235,22 @@ async def http_figures(url: str, prompt_500: str, args, pid: int | None = None) 
         agg, loop_cpu = [], []
         for _ in range(args.reps):
             t0, cpu0 = time.perf_counter(), main_thread_cpu_s(pid)
-            runs = await asyncio.gather(*(_stream(client, url, PROMPTS[i % len(PROMPTS)],
-                                                  args.decode_tokens)
-                                          for i in range(args.streams)))
+            runs = await asyncio.gather(
+                *(_stream(client, url, PROMPTS[i % len(PROMPTS)], args.decode_tokens) for i in range(args.streams))
+            )
             tokens = sum(n for *_, n in runs)
             agg.append(tokens / (time.perf_counter() - t0))
             loop_cpu.append((main_thread_cpu_s(pid) - cpu0) / tokens * 1e6)
-    return {"decode1": statistics.median(decode), "prefill": statistics.median(prefill),
-            "decodeN": statistics.median(agg), "loop_us_per_token": statistics.median(loop_cpu)}
+    return {
+        "decode1": statistics.median(decode),
+        "prefill": statistics.median(prefill),
+        "decodeN": statistics.median(agg),
+        "loop_us_per_token": statistics.median(loop_cpu),
+    }
 
 
 # --- in-process --------------------------------------------------------------------------------
+
 
 def in_process(path: Path, prompt_500: str, args) -> dict:
     """The same three figures from an ``LLMEngine`` built from ``met serve``'s default flags."""
@@ -220,8 +266,7 @@ def in_process(path: Path, prompt_500: str, args) -> dict:
     add_engine_flags(parser, registry)
     flags = parser.parse_args(shlex.split(args.met_flags))
     loaded = load_model(str(path), load_options_from_args(flags), registry, progress=False)
-    engine = LLMEngine(loaded.model, engine_config_from_args(flags), tokenizer=loaded.tokenizer,
-                       registry=registry)
+    engine = LLMEngine(loaded.model, engine_config_from_args(flags), tokenizer=loaded.tokenizer, registry=registry)
     tok = loaded.tokenizer
     counter = iter(range(1 << 30))
 
@@ -249,18 +294,25 @@ def in_process(path: Path, prompt_500: str, args) -> dict:
         ids = tok.encode(f"{rep} {time.time()} " + prompt_500)
         t0, first, _, _ = run([ids], 1)
         prefill.append(len(ids) / (first - t0))
-        t0, _, last, n = run([short[i % len(short)] for i in range(args.streams)],
-                             args.decode_tokens)
+        t0, _, last, n = run([short[i % len(short)] for i in range(args.streams)], args.decode_tokens)
         agg.append(n / (last - t0))
-    return {"decode1": statistics.median(decode), "prefill": statistics.median(prefill),
-            "decodeN": statistics.median(agg)}
+    return {
+        "decode1": statistics.median(decode),
+        "prefill": statistics.median(prefill),
+        "decodeN": statistics.median(agg),
+    }
 
 
 # --- llama-bench ---------------------------------------------------------------------------------
 
+
 def llama_bench(binary: Path, path: Path, threads: int) -> dict:
-    out = subprocess.run([str(binary), "-m", str(path), "-t", str(threads), "-p", "512", "-n", "128",
-                          "-r", "3", "-o", "json"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(binary), "-m", str(path), "-t", str(threads), "-p", "512", "-n", "128", "-r", "3", "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rows = json.loads(out.stdout)
     res = {}
     for row in rows:
@@ -270,6 +322,7 @@ def llama_bench(binary: Path, path: Path, threads: int) -> dict:
 
 
 # --- main --------------------------------------------------------------------------------------
+
 
 def bench_model(name: str, args, logs: Path) -> dict:
     import torch
@@ -321,9 +374,11 @@ def _ratio(a: float, b: float) -> str:
 
 
 def report(rows: list[dict], args) -> None:
-    print(f"\n{args.threads} threads, greedy, ignore_eos, {args.decode_tokens} tokens per stream, "
-          f"{args.streams} streams, prefill ~{args.prefill_tokens} tokens, median of {args.reps}; "
-          f"met serve flags: {args.met_flags or '(default)'}; load avg {os.getloadavg()[0]:.2f}")
+    print(
+        f"\n{args.threads} threads, greedy, ignore_eos, {args.decode_tokens} tokens per stream, "
+        f"{args.streams} streams, prefill ~{args.prefill_tokens} tokens, median of {args.reps}; "
+        f"met serve flags: {args.met_flags or '(default)'}; load avg {os.getloadavg()[0]:.2f}"
+    )
     for row in rows:
         print(f"\n== {row['file']} ({row['gguf_mb']:.0f} MiB)")
         if "llama_system_info" in row:
@@ -331,43 +386,54 @@ def report(rows: list[dict], args) -> None:
         else:
             print(f"llama-server: not built ({args.llamacpp_bin})")
         print(f"{'engine':<22} {'decode 1':>9} {'prefill':>9} {f'{args.streams} streams':>11}")
-        for key, label in (("met_http", "met serve (HTTP)"), ("met_inproc", "met in-process"),
-                           ("llama_http", "llama-server (HTTP)")):
+        for key, label in (
+            ("met_http", "met serve (HTTP)"),
+            ("met_inproc", "met in-process"),
+            ("llama_http", "llama-server (HTTP)"),
+        ):
             if key in row:
                 r = row[key]
                 print(f"{label:<22} {r['decode1']:>9.1f} {r['prefill']:>9.1f} {r['decodeN']:>11.1f}")
         ik = row["ik"]
-        print("ik_llama.cpp llama-bench: " + (f"tg128 {ik.get('tg128', NAN):.1f}, pp512 "
-                                             f"{ik.get('pp512', NAN):.1f}" if ik else "not built"))
-        print(f"met serve event loop (main thread) CPU at {args.streams} streams: "
-              f"{row['met_http']['loop_us_per_token']:.0f} us per token")
-        print(f"met serve peak RSS {row['met_rss_mb']:.0f} MiB (GGUF {row['gguf_mb']:.0f} MiB); "
-              + (f"llama-server {row['llama_rss_mb']:.0f} MiB; " if "llama_rss_mb" in row else "")
-              + f"start to /health 200: first {row['health_first_s']:.1f} s, "
-              f"warm {row['health_warm_s']:.1f} s")
+        print(
+            "ik_llama.cpp llama-bench: "
+            + (f"tg128 {ik.get('tg128', NAN):.1f}, pp512 {ik.get('pp512', NAN):.1f}" if ik else "not built")
+        )
+        print(
+            f"met serve event loop (main thread) CPU at {args.streams} streams: "
+            f"{row['met_http']['loop_us_per_token']:.0f} us per token"
+        )
+        print(
+            f"met serve peak RSS {row['met_rss_mb']:.0f} MiB (GGUF {row['gguf_mb']:.0f} MiB); "
+            + (f"llama-server {row['llama_rss_mb']:.0f} MiB; " if "llama_rss_mb" in row else "")
+            + f"start to /health 200: first {row['health_first_s']:.1f} s, "
+            f"warm {row['health_warm_s']:.1f} s"
+        )
     print(f"\n{'ratios':<34} " + " ".join(f"{r['model']:>9}" for r in rows))
     lines = []
     for label, num, den, key in (
-            ("decode 1: met HTTP / llama-server", "met_http", "llama_http", "decode1"),
-            ("prefill: met HTTP / llama-server", "met_http", "llama_http", "prefill"),
-            (f"{args.streams} streams: met HTTP / llama-server", "met_http", "llama_http", "decodeN"),
-            ("decode 1: HTTP / in-process", "met_http", "met_inproc", "decode1"),
-            ("prefill: HTTP / in-process", "met_http", "met_inproc", "prefill"),
-            (f"{args.streams} streams: HTTP / in-process", "met_http", "met_inproc", "decodeN")):
-        lines.append((label, [_ratio(r[num][key], r[den][key]) if num in r and den in r else "n/a"
-                              for r in rows]))
-    for label, key, ik_key in (("in-proc decode 1 / ik tg128", "decode1", "tg128"),
-                               ("in-proc prefill / ik pp512", "prefill", "pp512")):
-        lines.append((label, [_ratio(r["met_inproc"][key], r["ik"][ik_key]) if r["ik"]
-                              else "not built" for r in rows]))
+        ("decode 1: met HTTP / llama-server", "met_http", "llama_http", "decode1"),
+        ("prefill: met HTTP / llama-server", "met_http", "llama_http", "prefill"),
+        (f"{args.streams} streams: met HTTP / llama-server", "met_http", "llama_http", "decodeN"),
+        ("decode 1: HTTP / in-process", "met_http", "met_inproc", "decode1"),
+        ("prefill: HTTP / in-process", "met_http", "met_inproc", "prefill"),
+        (f"{args.streams} streams: HTTP / in-process", "met_http", "met_inproc", "decodeN"),
+    ):
+        lines.append((label, [_ratio(r[num][key], r[den][key]) if num in r and den in r else "n/a" for r in rows]))
+    for label, key, ik_key in (
+        ("in-proc decode 1 / ik tg128", "decode1", "tg128"),
+        ("in-proc prefill / ik pp512", "prefill", "pp512"),
+    ):
+        lines.append((label, [_ratio(r["met_inproc"][key], r["ik"][ik_key]) if r["ik"] else "not built" for r in rows]))
     for label, cells in lines:
         print(f"{label:<34} " + " ".join(f"{c:>9}" for c in cells))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="smollm2,qwen",
-                    help="comma list: smollm2, qwen, or GGUF paths (default: smollm2,qwen)")
+    ap.add_argument(
+        "--models", default="smollm2,qwen", help="comma list: smollm2, qwen, or GGUF paths (default: smollm2,qwen)"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--streams", type=int, default=16)
