@@ -170,11 +170,19 @@ def llama_server(binary: Path, path: Path, args, log: Path) -> Server:
     return Server(cmd, dict(os.environ), port, log)
 
 
-def system_info(log: Path) -> str:
-    for line in log.read_text(errors="replace").splitlines():
-        if "system_info" in line:
-            return line.strip()
-    return "(no system_info line in llama-server's log)"
+def system_info(binary: Path, path: Path, threads: int) -> str:
+    """llama.cpp's ``system_info`` line: ``llama-server -v`` prints it first thing (it is quiet
+    about it without ``-v``, which the timed server does not get); stopped once it is read."""
+    cmd = [str(binary), "-m", str(path), "-t", str(threads), "--port", str(free_port()), "-v"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if "system_info" in line:
+                return line.strip()
+        return "(no system_info line from llama-server -v)"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 # --- over HTTP ---------------------------------------------------------------------------------
@@ -362,7 +370,7 @@ def bench_model(name: str, args, logs: Path) -> dict:
             row["llama_rss_mb"] = peak_rss_mb(srv.proc.pid)
         finally:
             srv.stop()
-        row["llama_system_info"] = system_info(log)
+        row["llama_system_info"] = system_info(binary, path, args.threads)
         print(f"[{name}] llama-server: {row['llama_http']}", file=sys.stderr, flush=True)
     ik = args.ik_bin / "llama-bench"
     row["ik"] = llama_bench(ik, path, args.threads) if ik.exists() else None
