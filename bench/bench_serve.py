@@ -200,7 +200,17 @@ def _body(prompt: str, max_tokens: int, stream: bool) -> dict:
 
 
 async def _stream(client, url: str, prompt: str, n: int) -> tuple[float, float, float, int]:
-    """(sent, first token, last token, tokens) of one SSE completion of ``n`` tokens."""
+    """(sent, first token, last token, tokens) of one SSE completion of ``n`` tokens; retried
+    once when a kept-alive connection turns out closed (llama-server closes some)."""
+    import httpx
+
+    try:
+        return await _stream_once(client, url, prompt, n)
+    except httpx.RemoteProtocolError:
+        return await _stream_once(client, url, prompt, n)
+
+
+async def _stream_once(client, url: str, prompt: str, n: int) -> tuple[float, float, float, int]:
     sent = time.perf_counter()
     first = last = NAN
     text = []
@@ -237,7 +247,11 @@ async def http_figures(url: str, prompt_500: str, args, pid: int | None = None) 
         for rep in range(args.reps):
             body = _body(f"{rep} {time.time()} " + prompt_500, 1, False)
             t0 = time.perf_counter()
-            r = await client.post(url + "/v1/completions", json=body)
+            try:
+                r = await client.post(url + "/v1/completions", json=body)
+            except httpx.RemoteProtocolError:  # a kept-alive connection the server had closed
+                t0 = time.perf_counter()
+                r = await client.post(url + "/v1/completions", json=body)
             r.raise_for_status()
             prefill.append(r.json()["usage"]["prompt_tokens"] / (time.perf_counter() - t0))
         agg, loop_cpu = [], []
