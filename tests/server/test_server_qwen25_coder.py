@@ -1,9 +1,16 @@
-"""Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF) behind ``met serve``'s own loader with default flags
-writes a Python function that parses and works (greedy)."""
+"""Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF) behind ``met serve``'s own loader with default flags:
+tool calls through the official openai client with no ``--tool-call-parser`` (the hermes format
+is read from the GGUF's chat template), and a Python function that parses.
+
+With ``tool_choice="auto"`` this 0.5B model answers a tool request with the bare JSON object
+(no ``<tool_call>`` tags), which no hermes parser reads as a call; ``tool_choice="required"``
+makes the server constrain the output to the template's format (hermes), so the call is the
+format the template picked, parsed by the parser it picked."""
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 
 import pytest
@@ -12,6 +19,15 @@ from metrale_core.testing.requires import missing
 
 # loading the 0.5B model in the exact format takes minutes on a busy 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +53,52 @@ def _client(server):
     import openai
 
     return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=600)
+
+
+def test_tool_calls_without_a_parser_flag(qwen_server):
+    from metrale_core.server.structured import tool_format
+
+    server, host = qwen_server
+    assert host.served.model_type == "qwen2"
+    assert "<tool_call>" in host.served.tokenizer.chat_template
+    assert tool_format(host) == "hermes"
+    client = _client(server)
+    messages = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+    resp = client.chat.completions.create(
+        model="qwen",
+        messages=messages,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=64,
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"].lower().startswith("paris")
+    assert not (choice.message.content or "").strip()
+    stream = client.chat.completions.create(
+        model="qwen",
+        messages=messages,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=64,
+        stream=True,
+    )
+    names, args, finish = [], [], None
+    for chunk in stream:
+        for tc in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            if tc.function.name:
+                names.append(tc.function.name)
+            args.append(tc.function.arguments or "")
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert names == ["get_weather"] and finish == "tool_calls"
+    assert json.loads("".join(args)) == json.loads(call.function.arguments)
 
 
 def test_writes_a_python_function_that_parses(qwen_server):
