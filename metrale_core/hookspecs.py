@@ -208,8 +208,9 @@ def metrale_tool_call_parsers(register):
 
     Called:
         once per plugin by ``load_registry()`` at startup. The frontend picks a parser by
-        ``--tool-call-parser`` or, failing that, by the model type listed in
-        ``spec.model_types``, and builds one parser state per sequence.
+        ``--tool-call-parser``, else by the format the chat template asks for (its tags), else
+        by the model type listed in ``spec.model_types``, and builds one parser state per
+        sequence.
 
     Args:
         register: ``register(spec: ToolCallParserSpec) -> None``; call it once per format

@@ -218,10 +218,12 @@ def parser_factory(host: Any, req: ChatCompletionRequest,
     """A factory of per-sequence extras holding a fresh stream parser, or None when not needed.
 
     A parser is attached when the request's tools are to be parsed (``--tool-call-parser``, else
-    the parser registered for the model type, else ``hermes``), or when a reasoning format
+    the format the chat template asks for, else the parser registered for the model type, else
+    ``hermes``), or when a reasoning format
     applies (``--reasoning-parser``, else by model type) so ``<think>`` text goes to
     ``reasoning_content``.  A prompt that already opened ``<think>`` starts in reasoning.
     """
+    from metrale_core.server.structured import served_chat_template
     from metrale_core.streamparse import make_stream_parser
 
     reasoning = reasoning_format(host)
@@ -232,9 +234,11 @@ def parser_factory(host: Any, req: ChatCompletionRequest,
     model_type = host.served.model_type if host.served is not None else None
     starts_in_reasoning = reasoning is not None and prompt_text.rstrip().endswith("<think>")
     registry = host.registry
+    chat_template = served_chat_template(host)
 
     def make() -> dict:
         return {"stream_parser": make_stream_parser(
             registry, tool_parser=tool_parser, reasoning=reasoning, tools=tools,
-            model_type=model_type, starts_in_reasoning=starts_in_reasoning)}
+            model_type=model_type, starts_in_reasoning=starts_in_reasoning,
+            chat_template=chat_template)}
     return make

@@ -12,9 +12,9 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 from typing import Any, AsyncIterator
 
+import msgspec
 from litestar.response import Stream
 from loguru import logger
 
@@ -24,10 +24,12 @@ from metrale_core.server.errors import APIError, error_body
 __all__ = ["sse_event", "sse_response"]
 
 DONE = b"data: [DONE]\n\n"
+_encode = msgspec.json.Encoder().encode
 
 
 def sse_event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    """One ``data:`` event: compact UTF-8 JSON (msgspec, several times faster than ``json``)."""
+    return b"data: " + _encode(payload) + b"\n\n"
 
 
 async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:

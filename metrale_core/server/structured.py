@@ -105,8 +105,11 @@ def _llama_cpp(req: Any) -> tuple[str, str, str] | None:
 
 
 def tool_format(host: Any) -> str:
-    """The tool-call wire format the server parses: ``--tool-call-parser``, else the parser
-    registered for the model type, else ``hermes`` (as ``make_stream_parser`` picks it)."""
+    """The tool-call wire format the server parses: ``--tool-call-parser``, else the format the
+    chat template asks for, else the parser registered for the model type, else ``hermes``
+    (as ``make_stream_parser`` picks it)."""
+    from metrale_core.streamparse.parser import default_tool_parser
+
     name = host.config.tool_call_parser
     if name:
         return name
@@ -118,7 +121,14 @@ def tool_format(host: Any) -> str:
         from metrale_core.streamparse import BUILTIN_TOOL_PARSERS
 
         types = {n: t for n, (_, t) in BUILTIN_TOOL_PARSERS.items()}
-    return next((n for n, t in sorted(types.items()) if model_type in t), "hermes")
+    return default_tool_parser(types, model_type, served_chat_template(host))
+
+
+def served_chat_template(host: Any) -> str | None:
+    """The served tokenizer's chat template text, if any."""
+    tokenizer = host.served.tokenizer if host.served is not None else None
+    template = getattr(tokenizer, "chat_template", None)
+    return template if isinstance(template, str) else None
 
 
 def _forced_tools(req: Any, tools: list[dict] | None, fmt: str | None) -> tuple[str, str, str] | None:

@@ -175,7 +175,21 @@ def default_reasoning(model_type: str | None) -> str | None:
     return None
 
 
-def _tool_factory(registry: Any, name: str | None, model_type: str | None) -> Callable | None:
+def default_tool_parser(types: dict[str, tuple[str, ...]], model_type: str | None,
+                        chat_template: str | None = None) -> str:
+    """The tool-call parser when none is configured: the format the chat template asks for
+    (when that parser is installed), else the parser whose ``model_types`` lists
+    ``model_type``, else ``hermes``.  ``types``: installed parser name -> its model types."""
+    from metrale_core.streamparse.template_format import template_tool_format
+
+    sniffed = template_tool_format(chat_template)
+    if sniffed is not None and sniffed in types:
+        return sniffed
+    return next((n for n, t in sorted(types.items()) if model_type in t), "hermes")
+
+
+def _tool_factory(registry: Any, name: str | None, model_type: str | None,
+                  chat_template: str | None = None) -> Callable | None:
     if registry is not None:
         specs = {n: (s.factory, tuple(s.model_types)) for n, s in registry.tool_call_parsers.items()}
     else:
@@ -185,7 +199,7 @@ def _tool_factory(registry: Any, name: str | None, model_type: str | None) -> Ca
     if name == NO_TOOL_PARSER:
         return None
     if name is None:
-        name = next((n for n, (_, types) in sorted(specs.items()) if model_type in types), "hermes")
+        name = default_tool_parser({n: t for n, (_, t) in specs.items()}, model_type, chat_template)
     if name not in specs:
         known = ", ".join(sorted(specs)) or "none"
         raise ConfigError(f"no tool-call parser named {name!r} is installed (installed: {known}; "
@@ -196,11 +210,13 @@ def _tool_factory(registry: Any, name: str | None, model_type: str | None) -> Ca
 def make_stream_parser(registry: Any = None, *, tool_parser: str | None = None,
                        reasoning: str | None = None, tools: list[dict] | None = None,
                        model_type: str | None = None, starts_in_reasoning: bool = False,
-                       id_factory: Callable[[], str] = new_tool_call_id) -> StreamParser:
+                       id_factory: Callable[[], str] = new_tool_call_id,
+                       chat_template: str | None = None) -> StreamParser:
     """Build one sequence's :class:`StreamParser`.
 
-    ``tool_parser``: a registered parser name, ``"none"``, or None to pick the parser whose
-    ``model_types`` lists ``model_type`` (else ``hermes``).  ``reasoning``: None (no split), a name
+    ``tool_parser``: a registered parser name, ``"none"``, or None to pick the format
+    ``chat_template`` asks for, else the parser whose ``model_types`` lists ``model_type``
+    (else ``hermes``; see :func:`default_tool_parser`).  ``reasoning``: None (no split), a name
     of :data:`~metrale_core.streamparse.reasoning.REASONING_FORMATS`, or ``"auto"`` (by
     ``model_type``, see :func:`default_reasoning`).  ``starts_in_reasoning``: the prompt already
     opened ``<think>``.  ``tools``: the request's OpenAI tools (parameter types for conversion).
@@ -215,6 +231,6 @@ def make_stream_parser(registry: Any = None, *, tool_parser: str | None = None,
             raise ConfigError(f"unknown reasoning format {reasoning!r} (known: "
                               f"{', '.join(sorted(REASONING_FORMATS))}, auto, or none)")
         splitter = ReasoningSplitter(fmt, starts_in_reasoning=starts_in_reasoning)
-    factory = _tool_factory(registry, tool_parser, model_type)
+    factory = _tool_factory(registry, tool_parser, model_type, chat_template)
     parser = factory(tools=tools) if factory is not None else None
     return StreamParser(parser, splitter, id_factory=id_factory)

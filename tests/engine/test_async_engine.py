@@ -158,3 +158,42 @@ def test_shutdown_aborts_pending_and_joins(make_engine):
 
     with pytest.raises(EngineStopped):
         asyncio.run(after())
+
+
+def test_a_consumer_behind_gets_the_waiting_deltas_merged(async_engine, make_engine, run, tokens):
+    """A consumer that sleeps while the engine steps receives fewer, merged deltas carrying the
+    same tokens, text and logprobs, in order, ending with the one finished delta."""
+    prompt, params = [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=12, logprobs=1)
+    e = make_engine()
+    e.add_request("x", prompt, params)
+    alone = run(e)["x"]
+    eng = async_engine()
+
+    async def slow():
+        out = []
+        async for d in eng.generate(prompt, params, request_id="slow"):
+            out.append(d)
+            await asyncio.sleep(0.05)  # the engine runs ahead meanwhile (blocking the loop)
+        return out
+
+    deltas = asyncio.run(slow())
+    assert tokens(deltas) == tokens(alone)
+    assert len(deltas) < len(alone)
+    assert "".join(d.text_delta for d in deltas) == "".join(d.text_delta for d in alone)
+    assert [t for d in deltas for t, *_ in d.logprobs] == tokens(alone)
+    assert [d.finished for d in deltas] == [False] * (len(deltas) - 1) + [True]
+    assert deltas[-1].num_output_tokens == 12
+
+
+def test_merge_outputs_concatenates_in_order():
+    from metrale_core.engine.async_engine import merge_outputs
+    from metrale_core.engine.output import RequestOutput
+
+    a = RequestOutput("r", (1,), "a", num_output_tokens=1, logprobs=((1, -0.5, ()),), parsed=("p",))
+    b = RequestOutput("r", (2, 3), "bc", finished=True, finish_reason="length",
+                      num_output_tokens=3, logprobs=((2, -1.0, ()), (3, -2.0, ())))
+    m = merge_outputs(a, b)
+    assert (m.new_token_ids, m.text_delta, m.finished, m.finish_reason, m.num_output_tokens) == \
+        ((1, 2, 3), "abc", True, "length", 3)
+    assert [t for t, *_ in m.logprobs] == [1, 2, 3] and m.parsed == ("p",)
+    assert merge_outputs(RequestOutput("r", (1,)), RequestOutput("r", (2,))).logprobs is None

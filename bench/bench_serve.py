@@ -1,0 +1,481 @@
+"""Benchmark: ``met serve`` against natively built llama.cpp (and ik_llama.cpp), ratios from one run.
+
+For each model (the embedded SmolLM2-135M Q4_1 and Qwen2.5-Coder-0.5B Q4_K_M), same GGUF, same
+prompts, greedy, ``ignore_eos``, one client process (this one, httpx/asyncio):
+
+- ``met serve`` with default flags (plus ``--met-flags``) and ``llama-server -np 16`` over HTTP:
+  decode tok/s of 1 stream (SSE, first to last token), prefill tok/s of a ~500-token prompt
+  (``max_tokens`` 1, a fresh prompt each time so no prefix cache helps), aggregate tok/s of 16
+  concurrent streams (first byte sent to the last stream's end);
+- the same build in-process (``LLMEngine`` built from the same default flags, stepped directly):
+  the same three figures, so ``HTTP / in-process`` is the serving path's cost;
+- ``met serve``'s peak RSS (VmHWM: load plus all of the above) and start to ``/health`` 200
+  (first start in this run, then a warm start);
+- llama.cpp's ``system_info`` line (from llama-server's log), and the engine-against-engine stretch
+  ratio against ik_llama.cpp's ``llama-bench -t THREADS`` (tg128 / pp512) when built.
+
+Anchors come from ``~/.cache/metrale-anchors/{llamacpp,ik-llamacpp}/bin`` (built natively by
+``shared/tools/build-llamacpp.sh`` / ``build-ik-llamacpp.sh``); a missing one prints "not built".
+Not a test: run by hand, on a quiet machine if the figures matter.
+
+    python bench/bench_serve.py [--models smollm2,qwen] [--threads 2] [--decode-tokens 64]
+                                [--streams 16] [--met-flags "--weight-format int4"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ANCHORS = Path.home() / ".cache" / "metrale-anchors"
+PROMPTS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a hash table works.",
+    "Describe the water cycle in detail.",
+    "Give me ten tips for better sleep.",
+    "What is the history of the printing press?",
+    "Why is the sky blue?",
+    "Tell me about the life of octopuses.",
+    "How do vaccines train the immune system?",
+]
+FILLER = "The quick brown fox jumps over the lazy dog while the old cat sleeps by the fire. "
+NAN = float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def model_path(name: str) -> Path:
+    if name == "smollm2":
+        from metrale_core.embedded import default_model_path
+
+        return default_model_path(progress=False)
+    if name == "qwen":
+        from metrale_core.testing.chunked_weights import QWEN25_CODER_05B_Q4_K_M, fetch
+
+        return fetch(QWEN25_CODER_05B_Q4_K_M)
+    return Path(name)
+
+
+def peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return NAN
+
+
+def main_thread_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) of ``pid``'s main thread: in ``met serve`` the event loop."""
+    if pid is None:
+        return NAN
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# --- servers -------------------------------------------------------------------------------------
+
+
+class Server:
+    """A server subprocess; ``start_s`` is spawn to ``ready`` (``/health`` 200)."""
+
+    def __init__(self, cmd: list[str], env: dict, port: int, log: Path) -> None:
+        import httpx
+
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log
+        t0 = time.perf_counter()
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(
+                    f"server exited ({self.proc.returncode}): {shlex.join(cmd)}\n"
+                    + log.read_text(errors="replace")[-3000:]
+                )
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"server did not come up: {shlex.join(cmd)}")
+            time.sleep(0.05)
+        self.start_s = time.perf_counter() - t0
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def met_serve(path: Path, args, log: Path) -> Server:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "metrale_core",
+        "serve",
+        str(path),
+        "--port",
+        str(port),
+        "--no-tui",
+        "--served-model-name",
+        "bench",
+        *shlex.split(args.met_flags),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    return Server(cmd, env, port, log)
+
+
+def llama_server(binary: Path, path: Path, args, log: Path) -> Server:
+    port = free_port()
+    cmd = [
+        str(binary),
+        "-m",
+        str(path),
+        "-t",
+        str(args.threads),
+        "-tb",
+        str(args.threads),
+        "-np",
+        str(args.streams),
+        "-c",
+        str(2048 * args.streams),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+    ]
+    return Server(cmd, dict(os.environ), port, log)
+
+
+def system_info(binary: Path, path: Path, threads: int) -> str:
+    """llama.cpp's ``system_info`` line: ``llama-server -v`` prints it first thing (it is quiet
+    about it without ``-v``, which the timed server does not get); stopped once it is read."""
+    cmd = [str(binary), "-m", str(path), "-t", str(threads), "--port", str(free_port()), "-v"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if "system_info" in line:
+                return line.strip()
+        return "(no system_info line from llama-server -v)"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# --- over HTTP ---------------------------------------------------------------------------------
+
+
+def _body(prompt: str, max_tokens: int, stream: bool) -> dict:
+    return {
+        "model": "bench",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+
+
+async def _stream(client, url: str, prompt: str, n: int) -> tuple[float, float, float, int]:
+    """(sent, first token, last token, tokens) of one SSE completion of ``n`` tokens; retried
+    once when a kept-alive connection turns out closed (llama-server closes some)."""
+    import httpx
+
+    try:
+        return await _stream_once(client, url, prompt, n)
+    except httpx.RemoteProtocolError:
+        return await _stream_once(client, url, prompt, n)
+
+
+async def _stream_once(client, url: str, prompt: str, n: int) -> tuple[float, float, float, int]:
+    sent = time.perf_counter()
+    first = last = NAN
+    text = []
+    async with client.stream("POST", url + "/v1/completions", json=_body(prompt, n, True)) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise SystemExit(f"stream failed: {event}")
+            choices = event.get("choices") or []
+            if choices and choices[0].get("text"):
+                last = time.perf_counter()
+                if first != first:  # NaN: the first one
+                    first = last
+                text.append(choices[0]["text"])
+    return sent, first, last, n
+
+
+async def http_figures(url: str, prompt_500: str, args, pid: int | None = None) -> dict:
+    import httpx
+
+    limits = httpx.Limits(max_connections=args.streams + 4, max_keepalive_connections=args.streams + 4)
+    async with httpx.AsyncClient(timeout=900, limits=limits) as client:
+        await asyncio.gather(
+            *(_stream(client, url, PROMPTS[i % len(PROMPTS)], 4) for i in range(args.streams))
+        )  # warm-up, opens the connections
+        decode = []
+        for rep in range(args.reps):
+            _, first, last, n = await _stream(client, url, PROMPTS[rep % len(PROMPTS)], args.decode_tokens)
+            decode.append((n - 1) / (last - first))
+        prefill = []
+        for rep in range(args.reps):
+            body = _body(f"{rep} {time.time()} " + prompt_500, 1, False)
+            t0 = time.perf_counter()
+            try:
+                r = await client.post(url + "/v1/completions", json=body)
+            except httpx.RemoteProtocolError:  # a kept-alive connection the server had closed
+                t0 = time.perf_counter()
+                r = await client.post(url + "/v1/completions", json=body)
+            r.raise_for_status()
+            prefill.append(r.json()["usage"]["prompt_tokens"] / (time.perf_counter() - t0))
+        agg, loop_cpu = [], []
+        for _ in range(args.reps):
+            t0, cpu0 = time.perf_counter(), main_thread_cpu_s(pid)
+            runs = await asyncio.gather(
+                *(_stream(client, url, PROMPTS[i % len(PROMPTS)], args.decode_tokens) for i in range(args.streams))
+            )
+            tokens = sum(n for *_, n in runs)
+            agg.append(tokens / (time.perf_counter() - t0))
+            loop_cpu.append((main_thread_cpu_s(pid) - cpu0) / tokens * 1e6)
+    return {
+        "decode1": statistics.median(decode),
+        "prefill": statistics.median(prefill),
+        "decodeN": statistics.median(agg),
+        "loop_us_per_token": statistics.median(loop_cpu),
+    }
+
+
+# --- in-process --------------------------------------------------------------------------------
+
+
+def in_process(path: Path, prompt_500: str, args) -> dict:
+    """The same three figures from an ``LLMEngine`` built from ``met serve``'s default flags."""
+    from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_options_from_args
+    from metrale_core.engine import LLMEngine
+    from metrale_core.loading import load_model
+    from metrale_core.plugins import load_registry
+    from metrale_core.sampling.params import SamplingParams
+
+    registry = load_registry()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--no-tui", action="store_true")
+    add_engine_flags(parser, registry)
+    flags = parser.parse_args(shlex.split(args.met_flags))
+    loaded = load_model(str(path), load_options_from_args(flags), registry, progress=False)
+    engine = LLMEngine(loaded.model, engine_config_from_args(flags), tokenizer=loaded.tokenizer, registry=registry)
+    tok = loaded.tokenizer
+    counter = iter(range(1 << 30))
+
+    def run(prompts: list[list[int]], n: int) -> tuple[float, float, float, int]:
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        for p in prompts:
+            engine.add_request(f"r{next(counter)}", list(p), params)
+        t0 = time.perf_counter()
+        first = last = NAN
+        produced = 0
+        while engine.has_unfinished():
+            got = sum(len(o.new_token_ids) for o in engine.step())
+            if got:
+                last = time.perf_counter()
+                first = last if first != first else first
+                produced += got
+        return t0, first, last, produced
+
+    short = [tok.encode(p) for p in PROMPTS]
+    run([short[i % len(short)] for i in range(args.streams)], 4)  # warm-up
+    decode, prefill, agg = [], [], []
+    for rep in range(args.reps):
+        _, first, last, n = run([short[rep % len(short)]], args.decode_tokens)
+        decode.append((n - 1) / (last - first))
+        ids = tok.encode(f"{rep} {time.time()} " + prompt_500)
+        t0, first, _, _ = run([ids], 1)
+        prefill.append(len(ids) / (first - t0))
+        t0, _, last, n = run([short[i % len(short)] for i in range(args.streams)], args.decode_tokens)
+        agg.append(n / (last - t0))
+    return {
+        "decode1": statistics.median(decode),
+        "prefill": statistics.median(prefill),
+        "decodeN": statistics.median(agg),
+    }
+
+
+# --- llama-bench ---------------------------------------------------------------------------------
+
+
+def llama_bench(binary: Path, path: Path, threads: int) -> dict:
+    out = subprocess.run(
+        [str(binary), "-m", str(path), "-t", str(threads), "-p", "512", "-n", "128", "-r", "3", "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = json.loads(out.stdout)
+    res = {}
+    for row in rows:
+        key = "pp512" if row.get("n_prompt") else "tg128"
+        res[key] = row["avg_ts"]
+    return res
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def bench_model(name: str, args, logs: Path) -> dict:
+    import torch
+
+    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.weights import open_weights
+
+    path = model_path(name)
+    tok = Tokenizer.from_store(open_weights(path))
+    ids = tok.encode(FILLER * 60)[: args.prefill_tokens]
+    prompt_500 = tok.decode(ids)
+    row: dict = {"model": name, "file": path.name, "gguf_mb": path.stat().st_size / 2**20}
+
+    met = met_serve(path, args, logs / f"met-{name}.log")
+    row["health_first_s"] = met.start_s
+    print(f"[{name}] met serve up in {met.start_s:.1f} s", file=sys.stderr, flush=True)
+    try:
+        row["met_http"] = asyncio.run(http_figures(met.url, prompt_500, args, met.proc.pid))
+        row["met_rss_mb"] = peak_rss_mb(met.proc.pid)
+    finally:
+        met.stop()
+    warm = met_serve(path, args, logs / f"met-{name}-warm.log")
+    row["health_warm_s"] = warm.start_s
+    warm.stop()
+    print(f"[{name}] met serve over HTTP: {row['met_http']}", file=sys.stderr, flush=True)
+
+    torch.set_num_threads(args.threads)
+    row["met_inproc"] = in_process(path, prompt_500, args)
+    print(f"[{name}] in-process: {row['met_inproc']}", file=sys.stderr, flush=True)
+
+    binary = args.llamacpp_bin / "llama-server"
+    if binary.exists():
+        log = logs / f"llama-server-{name}.log"
+        srv = llama_server(binary, path, args, log)
+        try:
+            row["llama_http"] = asyncio.run(http_figures(srv.url, prompt_500, args))
+            row["llama_rss_mb"] = peak_rss_mb(srv.proc.pid)
+        finally:
+            srv.stop()
+        row["llama_system_info"] = system_info(binary, path, args.threads)
+        print(f"[{name}] llama-server: {row['llama_http']}", file=sys.stderr, flush=True)
+    ik = args.ik_bin / "llama-bench"
+    row["ik"] = llama_bench(ik, path, args.threads) if ik.exists() else None
+    return row
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b == b and b else "n/a"
+
+
+def report(rows: list[dict], args) -> None:
+    print(
+        f"\n{args.threads} threads, greedy, ignore_eos, {args.decode_tokens} tokens per stream, "
+        f"{args.streams} streams, prefill ~{args.prefill_tokens} tokens, median of {args.reps}; "
+        f"met serve flags: {args.met_flags or '(default)'}; load avg {os.getloadavg()[0]:.2f}"
+    )
+    for row in rows:
+        print(f"\n== {row['file']} ({row['gguf_mb']:.0f} MiB)")
+        if "llama_system_info" in row:
+            print(f"llama.cpp {row['llama_system_info']}")
+        else:
+            print(f"llama-server: not built ({args.llamacpp_bin})")
+        print(f"{'engine':<22} {'decode 1':>9} {'prefill':>9} {f'{args.streams} streams':>11}")
+        for key, label in (
+            ("met_http", "met serve (HTTP)"),
+            ("met_inproc", "met in-process"),
+            ("llama_http", "llama-server (HTTP)"),
+        ):
+            if key in row:
+                r = row[key]
+                print(f"{label:<22} {r['decode1']:>9.1f} {r['prefill']:>9.1f} {r['decodeN']:>11.1f}")
+        ik = row["ik"]
+        print(
+            "ik_llama.cpp llama-bench: "
+            + (f"tg128 {ik.get('tg128', NAN):.1f}, pp512 {ik.get('pp512', NAN):.1f}" if ik else "not built")
+        )
+        print(
+            f"met serve event loop (main thread) CPU at {args.streams} streams: "
+            f"{row['met_http']['loop_us_per_token']:.0f} us per token"
+        )
+        print(
+            f"met serve peak RSS {row['met_rss_mb']:.0f} MiB (GGUF {row['gguf_mb']:.0f} MiB); "
+            + (f"llama-server {row['llama_rss_mb']:.0f} MiB; " if "llama_rss_mb" in row else "")
+            + f"start to /health 200: first {row['health_first_s']:.1f} s, "
+            f"warm {row['health_warm_s']:.1f} s"
+        )
+    print(f"\n{'ratios':<34} " + " ".join(f"{r['model']:>9}" for r in rows))
+    lines = []
+    for label, num, den, key in (
+        ("decode 1: met HTTP / llama-server", "met_http", "llama_http", "decode1"),
+        ("prefill: met HTTP / llama-server", "met_http", "llama_http", "prefill"),
+        (f"{args.streams} streams: met HTTP / llama-server", "met_http", "llama_http", "decodeN"),
+        ("decode 1: HTTP / in-process", "met_http", "met_inproc", "decode1"),
+        ("prefill: HTTP / in-process", "met_http", "met_inproc", "prefill"),
+        (f"{args.streams} streams: HTTP / in-process", "met_http", "met_inproc", "decodeN"),
+    ):
+        lines.append((label, [_ratio(r[num][key], r[den][key]) if num in r and den in r else "n/a" for r in rows]))
+    for label, key, ik_key in (
+        ("in-proc decode 1 / ik tg128", "decode1", "tg128"),
+        ("in-proc prefill / ik pp512", "prefill", "pp512"),
+    ):
+        lines.append((label, [_ratio(r["met_inproc"][key], r["ik"][ik_key]) if r["ik"] else "not built" for r in rows]))
+    for label, cells in lines:
+        print(f"{label:<34} " + " ".join(f"{c:>9}" for c in cells))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--models", default="smollm2,qwen", help="comma list: smollm2, qwen, or GGUF paths (default: smollm2,qwen)"
+    )
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--prefill-tokens", type=int, default=500)
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per figure (median)")
+    ap.add_argument("--met-flags", default="", help="extra met serve flags (default: none)")
+    ap.add_argument("--llamacpp-bin", type=Path, default=ANCHORS / "llamacpp" / "bin")
+    ap.add_argument("--ik-bin", type=Path, default=ANCHORS / "ik-llamacpp" / "bin")
+    ap.add_argument("--json", type=Path, default=None, help="also write the raw figures here")
+    args = ap.parse_args()
+
+    from loguru import logger
+
+    logger.remove()
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        rows = [bench_model(name, args, Path(tmp)) for name in args.models.split(",")]
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    report(rows, args)
+
+
+if __name__ == "__main__":
+    main()
