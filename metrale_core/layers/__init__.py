@@ -40,10 +40,10 @@ from metrale_core.layers.linear import (
     WEIGHT_FORMATS,
     DenseLinear,
     Linear,
-    build_linear,
     require_weight_format,
     resolve_weight_format,
 )
+from metrale_core.layers.lora import build_linear  # records fused tensor names for LoRA
 from metrale_core.layers.native_ops import Embedding, GeGLU
 from metrale_core.layers.ops import (
     DecoderOps,
