@@ -79,7 +79,7 @@ def metrale_engine_started(engine) -> None:
     runtime = bool(options.get("allow_runtime_lora"))
     if not adapters and not runtime:
         return
-    from metrale_core.api import enable_adapters
+    from metrale_lora.engine_setup import enable_adapters
     from metrale_lora.peft_format import load_peft
 
     bank = enable_adapters(
