@@ -28,6 +28,8 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import types
 import weakref
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
@@ -153,20 +155,38 @@ class LoRAApply(CustomOp):
     kernel_file = "lora.cu"
 
     def forward_native(
-        self, y: torch.Tensor, x: torch.Tensor, rows: LoRARows, a: torch.Tensor, b: torch.Tensor, ranks: Sequence[int]
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        rows: LoRARows,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        ranks: Sequence[int],
+        packed: Sequence[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
     ) -> torch.Tensor:
+        """``packed[slot]`` (optional): contiguous ``(A [r, in], B.T [r, out])`` of the slot, which
+        small CPU matmuls run much faster on than on strided views of the stacks."""
         for slot, idx in rows.groups:
             r = ranks[slot]
             if r == 0:
                 continue
+            pair = None if packed is None else packed[slot]
+            a_s, bt = pair if pair is not None else (a[slot, :r], b[slot, :, :r].T)
             if isinstance(idx, slice):
-                y[idx] += (x[idx] @ a[slot, :r].T) @ b[slot, :, :r].T
+                y[idx] += (x[idx] @ a_s.T) @ bt
             else:
-                y.index_add_(0, idx, (x.index_select(0, idx) @ a[slot, :r].T) @ b[slot, :, :r].T)
+                y.index_add_(0, idx, (x.index_select(0, idx) @ a_s.T) @ bt)
         return y
 
     def forward_cuda(
-        self, y: torch.Tensor, x: torch.Tensor, rows: LoRARows, a: torch.Tensor, b: torch.Tensor, ranks: Sequence[int]
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        rows: LoRARows,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        ranks: Sequence[int],
+        packed: Any = None,
     ) -> torch.Tensor:  # pragma: no cover - GPU
         if x.dtype != torch.float32 or y.dtype != torch.float32 or not y.is_contiguous():
             return self.forward_native(y, x, rows, a, b, ranks)
@@ -211,6 +231,8 @@ class LoRALinear:
         self.b = torch.zeros(num_slots, self.out_features, width, dtype=dtype, device=device)
         #: Columns of ``A``/``B`` in use per slot (0: the slot holds nothing for this projection).
         self.ranks = [0] * num_slots
+        #: Contiguous ``(A, B.T)`` per slot for the CPU path (None: empty slot).
+        self.packed: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_slots
         self.op = LoRAApply(device)
 
     def __getattr__(self, name: str) -> Any:  # bias, weight, dense ... of the base
@@ -239,9 +261,13 @@ class LoRALinear:
             )
             col += r
         self.ranks[slot] = col
+        self.packed[slot] = (
+            None if col == 0 else (self.a[slot, :col].contiguous(), self.b[slot, :, :col].T.contiguous())
+        )
 
     def clear_slot(self, slot: int) -> None:
         self.ranks[slot] = 0
+        self.packed[slot] = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -250,7 +276,7 @@ class LoRALinear:
             return y
         if rows.slots.shape[0] != x.shape[0]:
             raise RuntimeError(f"LoRA row map has {rows.slots.shape[0]} rows but the projection got {x.shape[0]}")
-        return self.op(y, x, rows, self.a, self.b, self.ranks)  # y is the base call's fresh result
+        return self.op(y, x, rows, self.a, self.b, self.ranks, self.packed)  # y: the base call's fresh result
 
 
 def _children(obj: Any) -> Iterator[tuple[Any, str | int, Any]]:
@@ -272,18 +298,49 @@ def _children(obj: Any) -> Iterator[tuple[Any, str | int, Any]]:
                 continue
 
 
+#: How deep :func:`attach_lora` looks for projections (model -> weights -> layers -> layer -> linear).
+_MAX_DEPTH = 8
+#: Types never searched for projections (tensors, kernels, modules, code).
+_OPAQUE = (
+    torch.Tensor,
+    str,
+    bytes,
+    int,
+    float,
+    bool,
+    type(None),
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    ctypes.CDLL,
+)
+
+
+def _searchable(value: Any) -> bool:
+    """Containers and plain model records (not tensors, code, kernels or third-party objects)."""
+    if isinstance(value, (list, tuple, dict)):
+        return True
+    if isinstance(value, _OPAQUE):
+        return False
+    module = type(value).__module__ or ""
+    return module.split(".", 1)[0] not in ("torch", "numpy", "ctypes", "builtins", "cupy", "tokenizers")
+
+
 def attach_lora(
     model: Any, num_slots: int, max_rank: int, dtype: torch.dtype, device: torch.device | str
 ) -> dict[str, tuple[LoRALinear, LoRAPart]]:
     """Wrap every recorded projection reachable from ``model`` in a :class:`LoRALinear` (in place;
     frozen records are updated through ``object.__setattr__``); returns module -> (wrapper, part).
-    A model already wrapped returns its existing wrappers."""
+    Only containers and plain records are searched, at most ``_MAX_DEPTH`` levels deep.  A model
+    already wrapped returns its existing wrappers."""
     found: dict[str, tuple[LoRALinear, LoRAPart]] = {}
     seen: set[int] = set()
-    stack = [model]
+    stack = [(model, 0)]
     while stack:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, (torch.Tensor, str, bytes, int, float, bool, type(None))):
+        obj, depth = stack.pop()
+        if id(obj) in seen or depth > _MAX_DEPTH:
             continue
         seen.add(id(obj))
         for container, key, value in list(_children(obj)):
@@ -291,14 +348,10 @@ def attach_lora(
                 for part in value.parts:
                     found[part.module] = (value, part)
                 continue
-            parts = recorded_parts(value) if not isinstance(value, torch.Tensor) else None
+            parts = None if isinstance(value, _OPAQUE) else recorded_parts(value)
             if parts is None:
-                if not isinstance(value, (torch.Tensor, torch.nn.Parameter)) and (
-                    hasattr(value, "__dict__")
-                    or hasattr(type(value), "__slots__")
-                    or isinstance(value, (list, tuple, dict))
-                ):
-                    stack.append(value)
+                if _searchable(value):
+                    stack.append((value, depth + 1))
                 continue
             wrapper = LoRALinear(value, parts, num_slots, max_rank, dtype, device)
             if isinstance(container, tuple):
