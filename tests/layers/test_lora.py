@@ -127,3 +127,19 @@ def test_lora_kernel_compiles_with_both_entries(tmp_path):
     cu = next(p for p in find_cu_files("metrale_core.layers") if p.name == "lora.cu")
     entries = set(ptx_entries(compile_ptx(cu, tmp_path, arch="sm_90").read_text()))
     assert {"lora_shrink_f32", "lora_expand_f32"} <= entries
+
+
+def test_attach_searches_model_records_not_modules_or_classes():
+    import sys
+
+    layer, _ = _fused()
+
+    class Model:
+        def __init__(self):
+            self.layers = [layer]
+            self.torch, self.sys, self.cls, self.fn = torch, sys, _Store, _fused  # never walked into
+
+    model = Model()
+    targets = attach_lora(model, 1, 2, torch.float32, "cpu")
+    assert set(targets) == {"m.q_proj", "m.v_proj", "m.down_proj"}
+    assert model.layers[0] is layer and isinstance(layer.down, LoRALinear)
