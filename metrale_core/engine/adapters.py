@@ -2,7 +2,7 @@
 
 Owner: the engine side of multi-LoRA.  A feature plugin (``metrale-lora``) parses adapter files
 into :class:`AdapterWeights`, wraps the model's projections (``metrale_core.layers.lora``) and
-hangs a bank on ``engine.runner.lora`` (``metrale_lora.enable_adapters``); the server
+hangs a bank on ``engine.runner.lora`` (``metrale_lora.engine_setup.enable_adapters``); the server
 resolves a request's ``model`` to an adapter key (:meth:`AdapterBank.key_for`) and hands it to
 the engine in the sequence's extras (:data:`ADAPTER_EXTRA`); the runner runs each forward inside
 :meth:`AdapterBank.scope` (the step's row -> slot map, visible to the wrappers).  The bank knows
