@@ -87,6 +87,8 @@ _STREAMPARSE = {
 _ENGINE = {
     "metrale_core.engine.speculation": ("Draft", "ProposerContext", "Speculator", "StepReport", "VerifyRow"),
     "metrale_core.engine.runner": ("ModelRunner", "model_device"),
+    "metrale_core.engine.adapters": ("ADAPTER_EXTRA", "AdapterBank", "AdapterWeights"),
+    "metrale_core.layers.lora": ("LoRALinear", "LoRARows", "active_rows", "attach_lora"),
     "metrale_core.engine.block_manager": ("BlockManager",),
     "metrale_core.engine.side_pool": ("SidePool",),
     "metrale_core.engine.scheduler": ("AdmissionStep", "FcfsPolicy", "ScheduledChunk", "SchedulerOutput",

@@ -25,6 +25,7 @@ from typing import Sequence as Seq
 
 from attrs import define, field, frozen
 
+from metrale_core.engine.adapter_key import adapter_of
 from metrale_core.engine.request import Sequence
 
 __all__ = ["BlockManager", "PrefixCacheStats"]
@@ -45,6 +46,13 @@ def chain_hash(parent: bytes, token_ids: Seq[int]) -> bytes:
     h = hashlib.blake2b(parent, digest_size=16)
     h.update(b"".join(int(t).to_bytes(8, "little", signed=True) for t in token_ids))
     return h.digest()
+
+
+def _salt(seq: Sequence) -> bytes:
+    """Where a sequence's chain of block keys starts: its LoRA adapter's key (the base: empty),
+    so two adapters never share KV."""
+    key = adapter_of(seq)
+    return b"" if key is None else b"lora\0" + key.encode()
 
 
 @define
@@ -101,7 +109,7 @@ class BlockManager:
             return []
         tokens = seq.all_token_ids()[:seq.num_prefill_tokens]
         hits: list[int] = []
-        parent = b""
+        parent = _salt(seq)
         bs = self.block_size
         for i in range((len(tokens) - 1) // bs):
             parent = chain_hash(parent, tokens[i * bs:(i + 1) * bs])
@@ -175,7 +183,7 @@ class BlockManager:
             return
         bs = self.block_size
         tokens = seq.token_ids(len(keys) * bs, num_full * bs)
-        parent = keys[-1] if keys else b""
+        parent = keys[-1] if keys else _salt(seq)
         for j, i in enumerate(range(len(keys), num_full)):
             parent = chain_hash(parent, tokens[j * bs:(j + 1) * bs])
             keys.append(parent)

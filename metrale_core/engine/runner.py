@@ -15,6 +15,8 @@ Invariants:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from loguru import logger
 
@@ -58,6 +60,8 @@ class ModelRunner:
         self.keeps_hidden = False
         #: Hidden states of the last ``execute`` when ``keeps_hidden`` (``[T, D]``), else None.
         self.last_hidden: torch.Tensor | None = None
+        #: The LoRA ``AdapterBank`` (``engine.adapters``; set by metrale-lora); None: no adapters.
+        self.lora = None
         logger.debug("model runner: {} KV blocks of {} tokens on {}, {} state slots",
                      num_blocks, block_size, self.device,
                      num_state_slots if self.state is not None else 0)
@@ -111,10 +115,11 @@ class ModelRunner:
         if plan.is_empty:
             return None
         batch = self.build_batch(plan)
-        if self.keeps_hidden or hidden:
-            logits, self.last_hidden = self.model.forward_with_hidden(batch, self.kv, self.state)
-        else:
-            logits = self.model.forward(batch, self.kv, self.state)
+        with nullcontext() if self.lora is None else self.lora.scope(plan):
+            if self.keeps_hidden or hidden:
+                logits, self.last_hidden = self.model.forward_with_hidden(batch, self.kv, self.state)
+            else:
+                logits = self.model.forward(batch, self.kv, self.state)
         expected = int(batch.logits_rows.shape[0])
         if logits.shape[0] != expected:
             raise RuntimeError(f"model returned {logits.shape[0]} logits rows, expected {expected}")

@@ -50,6 +50,7 @@ from typing import Any, Mapping, Protocol, Sequence as Seq
 from attrs import field, frozen
 from loguru import logger
 
+from metrale_core.engine.adapter_key import adapter_of
 from metrale_core.engine.block_manager import BlockManager
 from metrale_core.engine.config import EngineConfig
 from metrale_core.engine.pooling import skips_prefix_cache
@@ -216,6 +217,8 @@ class Scheduler:
         self._unreported: list[Sequence] = []
         #: The policy's ``next_waiting`` takes ``step`` (an ``AdmissionStep``).
         self._policy_takes_step = _takes_step(policy)
+        #: Most distinct LoRA adapters running at once (``--max-loras``; None: no limit).
+        self.max_adapters: int | None = None
 
     # --- requests ----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -395,7 +398,7 @@ class Scheduler:
             if bm.blocks_for(seq.num_prefill_tokens) > bm.num_blocks:
                 self._fail_exhausted(seq, seq.num_prefill_tokens)
                 continue
-            if not self.state_slots.can_allocate():
+            if not self.state_slots.can_allocate() or not self._adapter_fits(seq):
                 break
             hits = [] if skips_prefix_cache(seq) else bm.match_prefix(seq)
             cached = len(hits) * bm.block_size
@@ -410,6 +413,14 @@ class Scheduler:
             prefills.append(self._chunk(seq, n))
             budget -= n
         return budget
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        """Admitting ``seq`` keeps the running adapters within ``max_adapters``."""
+        key = adapter_of(seq)
+        if self.max_adapters is None or key is None:
+            return True
+        running = {adapter_of(s) for s in self.running} - {None}
+        return key in running or len(running) < self.max_adapters
 
     def _next_waiting(self, budget: int, decodes: list[ScheduledChunk],
                       prefills: list[ScheduledChunk]) -> Sequence | None:

@@ -43,11 +43,11 @@ from metrale_core.layers.linear import (
     DenseLinear,
     Linear,
     build_embedding,
-    build_linear,
     embed_tokens,
     require_weight_format,
     resolve_weight_format,
 )
+from metrale_core.layers.lora import build_linear  # records fused tensor names for LoRA
 from metrale_core.layers.native_ops import Embedding, GeGLU
 from metrale_core.layers.window_attention import windowed_paged_attention
 from metrale_core.layers.ops import (

@@ -37,6 +37,7 @@ from metrale_core.server.completions import completions
 from metrale_core.server.embeddings import create_embeddings
 from metrale_core.server.errors import APIError, exception_handlers
 from metrale_core.server.health import health, live
+from metrale_core.server.lora_routes import load_lora_adapter, unload_lora_adapter
 from metrale_core.server.host import EngineHost, ServedModel, ServerConfig
 from metrale_core.server.metrics import ServerMetrics, metrics_route
 from metrale_core.server.messages import messages_router
@@ -109,7 +110,7 @@ def create_app(config: ServerConfig, loader: Callable[[], ServedModel], registry
 
     api = Router(path="/", guards=[api_key_guard], route_handlers=[
         chat_completions, completions, *response_handlers, create_embeddings, list_models,
-        get_model, tokenize, detokenize, not_implemented])
+        get_model, tokenize, detokenize, load_lora_adapter, unload_lora_adapter, not_implemented])
     return Litestar(
         route_handlers=[api, messages_router(), health, live, metrics_route],
         lifespan=[lifespan],

@@ -82,13 +82,38 @@ async def while_connected(request: Request, work: Awaitable[Any]) -> Any:
     return task.result()
 
 
+def lora_bank(host: Any) -> Any:
+    """The served engine's LoRA ``AdapterBank`` (None while loading or without adapters)."""
+    served = getattr(host, "served", None)
+    return None if served is None else getattr(getattr(served.engine, "runner", None), "lora", None)
+
+
 def check_model(host: Any, model: str | None) -> str:
-    """The served model name; 404 when ``model`` names another one."""
+    """The served model name, or the LoRA adapter ``model`` names; 404 for any other name."""
     name = host.config.served_model_name
     if model is not None and model != name:
+        bank = lora_bank(host)
+        if bank is not None and bank.key_for(model) is not None:
+            return model
         raise APIError(404, f"the model {model!r} does not exist; this server serves {name!r}",
                        param="model", code="model_not_found")
     return name
+
+
+def adapter_extras(host: Any, model: str | None) -> dict[str, str]:
+    """The engine extras that run a request on the adapter ``model`` names (empty: the base);
+    404 when ``model`` names neither (e.g. an adapter unloaded meanwhile)."""
+    if model is None or model == host.config.served_model_name:
+        return {}
+    bank = lora_bank(host)
+    key = None if bank is None else bank.key_for(model)
+    if key is None:
+        check_model(host, model)  # raises the 404
+        raise APIError(404, f"the LoRA adapter {model!r} is not loaded", param="model",
+                       code="model_not_found")
+    from metrale_core.engine.adapter_key import ADAPTER_EXTRA
+
+    return {ADAPTER_EXTRA: key}
 
 
 def new_id(prefix: str) -> str:

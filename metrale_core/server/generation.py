@@ -31,6 +31,7 @@ from attrs import frozen
 
 from metrale_core.errors import InvalidRequest
 from metrale_core.sampling.params import SamplingParams
+from metrale_core.server.common import adapter_extras
 from metrale_core.server.errors import APIError
 from metrale_core.server.guards import check_bias_vocab
 
@@ -104,6 +105,7 @@ def plan_jobs(host: Any, req: Any, prompts: Sequence[list[int]], *, max_tokens: 
     engine = host.ready().engine
     host.check_capacity(len(prompts) * req.n)
     check_bias_vocab(getattr(req, "logit_bias", None), engine.model.info.vocab_size)
+    adapter = adapter_extras(host, getattr(req, "model", None))
     jobs = Jobs()
     for p, prompt in enumerate(prompts):
         limit = _max_tokens(max_tokens, len(prompt), engine.max_model_len)
@@ -116,6 +118,8 @@ def plan_jobs(host: Any, req: Any, prompts: Sequence[list[int]], *, max_tokens: 
                 raise APIError(400, str(exc).replace("request 'validate': ", ""),
                                param=getattr(exc, "param", None) or "prompt") from None
             extras = extras_factory() if extras_factory is not None else None
+            if adapter:
+                extras = {**(extras or {}), **adapter}
             jobs.append(Job(index=p * req.n + i, prompt_ids=ids, params=params, extras=extras))
     jobs.admission = host.admit(len(jobs))
     return jobs

@@ -1,7 +1,8 @@
-"""``GET /v1/models`` and ``GET /v1/models/{model}``: the one served model, OpenAI-shaped.
+"""``GET /v1/models`` and ``GET /v1/models/{model}``: the served model and its LoRA adapters.
 
 Owner: the server.  Invariant: answers even while the model loads (the name is known from the
-command line); an unknown model id is a 404 ``model_not_found``.
+command line); an unknown model id is a 404 ``model_not_found``; each loaded LoRA adapter is a
+model whose ``parent`` is the served model.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Annotated, Any
 from litestar import Request, get
 from litestar.params import PathParameter
 
-from metrale_core.server.common import check_model
+from metrale_core.server.common import check_model, lora_bank
 from metrale_core.server.openapi import documented
 
 __all__ = ["get_model", "list_models"]
@@ -25,11 +26,23 @@ def _card(host: Any) -> dict[str, Any]:
     return card
 
 
+def _adapter_card(host: Any, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": host.config.created, "owned_by": "metrale",
+            "parent": host.config.served_model_name}
+
+
+def _adapter_names(host: Any) -> list[str]:
+    bank = lora_bank(host)
+    return [] if bank is None else bank.names()
+
+
 @get("/v1/models", operation_id="listModels", tags=["openai"], sync_to_thread=False,
      operation_class=documented(None, (401, 500)))
 def list_models(request: Request) -> dict[str, Any]:
-    """List the served model."""
-    return {"object": "list", "data": [_card(request.app.state.host)]}
+    """List the served model and its LoRA adapters."""
+    host = request.app.state.host
+    return {"object": "list",
+            "data": [_card(host)] + [_adapter_card(host, n) for n in _adapter_names(host)]}
 
 
 @get("/v1/models/{model:path}", operation_id="retrieveModel", tags=["openai"],
@@ -37,5 +50,5 @@ def list_models(request: Request) -> dict[str, Any]:
 def get_model(request: Request, model: Annotated[str, PathParameter()]) -> dict[str, Any]:
     """Describe one model (404 unless it is the served one)."""
     host = request.app.state.host
-    check_model(host, model.lstrip("/"))
-    return _card(host)
+    name = check_model(host, model.lstrip("/"))
+    return _card(host) if name == host.config.served_model_name else _adapter_card(host, name)

@@ -1,0 +1,365 @@
+"""LoRA on any ``Linear``: per-row adapters, batched by adapter, added to the base projection.
+
+Owner: ``metrale_core.layers``.  The adapter bank (``metrale_core.engine.adapters``) wraps a
+model's projections with :class:`LoRALinear` after loading (:func:`attach_lora`), writes adapter
+weights into their slots, and the runner makes each step's row -> slot map visible to every
+wrapper for the duration of one forward (:func:`active_rows`).  Model plugins change nothing:
+the projections they build with :func:`build_linear` are recorded with the checkpoint tensor
+names they fuse, which is how a wrapper knows which PEFT modules (``q_proj``, ``k_proj`` ...) it
+holds and where each one's rows sit in the fused output.
+
+The maths (per adapter ``a`` and projection part ``p``): ``y[t] += scale_a * (x[t] @ A_ap.T) @
+B_ap.T`` for every row ``t`` of adapter ``a``; the scale is folded into ``B`` when a slot is
+written.  A fused projection keeps, per slot, ``A = [A_q; A_k; A_v]`` ``[R, in]`` and ``B``
+``[out, R]`` block-placed at each part's output rows (zeros elsewhere), so one shrink and one
+expand matmul serve every part.
+
+Invariants:
+- Without an active row map, or with no adapter row in it, a wrapper returns exactly the base
+  projection's output (same tensor).
+- Rows are grouped by slot (:class:`LoRARows`), so a row's delta is computed from that row and
+  its adapter only; rows of other adapters or the base never change it.
+- The output head is never wrapped (``build_linear(..., output_head=True)`` is not recorded).
+- Two paths with one storage (slot-stacked ``A`` ``[S, R, in]``, ``B`` ``[S, out, R]``): torch
+  (``forward_native``, grouped matmuls; the CPU path and the oracle) and a CuPy kernel
+  (``kernels/lora.cu``, per-row shrink then expand).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import types
+import weakref
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+from attrs import frozen
+
+from metrale_core.kernels import CustomOp
+from metrale_core.kernels.cuda import i32, i64, ptr, torch_stream
+from metrale_core.layers import linear as _linear
+
+__all__ = [
+    "LoRAApply",
+    "LoRALinear",
+    "LoRAPart",
+    "LoRARows",
+    "active_rows",
+    "attach_lora",
+    "build_linear",
+    "recorded_parts",
+]
+
+#: ``id(linear) -> parts`` of every projection built through :func:`build_linear` (dropped with it).
+_RECORDED: dict[int, tuple[LoRAPart, ...]] = {}
+_ROWS: ContextVar[LoRARows | None] = ContextVar("metrale_lora_rows", default=None)
+
+
+@frozen
+class LoRAPart:
+    """One checkpoint projection inside a (fused) ``Linear``: its module name and output rows."""
+
+    #: Module name without ``.weight`` (``model.layers.0.self_attn.q_proj``).
+    module: str
+    offset: int
+    out_features: int
+    in_features: int
+
+
+def _module_name(tensor_name: str) -> str:
+    return tensor_name[: -len(".weight")] if tensor_name.endswith(".weight") else tensor_name
+
+
+def build_linear(
+    store: Any,
+    names: Sequence[str],
+    shapes: Sequence[tuple[int, int]],
+    fmt: str,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    bias: torch.Tensor | None = None,
+    dense: torch.Tensor | None = None,
+    *,
+    output_head: bool = False,
+) -> Any:
+    """:func:`metrale_core.layers.linear.build_linear`, recording which tensors the projection
+    fuses (so :func:`attach_lora` can wrap it later); the result is the base ``Linear`` unchanged."""
+    result = _linear.build_linear(store, names, shapes, fmt, dtype, device, bias, dense, output_head=output_head)
+    if not output_head:
+        parts, offset = [], 0
+        for name, (out_f, in_f) in zip(names, shapes, strict=True):
+            parts.append(LoRAPart(_module_name(name), offset, int(out_f), int(in_f)))
+            offset += int(out_f)
+        key = id(result)
+        try:
+            weakref.finalize(result, _RECORDED.pop, key, None)
+        except TypeError:  # not weak-referenceable: not recorded, never wrapped
+            return result
+        _RECORDED[key] = tuple(parts)
+    return result
+
+
+def recorded_parts(linear: Any) -> tuple[LoRAPart, ...] | None:
+    """The parts :func:`build_linear` recorded for ``linear`` (None if it did not build it)."""
+    return _RECORDED.get(id(linear))
+
+
+@frozen
+class LoRARows:
+    """The row -> slot map of one forward: ``slots[t]`` (-1 = base) and the rows of each slot."""
+
+    #: ``[T]`` int32 slot per row, on the model's device.
+    slots: torch.Tensor
+    #: ``(slot, rows)`` per adapter slot present; ``rows`` a slice when contiguous, else ``[n]`` int64.
+    groups: tuple[tuple[int, Any], ...]
+
+    @classmethod
+    def from_slots(cls, slots: Sequence[int], device: torch.device | str = "cpu") -> LoRARows | None:
+        """The map of per-row ``slots``; None when no row uses an adapter."""
+        by_slot: dict[int, list[int]] = {}
+        for t, s in enumerate(slots):
+            if s >= 0:
+                by_slot.setdefault(int(s), []).append(t)
+        if not by_slot:
+            return None
+        groups = []
+        for s, rows in by_slot.items():
+            if rows[-1] - rows[0] + 1 == len(rows):
+                groups.append((s, slice(rows[0], rows[-1] + 1)))
+            else:
+                groups.append((s, torch.tensor(rows, dtype=torch.int64, device=device)))
+        return cls(torch.tensor(list(slots), dtype=torch.int32, device=device), tuple(groups))
+
+
+@contextlib.contextmanager
+def active_rows(rows: LoRARows | None) -> Iterator[None]:
+    """Make ``rows`` the row -> adapter map every :class:`LoRALinear` reads during the block."""
+    token = _ROWS.set(rows)
+    try:
+        yield
+    finally:
+        _ROWS.reset(token)
+
+
+_THREADS = 128
+
+
+class LoRAApply(CustomOp):
+    """``y[t] += (x[t] @ A[s].T) @ B[s].T`` for every row ``t`` with slot ``s = slots[t] >= 0``
+    (``A`` ``[S, R, in]``, ``B`` ``[S, out, R]``, scale folded into ``B``); in place on ``y``."""
+
+    kernel_package = "metrale_core.layers"
+    kernel_file = "lora.cu"
+
+    def forward_native(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        rows: LoRARows,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        ranks: Sequence[int],
+        packed: Sequence[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+    ) -> torch.Tensor:
+        """``packed[slot]`` (optional): contiguous ``(A [r, in], B.T [r, out])`` of the slot, which
+        small CPU matmuls run much faster on than on strided views of the stacks."""
+        for slot, idx in rows.groups:
+            r = ranks[slot]
+            if r == 0:
+                continue
+            pair = None if packed is None else packed[slot]
+            a_s, bt = pair if pair is not None else (a[slot, :r], b[slot, :, :r].T)
+            if isinstance(idx, slice):
+                y[idx] += (x[idx] @ a_s.T) @ bt
+            else:
+                y.index_add_(0, idx, (x.index_select(0, idx) @ a_s.T) @ bt)
+        return y
+
+    def forward_cuda(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        rows: LoRARows,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        ranks: Sequence[int],
+        packed: Any = None,
+    ) -> torch.Tensor:  # pragma: no cover - GPU
+        if x.dtype != torch.float32 or y.dtype != torch.float32 or not y.is_contiguous():
+            return self.forward_native(y, x, rows, a, b, ranks)
+        x = x.contiguous()
+        t, k = x.shape
+        r = a.shape[1]
+        n = y.shape[1]
+        tmp = torch.empty(t, r, dtype=torch.float32, device=x.device)
+        with torch_stream(x.device):
+            self.kernel("lora_shrink_f32")(
+                ((t * r + _THREADS - 1) // _THREADS,),
+                (_THREADS,),
+                (ptr(x), ptr(a), ptr(rows.slots), ptr(tmp), i64(t), i32(k), i32(r)),
+            )
+            self.kernel("lora_expand_f32")(
+                (((t * n) + _THREADS - 1) // _THREADS,),
+                (_THREADS,),
+                (ptr(tmp), ptr(b), ptr(rows.slots), ptr(y), i64(t), i32(n), i32(r)),
+            )
+        return y
+
+
+class LoRALinear:
+    """A base ``Linear`` plus per-slot adapter weights (see the module docstring)."""
+
+    def __init__(
+        self,
+        base: Any,
+        parts: Sequence[LoRAPart],
+        num_slots: int,
+        max_rank: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.base = base
+        self.parts = tuple(parts)
+        self.in_features = self.parts[0].in_features
+        self.out_features = int(base.out_features)
+        width = max_rank * len(self.parts)
+        #: Slot-stacked weights: ``A`` ``[S, R, in]``, scaled ``B`` ``[S, out, R]`` (zero-padded).
+        self.a = torch.zeros(num_slots, width, self.in_features, dtype=dtype, device=device)
+        self.b = torch.zeros(num_slots, self.out_features, width, dtype=dtype, device=device)
+        #: Columns of ``A``/``B`` in use per slot (0: the slot holds nothing for this projection).
+        self.ranks = [0] * num_slots
+        #: Contiguous ``(A, B.T)`` per slot for the CPU path (None: empty slot).
+        self.packed: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_slots
+        self.op = LoRAApply(device)
+
+    def __getattr__(self, name: str) -> Any:  # bias, weight, dense ... of the base
+        if name == "base":
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def __repr__(self) -> str:
+        return f"LoRALinear({[p.module for p in self.parts]}, base={type(self.base).__name__})"
+
+    def set_slot(self, slot: int, weights: dict[str, tuple[torch.Tensor, torch.Tensor, float]]) -> None:
+        """Write adapter ``weights`` (module -> ``(A [r, in], B [out, r], scale)``) into ``slot``;
+        parts the adapter does not target get nothing."""
+        self.a[slot].zero_()
+        self.b[slot].zero_()
+        col = 0
+        for part in self.parts:
+            entry = weights.get(part.module)
+            if entry is None:
+                continue
+            a, b, scale = entry
+            r = int(a.shape[0])
+            self.a[slot, col : col + r] = a.to(self.a.dtype)
+            self.b[slot, part.offset : part.offset + part.out_features, col : col + r] = (b.float() * scale).to(
+                self.b.dtype
+            )
+            col += r
+        self.ranks[slot] = col
+        self.packed[slot] = (
+            None if col == 0 else (self.a[slot, :col].contiguous(), self.b[slot, :, :col].T.contiguous())
+        )
+
+    def clear_slot(self, slot: int) -> None:
+        self.ranks[slot] = 0
+        self.packed[slot] = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        rows = _ROWS.get()
+        if rows is None or not any(self.ranks[s] for s, _ in rows.groups):
+            return y
+        if rows.slots.shape[0] != x.shape[0]:
+            raise RuntimeError(f"LoRA row map has {rows.slots.shape[0]} rows but the projection got {x.shape[0]}")
+        return self.op(y, x, rows, self.a, self.b, self.ranks, self.packed)  # y: the base call's fresh result
+
+
+def _children(obj: Any) -> Iterator[tuple[Any, str | int, Any]]:
+    """``(container, key, value)`` of the attributes / items a model object holds."""
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield obj, i, v
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield obj, k, v
+    else:
+        names = list(getattr(obj, "__dict__", {}))
+        for cls in type(obj).__mro__:
+            names += [s for s in getattr(cls, "__slots__", ()) if s not in ("__weakref__", "__dict__")]
+        for name in names:
+            try:
+                yield obj, name, object.__getattribute__(obj, name)
+            except AttributeError:
+                continue
+
+
+#: How deep :func:`attach_lora` looks for projections (model -> weights -> layers -> layer -> linear).
+_MAX_DEPTH = 8
+#: Types never searched for projections (tensors, kernels, modules, code).
+_OPAQUE = (
+    torch.Tensor,
+    str,
+    bytes,
+    int,
+    float,
+    bool,
+    type(None),
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    ctypes.CDLL,
+)
+
+
+def _searchable(value: Any) -> bool:
+    """Containers and plain model records (not tensors, code, kernels or third-party objects)."""
+    if isinstance(value, (list, tuple, dict)):
+        return True
+    if isinstance(value, _OPAQUE):
+        return False
+    module = type(value).__module__ or ""
+    return module.split(".", 1)[0] not in ("torch", "numpy", "ctypes", "builtins", "cupy", "tokenizers")
+
+
+def attach_lora(
+    model: Any, num_slots: int, max_rank: int, dtype: torch.dtype, device: torch.device | str
+) -> dict[str, tuple[LoRALinear, LoRAPart]]:
+    """Wrap every recorded projection reachable from ``model`` in a :class:`LoRALinear` (in place;
+    frozen records are updated through ``object.__setattr__``); returns module -> (wrapper, part).
+    Only containers and plain records are searched, at most ``_MAX_DEPTH`` levels deep.  A model
+    already wrapped returns its existing wrappers."""
+    found: dict[str, tuple[LoRALinear, LoRAPart]] = {}
+    seen: set[int] = set()
+    stack = [(model, 0)]
+    while stack:
+        obj, depth = stack.pop()
+        if id(obj) in seen or depth > _MAX_DEPTH:
+            continue
+        seen.add(id(obj))
+        for container, key, value in list(_children(obj)):
+            if isinstance(value, LoRALinear):
+                for part in value.parts:
+                    found[part.module] = (value, part)
+                continue
+            parts = None if isinstance(value, _OPAQUE) else recorded_parts(value)
+            if parts is None:
+                if _searchable(value):
+                    stack.append((value, depth + 1))
+                continue
+            wrapper = LoRALinear(value, parts, num_slots, max_rank, dtype, device)
+            if isinstance(container, tuple):
+                raise TypeError(f"cannot wrap projection {parts[0].module!r}: it sits in a tuple")
+            if isinstance(container, (list, dict)):
+                container[key] = wrapper
+            else:
+                object.__setattr__(container, key, wrapper)
+            for part in parts:
+                found[part.module] = (wrapper, part)
+    return found

@@ -1,0 +1,92 @@
+"""``POST /v1/load_lora_adapter`` and ``POST /v1/unload_lora_adapter`` (vLLM's shapes).
+
+Owner: the server; the engine's ``AdapterBank`` (``metrale_core.engine.adapters``) does the work.
+
+Invariants:
+- Both answer 404 unless the engine has a bank with runtime loading allowed
+  (``--allow-runtime-lora``); the API key applies (they sit on the guarded router).
+- A bad adapter (missing files, a pickled ``.bin``, rank above ``--max-lora-rank``, shapes that do
+  not match the base) is a 400 whose message names the file; nothing changes and the server
+  keeps serving.  Parsing runs off the event loop.
+- Unloading an adapter in use lets its running requests finish on it; new requests naming it
+  get 404.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import frozen
+from litestar import Request, post
+
+from metrale_core.engine.adapter_key import adapter_of
+from metrale_core.errors import ConfigError
+from metrale_core.server.common import lora_bank, read_request
+from metrale_core.server.errors import APIError
+from metrale_core.server.offload import off_loop
+from metrale_core.server.openapi import body_operation
+
+__all__ = ["LoadLoRARequest", "UnloadLoRARequest", "load_lora_adapter", "unload_lora_adapter"]
+
+
+@frozen(kw_only=True)
+class LoadLoRARequest:
+    lora_name: str
+    lora_path: str
+
+
+@frozen(kw_only=True)
+class UnloadLoRARequest:
+    lora_name: str
+
+
+def _runtime_bank(host: Any) -> Any:
+    host.ready()
+    bank = lora_bank(host)
+    if bank is None or not bank.allow_runtime:
+        raise APIError(
+            404,
+            "loading LoRA adapters at run time is off; start the server with --allow-runtime-lora",
+            code="not_found",
+            type="invalid_request_error",
+        )
+    return bank
+
+
+@post("/v1/load_lora_adapter", tags=["lora"], status_code=200, operation_class=body_operation(LoadLoRARequest))
+async def load_lora_adapter(request: Request) -> dict[str, Any]:
+    """Load a PEFT LoRA adapter as a new model name."""
+    host = request.app.state.host
+    req = await read_request(request, LoadLoRARequest)
+    bank = _runtime_bank(host)
+    name = req.lora_name.strip()
+    if not name or name == host.config.served_model_name:
+        raise APIError(
+            400,
+            f"lora_name {req.lora_name!r} must be a non-empty name other than the served model's",
+            param="lora_name",
+        )
+    if bank.key_for(name) is not None:
+        raise APIError(400, f"a LoRA adapter named {name!r} is already loaded", param="lora_name")
+    try:
+        await off_loop(bank.load, name, req.lora_path)
+    except ConfigError as exc:
+        raise APIError(400, str(exc), param="lora_path") from None
+    return {"status": "ok", "lora_name": name, "message": f"LoRA adapter {name!r} added"}
+
+
+@post("/v1/unload_lora_adapter", tags=["lora"], status_code=200, operation_class=body_operation(UnloadLoRARequest))
+async def unload_lora_adapter(request: Request) -> dict[str, Any]:
+    """Unload a LoRA adapter by name."""
+    host = request.app.state.host
+    req = await read_request(request, UnloadLoRARequest)
+    bank = _runtime_bank(host)
+    engine = host.served.engine
+    in_use = {adapter_of(s) for s in list(engine.scheduler.seqs.values())} - {None}
+    try:
+        bank.unregister(req.lora_name, in_use)
+    except KeyError:
+        raise APIError(
+            404, f"no LoRA adapter named {req.lora_name!r} is loaded", param="lora_name", code="model_not_found"
+        ) from None
+    return {"status": "ok", "lora_name": req.lora_name, "message": f"LoRA adapter {req.lora_name!r} removed"}

@@ -1,0 +1,145 @@
+"""The LoRA seam of the shared linear layer: recording, wrapping, and the batched matmul against a
+per-row oracle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attrs import frozen
+
+from metrale_core.kernels import compile_ptx, nvcc_path, ptx_entries
+from metrale_core.layers import DenseLinear, build_linear
+from metrale_core.layers.lora import LoRAApply, LoRALinear, LoRARows, active_rows, attach_lora, recorded_parts
+
+
+class _Store:
+    def __init__(self, tensors):
+        self.tensors = tensors
+
+    def get(self, name, *, dtype=torch.float32, shape=None):
+        t = self.tensors[name]
+        assert shape is None or tuple(t.shape) == tuple(shape)
+        return t.to(dtype)
+
+
+@frozen
+class _Layer:
+    qkv: object
+    down: object
+
+
+def _fused(seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {
+        "m.q_proj.weight": torch.randn(8, 6, generator=gen),
+        "m.v_proj.weight": torch.randn(4, 6, generator=gen),
+        "m.down_proj.weight": torch.randn(6, 5, generator=gen),
+    }
+    store = _Store(tensors)
+    qkv = build_linear(store, ["m.q_proj.weight", "m.v_proj.weight"], [(8, 6), (4, 6)], "exact", torch.float32, "cpu")
+    down = build_linear(store, ["m.down_proj.weight"], [(6, 5)], "exact", torch.float32, "cpu")
+    return _Layer(qkv, down), tensors
+
+
+def test_build_linear_records_the_fused_parts_but_not_the_head():
+    layer, tensors = _fused()
+    assert isinstance(layer.qkv, DenseLinear)  # unchanged base object
+    parts = recorded_parts(layer.qkv)
+    assert [(p.module, p.offset, p.out_features, p.in_features) for p in parts] == [
+        ("m.q_proj", 0, 8, 6),
+        ("m.v_proj", 8, 4, 6),
+    ]
+    head = build_linear(
+        _Store(tensors), ["m.down_proj.weight"], [(6, 5)], "exact", torch.float32, "cpu", output_head=True
+    )
+    assert recorded_parts(head) is None
+
+
+def _adapter(gen, rank, modules):
+    shapes = {"m.q_proj": (8, 6), "m.v_proj": (4, 6), "m.down_proj": (6, 5)}
+    return {
+        m: (
+            torch.randn(rank, shapes[m][1], generator=gen),
+            torch.randn(shapes[m][0], rank, generator=gen),
+            0.5 * (i + 1),
+        )
+        for i, m in enumerate(modules)
+    }
+
+
+def test_wrapped_projection_adds_each_rows_own_adapter():
+    layer, tensors = _fused()
+    targets = attach_lora(layer, num_slots=3, max_rank=4, dtype=torch.float32, device="cpu")
+    assert set(targets) == {"m.q_proj", "m.v_proj", "m.down_proj"}
+    assert isinstance(layer.qkv, LoRALinear) and layer.qkv.bias is None
+    assert attach_lora(layer, 3, 4, torch.float32, "cpu").keys() == targets.keys()  # idempotent
+    gen = torch.Generator().manual_seed(1)
+    adapters = {0: _adapter(gen, 4, ["m.q_proj", "m.v_proj"]), 2: _adapter(gen, 2, ["m.v_proj", "m.down_proj"])}
+    for slot, weights in adapters.items():
+        layer.qkv.set_slot(slot, weights)
+        layer.down.set_slot(slot, weights)
+    x = torch.randn(7, 6, generator=gen)
+    slots = [-1, 0, 2, 0, -1, 2, 2]  # slot 0 rows are not contiguous
+    base = F_linear = x @ torch.cat([tensors["m.q_proj.weight"], tensors["m.v_proj.weight"]]).T
+    assert torch.equal(layer.qkv(x), base)  # no active map: exactly the base
+    with active_rows(LoRARows.from_slots(slots)):
+        y = layer.qkv(x)
+    expected = F_linear.clone()
+    for t, s in enumerate(slots):
+        if s < 0:
+            continue
+        off = 0
+        for module, n in (("m.q_proj", 8), ("m.v_proj", 4)):
+            if module in adapters[s]:
+                a, b, scale = adapters[s][module]
+                expected[t, off : off + n] += scale * (b @ (a @ x[t]))
+            off += n
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(y[[0, 4]], base[[0, 4]])  # base rows untouched
+    with active_rows(LoRARows.from_slots([-1] * 7)):
+        assert torch.equal(layer.qkv(x), base)
+
+
+def test_rows_from_slots_groups_by_adapter():
+    assert LoRARows.from_slots([-1, -1]) is None
+    rows = LoRARows.from_slots([1, 1, -1, 0, 1])
+    groups = dict(rows.groups)
+    assert groups[0] == slice(3, 4) and groups[1].tolist() == [0, 1, 4]
+    assert rows.slots.dtype == torch.int32
+
+
+def test_a_row_map_of_another_size_is_an_error():
+    layer, _ = _fused()
+    attach_lora(layer, 1, 2, torch.float32, "cpu")
+    layer.down.set_slot(0, _adapter(torch.Generator().manual_seed(0), 2, ["m.down_proj"]))
+    with active_rows(LoRARows.from_slots([0, 0])), pytest.raises(RuntimeError, match="row map"):
+        layer.down(torch.randn(3, 5))
+
+
+def test_native_op_is_the_cpu_path():
+    assert LoRAApply("cpu").path == "native"
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
+def test_lora_kernel_compiles_with_both_entries(tmp_path):
+    from metrale_core.kernels import find_cu_files
+
+    cu = next(p for p in find_cu_files("metrale_core.layers") if p.name == "lora.cu")
+    entries = set(ptx_entries(compile_ptx(cu, tmp_path, arch="sm_90").read_text()))
+    assert {"lora_shrink_f32", "lora_expand_f32"} <= entries
+
+
+def test_attach_searches_model_records_not_modules_or_classes():
+    import sys
+
+    layer, _ = _fused()
+
+    class Model:
+        def __init__(self):
+            self.layers = [layer]
+            self.torch, self.sys, self.cls, self.fn = torch, sys, _Store, _fused  # never walked into
+
+    model = Model()
+    targets = attach_lora(model, 1, 2, torch.float32, "cpu")
+    assert set(targets) == {"m.q_proj", "m.v_proj", "m.down_proj"}
+    assert model.layers[0] is layer and isinstance(layer.down, LoRALinear)
