@@ -68,7 +68,7 @@ _ORACLE = textwrap.dedent("""
 """)
 
 
-def _oracle(path: Path, tmp: Path, ids: list[list[int]], greedy_ids: list[int]) -> dict:
+def _llama_python() -> Path:
     python = Path(os.environ.get("METRALE_LLAMA_PYTHON", REPO / ".venv-bench" / "bin" / "python"))
     if not python.is_file():
         # An opt-in anchor check, not part of CI: building llama-cpp-python from source takes over an
@@ -76,6 +76,11 @@ def _oracle(path: Path, tmp: Path, ids: list[list[int]], greedy_ids: list[int]) 
         pytest.skip(f"llama.cpp oracle check is opt-in: no {python} with llama-cpp-python "
                     "(python -m venv .venv-bench && .venv-bench/bin/pip install llama-cpp-python, "
                     "or set METRALE_LLAMA_PYTHON)")
+    return python
+
+
+def _oracle(path: Path, tmp: Path, ids: list[list[int]], greedy_ids: list[int]) -> dict:
+    python = _llama_python()
     args = [
         str(python),
         "-c",
@@ -113,6 +118,7 @@ def _all_logits(model, ids: list[int]) -> torch.Tensor:
 
 @pytest.mark.slow
 def test_gemma3_270m_matches_llama_cpp(tmp_path):
+    _llama_python()  # opt-in: skips with the reason before any work when the oracle is missing
     torch.set_num_threads(2)
     path = Path(fetch(GEMMA3_270M_Q4_K_M))
     store = open_weights(path)

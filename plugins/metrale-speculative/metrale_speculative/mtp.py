@@ -66,6 +66,15 @@ class MtpStore:
     def get(self, name: str, **kwargs) -> torch.Tensor:
         return self._store.get(self._name(name), **kwargs)
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._store.shape(self._name(name)))
+
+    def quant_type(self, name: str) -> Any:
+        return self._store.quant_type(self._name(name))
+
+    def get_raw(self, name: str, *args, **kwargs) -> Any:
+        return self._store.get_raw(self._name(name), *args, **kwargs)
+
 
 @define(eq=False)
 class _Track:
