@@ -51,15 +51,29 @@ class _ProgressStore:
         self._bar = bar
         self._on_tensor = on_tensor
         self._done, self._total = 0, len(store.names())
+        self._seen: set[str] = set()
 
     def get(self, name, *args, **kwargs):
         tensor = self._store.get(name, *args, **kwargs)
+        self._count(name, tensor.numel() * tensor.element_size())
+        return tensor
+
+    def get_raw(self, name, *args, **kwargs):
+        raw = self._store.get_raw(name, *args, **kwargs)
+        data = raw.data
+        self._count(name, int(data.nbytes) if hasattr(data, "nbytes") else data.numel() * data.element_size())
+        return raw
+
+    def _count(self, name, nbytes) -> None:
+        """Each stored tensor counts once, whether read dense (``get``) or as blocks (``get_raw``)."""
+        if name in self._seen:
+            return
+        self._seen.add(name)
         self._done += 1
         if self._bar is not None:
             self._bar.update(1)
         if self._on_tensor is not None:
-            self._on_tensor(self._done, self._total, tensor.numel() * tensor.element_size())
-        return tensor
+            self._on_tensor(self._done, self._total, nbytes)
 
     def __contains__(self, name) -> bool:
         return name in self._store
