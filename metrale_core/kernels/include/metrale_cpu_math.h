@@ -15,6 +15,25 @@
 
 #include <immintrin.h>
 
+/* Horizontal reductions of one 256-bit vector, in both variants (AVX512F implies AVX2): for
+ * kernels written over __m256 whatever the build's widest vector is. */
+static inline float mt256_reduce_add(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline float mt256_reduce_max(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+static inline int mt256_reduce_add_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
 #if defined(__AVX512F__)
 
 #define MT_LANES 16
@@ -76,16 +95,8 @@ static inline mt_vf mt_max(mt_vf a, mt_vf b) { return _mm256_max_ps(a, b); }
 static inline mt_vf mt_min(mt_vf a, mt_vf b) { return _mm256_min_ps(a, b); }
 static inline mt_vf mt_fmadd(mt_vf a, mt_vf b, mt_vf c) { return _mm256_fmadd_ps(a, b, c); }
 static inline mt_vf mt_fnmadd(mt_vf a, mt_vf b, mt_vf c) { return _mm256_fnmadd_ps(a, b, c); }
-static inline float mt_reduce_add(mt_vf v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-static inline float mt_reduce_max(mt_vf v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
+static inline float mt_reduce_add(mt_vf v) { return mt256_reduce_add(v); }
+static inline float mt_reduce_max(mt_vf v) { return mt256_reduce_max(v); }
 static inline mt_vf mt_round(mt_vf v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 /* 2^e for integral e in [-126, 127], as float bits. */
 static inline mt_vf mt_pow2i(mt_vf e) {

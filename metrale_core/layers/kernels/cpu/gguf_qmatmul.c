@@ -39,6 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "metrale_cpu_math.h"
 #include "gguf_qmatmul.h"
 #include "metrale_qmatmul_tiles.h"
 
@@ -63,19 +64,6 @@ size_t mq_gguf_scratch_bytes(int R, int K) {
     return 2 * (size_t)R * K + 4 * sizeof(float) * (size_t)R * (K / QK) + 128;
 }
 
-static inline float hmax8(__m256 v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
-
-static inline int hsum8i(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* Activations per block of 32 (see the header): hi = round(t), t = x * 127 / amax, and with `fine`
  * lo = clamp(round(255 t) - 255 hi, -127, 127); the scale da = amax / 127 (coarse) or
  * amax / (127 * 255) (fine), and sa32 / sa16 = da * the sub-block sums of the codes (hi, or
@@ -91,7 +79,7 @@ static void quantize_row(const float *x, int K, int fine, int8_t *hi, int8_t *lo
             v[i] = _mm256_loadu_ps(x + b * QK + 8 * i);
             mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], abs_mask));
         }
-        const float amax = hmax8(mx);
+        const float amax = mt256_reduce_max(mx);
         const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         __m256i q[4], r[4], code[4];
         for (int i = 0; i < 4; i++) {
@@ -105,7 +93,8 @@ static void quantize_row(const float *x, int K, int fine, int8_t *hi, int8_t *lo
                 code[i] = _mm256_add_epi32(_mm256_mullo_epi32(q[i], n255), r[i]);
             }
         }
-        const int s0 = hsum8i(_mm256_add_epi32(code[0], code[1])), s1 = hsum8i(_mm256_add_epi32(code[2], code[3]));
+        const int s0 = mt256_reduce_add_epi32(_mm256_add_epi32(code[0], code[1]));
+        const int s1 = mt256_reduce_add_epi32(_mm256_add_epi32(code[2], code[3]));
         const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256((__m256i *)(hi + b * QK), _mm256_permutevar8x32_epi32(packed, order));
         if (fine) {

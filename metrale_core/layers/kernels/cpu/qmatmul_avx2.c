@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "metrale_cpu_math.h"
 #include "metrale_qmatmul_tiles.h"
 #include "qmatmul.h"
 
@@ -36,19 +37,6 @@ int mq_set_amx(int on) {
     return 0;
 }
 
-static inline float hmax8(__m256 v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
-
-static inline int hsum8i(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* Q8 per block of 32: codes qa, scale da and scaled code sum sa -- the same numbers as
  * qmatmul.c's quantize_row (IEEE division, round to nearest even, signed saturation). */
 static void quantize_row(const float *x, int K, int8_t *qa, float *da, float *sa) {
@@ -60,7 +48,7 @@ static void quantize_row(const float *x, int K, int8_t *qa, float *da, float *sa
             v[i] = _mm256_loadu_ps(x + b * QK + 8 * i);
             mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], abs_mask));
         }
-        const float amax = hmax8(mx);
+        const float amax = mt256_reduce_max(mx);
         const float d = amax / 127.0f;
         const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         __m256i q[4];
@@ -69,7 +57,7 @@ static void quantize_row(const float *x, int K, int8_t *qa, float *da, float *sa
         const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256((__m256i *)(qa + b * QK), _mm256_permutevar8x32_epi32(packed, order));
         da[b] = d;
-        sa[b] = d * (float)hsum8i(sum);
+        sa[b] = d * (float)mt256_reduce_add_epi32(sum);
     }
 }
 
