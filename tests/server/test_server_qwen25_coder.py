@@ -64,31 +64,23 @@ def test_tool_calls_without_a_parser_flag(qwen_server):
     assert tool_format(host) == "hermes"
     client = _client(server)
     messages = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
-    resp = client.chat.completions.create(
-        model="qwen",
-        messages=messages,
-        tools=[WEATHER_TOOL],
-        tool_choice="required",
-        parallel_tool_calls=False,
-        temperature=0,
-        max_tokens=64,
-    )
+    request = {
+        "model": "qwen",
+        "messages": messages,
+        "tools": [WEATHER_TOOL],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_tokens": 64,
+    }
+    resp = client.chat.completions.create(**request)
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments)["city"].lower().startswith("paris")
     assert not (choice.message.content or "").strip()
-    stream = client.chat.completions.create(
-        model="qwen",
-        messages=messages,
-        tools=[WEATHER_TOOL],
-        tool_choice="required",
-        parallel_tool_calls=False,
-        temperature=0,
-        max_tokens=64,
-        stream=True,
-    )
+    stream = client.chat.completions.create(**request, stream=True)
     names, args, finish = [], [], None
     for chunk in stream:
         for tc in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
