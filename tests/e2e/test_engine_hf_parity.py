@@ -18,6 +18,7 @@ from metrale_core.sampling.params import SamplingParams
 from metrale_core.weights import open_weights
 
 from metrale_core.testing.forward_spy import ForwardSpy
+from metrale_core.testing.staggered import run_joining_mid_prefill
 
 import transformers
 VOCAB = 160
@@ -75,24 +76,13 @@ def test_engine_logits_and_greedy_match_hf(case, tmp_path):
                                          enable_prefix_caching=True), registry=registry)
     prompts = _prompts(seed=len(case))
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    outputs: dict[str, list[int]] = {}
-
-    def drain():
-        for out in engine.step():
-            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
-
-    engine.add_request("r0", prompts[0], params)
-    for _ in range(2):  # r0's 21-token prompt prefills in two chunks of 12 and 9
-        drain()
-    for i, prompt in enumerate(prompts[1:], start=1):
-        engine.add_request(f"r{i}", prompt, params)
-    while engine.has_unfinished():
-        drain()
+    # r0's 21-token prompt prefills in two chunks of 12 and 9 before the others join
+    outputs = run_joining_mid_prefill(engine, prompts, params, lead_steps=2)
 
     stats = engine.scheduler.block_manager.prefix_cache_stats()
     assert stats.hits >= 16, f"r1 should reuse r0's 4 full prefix blocks, got {stats}"
 
-    full = {f"r{i}": prompts[i] + outputs[f"r{i}"] for i in range(4)}
+    full = {f"r{i}": prompts[i] + outputs[i] for i in range(4)}
     with torch.no_grad():
         hf_logits = {rid: hf(torch.tensor([seq[:-1]])).logits[0].float() for rid, seq in full.items()}
     assert len(spy.rows) >= 4 * NEW_TOKENS
@@ -108,7 +98,7 @@ def test_engine_logits_and_greedy_match_hf(case, tmp_path):
         with torch.no_grad():
             gen = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
                               min_new_tokens=NEW_TOKENS, pad_token_id=0)
-        assert outputs[f"r{i}"] == gen[0, len(prompt):].tolist(), f"r{i} greedy tokens differ"
+        assert outputs[i] == gen[0, len(prompt):].tolist(), f"r{i} greedy tokens differ"
 
 
 def _spied_engine(path, caching, max_prefill):

@@ -20,6 +20,7 @@ from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.plugins import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.forward_spy import ForwardSpy
+from metrale_core.testing.staggered import run_joining_mid_prefill
 from metrale_core.weights import open_weights
 from metrale_glm_kda.model import CHUNK_MIN_ROWS
 
@@ -63,19 +64,8 @@ def _run(path, num_kv_blocks, prompts):
     engine = LLMEngine(spy, EngineConfig(block_size=4, num_kv_blocks=num_kv_blocks, max_prefill_tokens=20,
                                          max_num_seqs=4), registry=registry)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    outputs: dict[str, list[int]] = {}
-
-    def drain():
-        for out in engine.step():
-            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
-
-    engine.add_request("r0", prompts[0], params)
-    drain()  # r0's 30-token prompt is mid-prefill (chunks of 20) when the others join
-    for i, prompt in enumerate(prompts[1:], start=1):
-        engine.add_request(f"r{i}", prompt, params)
-    while engine.has_unfinished():
-        drain()
-    return engine, spy, [outputs[f"r{i}"] for i in range(len(prompts))]
+    # r0's 30-token prompt is mid-prefill (chunks of 20) when the others join
+    return engine, spy, run_joining_mid_prefill(engine, prompts, params)
 
 
 def _worst_row_diff(hf, spy, prompts, outputs) -> float:
