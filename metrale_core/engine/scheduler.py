@@ -389,7 +389,7 @@ class Scheduler:
     def _fail_exhausted(self, seq: Sequence, num_tokens: int) -> None:
         bm = self.block_manager
         error = KVCacheExhausted(
-            f"request {seq.request_id!r} needs {bm.blocks_for(num_tokens)} KV blocks of "
+            f"request {seq.request_id!r} needs {bm.min_blocks_for(num_tokens)} KV blocks of "
             f"{bm.block_size} tokens for {num_tokens} tokens, but the whole pool holds "
             f"{bm.num_blocks} blocks; raise kv_cache_memory / num_kv_blocks or lower "
             f"max_tokens / max_model_len")
