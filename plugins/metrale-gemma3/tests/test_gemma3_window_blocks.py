@@ -1,0 +1,46 @@
+"""Gemma 3's sliding layers keep only their window's KV blocks (the core's KV groups).
+
+A small random Gemma 3 (``window6-softcap``: window W=6, one global layer, three sliding ones) in
+the real engine with blocks of B=4 tokens decodes well past the window: after every step each
+sliding group holds at most ``ceil(W / B) + 1`` blocks of the sequence while the global group
+holds the whole context; once the request finishes every block is free again.
+"""
+
+from __future__ import annotations
+
+import gemma3_harness as H
+
+from metrale_core.components import LoadOptions
+from metrale_core.engine import EngineConfig, LLMEngine
+from metrale_core.plugins import load_registry
+from metrale_core.sampling.params import SamplingParams
+from metrale_core.weights import open_weights
+
+BS = 4
+NAME = "window6-softcap"
+
+
+def test_sliding_groups_hold_only_the_window(tmp_path):
+    window = H.CONFIGS[NAME]["sliding_window"]
+    H.save_checkpoint(NAME, tmp_path)
+    registry = load_registry()
+    store = open_weights(tmp_path)
+    model = registry.find_model_loader(store.config).factory(store, LoadOptions(weight_format="exact"))
+    windows = model.info.kv.groups.windows
+    assert windows[0] is None and set(windows[1:]) == {window}
+    engine = LLMEngine(model, EngineConfig(block_size=BS, num_kv_blocks=256, max_prefill_tokens=8), registry=registry)
+    bm = engine.scheduler.block_manager
+    prompt = list(range(3, 23))  # 20 tokens, prefilled in chunks of 8
+    engine.add_request("r0", prompt, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    seq = engine.scheduler.seqs["r0"]
+    limit = -(-window // BS) + 1
+    produced = 0
+    while engine.has_unfinished():
+        produced += sum(len(out.new_token_ids) for out in engine.step())
+        if seq.is_finished or seq.is_prefilling:
+            continue
+        full, *sliding = bm.held_blocks(seq)
+        assert full == -(-seq.num_computed_tokens // BS), (seq.num_computed_tokens, full)
+        assert all(held <= limit for held in sliding), (seq.num_computed_tokens, sliding)
+    assert produced == 40 and seq.num_computed_tokens >= 20 + 39 > 8 * window
+    assert bm.num_free_blocks == bm.num_blocks and bm.blocks_in_use() == (0,) * len(windows)
