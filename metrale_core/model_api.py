@@ -104,7 +104,7 @@ class KVLayout:
         return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
     @property
-    def groups(self) -> "KVGroups":
+    def groups(self) -> KVGroups:
         """The KV groups of this layout (one group of every layer without windows)."""
         return KVGroups.of(self)
 
@@ -146,7 +146,7 @@ class KVGroups:
     group_size: int
 
     @classmethod
-    def of(cls, layout: "KVLayout") -> "KVGroups":
+    def of(cls, layout: KVLayout) -> KVGroups:
         n = layout.num_layers
         windows = layout.windows or (None,) * n
         if len(set(windows)) <= 1:
@@ -379,7 +379,7 @@ class ForwardBatch:
     group_block_tables: tuple[torch.Tensor, ...] = ()
     group_slot_mappings: tuple[torch.Tensor, ...] = ()
 
-    def for_group(self, group: int) -> "ForwardBatch":
+    def for_group(self, group: int) -> ForwardBatch:
         """This batch as KV group ``group``'s layers see it (its block tables and slots)."""
         if group == 0:
             return self

@@ -263,7 +263,7 @@ class BlockManager:
         if self.windows == (None,):
             return
         start = seq.num_computed_tokens
-        for window, table in zip(self.windows, self._tables(seq)):
+        for window, table in zip(self.windows, self._tables(seq), strict=True):
             if window is None:
                 continue
             gone = []
@@ -310,7 +310,7 @@ class BlockManager:
         for j, i in enumerate(range(len(keys), num_full)):
             parent = chain_hash(parent, tokens[j * bs:(j + 1) * bs])
             keys.append(parent)
-            for cached, table in zip(self._cached, tables):
+            for cached, table in zip(self._cached, tables, strict=True):
                 if table[i] == NULL_BLOCK:
                     continue
                 block = self._blocks[table[i]]

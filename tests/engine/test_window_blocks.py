@@ -39,7 +39,7 @@ def test_groups_of_a_gemma_like_layout():
     assert layout.bytes_per_page_token() * 6 == layout.bytes_per_token()
     kv = PagedKVCache.allocate(layout, 3, BS)
     assert len(kv.k) == 18 and len({id(t) for t in kv.k}) == 3  # 3 pool tensors, aliased per group
-    assert kv.k[5] is kv.k[0] and kv.k[11] is kv.k[1]           # index 0 / 1 of their groups
+    assert kv.k[5] is kv.k[0] and kv.k[11] is kv.k[1]  # index 0 / 1 of their groups
 
 
 def test_no_windows_is_one_group_of_every_layer():
@@ -69,7 +69,7 @@ def test_windowed_group_keeps_only_the_window():
 
 def test_room_counts_one_block_per_group():
     bm = BlockManager(num_blocks=5, block_size=BS, windows=(None, W))
-    assert not bm.can_allocate([], 9)    # 3 blocks in each of two groups
+    assert not bm.can_allocate([], 9)  # 3 blocks in each of two groups
     assert bm.can_allocate([], 8)
     s = seq("a", range(8))
     bm.allocate(s, [], 8)
@@ -140,3 +140,27 @@ def test_all_layers_windowed_is_one_windowed_group():
     assert bm.held_blocks(s)[0] <= -(-W // BS) + 1 and s.block_ids[0] == NULL_BLOCK
     bm.free(s)
     assert bm.num_free_blocks == 16
+
+
+def test_lora_adapters_never_share_window_blocks():
+    """The chained keys start at the adapter's salt in every group: another adapter gets no hit."""
+    from metrale_core.engine.adapter_key import ADAPTER_EXTRA
+
+    bm = BlockManager(num_blocks=64, block_size=BS, enable_prefix_caching=True, windows=(None, W))
+    prompt = list(range(10, 23))
+    a = seq("a", prompt)
+    a.extras[ADAPTER_EXTRA] = "sql@1"
+    bm.allocate(a, [], 13)
+    a.num_computed_tokens = 13
+    bm.cache_full_blocks(a)
+    window_blocks = list(a.group_block_ids[0][1:3])
+    bm.free(a)
+    assert bm.match_prefix(seq("base", prompt)) == []
+    other = seq("other", prompt)
+    other.extras[ADAPTER_EXTRA] = "chat@1"
+    assert bm.match_prefix(other) == []
+    same = seq("same", prompt)
+    same.extras[ADAPTER_EXTRA] = "sql@1"
+    hits = bm.match_prefix(same)
+    bm.allocate(same, hits, 13)
+    assert len(hits) == 3 and same.group_block_ids[0][1:3] == window_blocks

@@ -12,6 +12,7 @@ Pool sizes are in blocks of 4 tokens (the scenario defaults: 64 blocks, 64 prefi
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -78,15 +79,15 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     # windowed mode: a global layer and a layer with a window of 6 positions (two KV groups)
     Scenario("window_long_decode", [
         Arrive(0, "r10", prompt(10, 5), prompt(20, 30), max_tokens=30, ignore_eos=True),
-    ], model=dict(window=WINDOW)),
+    ], model={"window": WINDOW}),
     Scenario("window_preempt_resume", [
         Arrive(0, "r10", prompt(10, 6), prompt(40, 14), max_tokens=14, ignore_eos=True),
         Arrive(0, "r20", prompt(20, 6), prompt(50, 14), max_tokens=14, ignore_eos=True),
-    ], engine=dict(num_kv_blocks=12), model=dict(window=WINDOW)),
+    ], engine={"num_kv_blocks": 12}, model={"window": WINDOW}),
     Scenario("window_prefix_hit", [
         Arrive(0, "r10", prompt(10, 13), prompt(30, 12), max_tokens=12, ignore_eos=True),
         Arrive(14, "r10b", prompt(10, 13), prompt(30, 12), max_tokens=12, ignore_eos=True),
-    ], model=dict(window=WINDOW)),
+    ], model={"window": WINDOW}),
 ]}
 
 
@@ -289,7 +290,7 @@ def test_window_preempt_resume(golden):
     result = run("window_preempt_resume", golden)
     assert "~ running=1 waiting=1" in result.trace, result.trace
     fed = fed_positions(result)[20]
-    replays = [(a, b) for a, b in zip(fed, fed[1:]) if b[0] < a[0] + a[1]]
+    replays = [(a, b) for a, b in itertools.pairwise(fed) if b[0] < a[0] + a[1]]
     assert len(replays) == 1, fed
     for rid in ("r10", "r20"):
         assert_follows_script(result, rid, 14)

@@ -106,11 +106,13 @@ class Gemma3LM:
             if kind in d.layer_types
         }
         gather = self.ops.decode_attention.path == "native"
-        groups = [batch.for_group(g) for g in range(max(self._group_of) + 1)]
+        # a batch without group tables comes from an engine that keeps every layer in one group
+        group_of = self._group_of if batch.group_block_tables else (0,) * d.num_layers
+        groups = [batch.for_group(g) for g in range(max(group_of) + 1)]
         plans = [AttentionPlan.from_batch(b, d.attn_scale, gather=gather) for b in groups]
         x = F.embedding(batch.input_ids, self.weights.embed) * self._embed_scale
         for i, layer in enumerate(self.weights.layers):
-            g = self._group_of[i]
+            g = group_of[i]
             x = self._layer(x, layer, kv, i, groups[g], plans[g], *rope[d.layer_types[i]])
         x = rms_norm(x[batch.logits_rows], self.weights.norm, d.rms_norm_eps, unit_offset=True)
         logits = self.weights.head(x).float()
