@@ -90,7 +90,7 @@ class KVLayout:
     v_head_dim: int | None = None
     #: Per layer, the positions a row attends back to (its own included; None: the whole
     #: context); empty: every layer is global.  Drives the KV groups (see the module docstring).
-    windows: tuple[int | None, ...] = field(default=(), converter=tuple)
+    windows: tuple[int | None, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if self.windows and len(self.windows) != self.num_layers:

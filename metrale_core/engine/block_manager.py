@@ -100,7 +100,7 @@ class BlockManager:
     block_size: int
     enable_prefix_caching: bool = False
     #: Per KV group, its attention window (None: the whole context); see the module docstring.
-    windows: tuple[int | None, ...] = field(default=(None,), converter=tuple)
+    windows: tuple[int | None, ...] = (None,)
     _blocks: list[_Block] = field(init=False)
     #: block id -> None, in eviction order (front is taken first).
     _free: OrderedDict = field(init=False)
