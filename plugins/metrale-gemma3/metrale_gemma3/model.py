@@ -107,7 +107,10 @@ class Gemma3LM:
         }
         gather = self.ops.decode_attention.path == "native"
         # a batch without group tables comes from an engine that keeps every layer in one group
+        # (its cache declares no windows: one tensor per layer)
         group_of = self._group_of if batch.group_block_tables else (0,) * d.num_layers
+        if not batch.group_block_tables and len({id(t) for t in kv.k}) != d.num_layers:
+            raise ValueError("this KV cache shares tensors between KV groups; the batch needs their block tables")
         groups = [batch.for_group(g) for g in range(max(group_of) + 1)]
         plans = [AttentionPlan.from_batch(b, d.attn_scale, gather=gather) for b in groups]
         x = F.embedding(batch.input_ids, self.weights.embed) * self._embed_scale

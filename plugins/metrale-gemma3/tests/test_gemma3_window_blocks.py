@@ -44,3 +44,34 @@ def test_sliding_groups_hold_only_the_window(tmp_path):
         assert all(held <= limit for held in sliding), (seq.num_computed_tokens, sliding)
     assert produced == 40 and seq.num_computed_tokens >= 20 + 39 > 8 * window
     assert bm.num_free_blocks == bm.num_blocks and bm.blocks_in_use() == (0,) * len(windows)
+
+
+def test_a_grouped_cache_needs_the_group_tables(tmp_path):
+    """Layers of different KV groups share pool tensors: a batch without the groups' tables
+    would write them over each other, so the model refuses it."""
+    import pytest
+    import torch
+
+    from metrale_core.model_api import ForwardBatch, PagedKVCache
+
+    H.save_checkpoint(NAME, tmp_path)
+    store = open_weights(tmp_path)
+    model = load_registry().find_model_loader(store.config).factory(store, LoadOptions(weight_format="exact"))
+    kv = PagedKVCache.allocate(model.info.kv, 2, BS)
+    t = lambda xs: torch.tensor(xs, dtype=torch.int64)
+    batch = ForwardBatch(
+        input_ids=t([5, 6]),
+        positions=t([0, 1]),
+        query_start=t([0, 2]),
+        context_lens=t([2]),
+        block_tables=t([[0]]),
+        slot_mapping=t([0, 1]),
+        logits_rows=t([1]),
+        state_slots=t([-1]),
+        state_fresh=torch.tensor([True]),
+        query_lens_host=(2,),
+        context_lens_host=(2,),
+        block_size=BS,
+    )
+    with pytest.raises(ValueError, match="block tables"):
+        model.forward(batch, kv)
