@@ -9,9 +9,12 @@ holds the whole context; once the request finishes every block is free again.
 from __future__ import annotations
 
 import gemma3_harness as H
+import pytest
+import torch
 
 from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
+from metrale_core.model_api import ForwardBatch, PagedKVCache
 from metrale_core.plugins import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.weights import open_weights
@@ -20,12 +23,22 @@ BS = 4
 NAME = "window6-softcap"
 
 
-def test_sliding_groups_hold_only_the_window(tmp_path):
-    window = H.CONFIGS[NAME]["sliding_window"]
-    H.save_checkpoint(NAME, tmp_path)
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp(NAME)
+    H.save_checkpoint(NAME, path)
+    return path
+
+
+def _load(path):
     registry = load_registry()
-    store = open_weights(tmp_path)
-    model = registry.find_model_loader(store.config).factory(store, LoadOptions(weight_format="exact"))
+    store = open_weights(path)
+    return registry, registry.find_model_loader(store.config).factory(store, LoadOptions(weight_format="exact"))
+
+
+def test_sliding_groups_hold_only_the_window(checkpoint):
+    window = H.CONFIGS[NAME]["sliding_window"]
+    registry, model = _load(checkpoint)
     windows = model.info.kv.groups.windows
     assert windows[0] is None and set(windows[1:]) == {window}
     engine = LLMEngine(model, EngineConfig(block_size=BS, num_kv_blocks=256, max_prefill_tokens=8), registry=registry)
@@ -46,17 +59,10 @@ def test_sliding_groups_hold_only_the_window(tmp_path):
     assert bm.num_free_blocks == bm.num_blocks and bm.blocks_in_use() == (0,) * len(windows)
 
 
-def test_a_grouped_cache_needs_the_group_tables(tmp_path):
+def test_a_grouped_cache_needs_the_group_tables(checkpoint):
     """Layers of different KV groups share pool tensors: a batch without the groups' tables
     would write them over each other, so the model refuses it."""
-    import pytest
-    import torch
-
-    from metrale_core.model_api import ForwardBatch, PagedKVCache
-
-    H.save_checkpoint(NAME, tmp_path)
-    store = open_weights(tmp_path)
-    model = load_registry().find_model_loader(store.config).factory(store, LoadOptions(weight_format="exact"))
+    _, model = _load(checkpoint)
     kv = PagedKVCache.allocate(model.info.kv, 2, BS)
     t = lambda xs: torch.tensor(xs, dtype=torch.int64)
     batch = ForwardBatch(
