@@ -11,8 +11,8 @@ from metrale_core.dataparallel import PrefixRouter, block_hashes
 def test_block_hashes_chain_full_blocks_only():
     a = block_hashes(list(range(10)), 4)
     assert len(a) == 2  # the 2 trailing tokens make no block
-    assert block_hashes(list(range(8)) + [99, 98], 4) == a
-    b = block_hashes([7] + list(range(1, 10)), 4)
+    assert block_hashes([*list(range(8)), 99, 98], 4) == a
+    b = block_hashes([7, *list(range(1, 10))], 4)
     assert b[0] != a[0] and b[1] != a[1]  # a change in block 0 changes every later hash
 
 
@@ -27,13 +27,13 @@ def test_next_turn_follows_its_prefix_within_slack():
     turn1 = list(range(12))
     first = router.route(turn1, {0: 0, 1: 0})
     other = 1 - first.replica
-    turn2 = turn1 + [50, 51, 52, 53, 54]
+    turn2 = [*turn1, 50, 51, 52, 53, 54]
     route = router.route(turn2, {first.replica: 2, other: 0})
     assert route.replica == first.replica and route.affinity and route.matched_blocks == 3
     # beyond the slack the least-loaded replica takes it (and now holds the prefix)
-    route = router.route(turn2 + [60, 61, 62, 63], {first.replica: 3, other: 0})
+    route = router.route([*turn2, 60, 61, 62, 63], {first.replica: 3, other: 0})
     assert route.replica == other and not route.affinity
-    assert router.route(turn2 + [70], {0: 0, 1: 0}).replica == other
+    assert router.route([*turn2, 70], {0: 0, 1: 0}).replica == other
 
 
 def test_a_holder_that_is_down_is_ignored():

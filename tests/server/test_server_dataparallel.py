@@ -19,7 +19,6 @@ import attrs
 import httpx
 import openai
 import pytest
-
 from server_testlib import random_text, scripted_served, wait_ready
 
 
@@ -42,8 +41,10 @@ def dp(byte_tokenizer, byte_tokenizer_dir):
     factory = functools.partial(scripted_served, str(byte_tokenizer_dir))
 
     def load():
-        return attrs.evolve(scripted_served(byte_tokenizer, registry=registry),
-                            async_front=functools.partial(ReplicaPool, factory=factory, size=2))
+        return attrs.evolve(
+            scripted_served(byte_tokenizer, registry=registry),
+            async_front=functools.partial(ReplicaPool, factory=factory, size=2),
+        )
 
     app = create_app(ServerConfig(served_model_name="scripted", shutdown_grace_s=2), load, registry)
     server = serve_in_thread(app)
@@ -58,8 +59,13 @@ def _chat(client, prompt: str, max_tokens: int, **extra):
     text, reason = [], None
     try:
         stream = client.chat.completions.create(
-            model="scripted", messages=[{"role": "user", "content": prompt}], stream=True,
-            temperature=0, max_tokens=max_tokens, **extra)
+            model="scripted",
+            messages=[{"role": "user", "content": prompt}],
+            stream=True,
+            temperature=0,
+            max_tokens=max_tokens,
+            **extra,
+        )
         for chunk in stream:
             if chunk.choices:
                 text.append(chunk.choices[0].delta.content or "")
@@ -82,7 +88,7 @@ def _metric(url: str, name: str, replica: int) -> float:
 
 
 def test_sixteen_streams_complete_and_match_dp1(dp, client):
-    server, pool, dp_client = dp
+    _, pool, dp_client = dp
     prompts = [random_text(seed, 6 + seed % 5) for seed in range(16)]
     got = _load(dp_client, prompts, max_tokens=24)
     want = _load(client, prompts, max_tokens=24)  # the shared in-process (DP=1) server
@@ -109,8 +115,11 @@ def test_second_turn_goes_to_the_replica_holding_the_prefix(dp):
     reply = client.chat.completions.create(model="scripted", messages=first, temperature=0)
     _, turn1 = pool.routes[-1]
     hits = _metric(server.url, "metrale:replica_prefix_affinity_hits_total", turn1.replica)
-    second = [*first, {"role": "assistant", "content": reply.choices[0].message.content},
-              {"role": "user", "content": "And now count again."}]
+    second = [
+        *first,
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": "And now count again."},
+    ]
     client.chat.completions.create(model="scripted", messages=second, temperature=0)
     _, turn2 = pool.routes[-1]
     assert turn2.replica == turn1.replica and turn2.affinity and turn2.matched_blocks >= 5
