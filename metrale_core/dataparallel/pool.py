@@ -246,9 +246,10 @@ class ReplicaPool:
         slot.in_flight += 1
         self._owner[request_id] = slot.index
         try:
-            async with aclosing(
-                client.generate(prompt_ids, params, request_id=request_id, timeout_s=timeout_s, extras=extras)
-            ) as stream:
+            replies: Any = client.generate(
+                prompt_ids, params, request_id=request_id, timeout_s=timeout_s, extras=extras
+            )
+            async with aclosing(replies) as stream:
                 async for out in stream:
                     yield out
         finally:
