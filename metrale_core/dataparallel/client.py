@@ -73,6 +73,11 @@ class ReplicaClient(AsyncEngine):
         self._inbox = _PipeInbox(self)  # type: ignore[assignment]
 
     @property
+    def serving(self) -> bool:
+        """False once the replica is stopping or gone (before the pool has noticed)."""
+        return not self._stop.is_set()
+
+    @property
     def pid(self) -> int:
         return self.process.pid
 

@@ -39,6 +39,7 @@ from loguru import logger
 from metrale_core.dataparallel.client import ReplicaClient
 from metrale_core.dataparallel.replica import replica_main
 from metrale_core.dataparallel.routing import PrefixRouter, Route
+from metrale_core.engine.async_engine import EngineStopped
 from metrale_core.engine.output import RequestOutput
 from metrale_core.errors import MetraleError
 from metrale_core.sampling.params import SamplingParams
@@ -65,7 +66,7 @@ class ReplicaSlot:
 
     @property
     def up(self) -> bool:
-        return self.client is not None
+        return self.client is not None and self.client.serving
 
 
 @define(eq=False)
@@ -231,7 +232,7 @@ class ReplicaPool:
     ) -> AsyncIterator[RequestOutput]:
         """``AsyncEngine.generate`` on the replica :attr:`router` picks."""
         request_id = request_id if request_id is not None else uuid.uuid4().hex
-        up = {s.index: s.in_flight for s in self.slots if s.client is not None}
+        up = {s.index: s.in_flight for s in self.slots if s.up}
         if not up or self._stopping:
             why = "the server is shutting down" if self._stopping else "no data-parallel replica is up (restarting)"
             yield RequestOutput(request_id, finished=True, finish_reason="error", error=why)
@@ -252,6 +253,8 @@ class ReplicaPool:
             async with aclosing(replies) as stream:
                 async for out in stream:
                     yield out
+        except EngineStopped:  # it died between the routing and the request
+            yield client.failure(request_id)
         finally:
             slot.in_flight -= 1
             self._owner.pop(request_id, None)

@@ -24,9 +24,8 @@ def health(request: Request) -> Response:
     except APIError as exc:
         return error_response(exc)
     body = {"status": "ok", "model": host.config.served_model_name}
-    replicas = getattr(host.async_engine, "replica_status", None)
-    if replicas is not None:  # data parallel: 503 while a replica is down (the others serve)
-        body["replicas"] = replicas()
+    if host.replicated:  # data parallel: 503 while a replica is down (the others serve)
+        body["replicas"] = host.async_engine.replica_status()
         down = host.async_engine.replicas_down
         if down:
             return error_response(

@@ -10,8 +10,9 @@ Invariants:
 - That thread is its own and ends with the load (never a pooled executor thread): a live thread
   that has run torch's parallel CPU ops keeps an OpenMP thread team, and with one alive the engine
   thread's CPU forward runs at half speed on a 2-core machine (SmolLM2 int4: 36 vs 71 tok/s).
-- Admission is bounded: at most ``engine.max_num_seqs + config.max_waiting`` engine requests are
-  in flight; one more is a 503 with ``Retry-After`` before any work starts.  A request is
+- Admission is bounded: at most ``engine.max_num_seqs`` (times the data-parallel replicas)
+  ``+ config.max_waiting`` engine requests are in flight; one more is a 503 with
+  ``Retry-After`` before any work starts.  A request is
   counted when it is admitted (:meth:`EngineHost.admit`, for streams too, before the response
   body starts) until its :class:`Admission` is released.  A request that needs more engine
   requests than the whole capacity can never run: 400 naming the limit, not 503.
@@ -181,9 +182,15 @@ class EngineHost:
                        headers={"Retry-After": "5"})
 
     @property
+    def replicated(self) -> bool:
+        """The engine front is data-parallel replicas (``metrale_core.dataparallel``)."""
+        return hasattr(self.async_engine, "replica_status")
+
+    @property
     def capacity(self) -> int:
         served = self.ready()
-        return served.engine.config.max_num_seqs + self.config.max_waiting
+        replicas = self.async_engine.size if self.replicated else 1
+        return served.engine.config.max_num_seqs * replicas + self.config.max_waiting
 
     def check_capacity(self, n: int) -> None:
         """503 with Retry-After when ``n`` more engine requests would overflow the queue; 400
