@@ -9,7 +9,8 @@ Invariants:
 - The engine flags are the shared ones (``metrale_core.cli.flags``), plugins' included.
 - Access logs (one line per request) go to stderr through loguru even at the default log level.
 - ``--data-parallel-size N`` (N > 1) serves through ``metrale_core.dataparallel.ReplicaPool``:
-  each replica process rebuilds the engine from the same flags (:func:`replica_served`).
+  each replica process rebuilds the engine from the same flags (:func:`replica_served`); see
+  :func:`serving_loader`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_options_from_args, parse_size
 from metrale_core.errors import ConfigError
 
-__all__ = ["add_parser", "build_loader", "replica_served", "run", "served_name", "with_replicas"]
+__all__ = ["add_parser", "build_loader", "replica_served", "run", "served_name", "serving_loader"]
 
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 
@@ -113,14 +114,20 @@ def replica_served(options: dict, model: str | None):
     return build_loader(argparse.Namespace(**options), load_registry(), model)()
 
 
-def with_replicas(loader, args, model: str | None):
-    """``loader`` whose served model runs ``--data-parallel-size`` replica processes (the front
-    keeps its engine for validation and the model's facts; the replicas serve)."""
+#: The server's own KV pool under data parallel: its engine only validates requests, never runs.
+FRONT_KV_MEMORY = 16 << 20
+
+
+def serving_loader(args, registry, model: str | None, on_tensor=None):
+    """:func:`build_loader`'s loader; under ``--data-parallel-size N`` (N > 1) its served model
+    runs N replica processes (``metrale_core.dataparallel.ReplicaPool``), each building the
+    engine from the same flags, and the server's own engine (for validation and the model's
+    facts) gets a token KV pool."""
     size = args.data_parallel_size
     if size < 1:
         raise ConfigError(f"--data-parallel-size must be >= 1, got {size}")
     if size == 1:
-        return loader
+        return build_loader(args, registry, model, on_tensor=on_tensor)
     import functools
     import pickle
 
@@ -138,6 +145,8 @@ def with_replicas(loader, args, model: str | None):
         raise ConfigError(f"--data-parallel-size: the flags cannot be sent to replica processes "
                           f"({type(exc).__name__}: {exc})") from None
     front = functools.partial(ReplicaPool, factory=factory, size=size, threads=threads)
+    loader = build_loader(argparse.Namespace(**{**options, "kv_cache_memory": FRONT_KV_MEMORY}),
+                          registry, model, on_tensor=on_tensor)
 
     def load():
         return attrs.evolve(loader(), async_front=front)
@@ -168,7 +177,7 @@ def run(args, registry) -> int:
                    diagnose=False, backtrace=False,
                    filter=lambda record: record["name"] == "metrale_core.server.app"
                    and record["level"].no < 30)
-    app = create_app(config, with_replicas(build_loader(args, registry, model), args, model), registry)
+    app = create_app(config, serving_loader(args, registry, model), registry)
     print(f"met serve: {config.served_model_name!r} on http://{args.host}:{args.port}/v1 "
           f"(loading; GET /health turns 200 when ready)", file=sys.stderr, flush=True)
     serve_forever(app, args.host, args.port, args.shutdown_grace)
@@ -184,7 +193,7 @@ def _run_dashboard(args, registry, model, config) -> int:
 
     status = ServerStatus(version=metrale_core.__version__, model=config.served_model_name,
                           scheduler=args.scheduler)
-    loader = with_replicas(build_loader(args, registry, model, on_tensor=status.tensor_loaded), args, model)
+    loader = serving_loader(args, registry, model, on_tensor=status.tensor_loaded)
     app = create_app(config, observe_loader(status, loader), registry)
     level = args.log_level if args.log_level in ("trace", "debug") else "info"
     return serve_with_dashboard(app, status, host=args.host, port=args.port,

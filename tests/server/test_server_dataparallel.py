@@ -109,6 +109,53 @@ def test_health_and_metrics_show_the_replicas(dp):
     assert "metrale:kv_cache_usage_perc{" in text and "metrale:num_requests_running{" in text
 
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+
+
+def _every_route(client, url: str) -> list:
+    out = []
+    done = client.completions.create(model="scripted", prompt="hello", max_tokens=5, n=2, seed=1)
+    out.append([(c.text, c.finish_reason) for c in done.choices])
+    call = client.chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "weather in Paris?"}], tools=[WEATHER_TOOL]
+    )
+    out.append(call.choices[0].message.tool_calls[0].function.model_dump())
+    think = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "ponder"}])
+    out.append((think.choices[0].message.content, think.choices[0].message.model_extra.get("reasoning_content")))
+    out.append(client.responses.create(model="scripted", input="The capital?").output_text)
+    body = {"model": "scripted", "max_tokens": 64, "messages": [{"role": "user", "content": "capital?"}]}
+    out.append(httpx.post(url + "/v1/messages", json=body).json()["content"])
+    out.append(httpx.post(url + "/tokenize", json={"prompt": "abc"}).json())
+    return out
+
+
+def test_every_route_answers_as_on_one_engine(dp, client, base_url):
+    """Completions (n=2, seeded), chat with a tool call and with reasoning (the stream parsers
+    travel to the replica), Responses, Messages and tokenize: the same answers as DP=1."""
+    server, _, dp_client = dp
+    got = _every_route(dp_client, server.url)
+    assert got == _every_route(client, base_url)
+    assert got[1]["name"] == "get_weather" and "Two and two" in got[2][1]
+
+
+def test_a_client_that_leaves_aborts_its_request_on_the_replica(dp):
+    server, pool, _ = dp
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/completions",
+        json={"model": "scripted", "prompt": "go on", "max_tokens": 3000, "ignore_eos": True, "stream": True},
+    ) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+    deadline = time.monotonic() + 30
+    while any(slot.in_flight or _streaming(slot) for slot in pool.slots):  # aborted, not run out
+        assert time.monotonic() < deadline, "the abandoned request kept running"
+        time.sleep(0.01)
+
+
 def test_second_turn_goes_to_the_replica_holding_the_prefix(dp):
     server, pool, client = dp
     first = [{"role": "user", "content": "Please count for me. " + random_text(99, 40)}]
