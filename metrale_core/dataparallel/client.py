@@ -15,7 +15,7 @@ Invariants:
   gets a final delta with ``finish_reason="error"`` and an error naming the replica and its exit
   status (never a hang), and ``on_exit`` is called once, from the reader thread.  A request sent
   after that fails the same way (the pipe is broken).
-- ``stats`` is the replica's latest ``(EngineStats, PrefixCacheStats)`` report.
+- ``stats`` is the replica's latest ``ReplicaReport``.
 """
 
 from __future__ import annotations

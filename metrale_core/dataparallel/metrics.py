@@ -29,7 +29,8 @@ from metrale_core.engine.engine import EngineStats
 __all__ = ["replica_families", "summed_stats"]
 
 
-def _current(slot: Any) -> tuple[Any, Any] | None:
+def _current(slot: Any) -> Any:
+    """The replica's last ``ReplicaReport`` (None while it is down)."""
     client = slot.client
     return client.stats if client is not None and client.stats is not None else None
 
@@ -39,12 +40,13 @@ def summed_stats(slots: Sequence[Any], engine: Any) -> tuple[EngineStats, Prefix
     running = waiting = free = blocks = cached = slots_free = 0
     queries = hits = preemptions = 0
     for slot in slots:
-        q, h, p = slot.carried
-        queries, hits, preemptions = queries + q, hits + h, preemptions + p
+        gone = slot.carried
+        queries, hits = queries + gone.prefix_cache_queries, hits + gone.prefix_cache_hits
+        preemptions += gone.num_preemptions
         current = _current(slot)
         if current is None:
             continue
-        stats, prefix = current
+        stats, prefix = current.stats, current.prefix
         running += stats.num_running
         waiting += stats.num_waiting
         free += stats.num_free_blocks
@@ -81,7 +83,7 @@ def replica_families(slots: Sequence[Any], model_name: str) -> list[Metric]:
     def engine(read) -> Any:
         def value(slot: Any) -> float:
             current = _current(slot)
-            return read(*current) if current is not None else 0.0
+            return read(current.stats, current.prefix) if current is not None else 0.0
 
         return value
 
@@ -122,6 +124,6 @@ def replica_families(slots: Sequence[Any], model_name: str) -> list[Metric]:
             c,
             "metrale:replica_prefix_cache_hits",
             "Prompt tokens served by the replica's prefix cache",
-            lambda s: s.carried[1] + engine(lambda _st, p: p.hits)(s),
+            lambda s: s.carried.prefix_cache_hits + engine(lambda _st, p: p.hits)(s),
         ),
     ]

@@ -20,7 +20,8 @@ Invariants:
   pipe closes, so the front dying leaves no orphans either.
 - Per-replica counters (routed requests, affinity hits, restarts) and the replicas' last engine
   reports feed ``/metrics`` (:meth:`engine_stats` aggregated, :meth:`metric_families` per
-  replica); a restarted replica's engine counters are carried over so the totals never drop.
+  replica) and the dashboard (:attr:`snapshots`, one line per replica); a restarted replica's
+  engine counters are carried over so the totals never drop.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ from loguru import logger
 from metrale_core.dataparallel.client import ReplicaClient
 from metrale_core.dataparallel.replica import replica_main
 from metrale_core.dataparallel.routing import PrefixRouter, Route
+from metrale_core.dataparallel.snapshot import add_snapshots, combined_snapshot, counters_only
 from metrale_core.engine.async_engine import EngineStopped
 from metrale_core.engine.output import RequestOutput
+from metrale_core.engine.snapshot import EngineSnapshot
 from metrale_core.errors import MetraleError
 from metrale_core.sampling.params import SamplingParams
 
@@ -61,8 +64,8 @@ class ReplicaSlot:
     routed: int = 0
     affinity_hits: int = 0
     restarts: int = 0
-    #: Engine counters of the processes this slot had before (prefix queries, hits, preemptions).
-    carried: tuple[int, int, int] = (0, 0, 0)
+    #: Engine counters of the processes this slot had before (``snapshot.counters_only``).
+    carried: EngineSnapshot = field(factory=EngineSnapshot)
 
     @property
     def up(self) -> bool:
@@ -210,9 +213,7 @@ class ReplicaPool:
     def _carry(slot: ReplicaSlot, client: ReplicaClient) -> None:
         if client.stats is None:
             return
-        stats, prefix = client.stats
-        q, h, p = slot.carried
-        slot.carried = (q + prefix.queries, h + prefix.hits, p + stats.num_preemptions)
+        slot.carried = add_snapshots(slot.carried, counters_only(client.stats.snapshot))
 
     # --- requests ----------------------------------------------------------------------------
     def abort(self, request_id: str) -> None:
@@ -272,6 +273,23 @@ class ReplicaPool:
 
         return replica_families(self.slots, model_name)
 
+    @property
+    def snapshots(self) -> Any:
+        """Like ``engine.snapshots``: ``.latest`` is all replicas' snapshot in one (the
+        dashboard reads it)."""
+        return _Snapshots(self)
+
     def replica_status(self) -> dict[str, str]:
         """``{"0": "up", "1": "down"}`` for ``/health``."""
         return {str(s.index): "up" if s.up else "down" for s in self.slots}
+
+
+class _Snapshots:
+    """``ReplicaPool.snapshots``."""
+
+    def __init__(self, pool: ReplicaPool) -> None:
+        self.pool = pool
+
+    @property
+    def latest(self) -> EngineSnapshot:
+        return combined_snapshot(self.pool.slots)

@@ -8,8 +8,8 @@ Protocol (picklable tuples):
   ``("abort", request_id)``, ``("stop",)``;
 - replica -> front: ``("ready", pid, stats)`` once the engine is built (or
   ``("failed", reason)``), then ``("out", outputs, stats_or_None)`` per step with outputs and
-  ``("error", request_id, exception)`` for a request the engine refused.  ``stats`` is
-  ``(EngineStats, PrefixCacheStats)``, sent at most every ``STATS_EVERY_S`` while busy and
+  ``("error", request_id, exception)`` for a request the engine refused.  ``stats`` is a
+  :class:`ReplicaReport`, sent at most every ``STATS_EVERY_S`` while busy and
   always when the engine goes idle.
 
 Invariants:
@@ -30,16 +30,34 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from attrs import evolve, frozen
+
 from metrale_core.engine.async_engine import step_or_fail
+from metrale_core.engine.block_manager import PrefixCacheStats
+from metrale_core.engine.engine import EngineStats
+from metrale_core.engine.snapshot import EngineSnapshot
 from metrale_core.errors import InvalidRequest
 
-__all__ = ["STATS_EVERY_S", "replica_main", "serve_replica"]
+__all__ = ["STATS_EVERY_S", "ReplicaReport", "replica_main", "serve_replica"]
 
 STATS_EVERY_S = 0.1
 
 
-def _stats(engine: Any) -> tuple:
-    return engine.stats(), engine.scheduler.block_manager.prefix_cache_stats()
+@frozen
+class ReplicaReport:
+    """What a replica tells the front about its engine (for ``/metrics`` and the dashboard)."""
+
+    stats: EngineStats
+    prefix: PrefixCacheStats
+    #: The engine's latest snapshot, made picklable: plugin extras (whose formatters need not
+    #: pickle) are left out.
+    snapshot: EngineSnapshot
+
+
+def _stats(engine: Any) -> ReplicaReport:
+    snap = engine.snapshots.latest
+    snap = evolve(snap, finish_reasons=dict(snap.finish_reasons), extras={}, extra_formats={})
+    return ReplicaReport(engine.stats(), engine.scheduler.block_manager.prefix_cache_stats(), snap)
 
 
 def replica_main(conn: Any, index: int, factory: Callable[[], Any], threads: int) -> None:

@@ -107,6 +107,13 @@ def test_health_and_metrics_show_the_replicas(dp):
     assert routed == sum(slot.routed for slot in pool.slots) > 0
     text = httpx.get(server.url + "/metrics").text
     assert "metrale:kv_cache_usage_perc{" in text and "metrale:num_requests_running{" in text
+    # the dashboard's snapshot: the replicas' sums, one line per replica
+    snap = pool.snapshots.latest
+    parts = [slot.client.stats.snapshot for slot in pool.slots]
+    assert snap.generation_tokens_total == sum(p.generation_tokens_total for p in parts) > 0
+    assert snap.requests_finished == sum(p.requests_finished for p in parts)
+    assert [label for label, _ in snap.describe_extras()] == ["replica 0", "replica 1"]
+    assert all(line.startswith("up, 0 running") for _, line in snap.describe_extras())
 
 
 WEATHER_TOOL = {
@@ -208,7 +215,7 @@ def test_killed_replica_fails_its_requests_and_comes_back(dp):
 def _streaming(slot) -> bool:
     """The replica has reported running requests (so the kill lands mid-generation)."""
     stats = slot.client.stats if slot.client is not None else None
-    return stats is not None and stats[0].num_running > 0
+    return stats is not None and stats.stats.num_running > 0
 
 
 def test_stopping_the_server_stops_every_replica(dp):
