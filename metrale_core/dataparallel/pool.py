@@ -90,6 +90,7 @@ class ReplicaPool:
     _stopping: bool = field(init=False, default=False)
     _started: bool = field(init=False, default=False)
     _ctx: Any = field(init=False, factory=lambda: multiprocessing.get_context("spawn"))
+    _lock: threading.Lock = field(init=False, factory=threading.Lock)
 
     def __attrs_post_init__(self) -> None:
         if self.size < 1:
@@ -112,7 +113,7 @@ class ReplicaPool:
         :class:`ReplicaFailed` (after stopping the others) when one cannot start."""
         procs = [self._spawn(slot.index) for slot in self.slots]
         errors = []
-        for slot, (conn, proc) in zip(self.slots, procs, strict=False):
+        for slot, (conn, proc) in zip(self.slots, procs, strict=True):
             try:
                 slot.client = self._connect(slot.index, conn, proc)
             except ReplicaFailed as exc:
@@ -130,8 +131,9 @@ class ReplicaPool:
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Stop every replica process (see the invariants)."""
-        self._stopping = True
-        clients = [s.client for s in self.slots if s.client is not None]
+        with self._lock:  # no restart puts a replica in a slot after this
+            self._stopping = True
+            clients = [s.client for s in self.slots if s.client is not None]
         for client in clients:
             client.request_stop()
         for client in clients:
@@ -201,11 +203,13 @@ class ReplicaPool:
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
                 continue
-            if self._stopping:
+            with self._lock:
+                if not self._stopping:
+                    slot.restarts += 1
+                    slot.client = client
+            if slot.client is not client:  # the pool began stopping meanwhile
                 client.shutdown(10)
                 return
-            slot.restarts += 1
-            slot.client = client
             logger.info("data parallel: replica {} is back (pid {})", slot.index, client.pid)
             return
 
