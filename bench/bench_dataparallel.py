@@ -4,7 +4,8 @@
 process (this one, httpx/asyncio), each configuration started fresh:
 
 - ``DP=2 x 1 thread``: ``--data-parallel-size 2 --threads 1`` (two replica processes);
-- ``DP=1 x 2 threads``: ``--threads 2`` (one in-process engine).
+- ``DP=1 x 2 threads``: ``--threads 2`` (one in-process engine);
+- (``--configs dp1x1``) ``DP=1 x 1 thread``: a reference for a machine too busy for two threads.
 
 For each: start to ``/health`` 200, then (after a warm-up that opens the connections) the
 aggregate tok/s of ``--streams`` concurrent streams of ``--decode-tokens`` tokens (first request
@@ -13,7 +14,7 @@ replica got (``metrale:replica_requests_routed_total``).  Not a test: run by han
 machine if the figures matter.
 
     python bench/bench_dataparallel.py [--streams 16] [--decode-tokens 64] [--reps 2]
-                                       [--met-flags "--weight-format int4"]
+                                       [--met-flags "--weight-format int4"] [--configs dp2x1,dp1x2]
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_serve import PROMPTS, Server, _stream, free_port
 
-CONFIGS = (("DP=2 x 1 thread", 2, 1), ("DP=1 x 2 threads", 1, 2))
+#: name -> (replicas, threads each); the first two are the comparison, the third a reference (on a
+#: busy machine two threads can be slower than one).
+CONFIGS = {"dp2x1": ("DP=2 x 1 thread", 2, 1), "dp1x2": ("DP=1 x 2 threads", 1, 2), "dp1x1": ("DP=1 x 1 thread", 1, 1)}
 
 
 def start(dp: int, threads: int, args, log: Path) -> Server:
@@ -90,10 +93,11 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--met-flags", default="", help="extra flags for met serve")
+    parser.add_argument("--configs", default="dp2x1,dp1x2", help=f"from {', '.join(CONFIGS)}")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as logs:
-        for name, dp, threads in CONFIGS:
+        for name, dp, threads in (CONFIGS[key] for key in args.configs.split(",")):
             server = start(dp, threads, args, Path(logs) / f"dp{dp}.log")
             try:
                 rate = asyncio.run(aggregate(server.url, args))
@@ -109,8 +113,8 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, start_s, rate, spread in rows:
         print(f"| {name} | {start_s:.1f} | {rate:.1f} | {spread} |")
-    base = rows[1][2]
-    print(f"\nDP=2x1 / DP=1x2: {rows[0][2] / base:.2f}x")
+    for name, _, rate, _ in rows[1:]:
+        print(f"{rows[0][0]} / {name}: {rows[0][2] / rate:.2f}x")
 
 
 if __name__ == "__main__":
