@@ -97,8 +97,9 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as logs:
-        for name, dp, threads in (CONFIGS[key] for key in args.configs.split(",")):
-            server = start(dp, threads, args, Path(logs) / f"dp{dp}.log")
+        for key in args.configs.split(","):
+            name, dp, threads = CONFIGS[key]
+            server = start(dp, threads, args, Path(logs) / f"{key}.log")
             try:
                 rate = asyncio.run(aggregate(server.url, args))
                 rows.append((name, server.start_s, rate, routed(server.url)))
