@@ -159,7 +159,7 @@ class ScriptedLM:
 
 
 #: The engine options of the shared scripted server (``conftest.start_server``).
-SCRIPTED_ENGINE = dict(block_size=16, num_kv_blocks=512, max_num_seqs=32, max_prefill_tokens=2048)
+SCRIPTED_ENGINE = {"block_size": 16, "num_kv_blocks": 512, "max_num_seqs": 32, "max_prefill_tokens": 2048}
 
 
 def scripted_served(tokenizer, engine_options=None, registry=None):
