@@ -34,7 +34,7 @@ from metrale_core.engine.output import RequestOutput, merge_outputs
 from metrale_core.errors import InvalidRequest, MetraleError
 from metrale_core.sampling.params import SamplingParams
 
-__all__ = ["AsyncEngine", "EngineStopped"]
+__all__ = ["AsyncEngine", "EngineStopped", "step_or_fail"]
 
 
 class EngineStopped(MetraleError):
@@ -128,11 +128,7 @@ class AsyncEngine:
             self._drain(block=not engine.has_unfinished())
             if self._stop.is_set() or not engine.has_unfinished():
                 continue
-            try:
-                outputs = engine.step()
-            except Exception as exc:  # noqa: BLE001 - the loop must survive a failed step
-                logger.exception("engine step failed; failing its requests")
-                outputs = engine.fail_in_flight(f"{type(exc).__name__}: {exc}")
+            outputs = step_or_fail(engine)
             self._deliver(outputs)
             if not outputs and engine.scheduler.last_plan.is_empty:
                 self._drain(block=True, timeout=self.idle_wait_s)
@@ -196,6 +192,16 @@ class AsyncEngine:
             engine.abort(request_id)
         if engine.has_unfinished():
             self._deliver(engine.step())
+
+
+def step_or_fail(engine: LLMEngine) -> list[RequestOutput]:
+    """One ``engine.step()``; when it raises, the requests of that step finish with ``"error"``
+    (logged) and their final deltas are returned, so a loop driving the engine survives."""
+    try:
+        return engine.step()
+    except Exception as exc:  # noqa: BLE001 - the loop must survive a failed step
+        logger.exception("engine step failed; failing its requests")
+        return engine.fail_in_flight(f"{type(exc).__name__}: {exc}")
 
 
 def _put_all(items: list) -> None:
