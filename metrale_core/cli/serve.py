@@ -8,6 +8,8 @@ Invariants:
   ``METRALE_API_KEY`` and is never logged.
 - The engine flags are the shared ones (``metrale_core.cli.flags``), plugins' included.
 - Access logs (one line per request) go to stderr through loguru even at the default log level.
+- With ``--tensor-parallel-size`` > 1 the workers are stopped when the server stops (Ctrl-C,
+  SIGTERM); a lost worker stops the server, which exits 1 with the reason.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_options_from_args, parse_size
+from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_engine_model, parse_size
 from metrale_core.errors import ConfigError
 
 __all__ = ["add_parser", "build_loader", "run", "served_name"]
@@ -82,21 +84,42 @@ def served_name(model: str | None) -> str:
     return path.stem if path.suffix == ".gguf" else (path.resolve().name or str(model))
 
 
-def build_loader(args, registry, model: str | None, on_tensor=None):
-    """The loader the server runs on a worker thread: weights, tokenizer, engine."""
+def build_loader(args, registry, model: str | None, on_tensor=None, jobs: list | None = None):
+    """The loader the server runs on a worker thread: weights, tokenizer, engine.  A
+    tensor-parallel job's ``Driver`` is appended to ``jobs`` (``run`` stops it at exit)."""
 
     def load():
         from metrale_core.engine import LLMEngine
-        from metrale_core.loading import load_model
         from metrale_core.server import ServedModel
 
-        loaded = load_model(model, load_options_from_args(args), registry, progress=False,
-                            on_tensor=on_tensor)
+        loaded = load_engine_model(args, registry, model, progress=False, on_tensor=on_tensor)
+        driver = getattr(loaded.model, "driver", None)
+        if driver is not None:
+            if jobs is not None:
+                jobs.append(driver)
+            driver.on_failure.append(_stop_server)
         engine = LLMEngine(loaded.model, engine_config_from_args(args),
                            tokenizer=loaded.tokenizer, registry=registry)
         return ServedModel(engine=engine, tokenizer=loaded.tokenizer,
                            model_type=loaded.store.config.get("model_type"))
     return load
+
+
+def _stop_server(reason: str) -> None:
+    """A tensor-parallel rank is gone: stop serving (as on SIGTERM); ``run`` exits non-zero."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _finish(jobs: list, code: int) -> int:
+    """Stop the tensor-parallel jobs; non-zero (and the reason on stderr) if one failed."""
+    for driver in jobs:
+        driver.close()
+        if driver.failed is not None:
+            print(f"met serve: error: {driver.failed}", file=sys.stderr, flush=True)
+            code = code or 1
+    return code
 
 
 def run(args, registry) -> int:
@@ -123,11 +146,15 @@ def run(args, registry) -> int:
                    diagnose=False, backtrace=False,
                    filter=lambda record: record["name"] == "metrale_core.server.app"
                    and record["level"].no < 30)
-    app = create_app(config, build_loader(args, registry, model), registry)
+    jobs: list = []
+    app = create_app(config, build_loader(args, registry, model, jobs=jobs), registry)
     print(f"met serve: {config.served_model_name!r} on http://{args.host}:{args.port}/v1 "
           f"(loading; GET /health turns 200 when ready)", file=sys.stderr, flush=True)
-    serve_forever(app, args.host, args.port, args.shutdown_grace)
-    return 0
+    try:
+        serve_forever(app, args.host, args.port, args.shutdown_grace)
+    finally:
+        code = _finish(jobs, 0)
+    return code
 
 
 def _run_dashboard(args, registry, model, config) -> int:
@@ -139,8 +166,14 @@ def _run_dashboard(args, registry, model, config) -> int:
 
     status = ServerStatus(version=metrale_core.__version__, model=config.served_model_name,
                           scheduler=args.scheduler)
-    loader = build_loader(args, registry, model, on_tensor=status.tensor_loaded)
+    jobs: list = []
+    loader = build_loader(args, registry, model, on_tensor=status.tensor_loaded, jobs=jobs)
     app = create_app(config, observe_loader(status, loader), registry)
     level = args.log_level if args.log_level in ("trace", "debug") else "info"
-    return serve_with_dashboard(app, status, host=args.host, port=args.port,
-                                grace_s=args.shutdown_grace, log_level=level)
+    code = 1
+    try:
+        code = serve_with_dashboard(app, status, host=args.host, port=args.port,
+                                    grace_s=args.shutdown_grace, log_level=level)
+    finally:
+        code = _finish(jobs, code)
+    return code
