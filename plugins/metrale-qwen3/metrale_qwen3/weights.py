@@ -116,17 +116,20 @@ def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
     if tp.enabled:
         store = ShardedStore(store, plan, weight_format)
 
-    def row_parallel(inner: Linear, bias: torch.Tensor | None) -> Linear:
-        return RowParallelLinear(inner, tp, bias) if tp.enabled else inner
+    def linear(names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None) -> Linear:
+        return build_linear(store, names, shapes, weight_format, dtype, device, bias)
+
+    def row_parallel(names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None) -> Linear:
+        """A projection whose input is split: its bias is added once, after the sum of the ranks."""
+        if tp.enabled:
+            return RowParallelLinear(linear(names, shapes, None), tp, bias)
+        return linear(names, shapes, bias)
 
     def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         return store.get(name, dtype=dtype, shape=shape).to(device)
 
     def maybe(name: str, shape: tuple[int, ...], present: bool) -> torch.Tensor | None:
         return get(name, shape) if present else None
-
-    def linear(names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None) -> Linear:
-        return build_linear(store, names, shapes, weight_format, dtype, device, bias)
 
     D, d = dims.hidden_size, dims.head_dim
     I = plan["model.layers.0.mlp.down_proj.weight"].size if dims.num_layers and tp.enabled \
@@ -149,13 +152,11 @@ def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
         gate_up = linear([m + "gate_proj.weight", m + "up_proj.weight"], [(I, D), (I, D)], gate_up_bias)
         layers.append(LayerWeights(
             input_norm=get(p + "input_layernorm.weight", (D,)), qkv=qkv,
-            o_proj=row_parallel(linear([a + "o_proj.weight"], [(D, q_out)], None),
-                                maybe(a + "o_proj.bias", (D,), dims.o_bias)),
+            o_proj=row_parallel([a + "o_proj.weight"], [(D, q_out)], maybe(a + "o_proj.bias", (D,), dims.o_bias)),
             q_norm=maybe(a + "q_norm.weight", (d,), dims.qk_norm),
             k_norm=maybe(a + "k_norm.weight", (d,), dims.qk_norm),
             post_norm=get(p + "post_attention_layernorm.weight", (D,)), gate_up=gate_up,
-            down=row_parallel(linear([m + "down_proj.weight"], [(D, I)], None),
-                              maybe(m + "down_proj.bias", (D,), dims.mlp_bias))))
+            down=row_parallel([m + "down_proj.weight"], [(D, I)], maybe(m + "down_proj.bias", (D,), dims.mlp_bias))))
     embed = build_embedding(store, "model.embed_tokens.weight", (V, D), weight_format, dtype, device)
     tied = dims.tie_word_embeddings or "lm_head.weight" not in store
     head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"
