@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from qwen3_harness import build_hf, save_checkpoint
+from qwen3_harness import SMOL_GGUF, build_hf, needs_smol, save_checkpoint
 
 from metrale_core.api import LoadOptions, ShapeMismatch
 from metrale_core.engine import EngineConfig, LLMEngine
@@ -77,3 +77,27 @@ def test_a_split_that_cuts_quantized_blocks_is_refused_naming_the_tensor(tmp_pat
         load_parallel(path, LoadOptions(weight_format="int8"), size=2, backend="mp", threads=1, progress=False)
     assert ShapeMismatch  # the workers' and rank 0's reason is a ShapeMismatch message
 
+
+
+CHAT = ["What is the capital of France?", "Name three primary colors.", "Write a haiku about the sea.",
+        "What is 12 times 7?", "Give me one tip for learning Python."]
+
+
+@needs_smol
+def test_smollm2_chat_answers_are_the_same_at_tp2():
+    """The embedded SmolLM2 in the default weight format (its Q4_1 / Q8_0 GGUF blocks, split between
+    blocks: 3 KV heads as 2 + 1, the MLP as 768 + 768 columns): five greedy chat answers, batched."""
+    options = LoadOptions()  # the default format: auto
+    single = load_model(SMOL_GGUF, options, progress=False)
+    prompts = [single.tokenizer.encode_chat([{"role": "user", "content": c}]) for c in CHAT]
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    config = EngineConfig(block_size=16, num_kv_blocks=64, max_prefill_tokens=64, max_num_seqs=8)
+    expected = run_recording(LLMEngine(single.model, config, tokenizer=single.tokenizer), prompts, params)
+    loaded = load_parallel(SMOL_GGUF, options, size=2, backend="mp", threads=1, progress=False)
+    try:
+        got = run_recording(LLMEngine(loaded.model, config, tokenizer=loaded.tokenizer), prompts, params)
+    finally:
+        loaded.model.close()
+    assert got.tokens == expected.tokens
+    paris = single.tokenizer.decode(got.tokens["r0"])
+    assert "Paris" in paris, paris
