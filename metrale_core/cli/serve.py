@@ -112,13 +112,37 @@ def _stop_server(reason: str) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _finish(jobs: list, code: int) -> int:
-    """Stop the tensor-parallel jobs; non-zero (and the reason on stderr) if one failed."""
-    for driver in jobs:
-        driver.close()
-        if driver.failed is not None:
-            print(f"met serve: error: {driver.failed}", file=sys.stderr, flush=True)
-            code = code or 1
+class _Terminated(Exception):
+    """SIGTERM, re-raised by uvicorn after its graceful shutdown (see :func:`_serving`)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise _Terminated
+
+
+def _serving(args, jobs: list, serve) -> int:
+    """Run ``serve()``; afterwards stop the tensor-parallel jobs in ``jobs``.
+
+    uvicorn re-raises SIGTERM once it has shut down gracefully; with tensor parallelism that
+    signal raises :class:`_Terminated` here instead of killing the process, so the workers are
+    told to stop (exit code 143 as before); a failed job exits 1 with its reason on stderr."""
+    import signal
+
+    tensor_parallel = (getattr(args, "tensor_parallel_size", 1) or 1) > 1
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if tensor_parallel else None
+    code = 0
+    try:
+        code = int(serve() or 0)
+    except _Terminated:
+        code = 128 + signal.SIGTERM
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        for driver in jobs:
+            driver.close()
+            if driver.failed is not None:
+                print(f"met serve: error: {driver.failed}", file=sys.stderr, flush=True)
+                code = 1
     return code
 
 
@@ -150,11 +174,7 @@ def run(args, registry) -> int:
     app = create_app(config, build_loader(args, registry, model, jobs=jobs), registry)
     print(f"met serve: {config.served_model_name!r} on http://{args.host}:{args.port}/v1 "
           f"(loading; GET /health turns 200 when ready)", file=sys.stderr, flush=True)
-    try:
-        serve_forever(app, args.host, args.port, args.shutdown_grace)
-    finally:
-        code = _finish(jobs, 0)
-    return code
+    return _serving(args, jobs, lambda: serve_forever(app, args.host, args.port, args.shutdown_grace))
 
 
 def _run_dashboard(args, registry, model, config) -> int:
@@ -170,10 +190,5 @@ def _run_dashboard(args, registry, model, config) -> int:
     loader = build_loader(args, registry, model, on_tensor=status.tensor_loaded, jobs=jobs)
     app = create_app(config, observe_loader(status, loader), registry)
     level = args.log_level if args.log_level in ("trace", "debug") else "info"
-    code = 1
-    try:
-        code = serve_with_dashboard(app, status, host=args.host, port=args.port,
-                                    grace_s=args.shutdown_grace, log_level=level)
-    finally:
-        code = _finish(jobs, code)
-    return code
+    return _serving(args, jobs, lambda: serve_with_dashboard(app, status, host=args.host, port=args.port,
+                                                             grace_s=args.shutdown_grace, log_level=level))

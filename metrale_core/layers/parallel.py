@@ -111,10 +111,10 @@ def split_range(n: int, world: int, rank: int, unit: int = 1) -> tuple[int, int]
     return start * unit, (base + (rank < extra)) * unit
 
 
-def split_unit(n: int, preferred: Sequence[int] = (_SUPER_BLOCK, 32)) -> int:
-    """The largest of ``preferred`` that divides ``n`` (1 if none): a split in these units falls
-    between quantization blocks whatever the weight format."""
-    return next((u for u in preferred if n % u == 0), 1)
+def split_unit(n: int, world: int = 1, preferred: Sequence[int] = (_SUPER_BLOCK, 32)) -> int:
+    """The largest of ``preferred`` that divides ``n`` into at least ``world`` units (1 if none): a
+    split in these units falls between quantization blocks whatever the weight format."""
+    return next((u for u in preferred if n % u == 0 and n // u >= world), 1)
 
 
 @frozen

@@ -88,6 +88,18 @@ class Driver:
                     logger.exception("tensor-parallel failure callback raised")
         return self.failed or reason
 
+    def explain(self, exc: BaseException, wait_s: float = 2.0) -> str:
+        """Why a collective raised: the executor's word on a dead rank when it has one within
+        ``wait_s`` (a process exit is seen a moment after its sockets close), else the error."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            reason = self.executor.poll()
+            if reason is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        first_line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        return reason or f"a collective failed ({first_line}); a worker is gone or stuck"
+
     def _watch_workers(self) -> None:
         while not self._closed:
             reason = self.executor.poll()
@@ -160,5 +172,5 @@ class DriverModel:
         except WorkerLost:
             raise
         except RuntimeError as exc:  # a collective failed: a rank is gone or stuck
-            reason = self.driver.fail(f"a collective failed ({exc}); a worker is gone or stuck")
+            reason = self.driver.fail(self.driver.explain(exc))
             raise WorkerLost(f"tensor-parallel job failed: {reason}") from exc

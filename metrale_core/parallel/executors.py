@@ -13,7 +13,8 @@ calls the one ``--distributed-executor-backend`` names.  An executor (a plugin's
 
 ``uni``: one process, no workers (tensor parallel size 1).  ``mp``: worker processes on this
 machine (``python -m metrale_core worker``, the default for a size above 1), tied to the server
-(``PR_SET_PDEATHSIG`` on Linux: they get SIGTERM if the server dies).  ``env``: the ranks are
+(``$METRALE_TP_PARENT``: a worker whose parent is gone exits at once, even if the server was
+killed with SIGKILL).  ``env``: the ranks are
 started by someone else (torchrun, or ``met worker`` by hand on other machines) and rank 0 reads
 the torch.distributed variables; it can only see a lost rank through a failed collective.
 
@@ -23,9 +24,7 @@ exits before ``shutdown`` is reported by ``poll`` with its exit code.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from typing import Any
 
 from metrale_core.errors import ConfigError
 from metrale_core.parallel.distributed import Rendezvous, rendezvous_from_env
+from metrale_core.parallel.worker import PARENT_ENV
 
 __all__ = ["EnvExecutor", "MpExecutor", "UniExecutor", "free_port"]
 
@@ -59,13 +59,6 @@ class UniExecutor:
         return None
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 class MpExecutor:
     """Worker processes on this machine, one per rank above 0."""
 
@@ -75,10 +68,9 @@ class MpExecutor:
     def launch(self, world: int) -> Rendezvous:
         rdv = Rendezvous("127.0.0.1", free_port(), world, 0)
         for rank in range(1, world):
-            env = {**os.environ, **rdv.env(rank)}
+            env = {**os.environ, **rdv.env(rank), PARENT_ENV: str(os.getpid())}
             self.procs[rank] = subprocess.Popen(
-                [sys.executable, "-m", "metrale_core", "worker"], env=env, stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                [sys.executable, "-m", "metrale_core", "worker"], env=env, stdin=subprocess.DEVNULL)
         return rdv
 
     @property

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from typing import Any, Mapping
 
 import torch
@@ -24,7 +26,25 @@ from loguru import logger
 
 from metrale_core.model_api import PagedKVCache
 
-__all__ = ["run_worker"]
+__all__ = ["PARENT_ENV", "run_worker"]
+
+#: Set by the ``mp`` executor: the server's pid; the worker exits when its parent changes.
+PARENT_ENV = "METRALE_TP_PARENT"
+
+
+def _exit_with_parent(env: Mapping[str, str]) -> None:
+    """A worker of the ``mp`` executor never outlives its server (no orphans, even after SIGKILL)."""
+    parent = env.get(PARENT_ENV)
+    if not parent:
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            time.sleep(0.2)
+        logger.error("tensor-parallel worker: the server (pid {}) is gone; exiting", parent)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="metrale-tp-parent", daemon=True).start()
 
 
 def _ignore_interrupts() -> None:
@@ -43,6 +63,7 @@ def run_worker(env: Mapping[str, str] | None = None, registry: Any = None) -> in
     from metrale_core.parallel.driver import batch_to
 
     _ignore_interrupts()
+    _exit_with_parent(os.environ if env is None else env)
     rdv = rendezvous_from_env(env)
     box: list[Any] = [None]
     tp, control = join(rdv, device_for(os.environ.get("METRALE_TP_DEVICE", "cpu"), rdv.rank))

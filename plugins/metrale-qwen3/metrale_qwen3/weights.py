@@ -91,7 +91,7 @@ def shard_plan(dims: ModelDims, tp: TensorParallel) -> tuple[dict[str, Shard], H
     d, inter = dims.head_dim, dims.intermediate_size
     q = Shard(0, heads.q_start * d, heads.num_heads * d)
     kv = Shard(0, heads.kv_start * d, heads.num_kv_heads * d)
-    mlp_start, mlp_size = split_range(inter, tp.world, tp.rank, split_unit(inter))
+    mlp_start, mlp_size = split_range(inter, tp.world, tp.rank, split_unit(inter, tp.world))
     vocab = [split_range(dims.vocab_size, tp.world, r) for r in range(tp.world)]
     rows = Shard(0, *vocab[tp.rank])
     plan: dict[str, Shard] = {"model.embed_tokens.weight": rows, "lm_head.weight": rows}
