@@ -46,8 +46,9 @@ __all__ = ["PUBLIC"]  # extended below with every public name
 
 _REGISTRATION = {
     "metrale_core": ("hookimpl", "__version__"),
-    "metrale_core.components": ("ExecutorSpec", "KVScaleSourceSpec", "LoadOptions", "LogitProcessorSpec", "ModelLoaderSpec",
-                                "ProposerSpec", "SamplerSpec", "SchedulerSpec", "ToolCallParserSpec"),
+    "metrale_core.components": ("ExecutorSpec", "KVScaleSourceSpec", "LoadOptions", "LogitProcessorSpec",
+                                "ModelLoaderSpec", "ProposerSpec", "SamplerSpec", "SchedulerSpec",
+                                "ToolCallParserSpec"),
     "metrale_core.plugins": ("LazyFactory", "lazy_factory", "load_registry"),
     "metrale_core.loading": ("model_from_store",),
     "metrale_core.errors": ("ConfigError", "CorruptWeightsFile", "InvalidRequest", "KVCacheExhausted",

@@ -68,12 +68,13 @@ def test_a_loader_without_tensor_parallelism_is_refused_with_its_reason():
     registry = Registry(model_loaders={"whole": spec})
 
     class Store:
-        config = {"model_type": "whole"}
+        def __init__(self):
+            self.config = {"model_type": "whole"}
 
         def names(self):
             return []
 
-    with pytest.raises(ConfigError, match=r"'whole' loader does not support tensor parallelism .*--tensor-parallel-size 2"
-                                          r".*its experts are not sharded"):
+    with pytest.raises(ConfigError, match=r"'whole' loader does not support tensor parallelism "
+                                          r".*--tensor-parallel-size 2.*its experts are not sharded"):
         model_from_store(Store(), LoadOptions(tensor_parallel=TensorParallel(0, 2)), registry)
     assert not called  # refused before any weight is read

@@ -19,13 +19,18 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub, registry) -> argparse.ArgumentParser:
     cmd = sub.add_parser(
-        "worker", help="run one rank of a tensor-parallel job (torchrun / multi-machine)",
+        "worker",
+        help="run one rank of a tensor-parallel job (torchrun / multi-machine)",
         description="Join the tensor-parallel job of MASTER_ADDR:MASTER_PORT as RANK of WORLD_SIZE "
-                    "(torch.distributed's variables, as torchrun sets them); 'met serve "
-                    "--tensor-parallel-size WORLD_SIZE --distributed-executor-backend env' is rank 0.")
-    cmd.add_argument("--device", default=None,
-                     help="this rank's device kind when rank 0 runs on CUDA (cuda: cuda:$LOCAL_RANK; "
-                          "default: $METRALE_TP_DEVICE or cpu)")
+        "(torch.distributed's variables, as torchrun sets them); 'met serve "
+        "--tensor-parallel-size WORLD_SIZE --distributed-executor-backend env' is rank 0.",
+    )
+    cmd.add_argument(
+        "--device",
+        default=None,
+        help="this rank's device kind when rank 0 runs on CUDA (cuda: cuda:$LOCAL_RANK; "
+        "default: $METRALE_TP_DEVICE or cpu)",
+    )
     cmd.set_defaults(func=run)
     return cmd
 

@@ -35,7 +35,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,8 +59,7 @@ __all__ = [
 ]
 
 #: GGML types -> elements per block along a row (a row-parallel split must fall between blocks).
-_BLOCK_ELEMENTS = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "Q8_1": 32,
-                   "IQ4_NL": 32}
+_BLOCK_ELEMENTS = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "Q8_1": 32, "IQ4_NL": 32}
 _SUPER_BLOCK = 256  # every K-quant and the other IQ types
 
 
@@ -95,7 +95,7 @@ class TensorParallel:
         if self.rank != 0:
             return x
         assert parts is not None
-        return torch.cat([p[..., :n] for p, n in zip(parts, sizes)], dim=-1)
+        return torch.cat([p[..., :n] for p, n in zip(parts, sizes, strict=True)], dim=-1)
 
 
 def split_range(n: int, world: int, rank: int, unit: int = 1) -> tuple[int, int]:
@@ -137,9 +137,11 @@ def split_heads(num_heads: int, num_kv_heads: int, world: int, rank: int) -> Hea
         kv_start, kv = split_range(num_kv_heads, world, rank)
         return HeadSplit(kv_start * group, kv * group, kv_start, kv)
     if num_heads % world or world % num_kv_heads:
-        raise ConfigError(f"tensor parallel size {world} cannot split {num_heads} query heads over "
-                          f"{num_kv_heads} KV heads: with more ranks than KV heads it must divide the "
-                          f"query heads and be a multiple of the KV heads")
+        raise ConfigError(
+            f"tensor parallel size {world} cannot split {num_heads} query heads over "
+            f"{num_kv_heads} KV heads: with more ranks than KV heads it must divide the "
+            f"query heads and be a multiple of the KV heads"
+        )
     per = num_heads // world
     q_start = rank * per
     return HeadSplit(q_start, per, q_start // group, 1)
@@ -185,10 +187,9 @@ class ShardedStore:
         shard = self.shards.get(name)
         if shard is None:
             return shape
-        return shape[:shard.dim] + (shard.size,) + shape[shard.dim + 1:]
+        return (*shape[: shard.dim], shard.size, *shape[shard.dim + 1 :])
 
-    def get(self, name: str, *, dtype: torch.dtype = torch.float32,
-            shape: Sequence[int] | None = None) -> torch.Tensor:
+    def get(self, name: str, *, dtype: torch.dtype = torch.float32, shape: Sequence[int] | None = None) -> torch.Tensor:
         shard = self.shards.get(name)
         if shard is None:
             return self._store.get(name, dtype=dtype, shape=shape)
@@ -197,7 +198,8 @@ class ShardedStore:
             raise ShapeMismatch(
                 f"tensor {name!r} cannot be split for tensor parallelism in weight format "
                 f"{self.weight_format}: columns {shard.start}..{shard.start + shard.size} cut its blocks "
-                f"of 32; use another tensor parallel size or --weight-format exact")
+                f"of 32; use another tensor parallel size or --weight-format exact"
+            )
         full = self._store.get(name, dtype=dtype)
         return full.narrow(shard.dim, shard.start, shard.size).contiguous()
 
@@ -207,28 +209,31 @@ class ShardedStore:
         if shard is None:
             return raw
         shape = tuple(int(s) for s in raw.shape)
-        new_shape = shape[:shard.dim] + (shard.size,) + shape[shard.dim + 1:]
+        new_shape = (*shape[: shard.dim], shard.size, *shape[shard.dim + 1 :])
         if isinstance(raw.data, torch.Tensor):  # safetensors: the stored dtype, HF layout
             data: Any = raw.data.narrow(shard.dim, shard.start, shard.size).contiguous()
             return type(raw)(data, raw.quant_type, new_shape)
         rows = np.asarray(raw.data).reshape(shape[0], -1)
         if shard.dim == 0:
-            return type(raw)(rows[shard.start:shard.start + shard.size], raw.quant_type, new_shape)
+            return type(raw)(rows[shard.start : shard.start + shard.size], raw.quant_type, new_shape)
         per_block = _block_elements(raw.quant_type)
         if shard.start % per_block or shard.size % per_block:
             raise ShapeMismatch(
                 f"tensor {name!r} ({raw.quant_type}, shape {list(shape)}) cannot be split for tensor "
                 f"parallelism: columns {shard.start}..{shard.start + shard.size} cut its blocks of "
-                f"{per_block}; use a tensor parallel size that splits it between blocks")
+                f"{per_block}; use a tensor parallel size that splits it between blocks"
+            )
         bytes_per_elem = rows.shape[1] / shape[1]
         lo, hi = int(shard.start * bytes_per_elem), int((shard.start + shard.size) * bytes_per_elem)
         return type(raw)(np.ascontiguousarray(rows[:, lo:hi]), raw.quant_type, new_shape)
 
     def _check(self, name: str, shape: Sequence[int] | None) -> None:
         if shape is not None and tuple(int(s) for s in shape) != self.shape(name):
-            raise ShapeMismatch(f"tensor {name!r} has shape {list(self.shape(name))} on this rank but the "
-                                f"model expects {[int(s) for s in shape]}; the checkpoint does not match "
-                                f"its config")
+            raise ShapeMismatch(
+                f"tensor {name!r} has shape {list(self.shape(name))} on this rank but the "
+                f"model expects {[int(s) for s in shape]}; the checkpoint does not match "
+                f"its config"
+            )
 
 
 @frozen

@@ -14,8 +14,9 @@ Invariants:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,8 +47,13 @@ class Rendezvous:
 
     def env(self, rank: int) -> dict[str, str]:
         """The torch.distributed variables of ``rank`` in this job."""
-        return {"MASTER_ADDR": self.addr, "MASTER_PORT": str(self.port), "WORLD_SIZE": str(self.world),
-                "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        return {
+            "MASTER_ADDR": self.addr,
+            "MASTER_PORT": str(self.port),
+            "WORLD_SIZE": str(self.world),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+        }
 
 
 def rendezvous_from_env(env: Mapping[str, str] | None = None) -> Rendezvous:
@@ -55,11 +61,12 @@ def rendezvous_from_env(env: Mapping[str, str] | None = None) -> Rendezvous:
     env = os.environ if env is None else env
     missing = [k for k in ENV_KEYS if not env.get(k)]
     if missing:
-        raise ConfigError(f"the torch.distributed environment lacks {', '.join(missing)} (set "
-                          f"MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK, or run under torchrun)")
+        raise ConfigError(
+            f"the torch.distributed environment lacks {', '.join(missing)} (set "
+            f"MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK, or run under torchrun)"
+        )
     try:
-        return Rendezvous(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]),
-                          int(env["RANK"]))
+        return Rendezvous(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]), int(env["RANK"]))
     except ValueError as exc:
         raise ConfigError(f"bad torch.distributed environment: {exc}") from None
 
@@ -76,8 +83,13 @@ def join(rdv: Rendezvous, device: str = "cpu") -> tuple[TensorParallel, Any]:
     on_cuda = torch.device(device).type == "cuda"
     if on_cuda:
         torch.cuda.set_device(torch.device(device))
-    dist.init_process_group("nccl" if on_cuda else "gloo", init_method=f"tcp://{rdv.addr}:{rdv.port}",
-                            rank=rdv.rank, world_size=rdv.world, timeout=step_timeout())
+    dist.init_process_group(
+        "nccl" if on_cuda else "gloo",
+        init_method=f"tcp://{rdv.addr}:{rdv.port}",
+        rank=rdv.rank,
+        world_size=rdv.world,
+        timeout=step_timeout(),
+    )
     control = dist.new_group(backend="gloo", timeout=_IDLE)
     return TensorParallel(rdv.rank, rdv.world, dist.group.WORLD), control
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,8 +38,11 @@ class WorkerLost(MetraleError):
 
 def batch_to(batch: ForwardBatch, device: torch.device | str) -> ForwardBatch:
     """``batch`` with every tensor on ``device``."""
-    moved = {f.name: getattr(batch, f.name).to(device) for f in fields(ForwardBatch)
-             if isinstance(getattr(batch, f.name), torch.Tensor)}
+    moved = {
+        f.name: getattr(batch, f.name).to(device)
+        for f in fields(ForwardBatch)
+        if isinstance(getattr(batch, f.name), torch.Tensor)
+    }
     return evolve(batch, **moved)
 
 
@@ -84,7 +88,7 @@ class Driver:
             for callback in self.on_failure:
                 try:
                     callback(reason)
-                except Exception:  # noqa: BLE001 - one callback must not stop the others
+                except Exception:
                     logger.exception("tensor-parallel failure callback raised")
         return self.failed or reason
 
@@ -118,14 +122,14 @@ class Driver:
         if healthy:
             try:
                 dist.broadcast_object_list([("stop",)], src=0, group=self.control)
-            except Exception as exc:  # noqa: BLE001 - a worker already gone; reap below
+            except Exception as exc:
                 logger.warning("tensor parallel: could not tell the workers to stop: {}", exc)
         self.executor.shutdown(timeout)
         from metrale_core.parallel.distributed import leave
 
         try:
             leave()
-        except Exception as exc:  # noqa: BLE001 - best effort at exit
+        except Exception as exc:
             logger.debug("tensor parallel: leaving the group: {}", exc)
 
 
@@ -151,8 +155,9 @@ class DriverModel:
     def forward(self, batch: ForwardBatch, kv: PagedKVCache | None, state: object | None = None) -> torch.Tensor:
         return self._run("forward", batch, kv, state)
 
-    def forward_with_hidden(self, batch: ForwardBatch, kv: PagedKVCache | None,
-                            state: object | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_with_hidden(
+        self, batch: ForwardBatch, kv: PagedKVCache | None, state: object | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._run("forward_with_hidden", batch, kv, state)
 
     def close(self) -> None:
@@ -163,8 +168,10 @@ class DriverModel:
         geometry = None
         if kv is not None:
             if not kv.plain:
-                raise ConfigError(f"tensor parallelism keeps plain KV storage; the {kv.codec.name!r} KV "
-                                  f"codec is not supported with it")
+                raise ConfigError(
+                    f"tensor parallelism keeps plain KV storage; the {kv.codec.name!r} KV "
+                    f"codec is not supported with it"
+                )
             geometry = (kv.num_blocks, kv.block_size, kv.k[0].dtype if kv.k else None)
         try:
             self.driver.send((method, batch_to(batch, "cpu"), geometry))

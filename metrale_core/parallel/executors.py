@@ -28,7 +28,6 @@ import os
 import socket
 import subprocess
 import sys
-from typing import Any
 
 from metrale_core.errors import ConfigError
 from metrale_core.parallel.distributed import Rendezvous, rendezvous_from_env
@@ -48,8 +47,10 @@ class UniExecutor:
 
     def launch(self, world: int) -> Rendezvous:
         if world != 1:
-            raise ConfigError(f"the 'uni' executor runs one process; --tensor-parallel-size {world} needs "
-                              f"'mp' (this machine), 'env' (torchrun) or 'ray'")
+            raise ConfigError(
+                f"the 'uni' executor runs one process; --tensor-parallel-size {world} needs "
+                f"'mp' (this machine), 'env' (torchrun) or 'ray'"
+            )
         return Rendezvous("127.0.0.1", 0, 1, 0)
 
     def poll(self) -> str | None:
@@ -70,7 +71,8 @@ class MpExecutor:
         for rank in range(1, world):
             env = {**os.environ, **rdv.env(rank), PARENT_ENV: str(os.getpid())}
             self.procs[rank] = subprocess.Popen(
-                [sys.executable, "-m", "metrale_core", "worker"], env=env, stdin=subprocess.DEVNULL)
+                [sys.executable, "-m", "metrale_core", "worker"], env=env, stdin=subprocess.DEVNULL
+            )
         return rdv
 
     @property
@@ -105,8 +107,10 @@ class EnvExecutor:
     def launch(self, world: int) -> Rendezvous:
         rdv = rendezvous_from_env()
         if rdv.rank != 0:
-            raise ConfigError(f"met serve / generate is rank 0 of a tensor-parallel job, but RANK is "
-                              f"{rdv.rank}; run 'met worker' on the other ranks")
+            raise ConfigError(
+                f"met serve / generate is rank 0 of a tensor-parallel job, but RANK is "
+                f"{rdv.rank}; run 'met worker' on the other ranks"
+            )
         if rdv.world != world:
             raise ConfigError(f"WORLD_SIZE is {rdv.world} but --tensor-parallel-size is {world}")
         return rdv
@@ -116,4 +120,3 @@ class EnvExecutor:
 
     def shutdown(self, timeout: float) -> None:
         return None
-

@@ -44,9 +44,17 @@ def check_engine_config(config: Any, size: int) -> None:
         raise ConfigError(f"--kv-cache-dtype fp8 is not supported with --tensor-parallel-size {size}")
 
 
-def load_parallel(model: str | Path | None, options: LoadOptions | None = None, registry: Any = None, *,
-                  size: int = 1, backend: str | None = None, threads: int | None = None,
-                  progress: bool = True, on_tensor: Any = None) -> LoadedModel:
+def load_parallel(
+    model: str | Path | None,
+    options: LoadOptions | None = None,
+    registry: Any = None,
+    *,
+    size: int = 1,
+    backend: str | None = None,
+    threads: int | None = None,
+    progress: bool = True,
+    on_tensor: Any = None,
+) -> LoadedModel:
     """Load ``model`` over ``size`` ranks placed by the executor ``backend``; rank 0's
     ``LoadedModel.model`` is a ``DriverModel`` (``model.close()`` / ``model.driver`` stop the job)."""
     from metrale_core.plugins import load_registry
@@ -65,15 +73,23 @@ def load_parallel(model: str | Path | None, options: LoadOptions | None = None, 
     driver = parallel_driver(executor, size, options.device)
     try:
         tp = driver.tp
-        driver.send({"model": str(path), "dtype": options.dtype, "device": options.device,
-                     "weight_format": options.weight_format, "threads": threads})
+        driver.send(
+            {
+                "model": str(path),
+                "dtype": options.dtype,
+                "device": options.device,
+                "weight_format": options.weight_format,
+                "threads": threads,
+            }
+        )
         status: str | None = None
         loaded = None
         error: BaseException | None = None
         try:
-            loaded = load_model(path, evolve(options, tensor_parallel=tp), registry, progress=progress,
-                                on_tensor=on_tensor)
-        except Exception as exc:  # noqa: BLE001 - gathered with the workers' statuses
+            loaded = load_model(
+                path, evolve(options, tensor_parallel=tp), registry, progress=progress, on_tensor=on_tensor
+            )
+        except Exception as exc:
             status = f"rank 0: {type(exc).__name__}: {exc}"
             error = exc
         import torch.distributed as dist

@@ -13,11 +13,13 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -49,10 +51,8 @@ def _exit_with_parent(env: Mapping[str, str]) -> None:
 
 def _ignore_interrupts() -> None:
     """Ctrl-C reaches the whole process group: a worker stops when rank 0 says so (or is gone)."""
-    try:
+    with contextlib.suppress(ValueError):  # not the main thread (a Ray actor): nothing to do
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread (a Ray actor): nothing to do
-        pass
 
 
 def run_worker(env: Mapping[str, str] | None = None, registry: Any = None) -> int:
@@ -73,13 +73,14 @@ def run_worker(env: Mapping[str, str] | None = None, registry: Any = None) -> in
         if spec.get("threads"):
             torch.set_num_threads(int(spec["threads"]))
         device = device_for(spec["device"], rdv.rank)
-        options = LoadOptions(dtype=spec["dtype"], device=device, weight_format=spec["weight_format"],
-                              tensor_parallel=tp)
+        options = LoadOptions(
+            dtype=spec["dtype"], device=device, weight_format=spec["weight_format"], tensor_parallel=tp
+        )
         status: str | None = None
         model = None
         try:
             model = load_model(spec["model"], options, registry, progress=False).model
-        except Exception as exc:  # noqa: BLE001 - reported to rank 0, which refuses to start
+        except Exception as exc:
             status = f"rank {rdv.rank}: {type(exc).__name__}: {exc}"
         statuses: list[Any] = [None] * rdv.world
         dist.all_gather_object(statuses, status, group=control)

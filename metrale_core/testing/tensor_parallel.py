@@ -34,8 +34,9 @@ class EngineRun:
     partial_prefill_steps: int = 0
 
 
-def run_recording(engine: Any, prompts: Sequence[Sequence[int]], params: Any, *,
-                  lead_steps: int = 1, max_steps: int = 10_000) -> EngineRun:
+def run_recording(
+    engine: Any, prompts: Sequence[Sequence[int]], params: Any, *, lead_steps: int = 1, max_steps: int = 10_000
+) -> EngineRun:
     """Add ``prompts[0]``, step ``lead_steps`` times, add the rest (ids ``r0``...), step to the end."""
     run = EngineRun()
     execute = engine.runner.execute

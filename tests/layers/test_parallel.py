@@ -37,7 +37,11 @@ def test_heads_split_by_kv_group_or_replicate_the_kv_head():
     assert split_heads(9, 3, 2, 1) == HeadSplit(6, 3, 2, 1)
     # more ranks than KV heads: each rank keeps a copy of the KV head its queries read
     assert [split_heads(8, 2, 4, r) for r in range(4)] == [
-        HeadSplit(0, 2, 0, 1), HeadSplit(2, 2, 0, 1), HeadSplit(4, 2, 1, 1), HeadSplit(6, 2, 1, 1)]
+        HeadSplit(0, 2, 0, 1),
+        HeadSplit(2, 2, 0, 1),
+        HeadSplit(4, 2, 1, 1),
+        HeadSplit(6, 2, 1, 1),
+    ]
     with pytest.raises(ConfigError, match="tensor parallel size 3 cannot split 8 query heads"):
         split_heads(8, 2, 3, 0)
 

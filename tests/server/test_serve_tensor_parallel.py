@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import pytest
 import transformers
-
 from server_testlib import wait_ready, write_tokenizer
 
 from metrale_core.parallel.executors import free_port
@@ -35,9 +34,15 @@ def tiny_llama(tmp_path_factory):
 
     vocab = Tokenizer.from_dir(path).vocab_size
     config = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=6, num_key_value_heads=3, max_position_embeddings=4096,
-        tie_word_embeddings=True)
+        vocab_size=vocab,
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(path)
     return path
@@ -45,10 +50,31 @@ def tiny_llama(tmp_path_factory):
 
 def _serve(path: Path, port: int, log: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "metrale_core", "serve", str(path), "--port", str(port), "--no-tui",
-         "--served-model-name", "tiny", "--kv-cache-memory", "8M", "--shutdown-grace", "2",
-         "--threads", "1", "--weight-format", "exact", *extra],
-        env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+        [
+            sys.executable,
+            "-m",
+            "metrale_core",
+            "serve",
+            str(path),
+            "--port",
+            str(port),
+            "--no-tui",
+            "--served-model-name",
+            "tiny",
+            "--kv-cache-memory",
+            "8M",
+            "--shutdown-grace",
+            "2",
+            "--threads",
+            "1",
+            "--weight-format",
+            "exact",
+            *extra,
+        ],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "w"),
+    )
 
 
 def _ready(proc: subprocess.Popen, url: str, log: Path) -> None:
@@ -65,8 +91,11 @@ def _ready(proc: subprocess.Popen, url: str, log: Path) -> None:
 
 
 def _complete(url: str, max_tokens: int = 12, timeout: float = 60) -> httpx.Response:
-    return httpx.post(url + "/v1/completions", timeout=timeout, json={
-        "model": "tiny", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+    return httpx.post(
+        url + "/v1/completions",
+        timeout=timeout,
+        json={"model": "tiny", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+    )
 
 
 def _workers(pid: int) -> list[int]:
@@ -100,8 +129,9 @@ def _expected_text(path: Path) -> str:
 
     loaded = load_model(path, LoadOptions(weight_format="exact"), progress=False)
     engine = LLMEngine(loaded.model, EngineConfig(), tokenizer=loaded.tokenizer)
-    engine.add_request("r", loaded.tokenizer.encode(PROMPT), SamplingParams(temperature=0.0, max_tokens=12,
-                                                                            ignore_eos=True))
+    engine.add_request(
+        "r", loaded.tokenizer.encode(PROMPT), SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    )
     ids: list[int] = []
     while engine.has_unfinished():
         for out in engine.step():
@@ -112,10 +142,23 @@ def _expected_text(path: Path) -> str:
 def test_serve_rank0_and_worker_rank1_on_loopback_give_tp1_tokens(tiny_llama, tmp_path):
     port, master = free_port(), free_port()
     dist = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master), "WORLD_SIZE": "2"}
-    worker = subprocess.Popen([sys.executable, "-m", "metrale_core", "worker"], env={**os.environ, **dist, "RANK": "1"},
-                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.txt", "w"))
-    server = _serve(tiny_llama, port, tmp_path / "serve.txt", "--tensor-parallel-size", "2",
-                    "--distributed-executor-backend", "env", env={**dist, "RANK": "0"})
+    with open(tmp_path / "worker.txt", "w") as worker_log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "metrale_core", "worker"],
+            env={**os.environ, **dist, "RANK": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=worker_log,
+        )
+    server = _serve(
+        tiny_llama,
+        port,
+        tmp_path / "serve.txt",
+        "--tensor-parallel-size",
+        "2",
+        "--distributed-executor-backend",
+        "env",
+        env={**dist, "RANK": "0"},
+    )
     try:
         _ready(server, f"http://127.0.0.1:{port}", tmp_path / "serve.txt")
         resp = _complete(f"http://127.0.0.1:{port}")

@@ -25,8 +25,9 @@ def load_model(store: Any, options: LoadOptions, variant: ArchVariant) -> Decode
     """Build a :class:`~metrale_qwen3.model.DecoderLM` from ``store`` (the loader factories)."""
     dims = ModelDims.from_config(store.config, variant)
     dtype = torch_dtype(options.dtype)
-    weights = load_weights(store, dims, dtype, options.device, resolve_weight_format(options),
-                           tp=options.tensor_parallel)
+    weights = load_weights(
+        store, dims, dtype, options.device, resolve_weight_format(options), tp=options.tensor_parallel
+    )
     return DecoderLM(dims, weights, architecture=variant.name, dtype=dtype, device=options.device)
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
 from qwen3_harness import SMOL_GGUF, build_hf, needs_smol, save_checkpoint
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from metrale_core.api import LoadOptions, ShapeMismatch
 from metrale_core.engine import EngineConfig, LLMEngine
@@ -20,14 +19,36 @@ PROMPTS = [[(7 * i + 3 * j) % 96 + 1 for j in range(9 + 4 * i)] for i in range(4
 
 CASES = {
     # Qwen3: QK-norm, GQA 2 KV heads (one per rank), untied head, odd intermediate (split 40 + 40).
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(
-        vocab_size=97, hidden_size=32, intermediate_size=80, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)),
+    "qwen3": (
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        {
+            "vocab_size": 97,
+            "hidden_size": 32,
+            "intermediate_size": 80,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "tie_word_embeddings": False,
+        },
+    ),
     # Llama like SmolLM2: 3 KV heads over 2 ranks (2 + 1 groups), tied embedding, biases.
-    "llama": (LlamaConfig, LlamaForCausalLM, dict(
-        vocab_size=97, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=6, num_key_value_heads=3, attention_bias=True, mlp_bias=True,
-        tie_word_embeddings=True)),
+    "llama": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        {
+            "vocab_size": 97,
+            "hidden_size": 48,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 6,
+            "num_key_value_heads": 3,
+            "attention_bias": True,
+            "mlp_bias": True,
+            "tie_word_embeddings": True,
+        },
+    ),
 }
 
 
@@ -45,8 +66,9 @@ def _checkpoint(name, directory):
 def _engine_run(model):
     # 10 blocks of 4 tokens for 4 sequences of up to 33 tokens: a preemption is certain.
     config = EngineConfig(block_size=4, num_kv_blocks=10, max_prefill_tokens=8, max_num_seqs=4)
-    return run_recording(LLMEngine(model, config), PROMPTS, SamplingParams(temperature=0.0, max_tokens=12,
-                                                                            ignore_eos=True))
+    return run_recording(
+        LLMEngine(model, config), PROMPTS, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -64,7 +86,7 @@ def test_tp2_matches_tp1_through_the_engine(name, tmp_path):
     assert split.preemptions > 0 and split.batched_decode_steps > 0 and split.partial_prefill_steps > 0
     assert split.tokens == single.tokens, (split.tokens, single.tokens)
     assert len(split.logits) == len(single.logits)
-    for a, b in zip(split.logits, single.logits):
+    for a, b in zip(split.logits, single.logits, strict=True):
         assert a.shape == b.shape
         assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max().item()
 
@@ -78,9 +100,13 @@ def test_a_split_that_cuts_quantized_blocks_is_refused_naming_the_tensor(tmp_pat
     assert ShapeMismatch  # the workers' and rank 0's reason is a ShapeMismatch message
 
 
-
-CHAT = ["What is the capital of France?", "Name three primary colors.", "Write a haiku about the sea.",
-        "What is 12 times 7?", "Give me one tip for learning Python."]
+CHAT = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about the sea.",
+    "What is 12 times 7?",
+    "Give me one tip for learning Python.",
+]
 
 
 @needs_smol
