@@ -13,6 +13,8 @@ Invariants:
   base; global layers attend to the whole context with the global base (and its scaling).
   The softmax scale is ``query_pre_attn_scalar ** -0.5``; ``final_logit_softcapping`` applies
   where the config sets it (``attn_logit_softcapping`` does not, as in transformers and llama.cpp).
+- Under tensor parallelism the model is one rank's shard (``weights.heads``; o_proj and down_proj
+  sum over the ranks before their post-norms; the soft-cap applies to rank 0's whole logits).
 - The model keeps no recurrent state: ``make_state_pool`` returns None and ``state`` is ignored.
 """
 
@@ -56,12 +58,15 @@ class Gemma3LM:
         self.weights = weights
         self.dtype = dtype
         self.device = torch.device(device)
+        heads = weights.heads
+        self.num_heads = dims.num_heads if heads is None else heads.num_heads
+        self.num_kv_heads = dims.num_kv_heads if heads is None else heads.num_kv_heads
         self.info = ModelInfo(
             architecture="gemma3",
             vocab_size=dims.vocab_size,
             max_position=dims.max_position,
             kv=KVLayout(
-                num_layers=dims.num_layers, num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim, dtype=dtype
+                num_layers=dims.num_layers, num_kv_heads=self.num_kv_heads, head_dim=dims.head_dim, dtype=dtype
             ),
             eos_token_ids=dims.eos_token_ids,
             dtype=dtype,
@@ -96,7 +101,9 @@ class Gemma3LM:
             if kind in d.layer_types
         }
         plan = AttentionPlan.from_batch(batch, d.attn_scale, gather=self.ops.decode_attention.path == "native")
-        x = F.embedding(batch.input_ids, self.weights.embed) * self._embed_scale
+        embedding = self.weights.embedding
+        rows = F.embedding(batch.input_ids, self.weights.embed) if embedding is None else embedding(batch.input_ids)
+        x = rows * self._embed_scale
         for i, layer in enumerate(self.weights.layers):
             x = self._layer(x, layer, kv, i, batch, plan, *rope[d.layer_types[i]])
         x = rms_norm(x[batch.logits_rows], self.weights.norm, d.rms_norm_eps, unit_offset=True)
@@ -125,11 +132,11 @@ class Gemma3LM:
         d = self.dims
         eps = d.rms_norm_eps
         h = rms_norm(x, w.input_norm, eps, unit_offset=True)
-        q_size, kv_size = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+        q_size, kv_size = self.num_heads * d.head_dim, self.num_kv_heads * d.head_dim
         q, k, v = w.qkv(h).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.reshape(-1, d.num_heads, d.head_dim)
-        k = k.reshape(-1, d.num_kv_heads, d.head_dim)
-        v = v.reshape(-1, d.num_kv_heads, d.head_dim)
+        q = q.reshape(-1, self.num_heads, d.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, d.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, d.head_dim)
         q, k = self.ops.qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, eps)
         kv.write(index, batch.slot_mapping, k, v, kernel=self.ops.kv_write)
         o = self._attend(q, kv, index, plan)
