@@ -62,7 +62,8 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
                             "model dtype; reproduces the reference outputs), or bf16 / int8 / int4 "
                             "(measured in docs/user-guide.md) (default: $METRALE_WEIGHT_FORMAT or auto)")
     model.add_argument("--tensor-parallel-size", type=_positive_int, default=1, metavar="N",
-                       help="split the model over N ranks (tensor parallelism; default: 1)")
+                       help="split the model over N ranks (tensor parallelism; each rank keeps its shard of the "
+                            "weights and of the KV cache, --kv-cache-memory each; default: 1)")
     model.add_argument("--distributed-executor-backend", default=None, metavar="NAME",
                        help="where the ranks run: mp (worker processes here; the default for N > 1), "
                             "env (ranks started by torchrun / 'met worker': MASTER_ADDR, MASTER_PORT, "

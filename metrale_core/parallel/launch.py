@@ -37,7 +37,7 @@ def check_engine_config(config: Any, size: int) -> None:
     if size <= 1 or config is None:
         return
     options = getattr(config, "plugin_options", {}) or {}
-    for flag in ("speculative", "lora_modules", "lora"):
+    for flag in ("speculative", "lora", "allow_runtime_lora"):
         if options.get(flag):
             raise ConfigError(f"--{flag.replace('_', '-')} is not supported with --tensor-parallel-size {size}")
     if getattr(config, "kv_cache_dtype", None) == "fp8":
