@@ -139,20 +139,20 @@ def load_options_from_args(args: argparse.Namespace):
 def load_engine_model(args: argparse.Namespace, registry, model, *, progress: bool = True, on_tensor=None):
     """The ``LoadedModel`` the flags describe: over ``--tensor-parallel-size`` ranks through the
     ``--distributed-executor-backend`` executor (plain ``load_model`` for one rank).  On CPU without
-    ``--threads`` each rank gets an equal share of the cores."""
+    ``--threads`` each rank of the ``mp`` executor gets an equal share of this machine's cores."""
     from metrale_core.parallel.launch import check_engine_config, load_parallel
 
     size = getattr(args, "tensor_parallel_size", 1) or 1
     check_engine_config(engine_config_from_args(args), size)
     options = load_options_from_args(args)
     threads = getattr(args, "threads", None)
-    if threads is None and size > 1 and options.device == "cpu":
+    backend = getattr(args, "distributed_executor_backend", None)
+    if threads is None and size > 1 and options.device == "cpu" and backend in (None, "mp"):
         import os
 
         import torch
 
-        threads = max(1, (os.cpu_count() or 1) // size)  # the ranks share this machine's cores
+        threads = max(1, (os.cpu_count() or 1) // size)  # the mp ranks share this machine's cores
         torch.set_num_threads(threads)
-    return load_parallel(model, options, registry, size=size,
-                         backend=getattr(args, "distributed_executor_backend", None),
+    return load_parallel(model, options, registry, size=size, backend=backend,
                          threads=threads, progress=progress, on_tensor=on_tensor)
