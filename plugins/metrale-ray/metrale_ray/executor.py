@@ -57,10 +57,10 @@ class RayExecutor:
         host = ray.util.get_node_ip_address()
         rdv = Rendezvous(host, free_port(host), world, 0)
         num_cpus = float(os.environ.get("METRALE_RAY_NUM_CPUS", "1"))
-        worker = ray.remote(num_cpus=num_cpus, max_restarts=0)(_Actor)
+        worker: Any = ray.remote(num_cpus=num_cpus, max_restarts=0)(_Actor)
         forwarded = {k: v for k, v in os.environ.items() if k.startswith(("METRALE_", "OMP_"))}
         for rank in range(1, world):
-            actor = worker.remote()
+            actor: Any = worker.remote()
             self.actors[rank] = actor
             self.runs[rank] = actor.run.remote({**forwarded, **rdv.env(rank)})
         return rdv
