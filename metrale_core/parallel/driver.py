@@ -38,11 +38,13 @@ class WorkerLost(MetraleError):
 
 def batch_to(batch: ForwardBatch, device: torch.device | str) -> ForwardBatch:
     """``batch`` with every tensor on ``device``."""
-    moved = {
-        f.name: getattr(batch, f.name).to(device)
-        for f in fields(ForwardBatch)
-        if isinstance(getattr(batch, f.name), torch.Tensor)
-    }
+    moved: dict[str, Any] = {}
+    for f in fields(ForwardBatch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            moved[f.name] = value.to(device)
+        elif isinstance(value, tuple) and value and isinstance(value[0], torch.Tensor):  # per KV group
+            moved[f.name] = tuple(t.to(device) for t in value)
     return evolve(batch, **moved)
 
 
