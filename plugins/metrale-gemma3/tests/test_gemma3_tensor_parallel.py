@@ -18,7 +18,7 @@ PROMPTS = [[(11 * i + 5 * j) % (VOCAB - 3) + 3 for j in range(8 + 5 * i)] for i 
 
 
 def _run(model):
-    config = EngineConfig(block_size=4, num_kv_blocks=12, max_prefill_tokens=8, max_num_seqs=4)
+    config = EngineConfig(block_size=4, num_kv_blocks=24, max_prefill_tokens=8, max_num_seqs=4)
     return run_recording(
         LLMEngine(model, config), PROMPTS, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     )
