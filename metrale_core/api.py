@@ -15,7 +15,9 @@ What is here (see :data:`PUBLIC` for the full table):
   ``WeightStore``, ``RawTensor``, ``read_gguf_tensors`` / ``GGUFTensors`` (GGUF files that are
   not models, e.g. LoRA adapters) and ``unpermute_rows`` (llama's Q/K row order);
 - layers (:mod:`metrale_core.layers`): norms, RoPE, gated MLPs, embedding, the linear layer and
-  its weight formats, paged attention, ``torch_dtype``;
+  its weight formats, paged attention, ``torch_dtype``; tensor parallelism
+  (:mod:`metrale_core.layers.parallel`): ``TensorParallel``, ``ShardedStore`` / ``Shard``,
+  ``RowParallelLinear``, ``VocabParallelEmbedding``, ``ParallelHead``, ``split_heads``, ...;
 - kernels: ``CustomOp``, the input checks, the CPU-library and CuPy launch helpers;
 - sampling: ``PositionKind``, ``ProcessorContext``, ``LogitProcessor``, ``Sampler``,
   ``inverse_cdf``;
@@ -24,7 +26,9 @@ What is here (see :data:`PUBLIC` for the full table):
 - engine protocols: ``SchedulingPolicy`` / ``AdmissionStep`` (scheduler plugins), ``Request`` /
   ``Sequence``, the speculation records (``Draft``, ``StepReport``, ``VerifyRow``,
   ``Speculator``), ``model_device``, and the pieces a side model runs on (``BlockManager``,
-  ``ModelRunner``, ``SchedulerOutput``, ``ScheduledChunk``).
+  ``ModelRunner``, ``SchedulerOutput``, ``ScheduledChunk``); executors (``ExecutorSpec``,
+  ``Rendezvous``, ``run_worker``, ``free_port``: what an executor plugin such as metrale-ray
+  starts its workers with).
 
 Invariants:
 - Importing this module imports nothing else (no torch): each name is resolved on first access
@@ -43,8 +47,9 @@ __all__ = ["PUBLIC"]  # extended below with every public name
 
 _REGISTRATION = {
     "metrale_core": ("hookimpl", "__version__"),
-    "metrale_core.components": ("KVScaleSourceSpec", "LoadOptions", "LogitProcessorSpec", "ModelLoaderSpec",
-                                "ProposerSpec", "SamplerSpec", "SchedulerSpec", "ToolCallParserSpec"),
+    "metrale_core.components": ("ExecutorSpec", "KVScaleSourceSpec", "LoadOptions", "LogitProcessorSpec",
+                                "ModelLoaderSpec", "ProposerSpec", "SamplerSpec", "SchedulerSpec",
+                                "ToolCallParserSpec"),
     "metrale_core.plugins": ("LazyFactory", "lazy_factory", "load_registry"),
     "metrale_core.loading": ("model_from_store",),
     "metrale_core.errors": ("ConfigError", "CorruptWeightsFile", "InvalidRequest", "KVCacheExhausted",
@@ -65,6 +70,9 @@ _MODEL = {
                             "require_weight_format", "resolve_weight_format", "rms_norm", "rope_cos_sin",
                             "rope_inv_freq", "signed_sin", "swiglu", "torch_dtype", "write_kv",
                             "windowed_paged_attention"),
+    "metrale_core.layers.parallel": ("HeadSplit", "ParallelHead", "RowParallelLinear", "Shard", "ShardedStore",
+                                     "TensorParallel", "VocabParallelEmbedding", "split_heads", "split_range",
+                                     "split_unit"),
 }
 _KERNELS = {
     "metrale_core.kernels": ("KERNELS_ENV", "CustomOp", "KernelCompileError", "KernelInputError", "KernelPath",
@@ -97,6 +105,9 @@ _ENGINE = {
     "metrale_core.engine.scheduler": ("AdmissionStep", "FcfsPolicy", "ScheduledChunk", "SchedulerOutput",
                                       "SchedulingPolicy"),
     "metrale_core.engine.request": ("Request", "Sequence", "SequenceStatus"),
+    "metrale_core.parallel.distributed": ("Rendezvous",),
+    "metrale_core.parallel.executors": ("free_port",),
+    "metrale_core.parallel.worker": ("run_worker",),
 }
 
 #: public name -> the module that defines it.

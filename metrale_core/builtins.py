@@ -12,7 +12,7 @@ Invariants:
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.components import SamplerSpec, SchedulerSpec, ToolCallParserSpec
+from metrale_core.components import ExecutorSpec, SamplerSpec, SchedulerSpec, ToolCallParserSpec
 from metrale_core.plugins import lazy_factory
 
 
@@ -45,3 +45,19 @@ def metrale_tool_call_parsers(register):
     for name, (target, model_types) in BUILTIN_TOOL_PARSERS.items():
         register(ToolCallParserSpec(name=name, factory=lazy_factory(target), model_types=model_types,
                                     description=f"streaming {name} tool-call parser"))
+
+
+#: The built-in executors (``metrale_core.parallel.executors``): name -> (class, description).
+_EXECUTORS = {
+    "uni": ("UniExecutor", "one process, no tensor parallelism (the default for size 1)"),
+    "mp": ("MpExecutor", "worker processes on this machine (the default for size > 1)"),
+    "env": ("EnvExecutor", "ranks started by torchrun / 'met worker' (MASTER_ADDR, MASTER_PORT, "
+                           "WORLD_SIZE, RANK)"),
+}
+
+
+@hookimpl
+def metrale_executors(register):
+    for name, (cls, description) in _EXECUTORS.items():
+        register(ExecutorSpec(name=name, factory=lazy_factory(f"metrale_core.parallel.executors:{cls}"),
+                              description=description))

@@ -19,6 +19,7 @@ from attrs import field, frozen
 from metrale_core.sampling.position import PositionKind
 
 __all__ = [
+    "ExecutorSpec",
     "KVScaleSourceSpec",
     "LoadOptions",
     "LogitProcessorSpec",
@@ -47,6 +48,9 @@ class LoadOptions:
     #: How linear weights are kept: "exact" (dequantized to ``dtype``, the default), or a
     #: loader-specific lossy format ("bf16", "int8", "int4"); None lets the loader decide.
     weight_format: str | None = None
+    #: This rank's tensor-parallel group (``metrale_core.layers.parallel.TensorParallel``); None
+    #: without tensor parallelism.  Only a loader whose spec sets ``tensor_parallel`` gets one.
+    tensor_parallel: Any = field(default=None, eq=False)
 
 
 @frozen
@@ -68,6 +72,12 @@ class ModelLoaderSpec:
     #: core refuses any other explicitly requested format before calling ``factory`` (None, the
     #: default request, lets the loader decide).  Every loader keeps ``"exact"`` weights.
     weight_formats: tuple[str, ...] = field(default=("exact",), converter=_tuple)
+    #: The loader builds a rank's shard when ``LoadOptions.tensor_parallel`` is set (the model
+    #: contract, ``metrale_core.model_api``, says how); the core refuses
+    #: ``--tensor-parallel-size`` > 1 for any other loader, with ``tensor_parallel_note``.
+    tensor_parallel: bool = False
+    #: Why the loader has no tensor parallelism (shown in that refusal).
+    tensor_parallel_note: str = ""
 
 
 @frozen
@@ -144,4 +154,19 @@ class ToolCallParserSpec:
     factory: Callable[..., Any]
     #: Model types that use this format by default.
     model_types: tuple[str, ...] = field(default=(), converter=_tuple)
+    description: str = ""
+
+
+@frozen
+class ExecutorSpec:
+    """Where the ranks of a tensor-parallel job run (``--distributed-executor-backend NAME``).
+
+    ``factory()`` returns a fresh executor with ``launch(world) -> Rendezvous`` (start ranks
+    1..world-1, each running ``metrale_core.parallel.worker.run_worker`` with the torch.distributed
+    variables of ``Rendezvous.env(rank)``; return rank 0's), ``poll() -> str | None`` (why a rank
+    is gone) and ``shutdown(timeout)`` (reap every worker); see ``metrale_core.parallel.executors``.
+    """
+
+    name: str
+    factory: Callable[..., Any]
     description: str = ""

@@ -305,6 +305,40 @@ def metrale_metrics(engine):
     """
 
 
+@hookspec
+def metrale_executors(register):
+    """Register executors (``ExecutorSpec``): where the ranks of a tensor-parallel job run.
+
+    Called:
+        once per plugin by ``metrale_core.plugins.load_registry()`` at startup. ``met serve`` /
+        ``met generate`` with ``--tensor-parallel-size N`` build the executor named by
+        ``--distributed-executor-backend`` (default ``uni`` for N = 1, ``mp`` above) once, in
+        ``metrale_core.parallel.launch.load_parallel``, before any weight is read. The core
+        registers ``uni``, ``mp`` and ``env``; ``metrale-ray`` registers ``ray``.
+
+    Args:
+        register: ``register(spec: ExecutorSpec) -> None``. ``spec.factory()`` returns an object
+            with ``launch(world) -> Rendezvous`` (start ranks 1..world-1, each running
+            ``metrale_core.parallel.worker.run_worker(env)`` with ``Rendezvous.env(rank)``, and
+            return rank 0's ``Rendezvous``), ``poll() -> str | None`` (why a rank is gone; polled
+            every 0.2 s: the server fails in-flight requests and exits non-zero) and
+            ``shutdown(timeout)`` (wait for the workers, then kill what is left: no orphans).
+            A name another distribution already registered raises ``DuplicateComponent``.
+
+    Returns:
+        Nothing; the return value is ignored. Register through ``register``.
+
+    Flags:
+        plain hook (not firstresult, not historic): every plugin's implementation runs.
+
+    Example:
+        @hookimpl
+        def metrale_executors(register):
+            register(ExecutorSpec(name="slurm", description="ranks from srun",
+                                  factory=lazy_factory("metrale_slurm.executor:SlurmExecutor")))
+    """
+
+
 # --- lifecycle ---------------------------------------------------------------------------------
 
 
@@ -364,6 +398,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "metrale_schedulers",
             "metrale_speculative_proposers",
             "metrale_tool_call_parsers",
+            "metrale_executors",
         ),
     ),
     (

@@ -9,6 +9,8 @@ Invariants:
   listing what is installed.
 - A requested weight format the chosen loader does not declare (``ModelLoaderSpec
   .weight_formats``) is a ``ConfigError`` before any weight is read, never silently ignored.
+- A tensor-parallel group of more than one rank reaches only a loader whose spec declares
+  ``tensor_parallel``; any other loader is a ``ConfigError`` saying why, before any weight is read.
 - Progress is shown on stderr (one bar over the tensors read) and never on stdout.
 - The built model gets a ``weight_store`` attribute (the open ``WeightStore``) unless it already
   has one, so engine-side plugins (FP8 KV scales) can read the checkpoint and its path.
@@ -105,6 +107,11 @@ def model_from_store(store: Any, options: LoadOptions, registry: Registry,
     if wanted is not None and wanted != "auto" and wanted not in spec.weight_formats:  # auto: every loader
         raise ConfigError(f"--weight-format {wanted} is not available for this checkpoint: its "
                           f"loader {spec.name!r} honours {', '.join(spec.weight_formats)}")
+    tp = options.tensor_parallel
+    if tp is not None and tp.world > 1 and not spec.tensor_parallel:
+        why = f": {spec.tensor_parallel_note}" if spec.tensor_parallel_note else ""
+        raise ConfigError(f"the {spec.name!r} loader does not support tensor parallelism "
+                          f"(--tensor-parallel-size {tp.world}){why}; use --tensor-parallel-size 1")
     path = getattr(store, "path", None)
     logger.info("loading {} with the '{}' loader ({} tensors)", path if path is not None else store,
                 spec.name, len(store.names()))

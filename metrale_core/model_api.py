@@ -48,6 +48,28 @@ layers can use (a fixed split between a "global" and a "window" pool would stran
 and with no window every layer is in one group of ``num_layers`` layers: pages, tables and
 tensors are exactly those of the plain cache, so non-windowed models see no change.  A model
 with windows reads group ``g``'s tables and slots through ``batch.for_group(g)``.
+
+Tensor parallelism (``--tensor-parallel-size N``, :mod:`metrale_core.layers.parallel`): a loader
+declares it with ``ModelLoaderSpec(tensor_parallel=True)``; the core refuses N > 1 for any other
+loader (with its ``tensor_parallel_note``).  Such a loader receives this rank's group in
+``LoadOptions.tensor_parallel`` (a ``TensorParallel``; None or ``world == 1`` without TP) and
+builds the rank's shard, by using the shared layers:
+
+- wrap the weight store in ``ShardedStore(store, {tensor name: Shard(dim, start, size)},
+  weight_format)`` and read every projection through it with ``build_linear`` /
+  ``build_embedding`` as usual: column-parallel tensors (q/k/v, gate/up, the vocabulary rows of the
+  embedding and head, and their biases) are split on dim 0, row-parallel ones (o_proj, down_proj)
+  on dim 1; ``split_heads`` gives the rank's query / KV heads (whole GQA groups, or a copy of one
+  KV head when ranks outnumber them), ``split_range`` / ``split_unit`` the rest, on quantization
+  block boundaries; a split that cuts a block is a ``ShapeMismatch`` naming the tensor;
+- wrap the row-parallel projections in ``RowParallelLinear`` (its bias added once, after the
+  all-reduce), the embedding in ``VocabParallelEmbedding`` and the head in ``ParallelHead``;
+- report this rank's KV heads in ``info.kv`` (the engine allocates every rank's cache shard from
+  it) and the whole vocabulary in ``info.vocab_size``; only rank 0's logits need be whole.
+
+Every rank runs the same ``forward`` on the same ``ForwardBatch`` (rank 0 broadcasts it), so the
+forward must enter the same collectives in the same order on every rank.  ``metrale_qwen3``'s
+``weights.shard_plan`` is the worked example.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ FAMILIES: dict[str, tuple[str, type]] = {
     "schedulers": ("metrale_schedulers", c.SchedulerSpec),
     "proposers": ("metrale_speculative_proposers", c.ProposerSpec),
     "tool_call_parsers": ("metrale_tool_call_parsers", c.ToolCallParserSpec),
+    "executors": ("metrale_executors", c.ExecutorSpec),
 }
 
 
@@ -89,6 +90,7 @@ class Registry:
     schedulers: dict[str, c.SchedulerSpec] = field(factory=dict)
     proposers: dict[str, c.ProposerSpec] = field(factory=dict)
     tool_call_parsers: dict[str, c.ToolCallParserSpec] = field(factory=dict)
+    executors: dict[str, c.ExecutorSpec] = field(factory=dict)
     #: (family, name) -> name of the plugin that registered it.
     origins: dict[tuple[str, str], str] = field(factory=dict)
 

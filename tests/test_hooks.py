@@ -11,10 +11,12 @@ import importlib.metadata
 import sys
 import types
 
+import pytest
 import torch
 
 from metrale_core import hookimpl
 from metrale_core.components import (
+    ExecutorSpec,
     KVScaleSourceSpec,
     LogitProcessorSpec,
     ModelLoaderSpec,
@@ -126,6 +128,35 @@ def test_hook_metrale_schedulers():
                           registry=registry_with(Plugin()))
     firsts = [call.seqs[0].key for call in result.model.calls if call.seqs[0].start == 0]
     assert firsts == [30, 20, 10]
+
+
+def test_hook_metrale_executors(tmp_path):
+    from metrale_core.errors import ConfigError
+    from metrale_core.parallel.launch import load_parallel
+
+    launched = []
+
+    class NoRoom:
+        def launch(self, world):
+            launched.append(world)
+            raise ConfigError("no room for the workers")
+
+        def poll(self):
+            return None
+
+        def shutdown(self, timeout):
+            return None
+
+    class Plugin:
+        @hookimpl
+        def metrale_executors(self, register):
+            register(ExecutorSpec("noroom", factory=NoRoom, description="never starts"))
+
+    reg = registry_with(Plugin())
+    assert set(reg.executors) >= {"noroom", "uni", "mp", "env"}
+    with pytest.raises(ConfigError, match="no room"):  # before any weight is read
+        load_parallel(tmp_path / "absent", registry=reg, size=2, backend="noroom", progress=False)
+    assert launched == [2]
 
 
 def test_hook_metrale_speculative_proposers():

@@ -27,6 +27,7 @@ PROMISED = {
     "metrale_schedulers": ("register",),
     "metrale_speculative_proposers": ("register",),
     "metrale_tool_call_parsers": ("register",),
+    "metrale_executors": ("register",),
     "metrale_engine_flags": ("parser",),
 }
 

@@ -53,3 +53,28 @@ def test_a_declared_weight_format_reaches_the_loader():
     reg = _registry(calls, weight_formats=("exact", "int4"))
     model_from_store(Store(), LoadOptions(weight_format="int4"), reg)
     assert calls == ["int4"]
+
+
+def test_a_loader_without_tensor_parallelism_is_refused_with_its_reason():
+    from metrale_core.components import LoadOptions, ModelLoaderSpec
+    from metrale_core.errors import ConfigError
+    from metrale_core.layers.parallel import TensorParallel
+    from metrale_core.loading import model_from_store
+    from metrale_core.registry import Registry
+
+    called = []
+    spec = ModelLoaderSpec("whole", factory=lambda store, options: called.append(1), model_types=("whole",),
+                           tensor_parallel_note="its experts are not sharded")
+    registry = Registry(model_loaders={"whole": spec})
+
+    class Store:
+        def __init__(self):
+            self.config = {"model_type": "whole"}
+
+        def names(self):
+            return []
+
+    with pytest.raises(ConfigError, match=r"'whole' loader does not support tensor parallelism "
+                                          r".*--tensor-parallel-size 2.*its experts are not sharded"):
+        model_from_store(Store(), LoadOptions(tensor_parallel=TensorParallel(0, 2)), registry)
+    assert not called  # refused before any weight is read

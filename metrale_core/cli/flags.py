@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import re
 
-__all__ = ["add_engine_flags", "engine_config_from_args", "load_options_from_args", "parse_size"]
+__all__ = ["add_engine_flags", "engine_config_from_args", "load_engine_model", "load_options_from_args",
+           "parse_size"]
 
 #: Namespace attribute listing the dests of the flags plugins added (-> ``plugin_options``).
 PLUGIN_FLAGS_DEST = "_metrale_plugin_flags"
@@ -60,6 +61,13 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
                             "bf16/fp32 tensors in bf16/fp32; batch-invariant), exact (dequantized to the "
                             "model dtype; reproduces the reference outputs), or bf16 / int8 / int4 "
                             "(measured in docs/user-guide.md) (default: $METRALE_WEIGHT_FORMAT or auto)")
+    model.add_argument("--tensor-parallel-size", type=_positive_int, default=1, metavar="N",
+                       help="split the model over N ranks (tensor parallelism; each rank keeps its shard of the "
+                            "weights and of the KV cache, --kv-cache-memory each; default: 1)")
+    model.add_argument("--distributed-executor-backend", default=None, metavar="NAME",
+                       help="where the ranks run: mp (worker processes here; the default for N > 1), "
+                            "env (ranks started by torchrun / 'met worker': MASTER_ADDR, MASTER_PORT, "
+                            "WORLD_SIZE, RANK), ray (the metrale-ray plugin) or uni (one process)")
     model.add_argument("--threads", type=_positive_int, default=None, metavar="N",
                        help="CPU threads for torch's kernels (default: torch's choice, one per core)")
 
@@ -126,3 +134,25 @@ def load_options_from_args(args: argparse.Namespace):
 
         torch.set_num_threads(args.threads)
     return LoadOptions(dtype=args.dtype, device=args.device, weight_format=args.weight_format)
+
+
+def load_engine_model(args: argparse.Namespace, registry, model, *, progress: bool = True, on_tensor=None):
+    """The ``LoadedModel`` the flags describe: over ``--tensor-parallel-size`` ranks through the
+    ``--distributed-executor-backend`` executor (plain ``load_model`` for one rank).  On CPU without
+    ``--threads`` each rank of the ``mp`` executor gets an equal share of this machine's cores."""
+    from metrale_core.parallel.launch import check_engine_config, load_parallel
+
+    size = getattr(args, "tensor_parallel_size", 1) or 1
+    check_engine_config(engine_config_from_args(args), size)
+    options = load_options_from_args(args)
+    threads = getattr(args, "threads", None)
+    backend = getattr(args, "distributed_executor_backend", None)
+    if threads is None and size > 1 and options.device == "cpu" and backend in (None, "mp"):
+        import os
+
+        import torch
+
+        threads = max(1, (os.cpu_count() or 1) // size)  # the mp ranks share this machine's cores
+        torch.set_num_threads(threads)
+    return load_parallel(model, options, registry, size=size, backend=backend,
+                         threads=threads, progress=progress, on_tensor=on_tensor)

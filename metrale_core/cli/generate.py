@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_options_from_args
+from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_engine_model
 from metrale_core.errors import InvalidRequest
 
 __all__ = ["add_parser", "run"]
@@ -72,12 +72,20 @@ def _prompt_ids(args, text: str, tokenizer) -> list[int]:
 
 
 def run(args, registry) -> int:
-    from metrale_core.engine import LLMEngine
-    from metrale_core.loading import load_model
-
     params = _sampling_params(args)
     text = _prompt_text(args)
-    loaded = load_model(args.model, load_options_from_args(args), registry)
+    loaded = load_engine_model(args, registry, args.model)
+    driver = getattr(loaded.model, "driver", None)  # a tensor-parallel job to stop at the end
+    try:
+        return _generate(args, registry, loaded, params, text)
+    finally:
+        if driver is not None:
+            driver.close()
+
+
+def _generate(args, registry, loaded, params, text) -> int:
+    from metrale_core.engine import LLMEngine
+
     prompt_ids = _prompt_ids(args, text, loaded.tokenizer)
     engine = LLMEngine(loaded.model, engine_config_from_args(args),
                        tokenizer=loaded.tokenizer, registry=registry)

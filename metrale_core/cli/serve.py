@@ -10,7 +10,9 @@ Invariants:
 - Access logs (one line per request) go to stderr through loguru even at the default log level.
 - ``--data-parallel-size N`` (N > 1) serves through ``metrale_core.dataparallel.ReplicaPool``:
   each replica process rebuilds the engine from the same flags (:func:`replica_served`); see
-  :func:`serving_loader`.
+  :func:`serving_loader`.  Data and tensor parallelism are not combined yet (a clear error).
+- With ``--tensor-parallel-size`` > 1 the workers are stopped when the server stops (Ctrl-C,
+  SIGTERM); a lost worker stops the server, which exits 1 with the reason.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_options_from_args, parse_size
+from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_engine_model, parse_size
 from metrale_core.errors import ConfigError
 
 __all__ = ["add_parser", "build_loader", "replica_served", "run", "served_name", "serving_loader"]
@@ -89,16 +91,20 @@ def served_name(model: str | None) -> str:
     return path.stem if path.suffix == ".gguf" else (path.resolve().name or str(model))
 
 
-def build_loader(args, registry, model: str | None, on_tensor=None):
-    """The loader the server runs on a worker thread: weights, tokenizer, engine."""
+def build_loader(args, registry, model: str | None, on_tensor=None, jobs: list | None = None):
+    """The loader the server runs on a worker thread: weights, tokenizer, engine.  A
+    tensor-parallel job's ``Driver`` is appended to ``jobs`` (``run`` stops it at exit)."""
 
     def load():
         from metrale_core.engine import LLMEngine
-        from metrale_core.loading import load_model
         from metrale_core.server import ServedModel
 
-        loaded = load_model(model, load_options_from_args(args), registry, progress=False,
-                            on_tensor=on_tensor)
+        loaded = load_engine_model(args, registry, model, progress=False, on_tensor=on_tensor)
+        driver = getattr(loaded.model, "driver", None)
+        if driver is not None:
+            if jobs is not None:
+                jobs.append(driver)
+            driver.on_failure.append(_stop_server)
         engine = LLMEngine(loaded.model, engine_config_from_args(args),
                            tokenizer=loaded.tokenizer, registry=registry)
         return ServedModel(engine=engine, tokenizer=loaded.tokenizer,
@@ -118,7 +124,7 @@ def replica_served(options: dict, model: str | None):
 FRONT_KV_MEMORY = 16 << 20
 
 
-def serving_loader(args, registry, model: str | None, on_tensor=None):
+def serving_loader(args, registry, model: str | None, on_tensor=None, jobs: list | None = None):
     """:func:`build_loader`'s loader; under ``--data-parallel-size N`` (N > 1) its served model
     runs N replica processes (``metrale_core.dataparallel.ReplicaPool``), each building the
     engine from the same flags, and the server's own engine (for validation and the model's
@@ -127,7 +133,10 @@ def serving_loader(args, registry, model: str | None, on_tensor=None):
     if size < 1:
         raise ConfigError(f"--data-parallel-size must be >= 1, got {size}")
     if size == 1:
-        return build_loader(args, registry, model, on_tensor=on_tensor)
+        return build_loader(args, registry, model, on_tensor=on_tensor, jobs=jobs)
+    if (getattr(args, "tensor_parallel_size", 1) or 1) > 1:
+        raise ConfigError("--data-parallel-size with --tensor-parallel-size > 1 is not supported yet; "
+                          "use one of the two")
     import functools
     import pickle
 
@@ -151,6 +160,47 @@ def serving_loader(args, registry, model: str | None, on_tensor=None):
     def load():
         return attrs.evolve(loader(), async_front=front)
     return load
+
+
+def _stop_server(reason: str) -> None:
+    """A tensor-parallel rank is gone: stop serving (as on SIGTERM); ``run`` exits non-zero."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+class _Terminated(Exception):
+    """SIGTERM, re-raised by uvicorn after its graceful shutdown (see :func:`_serving`)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise _Terminated
+
+
+def _serving(args, jobs: list, serve) -> int:
+    """Run ``serve()``; afterwards stop the tensor-parallel jobs in ``jobs``.
+
+    uvicorn re-raises SIGTERM once it has shut down gracefully; with tensor parallelism that
+    signal raises :class:`_Terminated` here instead of killing the process, so the workers are
+    told to stop (exit code 143 as before); a failed job exits 1 with its reason on stderr."""
+    import signal
+
+    tensor_parallel = (getattr(args, "tensor_parallel_size", 1) or 1) > 1
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if tensor_parallel else None
+    code = 0
+    try:
+        code = int(serve() or 0)
+    except _Terminated:
+        code = 128 + signal.SIGTERM
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        for driver in jobs:
+            driver.close()
+            if driver.failed is not None:
+                print(f"met serve: error: {driver.failed}", file=sys.stderr, flush=True)
+                code = 1
+    return code
 
 
 def run(args, registry) -> int:
@@ -177,11 +227,11 @@ def run(args, registry) -> int:
                    diagnose=False, backtrace=False,
                    filter=lambda record: record["name"] == "metrale_core.server.app"
                    and record["level"].no < 30)
-    app = create_app(config, serving_loader(args, registry, model), registry)
+    jobs: list = []
+    app = create_app(config, serving_loader(args, registry, model, jobs=jobs), registry)
     print(f"met serve: {config.served_model_name!r} on http://{args.host}:{args.port}/v1 "
           f"(loading; GET /health turns 200 when ready)", file=sys.stderr, flush=True)
-    serve_forever(app, args.host, args.port, args.shutdown_grace)
-    return 0
+    return _serving(args, jobs, lambda: serve_forever(app, args.host, args.port, args.shutdown_grace))
 
 
 def _run_dashboard(args, registry, model, config) -> int:
@@ -193,8 +243,9 @@ def _run_dashboard(args, registry, model, config) -> int:
 
     status = ServerStatus(version=metrale_core.__version__, model=config.served_model_name,
                           scheduler=args.scheduler)
-    loader = serving_loader(args, registry, model, on_tensor=status.tensor_loaded)
+    jobs: list = []
+    loader = serving_loader(args, registry, model, on_tensor=status.tensor_loaded, jobs=jobs)
     app = create_app(config, observe_loader(status, loader), registry)
     level = args.log_level if args.log_level in ("trace", "debug") else "info"
-    return serve_with_dashboard(app, status, host=args.host, port=args.port,
-                                grace_s=args.shutdown_grace, log_level=level)
+    return _serving(args, jobs, lambda: serve_with_dashboard(app, status, host=args.host, port=args.port,
+                                                             grace_s=args.shutdown_grace, log_level=level))

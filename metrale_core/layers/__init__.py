@@ -19,6 +19,9 @@ kernel (``kernels/cpu/*.c``):
   instantiates it with its own loader.  :func:`windowed_paged_attention` is the torch path for
   layers with a sliding window and/or logit soft-capping (Gemma).
 
+- tensor parallelism (:mod:`metrale_core.layers.parallel`): the rank's group, sharded weight
+  stores, row-parallel / vocab-parallel layers and the head gathered on rank 0.
+
 Invariants: the oracles follow HF transformers (see ``functional.py``); :class:`DecoderOps`
 builds each op once per model so its path is chosen once; plugins import these names from
 :mod:`metrale_core.api` (or from here), never a plugin's copy.

@@ -34,5 +34,6 @@ def metrale_model_loaders(register) -> None:
             architectures=("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
             description="Gemma 3 text decoder (sliding-window + global attention, GeGLU, QK-norm)",
             weight_formats=WEIGHT_FORMATS,
+            tensor_parallel=True,
         )
     )

@@ -23,5 +23,7 @@ def load_gemma3(store: Any, options: LoadOptions) -> Gemma3LM:
     """Factory of the ``gemma3`` loader."""
     dims = Gemma3Dims.from_store(store)
     dtype = torch_dtype(options.dtype)
-    weights = load_weights(store, dims, dtype, options.device, resolve_weight_format(options))
+    weights = load_weights(
+        store, dims, dtype, options.device, resolve_weight_format(options), tp=options.tensor_parallel
+    )
     return Gemma3LM(dims, weights, dtype=dtype, device=options.device)

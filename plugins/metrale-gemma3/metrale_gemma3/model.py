@@ -16,6 +16,8 @@ Invariants:
   (``batch.for_group``), planned once per group per forward.
   The softmax scale is ``query_pre_attn_scalar ** -0.5``; ``final_logit_softcapping`` applies
   where the config sets it (``attn_logit_softcapping`` does not, as in transformers and llama.cpp).
+- Under tensor parallelism the model is one rank's shard (``weights.heads``; o_proj and down_proj
+  sum over the ranks before their post-norms; the soft-cap applies to rank 0's whole logits).
 - The model keeps no recurrent state: ``make_state_pool`` returns None and ``state`` is ignored.
 """
 
@@ -59,13 +61,16 @@ class Gemma3LM:
         self.weights = weights
         self.dtype = dtype
         self.device = torch.device(device)
+        heads = weights.heads
+        self.num_heads = dims.num_heads if heads is None else heads.num_heads
+        self.num_kv_heads = dims.num_kv_heads if heads is None else heads.num_kv_heads
         self.info = ModelInfo(
             architecture="gemma3",
             vocab_size=dims.vocab_size,
             max_position=dims.max_position,
             kv=KVLayout(
                 num_layers=dims.num_layers,
-                num_kv_heads=dims.num_kv_heads,
+                num_kv_heads=self.num_kv_heads,
                 head_dim=dims.head_dim,
                 dtype=dtype,
                 windows=tuple(dims.window(i) for i in range(dims.num_layers)),
@@ -113,7 +118,9 @@ class Gemma3LM:
             raise ValueError("this KV cache shares tensors between KV groups; the batch needs their block tables")
         groups = [batch.for_group(g) for g in range(max(group_of) + 1)]
         plans = [AttentionPlan.from_batch(b, d.attn_scale, gather=gather) for b in groups]
-        x = F.embedding(batch.input_ids, self.weights.embed) * self._embed_scale
+        embedding = self.weights.embedding
+        rows = F.embedding(batch.input_ids, self.weights.embed) if embedding is None else embedding(batch.input_ids)
+        x = rows * self._embed_scale
         for i, layer in enumerate(self.weights.layers):
             g = group_of[i]
             x = self._layer(x, layer, kv, i, groups[g], plans[g], *rope[d.layer_types[i]])
@@ -143,11 +150,11 @@ class Gemma3LM:
         d = self.dims
         eps = d.rms_norm_eps
         h = rms_norm(x, w.input_norm, eps, unit_offset=True)
-        q_size, kv_size = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+        q_size, kv_size = self.num_heads * d.head_dim, self.num_kv_heads * d.head_dim
         q, k, v = w.qkv(h).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.reshape(-1, d.num_heads, d.head_dim)
-        k = k.reshape(-1, d.num_kv_heads, d.head_dim)
-        v = v.reshape(-1, d.num_kv_heads, d.head_dim)
+        q = q.reshape(-1, self.num_heads, d.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, d.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, d.head_dim)
         q, k = self.ops.qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, eps)
         kv.write(index, batch.slot_mapping, k, v, kernel=self.ops.kv_write)
         o = self._attend(q, kv, index, plan)

@@ -22,4 +22,6 @@ def metrale_model_loaders(register) -> None:
         name="glm5_next", factory=lazy_factory("metrale_glm_kda.loader:load_glm5_next"),
         model_types=("glm5_next", "glm5_next_text"),
         architectures=("Glm5NextForConditionalGeneration",),
-        description="GLM-5.3-Flash text decoder (KDA + DSA/MLA attention, mHC, sigmoid MoE)"))
+        description="GLM-5.3-Flash text decoder (KDA + DSA/MLA attention, mHC, sigmoid MoE)",
+        tensor_parallel_note="its KDA recurrent state, MLA latent cache and MoE experts are not "
+                             "sharded yet (the tensor-parallel workers keep no recurrent-state pool)"))

@@ -36,4 +36,5 @@ def metrale_model_loaders(register) -> None:
     for name, (architecture, description) in _LOADERS.items():
         register(ModelLoaderSpec(name=name, factory=lazy_factory(f"metrale_qwen3.loader:load_{name}"),
                                  model_types=(name,), architectures=(architecture,),
-                                 description=description, weight_formats=WEIGHT_FORMATS))
+                                 description=description, weight_formats=WEIGHT_FORMATS,
+                                 tensor_parallel=True))

@@ -4,7 +4,8 @@ Owner: ``metrale_qwen3``; the factories registered in ``__init__.py`` call :func
 
 Invariants: configs are read by ``dims.py``, tensors by ``weights.py``, and the model built by
 ``model.py``; imports run one way (loader -> model -> weights -> dims), with no cycle.  The
-weight format is the shared linear layer's (``--weight-format``; every format is honoured).
+weight format is the shared linear layer's (``--weight-format``; every format is honoured);
+``options.tensor_parallel`` (the rank's group, None without tensor parallelism) selects the shard.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ def load_model(store: Any, options: LoadOptions, variant: ArchVariant) -> Decode
     """Build a :class:`~metrale_qwen3.model.DecoderLM` from ``store`` (the loader factories)."""
     dims = ModelDims.from_config(store.config, variant)
     dtype = torch_dtype(options.dtype)
-    weights = load_weights(store, dims, dtype, options.device, resolve_weight_format(options))
+    weights = load_weights(
+        store, dims, dtype, options.device, resolve_weight_format(options), tp=options.tensor_parallel
+    )
     return DecoderLM(dims, weights, architecture=variant.name, dtype=dtype, device=options.device)
 
 

@@ -10,6 +10,9 @@ Invariants:
 - Pre-norm residual layers: ``h = x + attn(norm(x))``, ``y = h + mlp(norm(h))``.
 - The model keeps no recurrent state: ``make_state_pool`` returns None and ``state`` is ignored.
 - Ops are built once per model, so the kernel path is chosen once.
+- Under tensor parallelism the model is one rank's shard (``weights.heads`` says which heads):
+  ``info.kv`` lists this rank's KV heads (its shard of the cache), ``info.vocab_size`` the whole
+  vocabulary, and only rank 0's logits are the whole rows.
 """
 
 from __future__ import annotations
@@ -44,9 +47,12 @@ class DecoderLM:
         self.weights = weights
         self.dtype = dtype
         self.device = torch.device(device)
+        heads = weights.heads
+        self.num_heads = dims.num_heads if heads is None else heads.num_heads
+        self.num_kv_heads = dims.num_kv_heads if heads is None else heads.num_kv_heads
         self.info = ModelInfo(
             architecture=architecture, vocab_size=dims.vocab_size, max_position=dims.max_position,
-            kv=KVLayout(num_layers=dims.num_layers, num_kv_heads=dims.num_kv_heads,
+            kv=KVLayout(num_layers=dims.num_layers, num_kv_heads=self.num_kv_heads,
                         head_dim=dims.head_dim, dtype=dtype),
             eos_token_ids=dims.eos_token_ids, dtype=dtype)
         self.ops = DecoderOps(self.device)
@@ -83,8 +89,12 @@ class DecoderLM:
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)
         plan = AttentionPlan.from_batch(batch, self._scale,
                                         gather=self.ops.decode_attention.path == "native")
-        x = embed_tokens(batch.input_ids, self.weights.embed) if inputs_embeds is None \
-            else inputs_embeds.to(self.dtype)
+        if inputs_embeds is not None:
+            x = inputs_embeds.to(self.dtype)
+        elif self.weights.embedding is not None:
+            x = self.weights.embedding(batch.input_ids)
+        else:
+            x = embed_tokens(batch.input_ids, self.weights.embed)
         for i, layer in enumerate(self.weights.layers):
             x = self._layer(x, layer, kv, i, batch, plan, cos, sin)
         hidden = None
@@ -102,11 +112,11 @@ class DecoderLM:
         ops = self.ops
         h = ops.rms_norm(x, w.input_norm, d.rms_norm_eps)
         qkv = w.qkv(h)
-        q_size, kv_size = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+        q_size, kv_size = self.num_heads * d.head_dim, self.num_kv_heads * d.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(-1, d.num_heads, d.head_dim)
-        k = k.view(-1, d.num_kv_heads, d.head_dim)
-        v = v.view(-1, d.num_kv_heads, d.head_dim)
+        q = q.view(-1, self.num_heads, d.head_dim)
+        k = k.view(-1, self.num_kv_heads, d.head_dim)
+        v = v.view(-1, self.num_kv_heads, d.head_dim)
         q, k = ops.qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, d.rms_norm_eps)
         kv.write(index, batch.slot_mapping, k, v, kernel=ops.kv_write)
         o = paged_attention(q, kv, index, plan, ops.decode_attention, ops.prefill_attention)

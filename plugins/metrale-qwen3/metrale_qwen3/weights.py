@@ -10,6 +10,10 @@ Invariants:
 - Projections are fused at load time: ``qkv = [q; k; v]`` and ``gate_up = [gate; up]``, and kept
   in the weight format of the shared linear layer (``metrale_core.layers.build_linear``;
   ``auto`` by default: a GGUF stays in its blocks, its token table too (``build_embedding``)).
+- Under tensor parallelism (``tp.world > 1``) the store is wrapped in a ``ShardedStore`` built by
+  :func:`shard_plan`, so every projection is read as this rank's rows (q/k/v, gate/up, the
+  vocabulary of the embedding and head) or columns (o_proj, down_proj) in any weight format; the
+  row-parallel projections sum over the ranks (``RowParallelLinear``, their bias added once).
 """
 
 from __future__ import annotations
@@ -19,11 +23,26 @@ from typing import Any
 import torch
 from attrs import frozen
 
-from metrale_core.api import Linear, build_embedding, build_linear
+from metrale_core.api import (
+    HeadSplit,
+    Linear,
+    ParallelHead,
+    RowParallelLinear,
+    Shard,
+    ShardedStore,
+    TensorParallel,
+    VocabParallelEmbedding,
+    build_embedding,
+    build_linear,
+    embed_tokens,
+    split_heads,
+    split_range,
+    split_unit,
+)
 
 from metrale_qwen3.dims import ModelDims
 
-__all__ = ["DecoderWeights", "LayerWeights", "load_weights"]
+__all__ = ["DecoderWeights", "LayerWeights", "load_weights", "shard_plan"]
 
 
 @frozen
@@ -60,11 +79,51 @@ class DecoderWeights:
     head: Linear
     #: The weight format the projections are kept in (``metrale_core.layers.WEIGHT_FORMATS``).
     weight_format: str = "exact"
+    #: ``ids -> rows`` of the (vocab-parallel) token table; None: ``embed_tokens(ids, embed)``.
+    embedding: Any = None
+    #: The attention heads this rank keeps (all of them without tensor parallelism).
+    heads: HeadSplit | None = None
+
+
+def shard_plan(dims: ModelDims, tp: TensorParallel) -> tuple[dict[str, Shard], HeadSplit, tuple[int, ...]]:
+    """Rank ``tp.rank``'s part of every split tensor, its heads, and every rank's vocabulary rows."""
+    heads = split_heads(dims.num_heads, dims.num_kv_heads, tp.world, tp.rank)
+    d, inter = dims.head_dim, dims.intermediate_size
+    q = Shard(0, heads.q_start * d, heads.num_heads * d)
+    kv = Shard(0, heads.kv_start * d, heads.num_kv_heads * d)
+    mlp_start, mlp_size = split_range(inter, tp.world, tp.rank, split_unit(inter, tp.world))
+    vocab = [split_range(dims.vocab_size, tp.world, r) for r in range(tp.world)]
+    rows = Shard(0, *vocab[tp.rank])
+    plan: dict[str, Shard] = {"model.embed_tokens.weight": rows, "lm_head.weight": rows}
+    for i in range(dims.num_layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        for kind in ("weight", "bias"):
+            plan[f"{a}q_proj.{kind}"] = q
+            plan[f"{a}k_proj.{kind}"] = plan[f"{a}v_proj.{kind}"] = kv
+            plan[f"{m}gate_proj.{kind}"] = plan[f"{m}up_proj.{kind}"] = Shard(0, mlp_start, mlp_size)
+        plan[f"{a}o_proj.weight"] = Shard(1, q.start, q.size)
+        plan[f"{m}down_proj.weight"] = Shard(1, mlp_start, mlp_size)
+    return plan, heads, tuple(size for _, size in vocab)
 
 
 def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
-                 device: torch.device | str, weight_format: str = "auto") -> DecoderWeights:
-    """Read, check and fuse every tensor the decoder needs, projections in ``weight_format``."""
+                 device: torch.device | str, weight_format: str = "auto",
+                 tp: TensorParallel | None = None) -> DecoderWeights:
+    """Read, check and fuse every tensor the decoder needs, projections in ``weight_format``;
+    with ``tp`` only this rank's part of each (see the module docstring)."""
+    tp = tp if tp is not None else TensorParallel()
+    plan, heads, vocab_sizes = shard_plan(dims, tp)
+    if tp.enabled:
+        store = ShardedStore(store, plan, weight_format)
+
+    def linear(names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None) -> Linear:
+        return build_linear(store, names, shapes, weight_format, dtype, device, bias)
+
+    def row_parallel(names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None) -> Linear:
+        """A projection whose input is split: its bias is added once, after the sum of the ranks."""
+        if tp.enabled:
+            return RowParallelLinear(linear(names, shapes, None), tp, bias)
+        return linear(names, shapes, bias)
 
     def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         return store.get(name, dtype=dtype, shape=shape).to(device)
@@ -72,11 +131,11 @@ def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
     def maybe(name: str, shape: tuple[int, ...], present: bool) -> torch.Tensor | None:
         return get(name, shape) if present else None
 
-    def linear(names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None) -> Linear:
-        return build_linear(store, names, shapes, weight_format, dtype, device, bias)
-
-    D, I, d = dims.hidden_size, dims.intermediate_size, dims.head_dim
-    q_out, kv_out = dims.num_heads * d, dims.num_kv_heads * d
+    D, d = dims.hidden_size, dims.head_dim
+    I = plan["model.layers.0.mlp.down_proj.weight"].size if dims.num_layers and tp.enabled \
+        else dims.intermediate_size
+    q_out, kv_out = heads.num_heads * d, heads.num_kv_heads * d
+    V = vocab_sizes[tp.rank]
     layers = []
     for i in range(dims.num_layers):
         p = f"model.layers.{i}."
@@ -93,21 +152,26 @@ def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
         gate_up = linear([m + "gate_proj.weight", m + "up_proj.weight"], [(I, D), (I, D)], gate_up_bias)
         layers.append(LayerWeights(
             input_norm=get(p + "input_layernorm.weight", (D,)), qkv=qkv,
-            o_proj=linear([a + "o_proj.weight"], [(D, q_out)], maybe(a + "o_proj.bias", (D,), dims.o_bias)),
+            o_proj=row_parallel([a + "o_proj.weight"], [(D, q_out)], maybe(a + "o_proj.bias", (D,), dims.o_bias)),
             q_norm=maybe(a + "q_norm.weight", (d,), dims.qk_norm),
             k_norm=maybe(a + "k_norm.weight", (d,), dims.qk_norm),
             post_norm=get(p + "post_attention_layernorm.weight", (D,)), gate_up=gate_up,
-            down=linear([m + "down_proj.weight"], [(D, I)], maybe(m + "down_proj.bias", (D,), dims.mlp_bias))))
-    embed = build_embedding(store, "model.embed_tokens.weight", (dims.vocab_size, D), weight_format, dtype, device)
+            down=row_parallel([m + "down_proj.weight"], [(D, I)], maybe(m + "down_proj.bias", (D,), dims.mlp_bias))))
+    embed = build_embedding(store, "model.embed_tokens.weight", (V, D), weight_format, dtype, device)
     tied = dims.tie_word_embeddings or "lm_head.weight" not in store
     head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"
     if isinstance(embed, torch.Tensor) and (tied or weight_format == "exact"):
-        lm_head = embed if tied else get("lm_head.weight", (dims.vocab_size, D))
-        head = build_linear(store, [head_name], [(dims.vocab_size, D)], weight_format, dtype, device,
+        lm_head = embed if tied else get("lm_head.weight", (V, D))
+        head = build_linear(store, [head_name], [(V, D)], weight_format, dtype, device,
                             dense=lm_head, output_head=True)
     else:
         lm_head = None
-        head = build_linear(store, [head_name], [(dims.vocab_size, D)], weight_format, dtype, device,
+        head = build_linear(store, [head_name], [(V, D)], weight_format, dtype, device,
                             output_head=True)
+    embedding = None
+    if tp.enabled:
+        head = ParallelHead(head, tp, vocab_sizes)
+        embedding = VocabParallelEmbedding(embed, plan["model.embed_tokens.weight"].start, V, tp, embed_tokens)
     return DecoderWeights(embed=embed, layers=tuple(layers), norm=get("model.norm.weight", (D,)),
-                          lm_head=lm_head, head=head, weight_format=weight_format)
+                          lm_head=lm_head, head=head, weight_format=weight_format,
+                          embedding=embedding, heads=heads)

@@ -1,0 +1,223 @@
+"""``met serve --tensor-parallel-size 2`` as real processes on a tiny random Llama checkpoint: two
+"machines" on loopback (``met serve`` rank 0 + ``met worker`` rank 1 with torchrun's variables)
+give TP=1's tokens; a worker killed mid-request fails the request cleanly and the server exits
+non-zero with the reason, and the other workers are stopped; SIGTERM leaves no worker process
+behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import transformers
+from server_testlib import wait_ready, write_tokenizer
+
+from metrale_core.parallel.executors import free_port
+
+PROMPT = "the quick brown fox jumps over"
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    import torch
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    write_tokenizer(path)
+    from metrale_core.tokenizer import Tokenizer
+
+    vocab = Tokenizer.from_dir(path).vocab_size
+    config = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def _serve(path: Path, port: int, log: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "metrale_core",
+            "serve",
+            str(path),
+            "--port",
+            str(port),
+            "--no-tui",
+            "--served-model-name",
+            "tiny",
+            "--kv-cache-memory",
+            "8M",
+            "--shutdown-grace",
+            "2",
+            "--threads",
+            "1",
+            "--weight-format",
+            "exact",
+            *extra,
+        ],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "w"),
+    )
+
+
+def _ready(proc: subprocess.Popen, url: str, log: Path) -> None:
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            httpx.get(url + "/health/live")
+            break
+        except httpx.HTTPError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"met serve did not start: {log.read_text()}") from None
+            time.sleep(0.1)
+    wait_ready(url, timeout=90)
+
+
+def _complete(url: str, max_tokens: int = 12, timeout: float = 60) -> httpx.Response:
+    return httpx.post(
+        url + "/v1/completions",
+        timeout=timeout,
+        json={"model": "tiny", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+    )
+
+
+def _workers(pid: int) -> list[int]:
+    """The ``met worker`` processes whose parent is ``pid``."""
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"worker" in cmdline:
+                kids.append(int(entry.name))
+    return kids
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+def _expected_text(path: Path) -> str:
+    from metrale_core.components import LoadOptions
+    from metrale_core.engine import EngineConfig, LLMEngine
+    from metrale_core.loading import load_model
+    from metrale_core.sampling import SamplingParams
+
+    loaded = load_model(path, LoadOptions(weight_format="exact"), progress=False)
+    engine = LLMEngine(loaded.model, EngineConfig(), tokenizer=loaded.tokenizer)
+    engine.add_request(
+        "r", loaded.tokenizer.encode(PROMPT), SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    )
+    ids: list[int] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            ids += out.new_token_ids
+    return loaded.tokenizer.decode(ids)
+
+
+def test_serve_rank0_and_worker_rank1_on_loopback_give_tp1_tokens(tiny_llama, tmp_path):
+    port, master = free_port(), free_port()
+    dist = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master), "WORLD_SIZE": "2"}
+    with open(tmp_path / "worker.txt", "w") as worker_log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "metrale_core", "worker"],
+            env={**os.environ, **dist, "RANK": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=worker_log,
+        )
+    server = _serve(
+        tiny_llama,
+        port,
+        tmp_path / "serve.txt",
+        "--tensor-parallel-size",
+        "2",
+        "--distributed-executor-backend",
+        "env",
+        env={**dist, "RANK": "0"},
+    )
+    try:
+        _ready(server, f"http://127.0.0.1:{port}", tmp_path / "serve.txt")
+        resp = _complete(f"http://127.0.0.1:{port}")
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["choices"][0]["text"] == _expected_text(tiny_llama)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 128 + signal.SIGTERM  # stopped gracefully, as without TP
+        assert worker.wait(30) == 0  # rank 0 told it to stop
+    finally:
+        for proc in (server, worker):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_dead_worker_fails_the_request_and_the_server_exits_nonzero(tiny_llama, tmp_path):
+    port = free_port()
+    log = tmp_path / "serve.txt"
+    server = _serve(tiny_llama, port, log, "--tensor-parallel-size", "3")  # the mp executor
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _ready(server, url, log)
+        workers = _workers(server.pid)
+        assert len(workers) == 2
+        result: list = []
+        request = threading.Thread(target=lambda: result.append(_complete(url, max_tokens=3000, timeout=60)))
+        request.start()
+        time.sleep(1.0)  # the request is decoding
+        os.kill(workers[0], signal.SIGKILL)
+        request.join(60)
+        assert not request.is_alive(), "the in-flight request hung"
+        (resp,) = result
+        assert resp.status_code in (500, 503), resp.text
+        assert "error" in resp.json()
+        assert server.wait(30) == 1
+        assert "met serve: error: tensor-parallel worker rank" in log.read_text()
+        assert _gone(workers[1])  # the surviving worker was stopped too
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def test_sigterm_stops_every_worker_process(tiny_llama, tmp_path):
+    port = free_port()
+    log = tmp_path / "serve.txt"
+    server = _serve(tiny_llama, port, log, "--tensor-parallel-size", "2")
+    try:
+        _ready(server, f"http://127.0.0.1:{port}", log)
+        assert _complete(f"http://127.0.0.1:{port}", max_tokens=4).status_code == 200
+        workers = _workers(server.pid)
+        assert len(workers) == 1
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(_gone(pid) for pid in workers), workers
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
