@@ -9,10 +9,14 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 core="."
 dirs="plugins/*/"
+# metrale-ray pulls in Ray (hundreds of MB) for multi-machine tensor parallelism: opt-in for
+# users (pip install -e plugins/metrale-ray), installed with --dev so its tests run.
+skip="plugins/metrale-ray/"
 if [ "${1:-}" = "--dev" ]; then
     core=".[test]"
     dirs="plugins/*/ contrib/*/"
+    skip="^$"
 fi
 # shellcheck disable=SC2086
 python -m pip install -q --disable-pip-version-check -c constraints.txt \
-    -e "$core" $(ls -d $dirs 2>/dev/null | sed 's/^/-e /')
+    -e "$core" $(ls -d $dirs 2>/dev/null | grep -v "$skip" | sed 's/^/-e /')
