@@ -30,9 +30,10 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar
 
 import jinja2
 import jinja2.ext
@@ -138,7 +139,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     intercepted_binops = frozenset({"*", "+", "**"})
 
-    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805,B902 - jinja's signature
+    def call(__self, __context, __obj, *args, **kwargs):
         _tick()
         return super().call(__context, __obj, *args, **kwargs)
 
@@ -179,7 +180,7 @@ class _TemplateDict:
 class _TemplateNamespace(jinja2.utils.Namespace):
     """``namespace(...)`` that refuses underscore attributes (no route to CPython internals)."""
 
-    def __init__(*args, **kwargs):  # noqa: N805 - same signature trick as jinja2.utils.Namespace
+    def __init__(*args, **kwargs):
         self, args = args[0], args[1:]
         attrs = dict(*args, **kwargs)
         for name in attrs:
@@ -203,7 +204,7 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 class _GenerationTag(jinja2.ext.Extension):
     """``{% generation %}...{% endgeneration %}`` (transformers' assistant-mask marker): renders its body."""
 
-    tags = {"generation"}
+    tags: ClassVar[set[str]] = {"generation"}
 
     def parse(self, parser):
         lineno = next(parser.stream).lineno

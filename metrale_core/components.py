@@ -12,7 +12,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from attrs import field, frozen
 

@@ -20,7 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from attrs import define, field
 

@@ -133,17 +133,17 @@ class KVCodec(Protocol):
     #: Storage dtype of the pool (None: the layout's dtype).
     storage_dtype: torch.dtype | None
 
-    def write(self, cache: "PagedKVCache", layer: int, slot_mapping: torch.Tensor,
+    def write(self, cache: PagedKVCache, layer: int, slot_mapping: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor, kernel=None) -> None:
         """Store ``k`` / ``v`` ``[T, Hk, d]`` of ``layer`` at the flat slots ``[T]``."""
         ...
 
-    def gather(self, cache: "PagedKVCache", layer: int, block_ids: torch.Tensor,
+    def gather(self, cache: PagedKVCache, layer: int, block_ids: torch.Tensor,
                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the blocks ``block_ids`` ``[..., nb]`` as ``[..., nb * bs, Hk, d]`` in ``dtype``."""
         ...
 
-    def decode_attention(self, cache: "PagedKVCache", layer: int, q: torch.Tensor,
+    def decode_attention(self, cache: PagedKVCache, layer: int, q: torch.Tensor,
                          block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                          max_context: int) -> torch.Tensor | None:
         """A fused decode kernel over this storage, or None to let the model gather and attend."""
@@ -157,7 +157,7 @@ class PlainKVCodec:
     plain = True
     storage_dtype = None
 
-    def write(self, cache: "PagedKVCache", layer: int, slot_mapping: torch.Tensor,
+    def write(self, cache: PagedKVCache, layer: int, slot_mapping: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor, kernel=None) -> None:
         """``kernel(k, v, k_cache, v_cache, slot_mapping)`` is a model's fused store, if any."""
         k_cache, v_cache = cache.k[layer], cache.v[layer]
@@ -167,7 +167,7 @@ class PlainKVCodec:
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
-    def gather(self, cache: "PagedKVCache", layer: int, block_ids: torch.Tensor,
+    def gather(self, cache: PagedKVCache, layer: int, block_ids: torch.Tensor,
                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return (gather_blocks(cache.k[layer], block_ids, dtype),
                 gather_blocks(cache.v[layer], block_ids, dtype))
@@ -202,7 +202,7 @@ class PagedKVCache:
 
     @classmethod
     def allocate(cls, layout: KVLayout, num_blocks: int, block_size: int,
-                 device: torch.device | str = "cpu", codec: KVCodec | None = None) -> "PagedKVCache":
+                 device: torch.device | str = "cpu", codec: KVCodec | None = None) -> PagedKVCache:
         """Zeroed storage of ``layout.dtype`` (the codec's storage dtype) for ``num_blocks`` blocks."""
         shape = (num_blocks, block_size, layout.num_kv_heads, layout.head_dim)
         v_shape = (num_blocks, block_size, layout.num_kv_heads, layout.v_dim)

@@ -28,7 +28,8 @@ import difflib
 import importlib
 import importlib.metadata
 import os
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pluggy
 from attrs import define, evolve, field, frozen

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from typing import Sequence as Seq
+from collections.abc import Sequence as Seq
 
 from attrs import define, field, frozen
 

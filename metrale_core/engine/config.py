@@ -12,7 +12,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from attrs import field, frozen
 

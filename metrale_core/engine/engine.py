@@ -22,20 +22,21 @@ from __future__ import annotations
 
 import itertools
 import operator
-from typing import TYPE_CHECKING, Any, Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 from loguru import logger
 
 from metrale_core.engine.config import EngineConfig
-from metrale_core.engine.output import OutputProcessor, RequestOutput
-from metrale_core.engine.request import Request, Sequence
 from metrale_core.engine.kv_dtype import resolve_kv_storage
+from metrale_core.engine.output import OutputProcessor, RequestOutput
 from metrale_core.engine.pooling import plan_pools, pool_step
+from metrale_core.engine.request import Request, Sequence
 from metrale_core.engine.runner import ModelRunner, model_device
 from metrale_core.engine.scheduler import FcfsPolicy, Scheduler
-from metrale_core.engine.spec_driver import SpecDriver, build_spec_driver
 from metrale_core.engine.snapshot import SnapshotPublisher
+from metrale_core.engine.spec_driver import SpecDriver, build_spec_driver
 from metrale_core.errors import ConfigError, InvalidRequest, PromptTooLong
 from metrale_core.model_api import CausalLM
 from metrale_core.sampling.params import SamplingParams

@@ -17,8 +17,9 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -95,7 +96,7 @@ def _providers(wanted: str, registry: Registry | None) -> list[str]:
 
         try:
             registry = load_registry()
-        except Exception:  # noqa: BLE001 - only for a hint in an error message
+        except Exception:
             return []
     return sorted({registry.provider("kv_scale_sources", name).distribution
                    for name, spec in registry.kv_scale_sources.items() if wanted in spec.kv_dtypes})

@@ -82,7 +82,7 @@ def _parse(seq: Sequence, delta: str, finished: bool) -> tuple:
         parsed = parser.feed(delta) if delta else []
         if finished:
             parsed = parsed + parser.finish()
-    except Exception:  # noqa: BLE001 - a plugin bug must not fail the batch
+    except Exception:
         logger.exception("stream parser of request {!r} failed; sending plain content from here",
                          seq.request_id)
         seq.extras.pop("stream_parser", None)
@@ -154,7 +154,7 @@ class OutputProcessor:
             try:
                 batch = self.pipeline.sample(rows_logits, rows, kinds)
                 results = [(j, batch) for j in range(len(rows))]
-            except Exception:  # noqa: BLE001 - find the row(s) at fault; fail only those
+            except Exception:
                 results = self._sample_rows_alone(rows_logits, rows, kinds)
             for j, (i, chunk) in enumerate(plain):
                 seq = chunk.seq
@@ -186,7 +186,7 @@ class OutputProcessor:
         for j, (seq, kind) in enumerate(zip(rows, kinds)):
             try:
                 out.append((0, self.pipeline.sample(logits[j:j + 1], [seq], [kind])))
-            except Exception as exc:  # noqa: BLE001 - this row's own failure
+            except Exception as exc:
                 logger.warning("sampling request {!r} failed; failing only that request: {}",
                                seq.request_id, _row_error(exc))
                 out.append((0, exc))
@@ -209,9 +209,7 @@ class OutputProcessor:
         seq.output_ids.append(token)
         params = seq.params
         reason, cut = None, False
-        if token in self.eos_token_ids and not params.ignore_eos:
-            reason = "stop"
-        elif token in params.stop_token_ids:
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
             reason = "stop"
         else:
             cut = self._push_text(seq, token)

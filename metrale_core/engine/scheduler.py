@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import inspect
 from collections import deque
-from typing import Any, Mapping, Protocol, Sequence as Seq
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+from typing import Any, Protocol
 
 from attrs import field, frozen
 from loguru import logger
@@ -181,7 +183,7 @@ class SchedulerOutput:
     finished: tuple[Sequence, ...] = field(default=(), eq=False)
 
     @classmethod
-    def make_empty(cls) -> "SchedulerOutput":
+    def make_empty(cls) -> SchedulerOutput:
         return cls()
 
     @property

@@ -24,7 +24,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import Any
 
 import attrs
 import torch

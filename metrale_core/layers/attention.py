@@ -107,7 +107,7 @@ class DecodeGather:
 
     @classmethod
     def build(cls, tables: torch.Tensor, context: torch.Tensor, max_context: int,
-              block_size: int) -> "DecodeGather":
+              block_size: int) -> DecodeGather:
         pos = torch.arange(max_context, device=tables.device)
         slots = tables[:, pos // block_size] * block_size + pos % block_size  # [B, L]
         mask = (pos[None, :] < context[:, None])[:, None, None, :]
@@ -159,7 +159,7 @@ class AttentionPlan:
     decode_gather: DecodeGather | None = None
 
     @classmethod
-    def from_batch(cls, batch: ForwardBatch, scale: float, gather: bool = True) -> "AttentionPlan":
+    def from_batch(cls, batch: ForwardBatch, scale: float, gather: bool = True) -> AttentionPlan:
         """``gather``: build the CPU ``decode_gather`` (only the torch decode path reads it)."""
         qlens, clens = batch.query_lens_host, batch.context_lens_host
         cpu = gather and batch.input_ids.device.type == "cpu"

@@ -18,7 +18,8 @@ Invariants (HF transformers semantics, see specs §1.3-1.4):
 from __future__ import annotations
 
 import math
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import torch
 import torch.nn.functional as F

@@ -57,7 +57,8 @@ Invariants:
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -427,7 +428,6 @@ def _auto_part(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, int
                dtype: torch.dtype, device: torch.device | str, bias: torch.Tensor | None,
                output_head: bool) -> Linear:
     """One run of same-typed parts of a projection in format ``auto``."""
-    out_features, in_features = sum(s[0] for s in shapes), shapes[0][1]
     if store.format == "gguf" and gguf_linear.kind_of(quant_type) is not None:
         return gguf_linear.gguf_linear([store.get_raw(n) for n in names], bias)
     parts = [store.get(n, dtype=dtype, shape=s).to(device) for n, s in zip(names, shapes, strict=True)]

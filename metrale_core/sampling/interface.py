@@ -13,7 +13,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from attrs import field, frozen

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from litestar import Litestar, Request, Router, route
 from litestar.datastructures import State
@@ -37,10 +38,10 @@ from metrale_core.server.completions import completions
 from metrale_core.server.embeddings import create_embeddings
 from metrale_core.server.errors import APIError, exception_handlers
 from metrale_core.server.health import health, live
-from metrale_core.server.lora_routes import load_lora_adapter, unload_lora_adapter
 from metrale_core.server.host import EngineHost, ServedModel, ServerConfig
-from metrale_core.server.metrics import ServerMetrics, metrics_route
+from metrale_core.server.lora_routes import load_lora_adapter, unload_lora_adapter
 from metrale_core.server.messages import messages_router
+from metrale_core.server.metrics import ServerMetrics, metrics_route
 from metrale_core.server.models import get_model, list_models
 from metrale_core.server.responses import ResponseStore, response_handlers
 from metrale_core.server.tokenize import detokenize, tokenize

@@ -20,7 +20,8 @@ Invariants:
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from metrale_core.server.errors import APIError
 from metrale_core.server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice

@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import aclosing, contextmanager
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any
 
 from attrs import frozen
 
@@ -194,7 +195,7 @@ async def run_jobs(host: Any, jobs: Sequence[Job]) -> AsyncIterator[tuple[int, A
                 async with aclosing(_timed(host, job, f"{base}-{n}")) as stream:
                     async for out in stream:
                         queue.put_nowait((job.index, out))
-            except Exception as exc:  # noqa: BLE001 - re-raised in the consumer
+            except Exception as exc:
                 queue.put_nowait((job.index, exc))
 
         tasks = [asyncio.create_task(pump(job, n)) for n, job in enumerate(jobs)]

@@ -24,7 +24,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from litestar import Request, Response, get
 from loguru import logger

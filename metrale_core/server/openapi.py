@@ -19,12 +19,12 @@ from __future__ import annotations
 import types
 import typing
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import attrs
-from litestar.openapi.spec.enums import OpenAPIType
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, RequestBody, Schema
+from litestar.openapi.spec.enums import OpenAPIType
 
 __all__ = ["ERROR_SCHEMA", "ERROR_STATUSES", "body_operation", "documented", "json_schema"]
 
@@ -128,7 +128,7 @@ def _error_response(status: int, errors: str = "openai") -> OpenAPIResponse:
         "application/json": OpenAPIMediaType(schema=_ERROR_SCHEMAS[errors])})
 
 
-@lru_cache(maxsize=None)
+@cache
 def documented(model: type | None = None, statuses: tuple[int, ...] = ERROR_STATUSES,
                stream: bool = False, errors: str = "openai") -> type[Operation]:
     """An ``Operation`` class documenting a JSON request body of type ``model`` (if any) and

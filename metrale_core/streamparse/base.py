@@ -344,7 +344,7 @@ class TagParserBase:
         if self._why and self._why not in why:
             why = f"{self._why}; {why}"
         logger.info("tool call {} not parsed ({}); returned as content",
-                    "#%d" % self._index if self._index is not None else "", why)
+                    f"#{self._index}" if self._index is not None else "", why)
         self._reset_call()
         self._state = "out"
         self._content(raw)

@@ -113,12 +113,12 @@ class JsonLexer:
             return
         if ch in _WS or state == ERROR:
             return
-        if state == VALUE or state == ARRAY_FIRST:
+        if state in (VALUE, ARRAY_FIRST):
             if state == ARRAY_FIRST and ch == "]":
                 self._close()
             else:
                 self._start_value(ch)
-        elif state == OBJECT_FIRST or state == KEY:
+        elif state in (OBJECT_FIRST, KEY):
             if ch == '"':
                 self.state, self._is_key, self._chars = STRING, True, []
             elif ch == "}" and state == OBJECT_FIRST:

@@ -21,7 +21,8 @@ Invariants:
 from __future__ import annotations
 
 import secrets
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from metrale_core.errors import ConfigError, MetraleError
 from metrale_core.streamparse.base import ParsedDelta, ToolCallParser

@@ -13,7 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from rich.text import Text
 from textual.containers import Vertical, VerticalScroll

@@ -131,7 +131,7 @@ class GGUFStore(WeightStore):
 
     def _release(self) -> None:
         self._reader = None
-        self._by_name = {name: None for name in self._by_name}
+        self._by_name = dict.fromkeys(self._by_name)
 
 
 def _read(path: Path) -> GGUFReader:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import difflib
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, NamedTuple, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch

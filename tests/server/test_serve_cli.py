@@ -14,10 +14,10 @@ import time
 import httpx
 import openai
 import pytest
-
+import transformers
 from server_testlib import API_KEY, wait_ready, write_tokenizer
 
-import transformers
+
 @pytest.fixture(scope="module")
 def tiny_qwen3(tmp_path_factory):
     import torch
@@ -45,7 +45,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def met_serve(tiny_qwen3, tmp_path_factory):
     port = _free_port()
-    log = open(tmp_path_factory.mktemp("serve-log") / "stderr.txt", "w+")
+    log = open(tmp_path_factory.mktemp("serve-log") / "stderr.txt", "w+")  # noqa: SIM115 -- closed after the yield
     env = {**os.environ, "METRALE_API_KEY": API_KEY}
     proc = subprocess.Popen(
         [sys.executable, "-m", "metrale_core", "serve", str(tiny_qwen3), "--port", str(port),
@@ -60,7 +60,7 @@ def met_serve(tiny_qwen3, tmp_path_factory):
         except httpx.HTTPError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 log.seek(0)
-                raise AssertionError(f"met serve did not start: {log.read()}")
+                raise AssertionError(f"met serve did not start: {log.read()}") from None
             time.sleep(0.1)
     wait_ready(url, timeout=60)
     proc.log = log

@@ -10,7 +10,6 @@ import copy
 import httpx
 import pytest
 import torch
-
 from server_testlib import checkpoint_loader, write_tokenizer
 
 transformers = pytest.importorskip("transformers")

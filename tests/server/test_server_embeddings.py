@@ -13,7 +13,6 @@ import numpy as np
 import openai
 import pytest
 import torch
-
 from server_testlib import checkpoint_loader, write_tokenizer
 
 transformers = pytest.importorskip("transformers")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from api_events import check_messages_stream, parse_sse
 from server_testlib import API_KEY
 

@@ -16,9 +16,8 @@ import openai
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "server"))
-from server_testlib import ScriptedLM, wait_ready, write_tokenizer  # noqa: E402
-
-from b1_testlib import GapModel  # noqa: E402
+from b1_testlib import GapModel
+from server_testlib import ScriptedLM, wait_ready, write_tokenizer
 
 REPLY = ('<think>\nMaybe <tool_call>\n{"name": "x", "arguments": {"a": "zzzz"}}\n</tool_call>\n'
          '</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '

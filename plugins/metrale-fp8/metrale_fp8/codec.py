@@ -18,14 +18,13 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 import torch
 from loguru import logger
 
 from metrale_core.api import PagedKVCache, gather_blocks
-
 from metrale_fp8.calibration import LayerCalibration
 from metrale_fp8.e4m3 import FP8_DTYPE, dequantize, scale_from_amax
 from metrale_fp8.ops import Fp8Ops

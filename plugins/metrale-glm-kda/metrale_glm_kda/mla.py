@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from attrs import frozen
 
 from metrale_core.api import PagedKVCache, gather_blocks, rms_norm
-
 from metrale_glm_kda.config import GlmDims
 
 __all__ = ["DECODE", "IndexerWeights", "MlaWeights", "SeqRows", "mla_attention", "select_decode", "select_tokens"]

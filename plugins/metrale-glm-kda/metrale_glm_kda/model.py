@@ -25,15 +25,14 @@ import torch
 import torch.nn.functional as F
 
 from metrale_core.api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache, RecurrentLayout, rms_norm
-
 from metrale_glm_kda import kda
-from metrale_glm_kda.verify import consume_verify_chunk, rollback
 from metrale_glm_kda.config import GlmDims
 from metrale_glm_kda.hc import hc_collapse, hc_expand
 from metrale_glm_kda.mla import MlaWeights, SeqRows, mla_attention
 from metrale_glm_kda.moe import MlpWeights, mlp_forward, moe_forward
 from metrale_glm_kda.ops import GlmOps
 from metrale_glm_kda.state import KdaStatePool, state_bytes_per_sequence
+from metrale_glm_kda.verify import consume_verify_chunk, rollback
 from metrale_glm_kda.weights import GlmWeights, KdaWeights
 
 __all__ = ["CHUNK_MIN_ROWS", "GlmKdaLM"]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from attrs import frozen
 
-__all__ = ["DENSE_LIMIT", "MlpWeights", "MoeWeights", "moe_forward", "mlp_forward", "route", "swiglu_clamped"]
+__all__ = ["DENSE_LIMIT", "MlpWeights", "MoeWeights", "mlp_forward", "moe_forward", "route", "swiglu_clamped"]
 
 
 @frozen

@@ -22,7 +22,6 @@ import torch
 from attrs import frozen
 
 from metrale_core.api import WeightsError
-
 from metrale_glm_kda.config import GlmDims
 from metrale_glm_kda.hc import HcWeights
 from metrale_glm_kda.mla import IndexerWeights, MlaWeights
@@ -137,18 +136,18 @@ def _mlp(r: _Reader, m: str, dims: GlmDims, inter: int) -> MlpWeights:
 
 
 def _moe(r: _Reader, m: str, dims: GlmDims) -> MoeWeights:
-    D, E, I = dims.hidden_size, dims.n_routed_experts, dims.moe_intermediate_size
+    D, E, inter = dims.hidden_size, dims.n_routed_experts, dims.moe_intermediate_size
     e = m + "experts."
     if e + "gate_up_proj" in r.store:
-        gate_up = r.get(e + "gate_up_proj", (E, 2 * I, D))
-        down = r.get(e + "down_proj", (E, D, I))
+        gate_up = r.get(e + "gate_up_proj", (E, 2 * inter, D))
+        down = r.get(e + "down_proj", (E, D, inter))
     else:
-        gate_up = torch.stack([torch.cat([r.get(f"{e}{j}.gate_proj.weight", (I, D)),
-                                          r.get(f"{e}{j}.up_proj.weight", (I, D))]) for j in range(E)])
-        down = torch.stack([r.get(f"{e}{j}.down_proj.weight", (D, I)) for j in range(E)])
+        gate_up = torch.stack([torch.cat([r.get(f"{e}{j}.gate_proj.weight", (inter, D)),
+                                          r.get(f"{e}{j}.up_proj.weight", (inter, D))]) for j in range(E)])
+        down = torch.stack([r.get(f"{e}{j}.down_proj.weight", (D, inter)) for j in range(E)])
     return MoeWeights(router=r.get(m + "gate.weight", (E, D), True),
                       bias=r.get(m + "gate.e_score_correction_bias", (E,), True), gate_up=gate_up, down=down,
-                      shared=_mlp(r, m + "shared_experts.", dims, I * dims.n_shared_experts))
+                      shared=_mlp(r, m + "shared_experts.", dims, inter * dims.n_shared_experts))
 
 
 def load_weights(store: Any, dims: GlmDims, dtype: torch.dtype, device: torch.device | str) -> GlmWeights:

@@ -65,7 +65,7 @@ def test_conv_prefill_then_decode_equals_one_prefill():
 
 
 def test_decode_step_op_updates_only_its_slots():
-    q, k, v, g, beta, _ = _inputs(2, seed=9)
+    _q, _k, v, g, beta, _ = _inputs(2, seed=9)
     raw_q, raw_k = torch.randn(2, 3, 16), torch.randn(2, 3, 16)
     pool = torch.randn(4, 3, 16, 8)
     before = pool.clone()

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import glm_harness as H
 import pytest
 import torch
 
@@ -14,10 +15,7 @@ from metrale_core.components import LoadOptions
 from metrale_core.errors import ConfigError
 from metrale_core.plugins import load_registry
 from metrale_core.weights import open_weights
-
 from metrale_glm_kda.config import GlmDims
-
-import glm_harness as H  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,6 @@ from metrale_core.api import (
     rope_cos_sin,
     rope_inv_freq,
 )
-
 from metrale_qwen3.dims import ModelDims
 from metrale_qwen3.weights import DecoderWeights, LayerWeights
 

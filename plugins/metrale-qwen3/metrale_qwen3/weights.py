@@ -20,7 +20,6 @@ import torch
 from attrs import frozen
 
 from metrale_core.api import Linear, build_embedding, build_linear
-
 from metrale_qwen3.dims import ModelDims
 
 __all__ = ["DecoderWeights", "LayerWeights", "load_weights"]
@@ -75,7 +74,7 @@ def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
     def linear(names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None) -> Linear:
         return build_linear(store, names, shapes, weight_format, dtype, device, bias)
 
-    D, I, d = dims.hidden_size, dims.intermediate_size, dims.head_dim
+    D, inter, d = dims.hidden_size, dims.intermediate_size, dims.head_dim
     q_out, kv_out = dims.num_heads * d, dims.num_kv_heads * d
     layers = []
     for i in range(dims.num_layers):
@@ -89,15 +88,15 @@ def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
                      [(q_out, D), (kv_out, D), (kv_out, D)], qkv_bias)
         gate_up_bias = None
         if dims.mlp_bias:
-            gate_up_bias = torch.cat([get(m + "gate_proj.bias", (I,)), get(m + "up_proj.bias", (I,))])
-        gate_up = linear([m + "gate_proj.weight", m + "up_proj.weight"], [(I, D), (I, D)], gate_up_bias)
+            gate_up_bias = torch.cat([get(m + "gate_proj.bias", (inter,)), get(m + "up_proj.bias", (inter,))])
+        gate_up = linear([m + "gate_proj.weight", m + "up_proj.weight"], [(inter, D), (inter, D)], gate_up_bias)
         layers.append(LayerWeights(
             input_norm=get(p + "input_layernorm.weight", (D,)), qkv=qkv,
             o_proj=linear([a + "o_proj.weight"], [(D, q_out)], maybe(a + "o_proj.bias", (D,), dims.o_bias)),
             q_norm=maybe(a + "q_norm.weight", (d,), dims.qk_norm),
             k_norm=maybe(a + "k_norm.weight", (d,), dims.qk_norm),
             post_norm=get(p + "post_attention_layernorm.weight", (D,)), gate_up=gate_up,
-            down=linear([m + "down_proj.weight"], [(D, I)], maybe(m + "down_proj.bias", (D,), dims.mlp_bias))))
+            down=linear([m + "down_proj.weight"], [(D, inter)], maybe(m + "down_proj.bias", (D,), dims.mlp_bias))))
     embed = build_embedding(store, "model.embed_tokens.weight", (dims.vocab_size, D), weight_format, dtype, device)
     tied = dims.tie_word_embeddings or "lm_head.weight" not in store
     head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"

@@ -16,10 +16,10 @@ sequences whose drafter KV does not fit get no draft this step (never an error).
 
 from __future__ import annotations
 
-from typing import Any, Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import Any
 
 from metrale_core.api import ConfigError, Draft, StepReport
-
 from metrale_speculative.drafting import sample_drafts
 from metrale_speculative.side_cache import SideCache
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 from metrale_core.api import ConfigError
-
 from metrale_speculative.gate import SpecGate
 from metrale_speculative.ngram import NgramProposer
 from metrale_speculative.spec_stats import shared_stats

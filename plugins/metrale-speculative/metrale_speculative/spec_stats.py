@@ -15,7 +15,8 @@ Invariants:
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from attrs import define, field
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from spec_harness import load, write_qwen3
 
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.plugins import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_speculative.spec_stats import shared_stats
-from spec_harness import load, write_qwen3
 
 torch.set_num_threads(2)
 

@@ -8,7 +8,6 @@ import threading
 import pytest
 
 from metrale_core.testing import FakeClock
-
 from metrale_speculative import metrale_engine_flags
 from metrale_speculative.gate import SpecGate, bucket_of
 from metrale_speculative.ngram import ngram_draft

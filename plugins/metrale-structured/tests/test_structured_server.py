@@ -55,7 +55,7 @@ def _schema_reply(c, name: str, stream: bool, temperature: float, seed: int):
 
 
 def test_every_schema_validates_streamed_and_whole_greedy_and_sampled(served):
-    _, server, host, checkpoint = served
+    _, server, _host, _checkpoint = served
     c = client(server)
     jobs = [(name, stream, temp, i) for i, name in enumerate(SCHEMAS)
             for stream, temp in ((False, 0.0), (True, 0.9))]
@@ -235,7 +235,7 @@ def test_mixed_concurrent_streams_and_metrics(served):
 
     from metrale_core.plugins import load_registry
 
-    _, server, host, checkpoint = served
+    _, server, _host, checkpoint = served
     c = client(server)
     free_msgs = [[{"role": "user", "content": f"Say something about the number {i}."}]
                  for i in range(8)]
