@@ -33,7 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -204,7 +204,7 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 class _GenerationTag(jinja2.ext.Extension):
     """``{% generation %}...{% endgeneration %}`` (transformers' assistant-mask marker): renders its body."""
 
-    tags: ClassVar[set[str]] = {"generation"}
+    tags: set[str] = {"generation"}  # noqa: RUF012 -- jinja2 declares Extension.tags an instance attribute
 
     def parse(self, parser):
         lineno = next(parser.stream).lineno
@@ -257,8 +257,9 @@ def _plain(value: Any) -> Any:
 def _normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for message in messages:
-        if callable(getattr(message, "model_dump", None)):
-            message = message.model_dump()
+        dump = getattr(message, "model_dump", None)
+        if callable(dump):
+            message = dump()
         if not isinstance(message, Mapping):
             raise InvalidRequest(f"chat messages must be objects with 'role' and 'content', got {message!r}")
         message = {k: _plain(v) for k, v in message.items() if v is not None}

@@ -31,6 +31,10 @@ __all__ = [
 ]
 
 
+def _frozenset(value: Any) -> frozenset:
+    return frozenset(value)
+
+
 def _tuple(value: Any) -> tuple:
     if isinstance(value, str):
         return (value,)
@@ -103,7 +107,7 @@ class LogitProcessorSpec:
     name: str
     factory: Callable[..., Any]
     order: int = 100
-    kinds: frozenset = field(default=frozenset(PositionKind), converter=frozenset)
+    kinds: frozenset[PositionKind] = field(default=frozenset(PositionKind), converter=_frozenset)
     read_only: bool = False
     #: Enabled unless the configuration turns it off.
     default_enabled: bool = True

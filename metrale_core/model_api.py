@@ -45,12 +45,14 @@ from attrs import define, field, frozen
 __all__ = [
     "CausalLM",
     "ForwardBatch",
+    "HiddenStatesLM",
     "KVCodec",
     "KVLayout",
     "ModelInfo",
     "PagedKVCache",
     "PlainKVCodec",
     "RecurrentLayout",
+    "VerifyCommitLM",
     "gather_blocks",
 ]
 
@@ -153,9 +155,9 @@ class KVCodec(Protocol):
 class PlainKVCodec:
     """The default codec: K/V stored as they are (cast to the storage dtype), read back cast."""
 
-    name = "plain"
-    plain = True
-    storage_dtype = None
+    name: str = "plain"
+    plain: bool = True
+    storage_dtype: torch.dtype | None = None
 
     def write(self, cache: PagedKVCache, layer: int, slot_mapping: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor, kernel=None) -> None:
@@ -302,3 +304,16 @@ class CausalLM(Protocol):
     def make_state_pool(self, num_slots: int) -> object | None:
         """Allocate the recurrent-state pool (``None`` for a pure-attention model)."""
         ...
+
+
+class HiddenStatesLM(CausalLM, Protocol):
+    """A ``CausalLM`` with the optional ``forward_with_hidden`` (see the module docstring)."""
+
+    def forward_with_hidden(self, batch: ForwardBatch, kv: PagedKVCache | None,
+                            state: object | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class VerifyCommitLM(CausalLM, Protocol):
+    """A recurrent ``CausalLM`` with the optional ``commit_verify`` (see the module docstring)."""
+
+    def commit_verify(self, state: object, slots: list[int], num_kept: list[int]) -> None: ...

@@ -201,7 +201,7 @@ class Tokenizer:
             models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
                        end_of_word_suffix="", fuse_unk=False, ignore_merges=pre in _IGNORE_MERGES)
         )
-        split = _PRE_SPLITS.get(pre)
+        split = _PRE_SPLITS.get(pre) if pre is not None else None
         if split is None:
             backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         else:

@@ -22,13 +22,24 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
+from typing import Protocol
 
 from attrs import define, field, frozen
 
 from metrale_core.engine.adapter_key import adapter_of
 from metrale_core.engine.request import Sequence
 
-__all__ = ["BlockManager", "PrefixCacheStats"]
+__all__ = ["BlockHolder", "BlockManager", "PrefixCacheStats"]
+
+
+class BlockHolder(Protocol):
+    """What growing, truncating and freeing read of a sequence (a drafter's per-request state
+    provides the same two attributes)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    block_ids: list[int]
 
 
 @frozen
@@ -119,7 +130,7 @@ class BlockManager:
             hits.append(block_id)
         return hits
 
-    def num_new_blocks(self, seq: Sequence, num_tokens: int) -> int:
+    def num_new_blocks(self, seq: BlockHolder, num_tokens: int) -> int:
         """Blocks ``seq`` must take from the free list to hold ``num_tokens`` positions."""
         return max(0, self.blocks_for(num_tokens) - len(seq.block_ids))
 
@@ -149,10 +160,11 @@ class BlockManager:
         if self.enable_prefix_caching:
             self._queries += seq.num_prefill_tokens
             self._hits += seq.num_cached_tokens
-            self._seq_keys[seq.request_id] = [self._blocks[b].key for b in hits]
+            keys = [self._blocks[b].key for b in hits]  # cached blocks: every one has its key
+            self._seq_keys[seq.request_id] = [k for k in keys if k is not None]
         self.grow(seq, num_tokens)
 
-    def grow(self, seq: Sequence, num_tokens: int) -> None:
+    def grow(self, seq: BlockHolder, num_tokens: int) -> None:
         """Append fresh blocks to ``seq`` until it holds ``num_tokens`` positions."""
         needed = self.num_new_blocks(seq, num_tokens)
         if needed > self.num_free_blocks:
@@ -160,14 +172,14 @@ class BlockManager:
         for _ in range(needed):
             seq.block_ids.append(self._take_free())
 
-    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+    def truncate(self, seq: BlockHolder, num_tokens: int) -> None:
         """Give back ``seq``'s blocks past the first ``num_tokens`` positions (speculative
         rollback: they hold only rejected drafts, never a prefix-cache key)."""
         keep = self.blocks_for(num_tokens)
         tail, seq.block_ids = seq.block_ids[keep:], seq.block_ids[:keep]
         self._release(tail)
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: BlockHolder) -> None:
         """Drop ``seq``'s references; blocks reaching 0 go to the free list (tail first)."""
         self._release(seq.block_ids)
         seq.block_ids = []

@@ -139,7 +139,7 @@ def resolve_kv_storage(config: Any, model: CausalLM, registry: Registry | None =
         raise ConfigError(f"--kv-cache-dtype {wanted} is served by several KV-scale sources "
                           f"({', '.join(n for n, _ in codecs)}); disable all but one plugin")
     name, codec = codecs[0]
-    layout = attrs.evolve(info.kv, dtype=codec.storage_dtype)
+    layout = attrs.evolve(info.kv, dtype=codec.storage_dtype if codec.storage_dtype is not None else info.kv.dtype)
     logger.info("KV cache: {} storage ({} bytes/token) from the '{}' KV-scale source",
                 wanted, layout.bytes_per_token(), name)
     return KVStorage(layout, codec, wanted)

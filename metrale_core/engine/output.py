@@ -147,6 +147,7 @@ class OutputProcessor:
         plain = [(i, chunk) for i, chunk in sampled if not chunk.is_verify]
         by_chunk: dict[int, RequestOutput] = {}
         if plain:
+            assert logits is not None, "a step that samples rows computed their logits"
             rows = [chunk.seq for _, chunk in plain]
             rows_logits = logits if len(plain) == logits.shape[0] else \
                 logits[torch.tensor([offsets[i] for i, _ in plain], device=logits.device)]
@@ -171,6 +172,8 @@ class OutputProcessor:
         verify = [(i, chunk) for i, chunk in sampled if chunk.is_verify]
         if verify:
             from metrale_core.engine.verifier import commit_verify_chunks
+
+            assert logits is not None, "a step with verify chunks computed their logits"
 
             verified, self.last_verify_outcomes = commit_verify_chunks(
                 self, [chunk for _, chunk in verify],

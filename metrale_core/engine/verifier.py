@@ -54,7 +54,7 @@ def merge_outputs(outputs: Seq[Any]) -> Any:
 
 def _logprob_entry(row: torch.Tensor, token: int, width: int) -> tuple:
     """``((token, logprob, top),)`` from one row of log-probabilities."""
-    top = ()
+    top: tuple[tuple[int, float], ...] = ()
     if width:
         values, ids = row.topk(min(width, row.shape[0]))
         top = tuple((int(t), float(v)) for t, v in zip(ids.tolist(), values.tolist())

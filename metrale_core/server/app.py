@@ -28,6 +28,7 @@ from typing import Any
 
 from litestar import Litestar, Request, Router, route
 from litestar.datastructures import State
+from litestar.enums import ScopeType
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from loguru import logger
@@ -66,7 +67,7 @@ def not_implemented(request: Request) -> None:
 
 def _access_log(app: ASGIApp) -> ASGIApp:
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await app(scope, receive, send)
             return
         start = time.perf_counter()

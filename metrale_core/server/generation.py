@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from contextlib import aclosing, contextmanager
 from typing import Any
 
@@ -126,14 +126,14 @@ def plan_jobs(host: Any, req: Any, prompts: Sequence[list[int]], *, max_tokens: 
     return jobs
 
 
-def _generate(host: Any, job: Job, request_id: str) -> AsyncIterator:
+def _generate(host: Any, job: Job, request_id: str) -> AsyncGenerator[Any, None]:
     kwargs: dict[str, Any] = {"request_id": request_id}
     if job.extras:
         kwargs["extras"] = job.extras
     return host.async_engine.generate(job.prompt_ids, job.params, **kwargs)
 
 
-async def _timed(host: Any, job: Job, request_id: str) -> AsyncIterator:
+async def _timed(host: Any, job: Job, request_id: str) -> AsyncGenerator[Any, None]:
     """The engine stream of one job, observed for the latency and token metrics.
 
     A stream the consumer abandons (client gone) is recorded as finished with ``"abort"`` and
@@ -178,7 +178,7 @@ def _released(admission: Any) -> Iterator[None]:
         admission.release()
 
 
-async def run_jobs(host: Any, jobs: Sequence[Job]) -> AsyncIterator[tuple[int, Any]]:
+async def run_jobs(host: Any, jobs: Sequence[Job]) -> AsyncGenerator[tuple[int, Any], None]:
     """Merged deltas of ``jobs`` as ``(job.index, RequestOutput)``; aborts the rest on exit."""
     base = uuid.uuid4().hex[:16]
     admission = getattr(jobs, "admission", None)

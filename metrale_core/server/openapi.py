@@ -23,7 +23,7 @@ from functools import cache
 from typing import Any
 
 import attrs
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, RequestBody, Schema
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, Reference, RequestBody, Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
 __all__ = ["ERROR_SCHEMA", "ERROR_STATUSES", "body_operation", "documented", "json_schema"]
@@ -49,7 +49,8 @@ def json_schema(tp: Any) -> Schema:
         return Schema(type=OpenAPIType.OBJECT, additional_properties=value)
     if attrs.has(tp):
         hints = typing.get_type_hints(tp)
-        props, required = {}, []
+        props: dict[str, Schema | Reference] = {}
+        required: list[str] = []
         for f in attrs.fields(tp):
             props[f.name] = _constrained(json_schema(hints[f.name]), f)
             if f.default is attrs.NOTHING:
@@ -69,9 +70,9 @@ def _constrained(schema: Schema, f: Any) -> Schema:
     bound = BOUNDS.get(f.name)
     if bound is None:
         return schema
-    targets = [schema] + list(schema.one_of or [])
+    targets = [schema] + [s for s in schema.one_of or [] if isinstance(s, Schema)]  # json_schema builds no Reference
     for sub in targets:
-        if sub.type not in (OpenAPIType.INTEGER, OpenAPIType.NUMBER):
+        if not isinstance(sub.type, OpenAPIType) or sub.type not in (OpenAPIType.INTEGER, OpenAPIType.NUMBER):
             continue
         if bound.low is not None:
             if bound.low_open:

@@ -161,6 +161,7 @@ class JsonLexer:
             raw = "".join(self._chars) if self._chars is not None else None
             self._chars = None
             if self._is_key:
+                assert raw is not None  # a key's characters are always collected
                 self._is_key = False
                 self.state = COLON
                 self.listener.on_key(len(self.stack), raw)

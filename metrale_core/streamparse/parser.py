@@ -143,6 +143,7 @@ class StreamParser:
         out: list[ParsedDelta] = []
         for d in deltas:
             if d.name is not None and d.tool_call_id is None:
+                assert d.tool_call_index is not None  # a delta with a name is a call's header
                 d = ParsedDelta(tool_call_index=d.tool_call_index, tool_call_id=self._id(d.tool_call_index),
                                 name=d.name, arguments=d.arguments)
             last = out[-1] if out else None

@@ -51,7 +51,8 @@ class ChatPane(Vertical):
                  max_tokens: int | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.status = status
-        self.client_factory = client_factory or (lambda s: ChatClient(s.base_url, model=s.model))
+        # called only while serving, when base_url is set (see on_input_submitted)
+        self.client_factory = client_factory or (lambda s: ChatClient(s.base_url or "", model=s.model))
         self.max_tokens = max_tokens
         self.history: list[dict[str, str]] = []
         self.busy = False

@@ -60,6 +60,7 @@ class LayerCalibration:
             self._lookup = torch.full((num_slots,), -1, dtype=torch.int64, device=k.device)
             self.staged_slots = slot_mapping.new_empty((0,))
             self.staged_k, self.staged_v = k.new_empty((0, *k.shape[1:])), v.new_empty((0, *v.shape[1:]))
+        assert self.staged_slots is not None and self.staged_k is not None and self.staged_v is not None
         index = self._lookup[slot_mapping]
         old = index >= 0
         if bool(old.any()):
@@ -79,6 +80,7 @@ class LayerCalibration:
         """Put the held rows into gathered ``k``/``v`` ``[..., nb * bs, Hk, d]`` of ``block_ids``."""
         if self._lookup is None:
             return
+        assert self.staged_k is not None and self.staged_v is not None  # staged with the lookup
         offsets = torch.arange(block_size, device=block_ids.device)
         slots = (block_ids[..., None] * block_size + offsets).reshape(*block_ids.shape[:-1], -1)
         index = self._lookup[slots]

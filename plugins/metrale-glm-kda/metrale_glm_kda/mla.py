@@ -188,6 +188,7 @@ def _decode_attention(
     c, icache = _gather(kv, layer, block_tables[index, :blocks], q_lat.dtype, ix is not None)
     c = c[:, :longest]
     if ix is not None:
+        assert icache is not None  # gathered whenever the layer has an indexer
         selection[DECODE] = select_decode(dims, ix, q_resid[rows], x[rows], icache[:, :longest], ctx, ctx_host)
     allowed = selection[DECODE]
     scores = torch.einsum("bhr,blr->bhl", q_lat[rows], c)
@@ -237,6 +238,7 @@ def mla_attention(
         c, icache = _gather(kv, layer, block_tables[seq.index, :blocks], q_lat.dtype, ix is not None)
         c = c[: seq.ctx]  # [ctx, R]
         if ix is not None:
+            assert icache is not None  # gathered whenever the layer has an indexer
             selection[seq.index] = select_tokens(
                 dims, ix, q_resid[seq.lo : seq.hi], x[seq.lo : seq.hi], icache[: seq.ctx], seq.ctx
             )

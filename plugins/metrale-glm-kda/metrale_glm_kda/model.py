@@ -131,6 +131,7 @@ class GlmKdaLM:
             h = rms_norm(h, layer.input_norm, d.rms_norm_eps)
             slot = self._slot_of[i]
             if isinstance(layer.attn, MlaWeights):
+                assert kv is not None, "GLM's MLA layers read and write the paged cache"
                 y = mla_attention(d, layer.attn, h, kv, slot, batch.slot_mapping, batch.block_tables, seqs, selection)
             else:
                 y = self._kda(h, layer.attn, state, slot, batch, seqs)

@@ -221,6 +221,7 @@ def load_weights(
     layers = []
     for i in range(dims.num_layers):
         p = f"{root}layers.{i}."
+        attn: KdaWeights | MlaWeights
         if dims.layer_types[i] == "kda":
             attn = _kda(r, p + "self_attn.", dims)
         else:
