@@ -14,14 +14,14 @@ import os
 import shutil
 from pathlib import Path
 
+import anthropic
 import numpy as np
 import openai
 import pytest
 import torch
+import transformers
 
-transformers = pytest.importorskip("transformers")
-anthropic = pytest.importorskip("anthropic")
-pytest.importorskip("metrale_qwen3")
+import metrale_qwen3  # noqa: F401 -- a hard test dependency: missing is an error, not a skip
 
 QWEN3 = Path(os.environ.get("METRALE_QWEN3_TOKENIZER_DIR")
              or Path.home() / ".cache/metrale/tokenizers/qwen3")

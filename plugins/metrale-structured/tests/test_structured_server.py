@@ -7,14 +7,11 @@ from __future__ import annotations
 import json
 import re
 
+import jsonschema
+import openai
 import pytest
-
-pytest.importorskip("litestar")
-openai = pytest.importorskip("openai")
-jsonschema = pytest.importorskip("jsonschema")
-
-from schemas import SCHEMAS  # noqa: E402
-from structured_testlib import chat_text, client, concurrently, qwen3_dir, smollm2_path, start  # noqa: E402
+from schemas import SCHEMAS
+from structured_testlib import chat_text, client, concurrently, qwen3_dir, smollm2_path, start
 
 pytestmark = pytest.mark.slow
 
