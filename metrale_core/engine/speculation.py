@@ -28,12 +28,15 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from attrs import field, frozen
 
 from metrale_core.sampling.sampler import _inverse_cdf
+
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
 
 __all__ = [
     "SPECULATIVE_EXTRA",
@@ -207,7 +210,7 @@ class ProposerContext:
     #: The engine's ``LogitPipeline`` (drafts must be sampled from its processed distributions).
     pipeline: Any
     #: The plugin registry (to load a draft model), or None.
-    registry: Any
+    registry: Registry | None
     max_model_len: int
 
     def load_model(self, source: Any, options: Any = None) -> Any:

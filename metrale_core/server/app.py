@@ -24,7 +24,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from litestar import Litestar, Request, Router, route
 from litestar.datastructures import State
@@ -46,6 +46,9 @@ from metrale_core.server.metrics import ServerMetrics, metrics_route
 from metrale_core.server.models import get_model, list_models
 from metrale_core.server.responses import ResponseStore, response_handlers
 from metrale_core.server.tokenize import detokenize, tokenize
+
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
 
 __all__ = ["create_app"]
 
@@ -93,7 +96,7 @@ def _access_log(app: ASGIApp) -> ASGIApp:
     return middleware
 
 
-def create_app(config: ServerConfig, loader: Callable[[], ServedModel], registry: Any = None,
+def create_app(config: ServerConfig, loader: Callable[[], ServedModel], registry: Registry | None = None,
                *, openapi: bool = True) -> Litestar:
     """The server app; ``loader()`` runs on a worker thread at startup and returns the model."""
     host = EngineHost(config=config, registry=registry)

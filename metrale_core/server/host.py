@@ -29,12 +29,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import define, field, frozen
 from loguru import logger
 
 from metrale_core.server.errors import APIError
+
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
 
 __all__ = ["EngineHost", "ServedModel", "ServerConfig"]
 
@@ -125,7 +128,7 @@ class EngineHost:
     """The served engine and its state; see the module docstring."""
 
     config: ServerConfig
-    registry: Any = None
+    registry: Registry | None = None
     status: str = "loading"
     served: ServedModel | None = None
     async_engine: Any = None

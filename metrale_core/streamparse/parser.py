@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from metrale_core.errors import ConfigError, MetraleError
 from metrale_core.streamparse.base import ParsedDelta, ToolCallParser
 from metrale_core.streamparse.reasoning import REASONING_FORMATS, ReasoningSplitter
+
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
 
 __all__ = [
     "BUILTIN_TOOL_PARSERS",
@@ -190,7 +193,7 @@ def default_tool_parser(types: dict[str, tuple[str, ...]], model_type: str | Non
     return next((n for n, t in sorted(types.items()) if model_type in t), "hermes")
 
 
-def _tool_factory(registry: Any, name: str | None, model_type: str | None,
+def _tool_factory(registry: Registry | None, name: str | None, model_type: str | None,
                   chat_template: str | None = None) -> Callable | None:
     if registry is not None:
         specs = {n: (s.factory, tuple(s.model_types)) for n, s in registry.tool_call_parsers.items()}
@@ -209,7 +212,7 @@ def _tool_factory(registry: Any, name: str | None, model_type: str | None,
     return specs[name][0]
 
 
-def make_stream_parser(registry: Any = None, *, tool_parser: str | None = None,
+def make_stream_parser(registry: Registry | None = None, *, tool_parser: str | None = None,
                        reasoning: str | None = None, tools: list[dict] | None = None,
                        model_type: str | None = None, starts_in_reasoning: bool = False,
                        id_factory: Callable[[], str] = new_tool_call_id,
