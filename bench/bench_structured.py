@@ -109,7 +109,7 @@ def main() -> None:
                 if name in mask:
                     mask[name][0] += STATS.mask_steps - steps0
                     mask[name][1] += STATS.mask_seconds - mask0
-        processor.overlap = True
+        processor.overlap = None  # back to the default (auto)
         free = statistics.median(runs["free"])
         for name in ("overlap", "serial"):
             con = statistics.median(runs[name])
@@ -118,6 +118,8 @@ def main() -> None:
             print(f"width {width:2d}: free {free:7.1f} tok/s, json-schema ({name}) {con:7.1f} "
                   f"tok/s, {100 * (1 - con / free):+5.1f}% slower; engine thread in the mask "
                   f"{mask_ms:.2f} ms/step")
+    print(f"default (auto) on this machine: {'overlap' if processor._overlaps() else 'serial'} "
+          f"({torch.get_num_threads()} torch threads)")
     times = sorted(_compile_times(engine))
     print(f"compile ({len(times)} schemas): p50 {1e3 * statistics.median(times):.2f} ms, "
           f"max {1e3 * times[-1]:.2f} ms")

@@ -12,7 +12,8 @@ What is here (see :data:`PUBLIC` for the full table):
   ``load_registry``; errors (``ConfigError``, ``WeightsError``, ``ShapeMismatch``, ...);
 - the model contract: ``CausalLM``, ``ForwardBatch``, ``ModelInfo``, ``KVLayout``,
   ``RecurrentLayout``, ``PagedKVCache``, ``KVCodec``, ``gather_blocks``; weights: ``open_weights``,
-  ``WeightStore``, ``RawTensor``;
+  ``WeightStore``, ``RawTensor``, ``read_gguf_tensors`` / ``GGUFTensors`` (GGUF files that are
+  not models, e.g. LoRA adapters) and ``unpermute_rows`` (llama's Q/K row order);
 - layers (:mod:`metrale_core.layers`): norms, RoPE, gated MLPs, embedding, the linear layer and
   its weight formats, paged attention, ``torch_dtype``;
 - kernels: ``CustomOp``, the input checks, the CPU-library and CuPy launch helpers;
@@ -57,6 +58,8 @@ _MODEL = {
     "metrale_core.model_api": ("CausalLM", "ForwardBatch", "KVCodec", "KVLayout", "ModelInfo", "PagedKVCache",
                                "PlainKVCodec", "RecurrentLayout", "gather_blocks"),
     "metrale_core.weights": ("RawTensor", "WeightStore", "open_weights"),
+    "metrale_core.weights.gguf_tensors": ("GGUFTensors", "read_gguf_tensors"),
+    "metrale_core.weights.gguf_hf": ("unpermute_rows",),
     "metrale_core.layers": ("DTYPES", "WEIGHT_FORMATS", "WEIGHT_FORMAT_ENV", "AttentionPlan", "DecoderOps",
                             "DenseLinear", "Embedding", "GeGLU", "KVCacheWrite", "Linear",
                             "PagedAttentionDecode", "PagedAttentionPrefill", "QKNormRope", "RMSNorm",
@@ -292,6 +295,13 @@ if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block
         RawTensor,
         WeightStore,
         open_weights,
+    )
+    from metrale_core.weights.gguf_hf import (
+        unpermute_rows,
+    )
+    from metrale_core.weights.gguf_tensors import (
+        GGUFTensors,
+        read_gguf_tensors,
     )
 
 

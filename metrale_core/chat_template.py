@@ -13,7 +13,10 @@ Invariants:
   reasoning given as ``thinking`` / ``reasoning`` is also exposed as ``reasoning_content``.
 - A template that cannot be compiled raises ``ConfigError`` (the model's fault); a conversation the
   template rejects (``raise_exception``, a bad field, a sandbox violation) raises ``InvalidRequest``.
-- Rendering is bounded: at most ``time_budget_s`` seconds and at most ``max_chars`` characters
+- Rendering is bounded: at most ``time_budget_s`` seconds of the rendering thread's own CPU
+  time (``time.thread_time``: a template cannot sleep or wait, so CPU time is what a hostile one
+  burns, while waiting for the interpreter lock or a core on a busy server is not the
+  template's fault and never fails a good request) and at most ``max_chars`` characters
   of output; ``range`` is capped at jinja's ``MAX_RANGE`` and ``*`` / ``+`` / ``**`` refuse to
   build values beyond the output cap.  Past a bound the render raises ``InvalidRequest`` naming
   the template and the bound.  The clock is checked on every call, attribute/item access,
@@ -77,7 +80,7 @@ class _OverBudget(Exception):
 class _Budget:
     def __init__(self, seconds: float, max_chars: int) -> None:
         self.seconds = seconds
-        self.deadline = time.monotonic() + seconds
+        self.deadline = time.thread_time() + seconds
         self.max_chars = max_chars
 
 
@@ -87,8 +90,8 @@ _current = threading.local()
 
 def _tick() -> None:
     budget = getattr(_current, "budget", None)
-    if budget is not None and time.monotonic() > budget.deadline:
-        raise _OverBudget(f"it ran longer than its time budget of {budget.seconds:g} s")
+    if budget is not None and time.thread_time() > budget.deadline:
+        raise _OverBudget(f"it ran longer than its time budget of {budget.seconds:g} s of CPU time")
 
 
 #: ``co_filename`` of the code jinja compiles from a template string.

@@ -33,6 +33,21 @@ Optional extensions (the engine checks with ``hasattr``):
 - ``forward_with_hidden(batch, kv, state) -> (logits, hidden)``: like ``forward`` and also the
   final-normed hidden states ``[T, D]`` of every row (MTP draft heads read them).
 - Nothing here imports a model plugin; plugins import this module.
+
+Attention windows and KV groups.  A model may declare per-layer attention windows
+(``KVLayout.windows``: Gemma 2/3 sliding layers, Mistral-style models).  The cache then splits
+its layers into :class:`KVGroups`, the design of vLLM v1's hybrid KV cache manager: layers of
+one window form groups of ``group_size`` layers each, every group has its own block table per
+sequence, and all groups share ONE pool of pages.  A page (a block id) holds ``block_size``
+tokens of ``group_size`` layers, so the pool is ``group_size`` K (and V) tensors and layer ``l``
+stores into tensor ``index_of(l)`` through its group's block table (``kv.k[l]`` is that tensor,
+shared with the layers of the same index in the other groups).  The block manager frees a
+windowed group's blocks once they slid out of the window and hands them to any group.  Why
+this design: it is the simplest one in which freed window blocks become memory the global
+layers can use (a fixed split between a "global" and a "window" pool would strand one of them),
+and with no window every layer is in one group of ``num_layers`` layers: pages, tables and
+tensors are exactly those of the plain cache, so non-windowed models see no change.  A model
+with windows reads group ``g``'s tables and slots through ``batch.for_group(g)``.
 """
 
 from __future__ import annotations
@@ -40,13 +55,15 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import torch
-from attrs import define, field, frozen
+from attrs import define, evolve, field, frozen
 
 __all__ = [
     "CausalLM",
     "ForwardBatch",
     "HiddenStatesLM",
     "KVCodec",
+    "KVGroup",
+    "KVGroups",
     "KVLayout",
     "ModelInfo",
     "PagedKVCache",
@@ -73,16 +90,94 @@ class KVLayout:
     #: latent in K and a per-token side cache, e.g. a sparse-attention indexer's keys, in V);
     #: None means ``head_dim``.
     v_head_dim: int | None = None
+    #: Per layer, the positions a row attends back to (its own included; None: the whole
+    #: context); empty: every layer is global.  Drives the KV groups (see the module docstring).
+    windows: tuple[int | None, ...] = ()
+
+    def __attrs_post_init__(self) -> None:
+        if self.windows and len(self.windows) != self.num_layers:
+            raise ValueError(f"KVLayout.windows names {len(self.windows)} layers, not {self.num_layers}")
+        if any(w is not None and w < 1 for w in self.windows):
+            raise ValueError(f"an attention window must be >= 1 position: {self.windows}")
 
     @property
     def v_dim(self) -> int:
         """Last dimension of the V tensors."""
         return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
+    @property
+    def groups(self) -> KVGroups:
+        """The KV groups of this layout (one group of every layer without windows)."""
+        return KVGroups.of(self)
+
     def bytes_per_token(self) -> int:
         """Bytes of K plus V across all layers for one token."""
+        return self.num_layers * self._bytes_per_layer_token()
+
+    def bytes_per_page_token(self) -> int:
+        """Bytes one token of one pool page takes: ``group_size`` layers (all layers without
+        windows, so ``bytes_per_token``); the pool holds ``memory // (block_size * this)`` pages."""
+        return self.groups.group_size * self._bytes_per_layer_token()
+
+    def _bytes_per_layer_token(self) -> int:
         itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return self.num_layers * self.num_kv_heads * (self.head_dim + self.v_dim) * itemsize
+        return self.num_kv_heads * (self.head_dim + self.v_dim) * itemsize
+
+
+@frozen
+class KVGroup:
+    """Layers that share one block table per sequence: same window, at most ``group_size``."""
+
+    #: The window of every layer here (None: full attention).
+    window: int | None
+    #: The layers, in order; layer ``layers[j]`` stores into pool tensor ``j``.
+    layers: tuple[int, ...]
+
+
+@frozen
+class KVGroups:
+    """How a layout's layers map onto block tables and pool tensors (module docstring).
+
+    Groups are ordered full-attention first, then by window; a window's layers are cut into
+    groups of ``group_size`` (the smallest per-window layer count, vLLM's rule), the last one
+    possibly shorter (its unused pool tensors idle in its pages).
+    """
+
+    groups: tuple[KVGroup, ...]
+    #: Layers per page: the number of K (and V) tensors the pool allocates.
+    group_size: int
+
+    @classmethod
+    def of(cls, layout: KVLayout) -> KVGroups:
+        n = layout.num_layers
+        windows = layout.windows or (None,) * n
+        if len(set(windows)) <= 1:
+            return cls((KVGroup(windows[0] if n else None, tuple(range(n))),), max(n, 1))
+        by_window: dict[int | None, list[int]] = {}
+        for layer, window in enumerate(windows):
+            by_window.setdefault(window, []).append(layer)
+        size = min(len(layers) for layers in by_window.values())
+        order = sorted(by_window, key=lambda w: (w is not None, w or 0))
+        groups = tuple(KVGroup(w, tuple(by_window[w][i:i + size]))
+                       for w in order for i in range(0, len(by_window[w]), size))
+        return cls(groups, size)
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """The window of each group, in group order."""
+        return tuple(g.window for g in self.groups)
+
+    def locate(self, layer: int) -> tuple[int, int]:
+        """``(group, pool tensor index)`` of ``layer``."""
+        for g, group in enumerate(self.groups):
+            if layer in group.layers:
+                return g, group.layers.index(layer)
+        raise IndexError(f"layer {layer} is in no KV group")
+
+    def group_of_layers(self) -> tuple[int, ...]:
+        """Per layer, the index of its group."""
+        num_layers = sum(len(g.layers) for g in self.groups)
+        return tuple(self.locate(layer)[0] for layer in range(num_layers))
 
 
 @frozen
@@ -190,7 +285,9 @@ class PagedKVCache:
     """The paged K/V pool: one K and one V tensor per attention layer.
 
     ``k[layer]`` has shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` and ``v[layer]``
-    the same with ``KVLayout.v_dim`` last.
+    the same with ``KVLayout.v_dim`` last.  With KV groups (windows) ``k[layer]`` is the pool
+    tensor of the layer's index in its group, shared by the same index of the other groups
+    (each group writes only the pages its block tables hold).
     A token at slot ``s`` lives at ``[s // block_size, s % block_size]``.
     """
 
@@ -205,12 +302,18 @@ class PagedKVCache:
     @classmethod
     def allocate(cls, layout: KVLayout, num_blocks: int, block_size: int,
                  device: torch.device | str = "cpu", codec: KVCodec | None = None) -> PagedKVCache:
-        """Zeroed storage of ``layout.dtype`` (the codec's storage dtype) for ``num_blocks`` blocks."""
+        """Zeroed storage of ``layout.dtype`` (the codec's storage dtype) for ``num_blocks`` pages
+        of ``layout.groups.group_size`` layers (every layer without windows)."""
         shape = (num_blocks, block_size, layout.num_kv_heads, layout.head_dim)
         v_shape = (num_blocks, block_size, layout.num_kv_heads, layout.v_dim)
+        groups = layout.groups
+        size = min(groups.group_size, layout.num_layers)
+        k = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(size)]
+        v = [torch.zeros(v_shape, dtype=layout.dtype, device=device) for _ in range(size)]
+        index = [groups.locate(layer)[1] for layer in range(layout.num_layers)]
         return cls(
-            k=[torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)],
-            v=[torch.zeros(v_shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)],
+            k=[k[j] for j in index],
+            v=[v[j] for j in index],
             block_size=block_size,
             codec=codec if codec is not None else PlainKVCodec(),
         )
@@ -272,6 +375,19 @@ class ForwardBatch:
     block_size: int
     #: Per sequence: its rows are a speculative verify chunk (see the module docstring).
     verify_host: tuple[bool, ...] = ()
+    #: KV groups after the first (``KVLayout.groups``; empty without windows): each group's
+    #: ``[B, max_blocks]`` block tables (a block that slid out of the window reads as 0, never
+    #: attended) and ``[T]`` slots; group 0's are ``block_tables`` / ``slot_mapping``.
+    group_block_tables: tuple[torch.Tensor, ...] = ()
+    group_slot_mappings: tuple[torch.Tensor, ...] = ()
+
+    def for_group(self, group: int) -> ForwardBatch:
+        """This batch as KV group ``group``'s layers see it (its block tables and slots)."""
+        if group == 0:
+            return self
+        return evolve(self, block_tables=self.group_block_tables[group - 1],
+                      slot_mapping=self.group_slot_mappings[group - 1],
+                      group_block_tables=(), group_slot_mappings=())
 
     @property
     def num_seqs(self) -> int:

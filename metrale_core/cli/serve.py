@@ -8,6 +8,9 @@ Invariants:
   ``METRALE_API_KEY`` and is never logged.
 - The engine flags are the shared ones (``metrale_core.cli.flags``), plugins' included.
 - Access logs (one line per request) go to stderr through loguru even at the default log level.
+- ``--data-parallel-size N`` (N > 1) serves through ``metrale_core.dataparallel.ReplicaPool``:
+  each replica process rebuilds the engine from the same flags (:func:`replica_served`); see
+  :func:`serving_loader`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_options_from_args, parse_size
 from metrale_core.errors import ConfigError
 
-__all__ = ["add_parser", "build_loader", "run", "served_name"]
+__all__ = ["add_parser", "build_loader", "replica_served", "run", "served_name", "serving_loader"]
 
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 
@@ -60,6 +63,10 @@ def add_parser(sub, registry) -> argparse.ArgumentParser:
                            "GET /v1/responses/{id} (LRU; 0 stores none; default: 1024)")
     http.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
                       help="time in-flight requests get to finish on shutdown (default: 10)")
+    http.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                      help="serve with N engine replicas, each its own process, requests routed "
+                           "by load with prefix affinity; --threads is then per replica (default: "
+                           "the cores split between them) (default: 1, one in-process engine)")
     http.add_argument("--no-tui", action="store_true",
                       help="plain logs instead of the terminal dashboard (also METRALE_NO_TUI=1; "
                            "automatic when stdout is not a terminal or TERM is dumb)")
@@ -99,6 +106,53 @@ def build_loader(args, registry, model: str | None, on_tensor=None):
     return load
 
 
+def replica_served(options: dict, model: str | None):
+    """In a data-parallel replica process: the served model the flags in ``options`` describe
+    (plugins loaded afresh, since a registry does not cross processes)."""
+    from metrale_core.plugins import load_registry
+
+    return build_loader(argparse.Namespace(**options), load_registry(), model)()
+
+
+#: The server's own KV pool under data parallel: its engine only validates requests, never runs.
+FRONT_KV_MEMORY = 16 << 20
+
+
+def serving_loader(args, registry, model: str | None, on_tensor=None):
+    """:func:`build_loader`'s loader; under ``--data-parallel-size N`` (N > 1) its served model
+    runs N replica processes (``metrale_core.dataparallel.ReplicaPool``), each building the
+    engine from the same flags, and the server's own engine (for validation and the model's
+    facts) gets a token KV pool."""
+    size = args.data_parallel_size
+    if size < 1:
+        raise ConfigError(f"--data-parallel-size must be >= 1, got {size}")
+    if size == 1:
+        return build_loader(args, registry, model, on_tensor=on_tensor)
+    import functools
+    import pickle
+
+    import attrs
+
+    from metrale_core.dataparallel import ReplicaPool
+
+    threads = args.threads or max(1, (os.cpu_count() or 1) // size)
+    options = {k: v for k, v in vars(args).items() if k != "func"}
+    options["threads"] = threads
+    factory = functools.partial(replica_served, options, model)
+    try:
+        pickle.dumps(factory)
+    except Exception as exc:  # a plugin flag value that cannot cross processes
+        raise ConfigError(f"--data-parallel-size: the flags cannot be sent to replica processes "
+                          f"({type(exc).__name__}: {exc})") from None
+    front = functools.partial(ReplicaPool, factory=factory, size=size, threads=threads)
+    loader = build_loader(argparse.Namespace(**{**options, "kv_cache_memory": FRONT_KV_MEMORY}),
+                          registry, model, on_tensor=on_tensor)
+
+    def load():
+        return attrs.evolve(loader(), async_front=front)
+    return load
+
+
 def run(args, registry) -> int:
     from loguru import logger
 
@@ -123,7 +177,7 @@ def run(args, registry) -> int:
                    diagnose=False, backtrace=False,
                    filter=lambda record: record["name"] == "metrale_core.server.app"
                    and record["level"].no < 30)
-    app = create_app(config, build_loader(args, registry, model), registry)
+    app = create_app(config, serving_loader(args, registry, model), registry)
     print(f"met serve: {config.served_model_name!r} on http://{args.host}:{args.port}/v1 "
           f"(loading; GET /health turns 200 when ready)", file=sys.stderr, flush=True)
     serve_forever(app, args.host, args.port, args.shutdown_grace)
@@ -139,7 +193,7 @@ def _run_dashboard(args, registry, model, config) -> int:
 
     status = ServerStatus(version=metrale_core.__version__, model=config.served_model_name,
                           scheduler=args.scheduler)
-    loader = build_loader(args, registry, model, on_tensor=status.tensor_loaded)
+    loader = serving_loader(args, registry, model, on_tensor=status.tensor_loaded)
     app = create_app(config, observe_loader(status, loader), registry)
     level = args.log_level if args.log_level in ("trace", "debug") else "info"
     return serve_with_dashboard(app, status, host=args.host, port=args.port,

@@ -10,9 +10,10 @@ Invariants:
 - A consumer that stops (``aclose()``, a cancelled task, a broken connection) aborts its request,
   which frees its blocks.
 - A consumer that falls behind the engine gets the deltas waiting for it merged into one
-  (:func:`merge_outputs`: tokens, text, logprobs and parsed pieces concatenated in order), so a
-  slow event loop does less work per token instead of more; the final delta is never merged
-  into a later one, and an exception is raised in its place in the order it came.
+  (``output.merge_outputs``: tokens, text, logprobs and parsed pieces concatenated in order;
+  ``steps`` counts the engine steps it spans), so a slow event loop does less work per token
+  instead of more; the final delta is never merged into a later one, and an exception is raised
+  in its place in the order it came.
 - An exception inside a step fails the requests of that step with ``"error"``; the loop goes on.
 - ``shutdown()`` aborts what is left, delivers the final deltas and joins the thread.
 """
@@ -31,11 +32,11 @@ from attrs import evolve
 from loguru import logger
 
 from metrale_core.engine.engine import LLMEngine
-from metrale_core.engine.output import RequestOutput
+from metrale_core.engine.output import RequestOutput, merge_outputs
 from metrale_core.errors import InvalidRequest, MetraleError
 from metrale_core.sampling.params import SamplingParams
 
-__all__ = ["AsyncEngine", "EngineStopped", "merge_outputs"]
+__all__ = ["AsyncEngine", "EngineStopped", "step_or_fail"]
 
 
 class EngineStopped(MetraleError):
@@ -105,11 +106,15 @@ class AsyncEngine:
                 item = await stream.get()
                 if isinstance(item, BaseException):
                     raise item
-                while not item.finished and not stream.empty():  # a consumer behind: coalesce
+                waiting = [item]
+                while not waiting[-1].finished and not stream.empty():  # a consumer behind: coalesce
                     nxt = stream.get_nowait()
                     if isinstance(nxt, BaseException):
                         raise nxt
-                    item = merge_outputs(item, nxt)
+                    waiting.append(nxt)
+                if len(waiting) > 1:
+                    steps = sum(o.steps for o in waiting if o.new_token_ids)
+                    item = evolve(merge_outputs(waiting), steps=max(steps, 1))
                 finished = item.finished
                 yield item
         finally:
@@ -125,11 +130,7 @@ class AsyncEngine:
             self._drain(block=not engine.has_unfinished())
             if self._stop.is_set() or not engine.has_unfinished():
                 continue
-            try:
-                outputs = engine.step()
-            except Exception as exc:
-                logger.exception("engine step failed; failing its requests")
-                outputs = engine.fail_in_flight(f"{type(exc).__name__}: {exc}")
+            outputs = step_or_fail(engine)
             self._deliver(outputs)
             if not outputs and engine.scheduler.last_plan.is_empty:
                 self._drain(block=True, timeout=self.idle_wait_s)
@@ -195,13 +196,14 @@ class AsyncEngine:
             self._deliver(engine.step())
 
 
-def merge_outputs(first: RequestOutput, then: RequestOutput) -> RequestOutput:
-    """One delta equal to ``first`` followed by ``then`` (two deltas of the same request)."""
-    logprobs = (None if first.logprobs is None and then.logprobs is None
-                else (first.logprobs or ()) + (then.logprobs or ()))
-    return evolve(then, new_token_ids=first.new_token_ids + then.new_token_ids,
-                  text_delta=first.text_delta + then.text_delta, logprobs=logprobs,
-                  parsed=first.parsed + then.parsed)
+def step_or_fail(engine: LLMEngine) -> list[RequestOutput]:
+    """One ``engine.step()``; when it raises, the requests of that step finish with ``"error"``
+    (logged) and their final deltas are returned, so a loop driving the engine survives."""
+    try:
+        return engine.step()
+    except Exception as exc:
+        logger.exception("engine step failed; failing its requests")
+        return engine.fail_in_flight(f"{type(exc).__name__}: {exc}")
 
 
 def _put_all(items: list) -> None:

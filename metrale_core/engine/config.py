@@ -6,7 +6,8 @@ Owner: the engine (``LLMEngine``) reads it when it is built; the CLI maps its fl
 Invariants:
 - Every field is checked at construction; a bad value raises ``ConfigError`` naming the field.
 - ``num_kv_blocks`` (when given) overrides the ``kv_cache_memory`` byte budget; otherwise the pool
-  holds ``kv_cache_memory // (block_size * layout.bytes_per_token())`` blocks.
+  holds ``kv_cache_memory // (block_size * layout.bytes_per_page_token())`` blocks (pages of
+  ``layout.groups.group_size`` layers: every layer unless the model declares attention windows).
 """
 
 from __future__ import annotations
@@ -116,11 +117,12 @@ class EngineConfig:
             return self.num_kv_blocks
         if layout is None or layout.num_layers == 0:
             return self.max_num_seqs * -(-max_model_len // self.block_size)
-        blocks = self.kv_cache_memory // (self.block_size * layout.bytes_per_token())
+        per_token = layout.bytes_per_page_token()
+        blocks = self.kv_cache_memory // (self.block_size * per_token)
         if blocks < 1:
             raise ConfigError(
                 f"kv_cache_memory={self.kv_cache_memory} bytes holds no block of {self.block_size} "
-                f"tokens ({layout.bytes_per_token()} bytes per token); raise kv_cache_memory")
+                f"tokens ({per_token} bytes per token); raise kv_cache_memory")
         return blocks
 
     def num_state_slots_for(self, info: ModelInfo) -> int:

@@ -28,17 +28,18 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from typing import Any
 
 import torch
-from attrs import frozen
+from attrs import evolve, frozen
 from loguru import logger
 
 from metrale_core.engine.request import Sequence
 from metrale_core.engine.scheduler import Scheduler, SchedulerOutput
 from metrale_core.streamparse.base import held_back_len
 
-__all__ = ["OutputProcessor", "RequestOutput"]
+__all__ = ["OutputProcessor", "RequestOutput", "merge_outputs"]
 
 
 @frozen
@@ -66,6 +67,25 @@ class RequestOutput:
     #: The pooled, L2-normalised vector of a pooling (embedding) request's final delta
     #: (``metrale_core.engine.pooling``); None otherwise.
     embedding: Any = None
+    #: Engine steps whose tokens this delta carries: 1, more when a consumer that fell behind got
+    #: several steps' deltas coalesced into one (``AsyncEngine.generate``); the server's
+    #: inter-token latency counts one observation per step, however the deltas were delivered.
+    steps: int = 1
+
+
+def merge_outputs(outputs: Seq[RequestOutput]) -> RequestOutput:
+    """One delta equal to consecutive deltas of the same request in order: tokens, text, logprobs
+    and parsed pieces concatenated, everything else (finish, counts, ``steps``) from the last."""
+    if len(outputs) == 1:
+        return outputs[0]
+    changes: dict[str, Any] = {
+        "new_token_ids": sum((tuple(o.new_token_ids) for o in outputs), ()),
+        "text_delta": "".join(o.text_delta for o in outputs),
+        "parsed": sum((tuple(o.parsed or ()) for o in outputs), ()),
+    }
+    if any(o.logprobs is not None for o in outputs):
+        changes["logprobs"] = sum((tuple(o.logprobs or ()) for o in outputs), ())
+    return evolve(outputs[-1], **changes)
 
 
 def _parse(seq: Sequence, delta: str, finished: bool) -> tuple:

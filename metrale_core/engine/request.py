@@ -8,7 +8,9 @@ Invariants:
   consumed; tokens ``[num_computed_tokens, num_tokens)`` are still to be fed.  A token is never
   fed twice while the sequence keeps its blocks: preemption resets ``num_computed_tokens`` to 0
   and frees everything, so the history is replayed from position 0 (fresh recurrent state).
-- ``block_ids[i]`` holds positions ``i*block_size .. (i+1)*block_size - 1``.
+- ``block_ids[i]`` holds positions ``i*block_size .. (i+1)*block_size - 1`` (KV group 0);
+  ``group_block_ids[g - 1]`` is KV group ``g``'s table, as long, where a block that slid out of
+  the group's window is ``NULL_BLOCK`` (only with attention windows; see ``block_manager``).
 - A ``Sequence`` is a ``RowLike`` for the logit pipeline (params, prompt_ids, output_ids,
   generator, extras).
 - ``repr`` never dumps token ids (only lengths).
@@ -79,6 +81,8 @@ class Sequence:
     #: Tokens reused from the prefix cache at the last admission.
     num_cached_tokens: int = 0
     block_ids: list[int] = field(factory=list)
+    #: Block tables of the KV groups after the first (empty without attention windows).
+    group_block_ids: list[list[int]] = field(factory=list)
     #: Recurrent-state slot while running (-1 when none).
     state_slot: int = -1
     generator: torch.Generator | None = None

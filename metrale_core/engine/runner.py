@@ -11,6 +11,9 @@ Invariants:
   speculative verify chunk ``[last, d1..dk]``.  Replayed positions of a
   preempted sequence never produce logits.
 - ``state_fresh[i]`` is True exactly when chunk ``i`` starts at position 0.
+- With attention windows each KV group after the first gets its own block tables and slots
+  (``ForwardBatch.group_block_tables`` / ``group_slot_mappings``); a row is only ever written
+  through blocks its chunk holds (never ``NULL_BLOCK``).
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ class ModelRunner:
         def t(values, dtype=torch.int64):
             return torch.tensor(values, dtype=dtype, device=self.device)
 
+        group_tables, group_slots = self._group_tables(plan, width)
+
         return ForwardBatch(
             input_ids=t(input_ids), positions=t(positions), query_start=t(query_start),
             context_lens=t(context_lens), block_tables=t(tables).reshape(len(tables), width),
@@ -100,7 +105,24 @@ class ModelRunner:
             state_fresh=t([c.start == 0 for c in plan.chunks], torch.bool),
             query_lens_host=tuple(c.num_tokens for c in plan.chunks),
             context_lens_host=tuple(context_lens), block_size=bs,
-            verify_host=tuple(c.is_verify for c in plan.chunks))
+            verify_host=tuple(c.is_verify for c in plan.chunks),
+            group_block_tables=tuple(t(g).reshape(len(g), width) for g in group_tables),
+            group_slot_mappings=tuple(t(g) for g in group_slots))
+
+    def _group_tables(self, plan: SchedulerOutput, width: int) -> tuple[list, list]:
+        """Block tables ``[B][width]`` and slots ``[T]`` of each KV group after the first
+        (``NULL_BLOCK`` and padding read as block 0, which no row attends to)."""
+        chunks = plan.chunks
+        num = len(chunks[0].group_block_ids) if chunks else 0
+        bs = self.block_size
+        tables: list = []
+        slots: list = []
+        for g in range(num):
+            tables.append([[max(b, 0) for b in c.group_block_ids[g]] + [0] * (width - len(c.block_ids))
+                           for c in chunks])
+            slots.append([c.group_block_ids[g][pos // bs] * bs + pos % bs
+                          for c in chunks for pos in range(c.start, c.start + c.num_tokens)])
+        return tables, slots
 
     def keep_hidden_states(self) -> None:
         """From now on every :meth:`execute` runs the model's ``forward_with_hidden`` and keeps

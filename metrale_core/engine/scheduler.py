@@ -17,7 +17,10 @@ One step, in order:
    recently admitted not yet scheduled this step, possibly itself) by recompute: its blocks and
    slot are freed and it goes back to the FRONT of the waiting queue with prompt + generated
    tokens as its new prefill content.  A sequence alone in the pool that still cannot grow
-   finishes with ``"error"`` (``KVCacheExhausted``).
+   finishes with ``"error"`` (``KVCacheExhausted``).  Before that, a running sequence of a model
+   with attention windows gives back the blocks that slid out of every window
+   (``BlockManager.slide``), and its room counts one block per KV group for each block of
+   positions, so admission and growth count a windowed group's smaller need.
 3. If nothing was preempted, admit waiting sequences in policy order (continuous batching)
    while the budget, ``max_num_seqs``, the KV pool and the state slots allow (a policy whose
    ``next_waiting`` takes ``step`` also sees what the step holds, an :class:`AdmissionStep`).
@@ -157,6 +160,9 @@ class ScheduledChunk:
     #: The proposer's ``Draft`` record of a verify chunk (its ``probs`` are ``q`` for the
     #: acceptance rule); None for every other chunk.
     draft: Any = field(default=None, eq=False)
+    #: The block tables of the sequence's KV groups after the first, for this step (empty
+    #: without attention windows; ``NULL_BLOCK`` where a block slid out of the window).
+    group_block_ids: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -205,7 +211,8 @@ class Scheduler:
         self.policy = policy
         self.max_model_len = max_model_len
         self.block_manager = BlockManager(num_blocks, config.block_size,
-                                          config.resolve_prefix_caching(info))
+                                          config.resolve_prefix_caching(info),
+                                          windows=info.kv.groups.windows if info.kv is not None else (None,))
         self.state_slots = StateSlots(config.num_state_slots_for(info), info.has_recurrent_state)
         #: Preemptions (by recompute) since start.
         self.num_preemptions = 0
@@ -293,6 +300,7 @@ class Scheduler:
             if want == 0:
                 i += 1
                 continue
+            self.block_manager.slide(seq)
             source = None if seq.is_prefilling else drafts.get(seq.request_id)
             draft = self._fit_draft(seq, source)
             n = self._reserve(seq, want + len(draft), i, preempted)
@@ -359,7 +367,7 @@ class Scheduler:
         bm = self.block_manager
         while True:
             computed = seq.num_computed_tokens
-            room = (len(seq.block_ids) + bm.num_free_blocks) * bm.block_size - computed
+            room = (len(seq.block_ids) + bm.num_free_blocks // bm.num_groups) * bm.block_size - computed
             n = min(want, room) if seq.is_prefilling else (want if room >= want else 0)
             if n > 0:
                 bm.grow(seq, computed + n)
@@ -388,7 +396,7 @@ class Scheduler:
     def _fail_exhausted(self, seq: Sequence, num_tokens: int) -> None:
         bm = self.block_manager
         error = KVCacheExhausted(
-            f"request {seq.request_id!r} needs {bm.blocks_for(num_tokens)} KV blocks of "
+            f"request {seq.request_id!r} needs {bm.min_blocks_for(num_tokens)} KV blocks of "
             f"{bm.block_size} tokens for {num_tokens} tokens, but the whole pool holds "
             f"{bm.num_blocks} blocks; raise kv_cache_memory / num_kv_blocks or lower "
             f"max_tokens / max_model_len")
@@ -402,7 +410,7 @@ class Scheduler:
             seq = self._next_waiting(budget, decodes, prefills)
             if seq is None:
                 break
-            if bm.blocks_for(seq.num_prefill_tokens) > bm.num_blocks:
+            if bm.min_blocks_for(seq.num_prefill_tokens) > bm.num_blocks:
                 self._fail_exhausted(seq, seq.num_prefill_tokens)
                 continue
             if not self.state_slots.can_allocate() or not self._adapter_fits(seq):
@@ -452,7 +460,8 @@ class Scheduler:
         if draft is None or not draft.token_ids:
             return ()
         bm = self.block_manager
-        room = (len(seq.block_ids) + bm.num_free_blocks) * bm.block_size - seq.num_computed_tokens
+        room = (len(seq.block_ids) + bm.num_free_blocks // bm.num_groups) * bm.block_size \
+            - seq.num_computed_tokens
         return tuple(draft.token_ids[:max(0, room - 1)])
 
     def _chunk(self, seq: Sequence, n: int, draft: tuple[int, ...] = (),
@@ -463,14 +472,20 @@ class Scheduler:
                                                                    + draft),
                                   block_ids=tuple(seq.block_ids), state_slot=seq.state_slot,
                                   sample=True, kind=PositionKind.VERIFY, is_decode=True,
-                                  draft=source)
+                                  draft=source, group_block_ids=_group_tables(seq))
         sample = start + n == seq.num_tokens
         kind = None
         if sample:
             kind = PositionKind.FINAL_DECODE if seq.output_ids else PositionKind.PREFILL_LAST
         return ScheduledChunk(seq=seq, start=start, token_ids=seq.token_ids(start, start + n),
                               block_ids=tuple(seq.block_ids), state_slot=seq.state_slot,
-                              sample=sample, kind=kind, is_decode=not seq.is_prefilling)
+                              sample=sample, kind=kind, is_decode=not seq.is_prefilling,
+                              group_block_ids=_group_tables(seq))
+
+
+def _group_tables(seq: Sequence) -> tuple[tuple[int, ...], ...]:
+    """The block tables of ``seq``'s KV groups after the first (empty without windows)."""
+    return tuple(tuple(table) for table in seq.group_block_ids)
 
 
 def _takes_step(policy: Any) -> bool:

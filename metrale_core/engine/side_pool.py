@@ -9,7 +9,8 @@ Invariants:
 - The pool never prefix-caches and keeps no recurrent state: a model with recurrent state is
   refused (``ConfigError``), since a drafter's positions are overwritten, never rolled back.
 - A "sequence" here is anything with ``request_id`` and a mutable ``block_ids`` list (what the
-  ``BlockManager`` reads); chunks sample their last row at ``FINAL_DECODE``.
+  ``BlockManager`` reads; plus ``group_block_ids`` for a model with attention windows, whose
+  groups the pool keeps whole: it never slides); chunks sample their last row at ``FINAL_DECODE``.
 """
 
 from __future__ import annotations
@@ -37,13 +38,16 @@ class SidePool:
             raise ConfigError(f"{model.info.architecture} keeps recurrent state; a drafter must "
                               "be an attention-only model")
         self.runner = ModelRunner(model, num_blocks, block_size, 0)
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        kv = model.info.kv
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False,
+                                   windows=kv.groups.windows if kv is not None else (None,))
 
     @staticmethod
     def chunk(seq: Any, start: int, token_ids: Iterable[int]) -> ScheduledChunk:
         """Rows ``token_ids`` of ``seq`` at positions ``start..``; logits of the last row only."""
         return ScheduledChunk(seq=seq, start=start, token_ids=tuple(token_ids),
                               block_ids=tuple(seq.block_ids), state_slot=-1, sample=True,
+                              group_block_ids=tuple(tuple(t) for t in getattr(seq, "group_block_ids", ())),
                               kind=PositionKind.FINAL_DECODE, is_decode=False)
 
     @staticmethod

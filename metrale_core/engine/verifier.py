@@ -27,29 +27,13 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from typing import Any
 
-import attrs
 import torch
 
+from metrale_core.engine.output import merge_outputs
 from metrale_core.engine.speculation import VerifyOutcome, accept, verify_rows
 from metrale_core.sampling.position import PositionKind
 
-__all__ = ["commit_verify_chunks", "merge_outputs"]
-
-
-def merge_outputs(outputs: Seq[Any]) -> Any:
-    """One ``RequestOutput`` for several consecutive deltas of the same sequence."""
-    if len(outputs) == 1:
-        return outputs[0]
-    last = outputs[-1]
-    changes = {
-        "new_token_ids": sum((tuple(o.new_token_ids) for o in outputs), ()),
-        "text_delta": "".join(o.text_delta for o in outputs),
-    }
-    if any(o.logprobs is not None for o in outputs):
-        changes["logprobs"] = sum((tuple(o.logprobs or ()) for o in outputs), ())
-    if hasattr(last, "parsed"):
-        changes["parsed"] = sum((tuple(o.parsed or ()) for o in outputs), ())
-    return attrs.evolve(last, **changes)
+__all__ = ["commit_verify_chunks"]
 
 
 def _logprob_entry(row: torch.Tensor, token: int, width: int) -> tuple:

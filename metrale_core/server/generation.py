@@ -150,11 +150,17 @@ async def _timed(host: Any, job: Job, request_id: str) -> AsyncGenerator[Any, No
                 now = time.perf_counter()
                 latest = out
                 if out.new_token_ids:
+                    # one inter-token observation per engine step, also when a consumer behind got
+                    # several steps coalesced: the time since the last delivery shared between them
+                    # (the steps after the first token of the first delivery came with it: 0)
                     if first:
                         metrics.ttft.observe(now - start)
                         first = False
+                        gaps = [0.0] * (out.steps - 1)
                     else:
-                        metrics.itl.observe(now - last)
+                        gaps = [(now - last) / out.steps] * out.steps
+                    for gap in gaps:
+                        metrics.itl.observe(gap)
                     last = now
                 if out.finished:
                     final = out

@@ -1,5 +1,6 @@
-"""``GET /health``: readiness (503 while the model loads, after a failed load or while
-stopping; 200 when requests can be served) and ``GET /health/live``: liveness (always 200).
+"""``GET /health``: readiness (503 while the model loads, after a failed load, while
+stopping or while a data-parallel replica is down; 200 when requests can be served, with
+``replicas`` under data parallel) and ``GET /health/live``: liveness (always 200).
 
 Owner: the server; load balancers and the tests poll it.
 """
@@ -22,7 +23,21 @@ def health(request: Request) -> Response:
         host.ready()
     except APIError as exc:
         return error_response(exc)
-    return Response({"status": "ok", "model": host.config.served_model_name})
+    body = {"status": "ok", "model": host.config.served_model_name}
+    if host.replicated:  # data parallel: 503 while a replica is down (the others serve)
+        body["replicas"] = host.async_engine.replica_status()
+        down = host.async_engine.replicas_down
+        if down:
+            return error_response(
+                APIError(
+                    503,
+                    f"data-parallel replica(s) {', '.join(map(str, down))} down and restarting; "
+                    f"requests are served by the others",
+                    code="replica_down",
+                    headers={"Retry-After": "1"},
+                )
+            )
+    return Response(body)
 
 
 @get("/health/live", tags=["ops"], sync_to_thread=False, operation_class=documented(None, (500,)))

@@ -5,13 +5,14 @@ calls :meth:`EngineHost.shutdown` at exit; every route reads it from ``app.state
 
 Invariants:
 - The model loads on a worker thread after the server is listening: ``/health`` answers 503
-  (``model_not_loaded``) until the ``AsyncEngine`` runs, then 200; a failed load stays 503 with
-  the reason.
+  (``model_not_loaded``) until the ``AsyncEngine`` (or the served model's ``async_front``, e.g.
+  data-parallel replicas) runs, then 200; a failed load stays 503 with the reason.
 - That thread is its own and ends with the load (never a pooled executor thread): a live thread
   that has run torch's parallel CPU ops keeps an OpenMP thread team, and with one alive the engine
   thread's CPU forward runs at half speed on a 2-core machine (SmolLM2 int4: 36 vs 71 tok/s).
-- Admission is bounded: at most ``engine.max_num_seqs + config.max_waiting`` engine requests are
-  in flight; one more is a 503 with ``Retry-After`` before any work starts.  A request is
+- Admission is bounded: at most ``engine.max_num_seqs`` (times the data-parallel replicas)
+  ``+ config.max_waiting`` engine requests are in flight; one more is a 503 with
+  ``Retry-After`` before any work starts.  A request is
   counted when it is admitted (:meth:`EngineHost.admit`, for streams too, before the response
   body starts) until its :class:`Admission` is released.  A request that needs more engine
   requests than the whole capacity can never run: 400 naming the limit, not 503.
@@ -74,6 +75,10 @@ class ServedModel:
     tokenizer: Any  # Tokenizer
     #: The checkpoint's ``model_type`` (picks the default tool-call parser), if known.
     model_type: str | None = None
+    #: Builds the engine front the routes talk to from ``engine`` (``AsyncEngine``'s interface:
+    #: ``start`` / ``generate`` / ``abort`` / ``shutdown``); None: ``AsyncEngine(engine)``.  Data
+    #: parallel puts a ``metrale_core.dataparallel.ReplicaPool`` here.
+    async_front: Callable[[Any], Any] | None = None
 
 
 @frozen
@@ -148,8 +153,8 @@ class EngineHost:
         started = time.monotonic()
         try:
             served = await _in_own_thread(loader)
-            async_engine = AsyncEngine(served.engine)
-            async_engine.start()
+            async_engine = (served.async_front or AsyncEngine)(served.engine)
+            await _in_own_thread(async_engine.start)  # a replica pool waits for its processes
         except Exception as exc:
             self.status, self.error = "failed", type(exc).__name__
             logger.error("model load failed: {}: {}", type(exc).__name__, exc)
@@ -181,9 +186,15 @@ class EngineHost:
                        headers={"Retry-After": "5"})
 
     @property
+    def replicated(self) -> bool:
+        """The engine front is data-parallel replicas (``metrale_core.dataparallel``)."""
+        return hasattr(self.async_engine, "replica_status")
+
+    @property
     def capacity(self) -> int:
         served = self.ready()
-        return served.engine.config.max_num_seqs + self.config.max_waiting
+        replicas = self.async_engine.size if self.replicated else 1
+        return served.engine.config.max_num_seqs * replicas + self.config.max_waiting
 
     def check_capacity(self, n: int) -> None:
         """503 with Retry-After when ``n`` more engine requests would overflow the queue; 400

@@ -42,6 +42,12 @@ class UnloadLoRARequest:
 
 def _runtime_bank(host: Any) -> Any:
     host.ready()
+    if host.replicated:
+        raise APIError(
+            400,
+            "loading LoRA adapters at run time is not supported with "
+            "--data-parallel-size > 1 (the replicas load theirs at start: --lora)",
+        )
     bank = lora_bank(host)
     if bank is None or not bank.allow_runtime:
         raise APIError(

@@ -16,6 +16,9 @@ Exported (all labelled ``model_name``):
   ``metrale:http_requests_total{route,method,status}`` and the histogram
   ``metrale:http_request_duration_seconds{route,method}`` (a stream counts until its last byte).
 
+Under data parallel (``metrale_core.dataparallel``) the engine gauges and counters above are the
+replicas' sums, and the pool adds ``metrale:replica_*`` families labelled ``replica``.
+
 Invariants:
 - One ``CollectorRegistry`` per app (several apps in one process never clash).
 - A plugin metric whose name is already exported is dropped with a warning; a plugin that raises
@@ -74,8 +77,12 @@ class _EngineCollector:
         if served is None:
             return []
         engine = served.engine
-        stats = engine.stats()
-        prefix = engine.scheduler.block_manager.prefix_cache_stats()
+        front = self.host.async_engine
+        if hasattr(front, "engine_stats"):  # data parallel: the replicas' reports, summed
+            stats, prefix = front.engine_stats()
+        else:
+            stats = engine.stats()
+            prefix = engine.scheduler.block_manager.prefix_cache_stats()
         labels, value = ["model_name"], [self.model_name]
 
         def gauge(name: str, doc: str, v: float) -> Metric:
@@ -100,6 +107,8 @@ class _EngineCollector:
             counter("metrale:num_preemptions", "Sequences preempted (by recompute)",
                     stats.num_preemptions),
         ]
+        if hasattr(front, "metric_families"):  # data parallel: one series per replica
+            families += front.metric_families(self.model_name)
         taken = {fam.name for fam in families} | _SERVER_NAMES
         return families + plugin_metric_families(self.host.registry, engine, taken)
 

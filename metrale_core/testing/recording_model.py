@@ -28,6 +28,15 @@ What it checks, as a real model must.
   from the script.  In recurrent mode the chunk advances the state past its rows until the engine
   calls :meth:`RecordingModel.commit_verify`, which rolls it back to the kept rows (a line
   ``commit_verify s<key> keep <n>/<rows>``); an engine that forgets shows "consumed again".
+- Windowed mode (``window=w``): the model has two attention layers, layer 0 global and layer 1
+  attending to the last ``w`` positions (``KVLayout.windows``), so the engine keeps two KV groups
+  over one pool (the two layers share the pool tensor: each writes only its group's pages).
+  Each row is written into both layers through each group's slots; the readback checks layer 0
+  at every cached position and layer 1 at the positions the chunk's first row can see
+  (``first - w + 1 ..``), read through group 1's tables (``batch.for_group(1)``), so a block
+  freed too early, reused by another sequence or another group, shows as an error.  After each
+  forward one line per sequence pins the block tables: ``blocks s<key> full=[...] window=[...]``
+  (``-`` for the window entries before the visible ones, never read).
 - Injected faults: a forward whose call index is in ``fail_kv_at_steps`` raises
   :class:`~metrale_core.errors.KVCacheExhausted` before consuming anything (no KV write, no
   state change), the way a device allocation failure surfaces mid-step.  The engine as built
@@ -140,6 +149,8 @@ class RecordingModel:
     past_end: int
     fail_kv_at_steps: frozenset[int]
     recurrent_fed_rows: bool
+    #: Windowed mode's window (None: one global layer); see the module docstring.
+    window: int | None
     #: Every recorded line, in order: forwards, injected faults, errors, recurrent corruption.
     lines: list[str] = field(factory=list)
     #: The structured forwards (same order as their lines).
@@ -156,10 +167,12 @@ class RecordingModel:
     def __init__(self, scripts: Mapping[int, SeqScript] | Iterable[SeqScript], *, vocab_size: int = 64,
                  eos_token_id: int = EOS, past_end: int | None = None,
                  fail_kv_at_steps: Iterable[int] = (), recurrent_fed_rows: bool = False,
-                 max_position: int = 4096) -> None:
+                 max_position: int = 4096, window: int | None = None) -> None:
         items = list(scripts.values()) if isinstance(scripts, Mapping) else list(scripts)
         by_key: dict[int, SeqScript] = {}
         for script in items:
+            if by_key.get(script.key) == script:
+                continue  # the same request again (a prefix-cache hit): one script
             if script.key in by_key:
                 raise ValueError(f"two scripts share the first prompt token {script.key}; "
                                  "the recording model keys sequences by it, so make them distinct")
@@ -173,14 +186,15 @@ class RecordingModel:
             raise ValueError(f"script tokens must lie in [0, {vocab_size})")
         info = ModelInfo(
             architecture="recording-fake", vocab_size=vocab_size, max_position=max_position,
-            kv=KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32),
+            kv=KVLayout(num_layers=1 if window is None else 2, num_kv_heads=1, head_dim=1,
+                        dtype=torch.float32, windows=() if window is None else (None, window)),
             recurrent=RecurrentLayout(num_layers=1, bytes_per_sequence=64) if recurrent_fed_rows else None,
             eos_token_ids=(eos_token_id,),
         )
         self.__attrs_init__(scripts=by_key, info=info,
                             past_end=eos_token_id if past_end is None else past_end,
                             fail_kv_at_steps=frozenset(fail_kv_at_steps),
-                            recurrent_fed_rows=recurrent_fed_rows)
+                            recurrent_fed_rows=recurrent_fed_rows, window=window)
         self._tracker = RecurrentTracker(enabled=recurrent_fed_rows, record=self._pending.append)
 
     # -- CausalLM ----------------------------------------------------------------------------
@@ -204,7 +218,13 @@ class RecordingModel:
         slots = [int(s) for s in batch.state_slots.tolist()]
         wanted = [int(r) for r in batch.logits_rows.tolist()]
         verify = batch.verify_host or (False,) * len(batch.context_lens_host)
-        self._write_kv(kv, ids, positions, [int(s) for s in batch.slot_mapping.tolist()])
+        windowed = batch.for_group(1) if self.window is not None else None
+        if windowed is None:
+            self._write_kv(kv, ids, positions, [int(s) for s in batch.slot_mapping.tolist()])
+        else:
+            self._write_kv(kv, ids, positions, [int(s) for s in batch.slot_mapping.tolist()], layers=(0,))
+            self._write_kv(kv, ids, positions, [int(s) for s in windowed.slot_mapping.tolist()], layers=(1,))
+        window_tables = windowed.block_tables.tolist() if windowed is not None else None
 
         answer_of_row: dict[int, int] = {}
         seqs: list[SeqCall] = []
@@ -217,6 +237,9 @@ class RecordingModel:
             if verify[i]:
                 self._verifying[key] = (start, hi - lo)
             clean = self._check_sequence(i, key, lo, hi, ctx, positions, tables[i], kv, pending, fed)
+            if window_tables is not None:
+                clean = self._check_window(key, start, ctx, window_tables[i], kv, pending, fed) and clean
+                pending.append(self._render_tables(key, start, tables[i], window_tables[i], ctx, kv.block_size))
             clean = self._check_state(key, start, fresh_flags[i], slots[i], state, pending) and clean
             clean = self._tracker.consume(key, start, hi - lo) and clean
             rows = [r for r in wanted if lo <= r < hi]
@@ -255,21 +278,48 @@ class RecordingModel:
         return found
 
     @staticmethod
-    def _write_kv(kv: PagedKVCache, ids: list[int], positions: list[int], slot_mapping: list[int]) -> None:
+    def _write_kv(kv: PagedKVCache, ids: list[int], positions: list[int], slot_mapping: list[int],
+                  layers: Sequence[int] | None = None) -> None:
         bs = kv.block_size
+        chosen = range(len(kv.k)) if layers is None else layers
         for token, pos, slot in zip(ids, positions, slot_mapping):
-            for k, v in zip(kv.k, kv.v):
-                k[slot // bs, slot % bs] = float(token)
-                v[slot // bs, slot % bs] = float(pos)
+            for layer in chosen:
+                kv.k[layer][slot // bs, slot % bs] = float(token)
+                kv.v[layer][slot // bs, slot % bs] = float(pos)
 
     @staticmethod
-    def _read(kv: PagedKVCache, table: Sequence[int], position: int) -> tuple[int, int, int]:
-        """``(token, position, block)`` stored for ``position`` through one block table."""
+    def _read(kv: PagedKVCache, table: Sequence[int], position: int, layer: int = 0) -> tuple[int, int, int]:
+        """``(token, position, block)`` stored for ``position`` of ``layer`` through one block table."""
         bs = kv.block_size
         block = int(table[position // bs]) if position // bs < len(table) else -1
         if not 0 <= block < kv.num_blocks:
             return -1, -1, block
-        return int(kv.k[0][block, position % bs, 0, 0]), int(kv.v[0][block, position % bs, 0, 0]), block
+        k, v = kv.k[layer], kv.v[layer]
+        return int(k[block, position % bs, 0, 0]), int(v[block, position % bs, 0, 0]), block
+
+    def _check_window(self, key: int, start: int, ctx: int, table: Sequence[int], kv: PagedKVCache,
+                      pending: list[str], fed: Sequence[int] = ()) -> bool:
+        """Windowed mode: layer 1 holds what the chunk's first row (at ``start``) can see onward."""
+        script = self.scripts.get(key)
+        if script is None or self.window is None:
+            return False
+        first_draft = ctx - len(fed) + 1
+        for q in range(max(0, start - self.window + 1), ctx):
+            want = fed[q - first_draft + 1] if fed and q >= first_draft else script.token_at(q, self.past_end)
+            token, pos, block = self._read(kv, table, q, layer=1)
+            if (token, pos) != (want, q):
+                pending.append(f"error: s{key} window KV readback at position {q} (block {block}) holds "
+                               f"token {token}@{pos}, expected {want}@{q}")
+                return False
+        return True
+
+    def _render_tables(self, key: int, start: int, full: Sequence[int], window: Sequence[int], ctx: int,
+                       block_size: int) -> str:
+        """``blocks s<key> full=[..] window=[..]`` over the blocks holding ``0 .. ctx - 1``."""
+        n = -(-ctx // block_size)
+        first = max(0, start - (self.window or 0) + 1) // block_size
+        shown = ["-" if i < first else str(int(b)) for i, b in enumerate(window[:n])]
+        return f"blocks s{key} full=[{' '.join(str(int(b)) for b in full[:n])}] window=[{' '.join(shown)}]"
 
     def commit_verify(self, state: object | None, slots: Sequence[int], num_kept: Sequence[int]) -> None:
         """The model-contract extension (``metrale_core.model_api``): keep only the first

@@ -95,7 +95,8 @@ def follow_host(status: ServerStatus, host: Any) -> None:
         state = _HOST_STATES.get(host.status, s.state)
         served = host.served
         if served is not None and s.engine is None:
-            s.engine = served.engine
+            # data parallel: the replicas' snapshots in one (the server's own engine never runs)
+            s.engine = host.async_engine if getattr(host, "replicated", False) else served.engine
             if s.kv_dtype is None:
                 wanted = getattr(served.engine.config, "kv_cache_dtype", None)
                 kv = served.engine.model.info.kv

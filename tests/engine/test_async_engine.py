@@ -133,7 +133,9 @@ def test_a_failing_step_fails_its_requests_and_the_loop_survives(async_engine, t
     bad, good = asyncio.run(main())
     assert len(bad) == 1 and bad[0].finish_reason == "error"
     assert "kernel fault" in bad[0].error
-    assert good[-1].finish_reason == "length" and len(good) == 3
+    assert good[-1].finish_reason == "length"
+    # deltas may be coalesced when the loop falls behind; the tokens and the steps they span may not
+    assert sum(len(d.new_token_ids) for d in good) == 3 == sum(d.steps for d in good)
     assert eng.is_running
 
 
@@ -183,17 +185,18 @@ def test_a_consumer_behind_gets_the_waiting_deltas_merged(async_engine, make_eng
     assert [t for d in deltas for t, *_ in d.logprobs] == tokens(alone)
     assert [d.finished for d in deltas] == [False] * (len(deltas) - 1) + [True]
     assert deltas[-1].num_output_tokens == 12
+    # each engine step here carries one token: the merged deltas still account for every step
+    assert sum(d.steps for d in deltas) == len(alone) == sum(1 for d in alone if d.new_token_ids)
 
 
 def test_merge_outputs_concatenates_in_order():
-    from metrale_core.engine.async_engine import merge_outputs
-    from metrale_core.engine.output import RequestOutput
+    from metrale_core.engine.output import RequestOutput, merge_outputs
 
     a = RequestOutput("r", (1,), "a", num_output_tokens=1, logprobs=((1, -0.5, ()),), parsed=("p",))
     b = RequestOutput("r", (2, 3), "bc", finished=True, finish_reason="length",
                       num_output_tokens=3, logprobs=((2, -1.0, ()), (3, -2.0, ())))
-    m = merge_outputs(a, b)
+    m = merge_outputs([a, b])
     assert (m.new_token_ids, m.text_delta, m.finished, m.finish_reason, m.num_output_tokens) == \
         ((1, 2, 3), "abc", True, "length", 3)
     assert [t for t, *_ in m.logprobs] == [1, 2, 3] and m.parsed == ("p",)
-    assert merge_outputs(RequestOutput("r", (1,)), RequestOutput("r", (2,))).logprobs is None
+    assert merge_outputs([RequestOutput("r", (1,)), RequestOutput("r", (2,))]).logprobs is None

@@ -143,3 +143,58 @@ def test_attach_searches_model_records_not_modules_or_classes():
     targets = attach_lora(model, 1, 2, torch.float32, "cpu")
     assert set(targets) == {"m.q_proj", "m.v_proj", "m.down_proj"}
     assert model.layers[0] is layer and isinstance(layer.down, LoRALinear)
+
+
+def _gguf_store(tmp_path, tensors):
+    """``tensors`` (HF-named, ``blk.0.*`` in the file) quantized to Q8_0 / Q4_0 in a GGUF file."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
+
+    from metrale_core.weights.gguf_store import GGUFStore
+
+    path = tmp_path / "lora-base.gguf"
+    writer = GGUFWriter(str(path), "qwen3")
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_block_count(1)
+    writer.add_context_length(64)
+    kinds = {"q_proj": ("attn_q", GGMLQuantizationType.Q8_0), "v_proj": ("attn_v", GGMLQuantizationType.Q4_0)}
+    for name, value in tensors.items():
+        gguf_name, qtype = kinds[name.split(".")[1]]
+        raw = quantize(value.numpy(), qtype)
+        writer.add_tensor(f"blk.0.{gguf_name}.weight", raw, raw_shape=raw.shape, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return GGUFStore(path)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "gguf"])
+def test_an_adapter_adds_its_exact_delta_on_every_weight_format(fmt, tmp_path):
+    """Whatever the base's weight format, an adapter row is the quantized base's output plus the
+    float LoRA delta, and a base row is exactly the quantized base's output."""
+    gen = torch.Generator().manual_seed(3)
+    tensors = {"m.q_proj.weight": 0.1 * torch.randn(32, 64, generator=gen),
+               "m.v_proj.weight": 0.1 * torch.randn(16, 64, generator=gen)}
+    names, shapes = list(tensors), [(32, 64), (16, 64)]
+    if fmt == "gguf":
+        store = _gguf_store(tmp_path, tensors)
+        names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight"]
+        fmt = "auto"
+    else:
+        store = _Store(tensors)
+    layer = _Layer(build_linear(store, names, shapes, fmt, torch.float32, "cpu"), None)
+    assert not isinstance(layer.qkv, DenseLinear) or fmt == "bf16"
+    targets = attach_lora(layer, num_slots=2, max_rank=4, dtype=torch.float32, device="cpu")
+    modules = sorted(targets)
+    adapter = {m: (torch.randn(4, 64, generator=gen), torch.randn(n, 4, generator=gen), 0.25)
+               for m, n in zip(modules, (32, 16), strict=True)}
+    layer.qkv.set_slot(1, adapter)
+    x = torch.randn(5, 64, generator=gen)
+    base = layer.qkv(x)
+    with active_rows(LoRARows.from_slots([1, -1, 1, 1, -1])):
+        y = layer.qkv(x)
+    delta = torch.cat([scale * (x @ a.T) @ b.T for a, b, scale in (adapter[m] for m in modules)], dim=1)
+    torch.testing.assert_close(y[[0, 2, 3]], base[[0, 2, 3]] + delta[[0, 2, 3]], rtol=1e-4, atol=1e-4)
+    assert torch.equal(y[[1, 4]], base[[1, 4]])

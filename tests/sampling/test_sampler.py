@@ -167,6 +167,16 @@ def test_fully_masked_row_is_an_error(make_row):
         SAMPLER.sample(logits, [make_row(), make_row()])
     with pytest.raises(SamplingError):
         SAMPLER.sample(torch.tensor([[0.0, math.nan]]), [make_row(temperature=0.0)])
+    with pytest.raises(SamplingError, match=r"\[0\]"):
+        SAMPLER.sample(torch.tensor([[math.nan, -math.inf], [0.0, 1.0]]), [make_row(), make_row()])
+    with pytest.raises(SamplingError, match=r"\[1\]"):
+        SAMPLER.sample(torch.tensor([[0.0, 1.0], [math.inf, 0.0]]), [make_row(), make_row()])
+
+
+def test_partly_masked_rows_sample_their_allowed_tokens(make_row):
+    logits = torch.tensor([[-math.inf, 1.0, -math.inf], [0.5, -math.inf, -math.inf]])
+    out = SAMPLER.sample(logits, [make_row(temperature=0.0), make_row(temperature=0.7)])
+    assert list(out.token_ids) == [1, 0]
 
 
 def test_shape_mismatch_is_an_error(make_row):

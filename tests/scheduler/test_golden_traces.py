@@ -13,10 +13,14 @@ Pool sizes are in blocks of 4 tokens (the scenario defaults: 64 blocks, 64 prefi
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 
 from metrale_core.testing import EOS, GARBAGE, Abort, Advance, Arrive, Scenario, ScenarioResult, run_scenario
+
+#: The windowed scenarios' window (positions) over blocks of 4 tokens.
+WINDOW = 6
 
 
 def prompt(first: int, n: int) -> list[int]:
@@ -71,6 +75,18 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
         Arrive(0, "r20", prompt(20, 6), prompt(50, 8), max_tokens=8, ignore_eos=True),
         Arrive(1, "r30", prompt(30, 5), [58, 59, 60]),
     ], engine=dict(num_kv_blocks=7, max_prefill_tokens=4), model=dict(recurrent_fed_rows=True)),
+    # windowed mode: a global layer and a layer with a window of 6 positions (two KV groups)
+    Scenario("window_long_decode", [
+        Arrive(0, "r10", prompt(10, 5), prompt(20, 30), max_tokens=30, ignore_eos=True),
+    ], model={"window": WINDOW}),
+    Scenario("window_preempt_resume", [
+        Arrive(0, "r10", prompt(10, 6), prompt(40, 14), max_tokens=14, ignore_eos=True),
+        Arrive(0, "r20", prompt(20, 6), prompt(50, 14), max_tokens=14, ignore_eos=True),
+    ], engine={"num_kv_blocks": 12}, model={"window": WINDOW}),
+    Scenario("window_prefix_hit", [
+        Arrive(0, "r10", prompt(10, 13), prompt(30, 12), max_tokens=12, ignore_eos=True),
+        Arrive(14, "r10b", prompt(10, 13), prompt(30, 12), max_tokens=12, ignore_eos=True),
+    ], model={"window": WINDOW}),
 ]}
 
 
@@ -241,3 +257,48 @@ def assert_model_kv_reaction(result: ScenarioResult) -> None:
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_traces_are_deterministic(name):
     assert run_scenario(SCENARIOS[name]).trace == run_scenario(SCENARIOS[name]).trace
+
+
+def window_blocks(result: ScenarioResult) -> dict[int, list[tuple[list[str], list[str]]]]:
+    """Windowed mode: per key, every ``(full, window)`` block table the model was handed."""
+    held: dict[int, list[tuple[list[str], list[str]]]] = {}
+    for key, full, window in re.findall(r"^blocks s(\d+) full=\[(.*)\] window=\[(.*)\]$", result.trace, re.M):
+        held.setdefault(int(key), []).append((full.split(), window.split()))
+    return held
+
+
+def test_window_long_decode(golden):
+    """Decoding far past the window: the windowed group never holds more than
+    ``ceil(w / bs) + 1`` blocks while the global group holds the whole context, and the pool
+    gets the slid-out blocks back."""
+    result = run("window_long_decode", golden)
+    tables = window_blocks(result)[10]
+    assert len(tables) == 1 + 29 and len(tables[-1][0]) == -(-34 // 4)
+    for full, window in tables[1:]:
+        assert len([b for b in window if b != "-"]) <= -(-WINDOW // 4) + 1, result.trace
+        assert "-" not in full
+    assert "~ running=1 waiting=0 free_blocks=52/64" in result.trace   # 9 global + 3 window
+    assert result.trace.count("free_blocks=64/64") == 1                 # all free at the end
+    assert_follows_script(result, "r10", 30)
+
+
+def test_window_preempt_resume(golden):
+    """A squeezed pool preempts r20 (admitted last); it waits, then replays its history once r10
+    is done (its cached blocks were evicted meanwhile, so from position 0), with the window's
+    blocks sliding again; both streams follow their scripts."""
+    result = run("window_preempt_resume", golden)
+    assert "~ running=1 waiting=1" in result.trace, result.trace
+    fed = fed_positions(result)[20]
+    replays = [(a, b) for a, b in itertools.pairwise(fed) if b[0] < a[0] + a[1]]
+    assert len(replays) == 1, fed
+    for rid in ("r10", "r20"):
+        assert_follows_script(result, rid, 14)
+
+
+def test_window_prefix_hit(golden):
+    """The same request after the first finished: its prompt's window blocks slid out long ago
+    but stay cached, so the hit covers 12 of 13 prompt tokens and reads them back right."""
+    result = run("window_prefix_hit", golden)
+    assert fed_positions(result)[10][-12] == (12, 1, False), fed_positions(result)[10]
+    assert_follows_script(result, "r10", 12)
+    assert_follows_script(result, "r10b", 12)

@@ -10,22 +10,26 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from server_testlib import ScriptedLM, wait_ready, write_tokenizer
+from server_testlib import scripted_served, wait_ready, write_tokenizer
 
 
 @pytest.fixture(scope="session")
-def byte_tokenizer(tmp_path_factory):
+def byte_tokenizer_dir(tmp_path_factory):
+    return write_tokenizer(tmp_path_factory.mktemp("bytetok"))
+
+
+@pytest.fixture(scope="session")
+def byte_tokenizer(byte_tokenizer_dir):
     from metrale_core.tokenizer import Tokenizer
 
-    return Tokenizer.from_dir(write_tokenizer(tmp_path_factory.mktemp("bytetok")))
+    return Tokenizer.from_dir(byte_tokenizer_dir)
 
 
 @pytest.fixture(scope="session")
 def start_server(byte_tokenizer):
     """``start_server(**options) -> (RunningServer, EngineHost)``; all are stopped at the end."""
-    from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.plugins import load_registry
-    from metrale_core.server import ServedModel, ServerConfig, create_app, serve_in_thread
+    from metrale_core.server import ServerConfig, create_app, serve_in_thread
 
     registry = load_registry()
     running = []
@@ -34,11 +38,7 @@ def start_server(byte_tokenizer):
         config = ServerConfig(**{"served_model_name": "scripted", **options})
 
         def load():
-            cfg = dict(block_size=16, num_kv_blocks=512, max_num_seqs=32, max_prefill_tokens=2048)
-            cfg.update(engine_options or {})
-            engine = LLMEngine(ScriptedLM(byte_tokenizer), EngineConfig(**cfg),
-                               tokenizer=byte_tokenizer, registry=registry)
-            return ServedModel(engine=engine, tokenizer=byte_tokenizer, model_type="qwen3")
+            return scripted_served(byte_tokenizer, engine_options, registry)
 
         app = create_app(config, loader or load, registry)
         server = serve_in_thread(app)
@@ -68,3 +68,23 @@ def client(base_url):
     import openai
 
     return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory):
+    """A tiny random Qwen3 checkpoint with the byte tokenizer (for `met serve` as a process)."""
+    import torch
+    import transformers
+
+    path = tmp_path_factory.mktemp("tiny-qwen3")
+    write_tokenizer(path)
+    from metrale_core.tokenizer import Tokenizer
+
+    vocab = Tokenizer.from_dir(path).vocab_size
+    config = transformers.Qwen3Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
+        tie_word_embeddings=True)
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(config).save_pretrained(path)
+    return path

@@ -158,6 +158,28 @@ class ScriptedLM:
         return None
 
 
+#: The engine options of the shared scripted server (``conftest.start_server``).
+SCRIPTED_ENGINE = {"block_size": 16, "num_kv_blocks": 512, "max_num_seqs": 32, "max_prefill_tokens": 2048}
+
+
+def scripted_served(tokenizer, engine_options=None, registry=None):
+    """The scripted model served (a ``ServedModel``): ``tokenizer`` is a ``Tokenizer`` or the
+    directory of one (picklable, so a data-parallel replica process can build it too)."""
+    from metrale_core.engine import EngineConfig, LLMEngine
+    from metrale_core.server import ServedModel
+    from metrale_core.tokenizer import Tokenizer
+
+    if registry is None:
+        from metrale_core.plugins import load_registry
+
+        registry = load_registry()
+    if not isinstance(tokenizer, Tokenizer):
+        tokenizer = Tokenizer.from_dir(tokenizer)
+    engine = LLMEngine(ScriptedLM(tokenizer), EngineConfig(**{**SCRIPTED_ENGINE, **(engine_options or {})}),
+                       tokenizer=tokenizer, registry=registry)
+    return ServedModel(engine=engine, tokenizer=tokenizer, model_type="qwen3")
+
+
 def random_text(seed: int, words: int) -> str:
     rng = random.Random(seed)
     return " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "omega"]) for _ in range(words))

@@ -14,26 +14,7 @@ import time
 import httpx
 import openai
 import pytest
-import transformers
-from server_testlib import API_KEY, wait_ready, write_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory):
-    import torch
-
-    path = tmp_path_factory.mktemp("tiny-qwen3")
-    write_tokenizer(path)
-    from metrale_core.tokenizer import Tokenizer
-
-    vocab = Tokenizer.from_dir(path).vocab_size
-    config = transformers.Qwen3Config(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
-        tie_word_embeddings=True)
-    torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(config).save_pretrained(path)
-    return path
+from server_testlib import API_KEY, wait_ready
 
 
 def _free_port() -> int:
@@ -42,14 +23,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def met_serve(tiny_qwen3, tmp_path_factory):
+def _start(model, log, *flags: str):
+    """``met serve MODEL FLAGS`` as a process: ``(Popen, url)`` once ``/health`` is 200."""
     port = _free_port()
-    log = open(tmp_path_factory.mktemp("serve-log") / "stderr.txt", "w+")  # noqa: SIM115 -- closed after the yield
     env = {**os.environ, "METRALE_API_KEY": API_KEY}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "metrale_core", "serve", str(tiny_qwen3), "--port", str(port),
-         "--served-model-name", "tiny", "--kv-cache-memory", "8M", "--shutdown-grace", "2"],
+        [sys.executable, "-m", "metrale_core", "serve", str(model), "--port", str(port),
+         "--served-model-name", "tiny", "--kv-cache-memory", "8M", "--shutdown-grace", "2", *flags],
         env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -62,10 +42,16 @@ def met_serve(tiny_qwen3, tmp_path_factory):
                 log.seek(0)
                 raise AssertionError(f"met serve did not start: {log.read()}") from None
             time.sleep(0.1)
-    wait_ready(url, timeout=60)
+    wait_ready(url, timeout=120)
     proc.log = log
-    yield proc, url
-    log.close()
+    return proc, url
+
+
+@pytest.fixture(scope="module")
+def met_serve(tiny_qwen3, tmp_path_factory):
+    with open(tmp_path_factory.mktemp("serve-log") / "stderr.txt", "w+") as log:
+        proc, url = _start(tiny_qwen3, log)
+        yield proc, url
     if proc.poll() is None:
         proc.kill()
         proc.wait()
@@ -112,3 +98,29 @@ def test_met_serve_exits_cleanly_on_sigint(met_serve):
     assert "Traceback" not in stderr and "met: interrupted" in stderr
     with pytest.raises(httpx.HTTPError):
         httpx.get(url + "/health", timeout=2)
+
+
+def test_met_serve_data_parallel_answers_and_leaves_no_replica_on_sigterm(tiny_qwen3, tmp_path):
+    """``--data-parallel-size 2``: two replica processes (children of ``met serve``) answer the
+    same greedy tokens as one engine; SIGTERM ends the server and both replicas."""
+    import psutil
+
+    with open(tmp_path / "stderr.txt", "w+") as log:
+        proc, url = _start(tiny_qwen3, log, "--data-parallel-size", "2", "--threads", "1")
+        try:
+            children = psutil.Process(proc.pid).children()  # the replicas, multiprocessing's helper
+            assert sum("spawn_main" in " ".join(p.cmdline()) for p in children) == 2
+            assert httpx.get(url + "/health").json()["replicas"] == {"0": "up", "1": "up"}
+            client = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
+            texts = {client.completions.create(model="tiny", prompt=f"hello {i}", max_tokens=6,
+                                               temperature=0).choices[0].text for i in (0, 0, 0)}
+            assert len(texts) == 1  # whichever replica served it, the same greedy tokens
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises it when done
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, f"orphaned replica processes: {[p.pid for p in alive]}"
+        log.seek(0)
+        assert "Traceback" not in log.read()

@@ -183,6 +183,29 @@ def test_a_loop_with_an_empty_body_stops_at_the_time_budget():
     assert "time budget" in result["error"] and result["s"] < 5
 
 
+def test_the_time_budget_counts_the_renders_cpu_time_not_waiting():
+    """On a busy server a good render may wait for the interpreter lock or a core far longer than
+    it computes; only the CPU time it burns counts.  Here the render is held up 0.5 s (a tracer
+    that sleeps once, inside the render) on a 0.2 s budget, and still completes."""
+    import sys
+    import time
+
+    slept = []
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_name == "_tick" and not slept:
+            slept.append(time.sleep(0.5))
+        return None
+
+    sys.settrace(tracer)
+    try:
+        text = render_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}",
+                                    [{"role": "user", "content": "hi"}], time_budget_s=0.2)
+    finally:
+        sys.settrace(None)
+    assert slept and text == "hi"
+
+
 def test_the_line_check_keeps_a_tracer_already_set():
     import sys
 

@@ -10,7 +10,9 @@ Invariants:
 - Until the freeze, written rows are held at model precision (``staged_*``), keyed by slot; a slot
   written again overwrites its row.  ``overlay`` puts them into gathered K/V, so pre-freeze
   tokens read back exactly as written.  The codec requantizes them with the frozen scale, so the
-  write scale equals the read scale for every token.
+  write scale equals the read scale for every token.  A row whose slot another layer of the same
+  pool tensor wrote since (KV groups of a windowed model) is forgotten: never overlaid, never
+  written back.
 """
 
 from __future__ import annotations
@@ -74,6 +76,24 @@ class LayerCalibration:
             self.staged_slots = torch.cat([self.staged_slots, slot_mapping[new]])
             self.staged_k = torch.cat([self.staged_k, k[new].to(self.staged_k.dtype)])
             self.staged_v = torch.cat([self.staged_v, v[new].to(self.staged_v.dtype)])
+
+    def forget(self, slot_mapping: torch.Tensor) -> None:
+        """Drop the held rows of ``slot_mapping`` (another layer sharing this layer's pool tensor,
+        a KV group of a windowed model, now owns those slots): they are neither overlaid nor
+        written at the freeze."""
+        if self._lookup is None:
+            return
+        assert self.staged_slots is not None  # staged with the lookup
+        index = self._lookup[slot_mapping]
+        held = index >= 0
+        if bool(held.any()):
+            self.staged_slots[index[held]] = -1
+            self._lookup[slot_mapping[held]] = -1
+
+    def live(self) -> torch.Tensor:
+        """``[n]`` bool: which held rows still belong to this layer (not forgotten)."""
+        assert self.staged_slots is not None, "live() of a calibration that holds no rows"
+        return self.staged_slots >= 0
 
     def overlay(self, block_ids: torch.Tensor, block_size: int, k: torch.Tensor,
                 v: torch.Tensor) -> None:

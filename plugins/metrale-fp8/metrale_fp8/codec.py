@@ -14,6 +14,9 @@ Invariants:
   the frozen scale and written to the FP8 storage, so the write scale is the read scale.
   ``paused()`` stops counting and observing (warm-ups with uninitialised recurrent state) while
   still holding the rows.
+- Layers sharing a pool tensor (the KV groups of a model with attention windows): a write by one
+  makes the others' open windows forget their held rows at those slots, so a freeze never
+  writes a stale row over another group's page.
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ class Fp8KVCodec:
         self.frozen_after: list[int | None] = [None] * len(self.sources)
         self.ops = ops if ops is not None else Fp8Ops(self.device)
         self._observing = True
+        #: The cache ``_shared`` was computed for, and per layer the layers sharing its storage.
+        self._shared_for: PagedKVCache | None = None
+        self._shared: list[tuple[int, ...]] = []
 
     def _heads(self, scale: torch.Tensor | float) -> torch.Tensor:
         s = torch.as_tensor(scale, dtype=torch.float32).reshape(-1).to(self.device)
@@ -84,6 +90,10 @@ class Fp8KVCodec:
     # --- the codec contract ------------------------------------------------------------------
     def write(self, cache: PagedKVCache, layer: int, slot_mapping: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor, kernel=None) -> None:
+        for other in self._sharing(cache, layer):
+            open_window = self.calibrations[other]
+            if open_window is not None:
+                open_window.forget(slot_mapping)
         calibration = self.calibrations[layer]
         if calibration is None:
             self.ops.write(k, v, cache.k[layer], cache.v[layer], slot_mapping,
@@ -112,6 +122,15 @@ class Fp8KVCodec:
         return self.ops.decode(q, cache.k[layer], cache.v[layer], self.k_scales[layer],
                                self.v_scales[layer], block_tables, context_lens, scale, max_context)
 
+    def _sharing(self, cache: PagedKVCache, layer: int) -> tuple[int, ...]:
+        """The other layers whose storage is ``layer``'s (KV groups of a windowed model share
+        pool tensors; none otherwise), computed once per cache."""
+        if self._shared_for is not cache:
+            self._shared_for = cache
+            self._shared = [tuple(j for j in range(len(cache.k)) if j != i and cache.k[j] is cache.k[i])
+                            for i in range(len(cache.k))]
+        return self._shared[layer]
+
     # --- calibration -------------------------------------------------------------------------
     def _freeze(self, cache: PagedKVCache, layer: int, calibration: LayerCalibration) -> None:
         k_amax, v_amax = calibration.amax()
@@ -121,8 +140,10 @@ class Fp8KVCodec:
         self.calibrations[layer] = None
         self.frozen_after[layer] = calibration.observed
         if calibration.staged_slots is not None and calibration.staged_slots.numel():
-            self.ops.write(calibration.staged_k, calibration.staged_v, cache.k[layer],
-                           cache.v[layer], calibration.staged_slots, self.k_scales[layer],
+            assert calibration.staged_k is not None and calibration.staged_v is not None  # staged together
+            live = calibration.live()
+            self.ops.write(calibration.staged_k[live], calibration.staged_v[live], cache.k[layer],
+                           cache.v[layer], calibration.staged_slots[live], self.k_scales[layer],
                            self.v_scales[layer])
         logger.info("FP8 KV scales frozen after {} tokens (requested {}) on layer {}: "
                     "k_scale {:.6g} (amax {:.6g}), v_scale {:.6g} (amax {:.6g})",

@@ -71,3 +71,20 @@ def test_unscaled_large_keys_are_clipped_not_nan(tmp_path):
     assert float(engine.runner.kv.k[0].float().abs().max()) == FP8_MAX
     assert not torch.isnan(engine.runner.kv.k[0].float()).any()
     assert all(lp == lp for out in outs for lp in (out.logprobs or ()) if isinstance(lp, float))
+
+
+def test_layers_sharing_storage_never_write_back_stale_rows():
+    """KV groups of a windowed model share pool tensors: a block layer 0 held (calibrating) and
+    that layer 1 (another group) wrote since must keep layer 1's row through both freezes."""
+    layout = KVLayout(num_layers=2, num_kv_heads=1, head_dim=4, dtype=FP8_DTYPE, windows=(None, 4))
+    codec = Fp8KVCodec(1, [torch.tensor(1.0)] * 2, [torch.tensor(1.0)] * 2, ["calibration"] * 2,
+                       calibration_tokens=100)
+    cache = PagedKVCache.allocate(layout, num_blocks=4, block_size=2, codec=codec)
+    assert cache.k[0] is cache.k[1]
+    stale, fresh = torch.full((1, 1, 4), 3.0), torch.full((1, 1, 4), -5.0)
+    cache.write(0, torch.tensor([3]), stale, stale)   # layer 0's block 1, later slid out
+    cache.write(1, torch.tensor([3]), fresh, fresh)   # block 1 now belongs to layer 1's group
+    for layer in (1, 0):
+        codec._freeze(cache, layer, codec.calibrations[layer])
+    k, v = cache.gather(1, torch.tensor([1]), torch.float32)
+    assert torch.allclose(k[1], fresh[0], rtol=0.07) and torch.allclose(v[1], fresh[0], rtol=0.07)

@@ -11,6 +11,9 @@ Invariants:
   with the ``(1 + w)`` RMSNorm (``rms_norm(..., unit_offset=True)``).
 - Sliding layers attend within ``dims.sliding_window`` positions and rotate with the local RoPE
   base; global layers attend to the whole context with the global base (and its scaling).
+  ``info.kv.windows`` declares them, so the core's KV groups keep a sliding layer's blocks only
+  while its window sees them; each layer writes and reads through its group's tables
+  (``batch.for_group``), planned once per group per forward.
   The softmax scale is ``query_pre_attn_scalar ** -0.5``; ``final_logit_softcapping`` applies
   where the config sets it (``attn_logit_softcapping`` does not, as in transformers and llama.cpp).
 - The model keeps no recurrent state: ``make_state_pool`` returns None and ``state`` is ignored.
@@ -61,7 +64,11 @@ class Gemma3LM:
             vocab_size=dims.vocab_size,
             max_position=dims.max_position,
             kv=KVLayout(
-                num_layers=dims.num_layers, num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim, dtype=dtype
+                num_layers=dims.num_layers,
+                num_kv_heads=dims.num_kv_heads,
+                head_dim=dims.head_dim,
+                dtype=dtype,
+                windows=tuple(dims.window(i) for i in range(dims.num_layers)),
             ),
             eos_token_ids=dims.eos_token_ids,
             dtype=dtype,
@@ -73,6 +80,10 @@ class Gemma3LM:
             "sliding_attention": rope_inv_freq(dims.head_dim, dims.local_theta, dims.local_scaling).to(self.device),
         }
         self._embed_scale = torch.tensor(dims.hidden_size**0.5, dtype=dtype)
+        #: Per layer, its KV group (the core keeps a sliding layer's blocks only while its
+        #: window can see them; each group has its own block tables and slots).
+        assert self.info.kv is not None  # a Gemma 3 model declares its KV layout
+        self._group_of = self.info.kv.groups.group_of_layers()
 
     def __repr__(self) -> str:
         d = self.dims
@@ -95,10 +106,18 @@ class Gemma3LM:
             for kind, inv in self.inv_freq.items()
             if kind in d.layer_types
         }
-        plan = AttentionPlan.from_batch(batch, d.attn_scale, gather=self.ops.decode_attention.path == "native")
+        gather = self.ops.decode_attention.path == "native"
+        # a batch without group tables comes from an engine that keeps every layer in one group
+        # (its cache declares no windows: one tensor per layer)
+        group_of = self._group_of if batch.group_block_tables else (0,) * d.num_layers
+        if not batch.group_block_tables and len({id(t) for t in kv.k}) != d.num_layers:
+            raise ValueError("this KV cache shares tensors between KV groups; the batch needs their block tables")
+        groups = [batch.for_group(g) for g in range(max(group_of) + 1)]
+        plans = [AttentionPlan.from_batch(b, d.attn_scale, gather=gather) for b in groups]
         x = F.embedding(batch.input_ids, self.weights.embed) * self._embed_scale
         for i, layer in enumerate(self.weights.layers):
-            x = self._layer(x, layer, kv, i, batch, plan, *rope[d.layer_types[i]])
+            g = group_of[i]
+            x = self._layer(x, layer, kv, i, groups[g], plans[g], *rope[d.layer_types[i]])
         x = rms_norm(x[batch.logits_rows], self.weights.norm, d.rms_norm_eps, unit_offset=True)
         logits = self.weights.head(x).float()
         if d.final_softcap is not None:

@@ -19,6 +19,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -97,7 +98,8 @@ def _oracle(path: Path, tmp: Path, ids: list[list[int]], greedy_ids: list[int]) 
 def _all_logits(model, ids: list[int]) -> torch.Tensor:
     """Every position's logits of one prompt: one prefill over a paged cache, all rows returned."""
     n, bs = len(ids), 16
-    kv = PagedKVCache.allocate(model.info.kv, -(-n // bs), bs)
+    # one table for every layer: a cache laid out without the sliding layers' KV groups
+    kv = PagedKVCache.allocate(attrs.evolve(model.info.kv, windows=()), -(-n // bs), bs)
     t = lambda xs: torch.tensor(xs, dtype=torch.int64)
     batch = ForwardBatch(
         input_ids=t(ids),

@@ -4,7 +4,8 @@ Owner: ``metrale_lora``.  Registers the flags ``--lora NAME=PATH`` (repeatable),
 ``--max-lora-rank`` and ``--allow-runtime-lora`` through ``metrale_engine_flags`` and, through
 ``metrale_engine_started``, turns them into the engine's ``AdapterBank`` (the core's seam:
 projections wrapped, per-row adapter map per step, adapter-keyed prefix cache) with
-:func:`metrale_lora.peft_format.load_peft` as its loader.  The server picks an adapter by the
+:func:`metrale_lora.adapter_files.load_adapter` as its loader (PEFT directories and llama.cpp
+LoRA GGUF files).  The server picks an adapter by the
 request's ``model`` and serves ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``.
 
 Invariants:
@@ -45,7 +46,8 @@ def metrale_engine_flags(parser) -> None:
         action="append",
         default=None,
         metavar="NAME=PATH",
-        help="serve the PEFT LoRA adapter at PATH as model NAME (repeatable)",
+        help="serve the LoRA adapter at PATH as model NAME: a PEFT adapter directory or a "
+        "llama.cpp LoRA .gguf (repeatable)",
     )
     parser.add_argument(
         "--max-loras",
@@ -79,14 +81,14 @@ def metrale_engine_started(engine) -> None:
     runtime = bool(options.get("allow_runtime_lora"))
     if not adapters and not runtime:
         return
+    from metrale_lora.adapter_files import adapter_loader
     from metrale_lora.engine_setup import enable_adapters
-    from metrale_lora.peft_format import load_peft
 
     bank = enable_adapters(
         engine,
         int(options.get("max_loras") or DEFAULT_MAX_LORAS),
         int(options.get("max_lora_rank") or DEFAULT_MAX_RANK),
-        loader=load_peft,
+        loader=adapter_loader(engine.runner.model),
     )
     bank.allow_runtime = runtime
     for name, path in adapters:

@@ -16,6 +16,17 @@ from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_lora.engine_setup import enable_adapters
 from metrale_lora.peft_format import load_peft
 
+#: The tiny Llama (seed 7) of the llama.cpp LoRA fixtures in data/ (make_gguf_lora.py, test_gguf_lora.py).
+GGUF_FIXTURE_BASE = {
+    "vocab_size": 96,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
+
 
 def random_hf(config_cls, model_cls, seed: int, **kwargs):
     """A random fp32 HF model (eager attention) with every parameter noisy."""

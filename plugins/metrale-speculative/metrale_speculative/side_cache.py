@@ -31,6 +31,8 @@ class DraftSeq:
 
     request_id: str
     block_ids: list[int] = field(factory=list)
+    #: Block tables of the drafter's KV groups after the first (a drafter with windows).
+    group_block_ids: list[list[int]] = field(factory=list)
     #: Positions whose K/V hold committed tokens.
     computed: int = 0
 

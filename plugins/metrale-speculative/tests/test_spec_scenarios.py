@@ -82,6 +82,10 @@ SCENARIOS = {
     "spec_recurrent_verify": lambda: _scenario(
         "spec_recurrent_verify", [Arrive(0, "a", **A), Arrive(0, "b", **B)], 3,
         wrong={"a": {2, 6}, "b": {4}}, model={"recurrent_fed_rows": True}),
+    # attention windows (two KV groups): verify rows and rollbacks while the window's blocks slide
+    "spec_window_verify": lambda: _scenario(
+        "spec_window_verify", [Arrive(0, "a", **A), Arrive(0, "b", **B)], 3,
+        wrong={"a": {2, 6}, "b": {4}}, model={"window": 3}),
 }
 
 

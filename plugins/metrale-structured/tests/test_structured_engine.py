@@ -131,11 +131,12 @@ def test_drafts_the_grammar_rejects_never_reach_verify(qwen3):
     assert garbage.verified.get("free", 0) > 0    # a free row is still verified
 
 
-def _collect(model, tok, registry, params):
+def _collect(model, tok, registry, params, overlap=None):
     from metrale_core.engine import EngineConfig, LLMEngine
 
     engine = LLMEngine(model, EngineConfig(block_size=16, num_kv_blocks=128), tokenizer=tok,
                        registry=registry)
+    engine.output_processor.pipeline.processor("structured-output").overlap = overlap
     engine.add_request("r", _requests(tok)[0][1], params)
     tokens, text, logprobs, reason = [], "", [], None
     while engine.has_unfinished():
@@ -163,7 +164,7 @@ def test_grammar_with_logprobs_and_stop_strings(qwen3):
     k = 20
     params = SamplingParams(temperature=0.0, max_tokens=30, logprobs=k, structured=structured)
     prepared = STATS.prepared_steps
-    engine, tokens, text, logprobs, reason = _collect(model, tok, registry, params)
+    engine, tokens, text, logprobs, reason = _collect(model, tok, registry, params, overlap=True)
     assert STATS.prepared_steps > prepared  # the engine filled masks during the forward pass
     assert reason == "stop"
     jsonschema.validate(json.loads(text), schema)
