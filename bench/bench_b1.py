@@ -50,14 +50,19 @@ class ObserverClock:
 
 
 def run(model, tok, registry, prompt_ids, width, tokens, observer, workload, clock):
+    from metrale_b1.b1_margin import low_margin_count
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.sampling.params import SamplingParams
     from metrale_core.streamparse import make_stream_parser
 
-    engine = LLMEngine(model, EngineConfig(block_size=16, kv_cache_memory=1 << 29,
-                                           max_prefill_tokens=4096,
-                                           plugin_options={"b1_observer": observer}),
-                       tokenizer=tok, registry=registry)
+    engine = LLMEngine(
+        model,
+        EngineConfig(
+            block_size=16, kv_cache_memory=1 << 29, max_prefill_tokens=4096, plugin_options={"b1_observer": observer}
+        ),
+        tokenizer=tok,
+        registry=registry,
+    )
     assert ("b1-margin" in engine.output_processor.pipeline.processor_names) == (observer == "on")
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     for i in range(width):
@@ -79,7 +84,7 @@ def run(model, tok, registry, prompt_ids, width, tokens, observer, workload, clo
             clock.seconds = 0.0
     seconds = time.perf_counter() - first
     decoded = sum(len(v) for v in out.values()) - width
-    return out, decoded / seconds, clock.seconds / seconds, clock.seconds / max(steps, 1)
+    return (out, decoded / seconds, clock.seconds / seconds, clock.seconds / max(steps, 1), low_margin_count(engine))
 
 
 def main() -> None:
@@ -93,37 +98,42 @@ def main() -> None:
     logger.add(sys.stderr, level="ERROR")  # the drift warnings of the in-body workload are expected
     from metrale_core.loading import load_model
     from metrale_core.plugins import load_registry
-    from metrale_speculative.spec_stats import shared_stats
 
     registry = load_registry()
     loaded = load_model(None, registry=registry, progress=False)
     model, tok = loaded.model, loaded.tokenizer
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
     clock = ObserverClock()
-    print(f"SmolLM2-135M Q4_1, CPU threads={args.threads}, greedy, {args.tokens} tokens/stream, "
-          f"median of {args.repeats}")
-    print(f"{'workload':<8} {'width':>5} {'off tok/s':>10} {'on tok/s':>9} {'cost':>7} "
-          f"{'observer share':>15} {'us/step':>8} {'counted':>8}")
+    print(
+        f"SmolLM2-135M Q4_1, CPU threads={args.threads}, greedy, {args.tokens} tokens/stream, median of {args.repeats}"
+    )
+    print(
+        f"{'workload':<8} {'width':>5} {'off tok/s':>10} {'on tok/s':>9} {'cost':>7} "
+        f"{'observer share':>15} {'us/step':>8} {'counted':>8}"
+    )
     for workload in ("plain", "in-body"):
         for width in (1, 16):
             rates = {"off": [], "on": []}
-            shares, per_step = [], []
-            before = shared_stats().b1_low_margin
+            shares, per_step, counts = [], [], []
             reference = None
             for _ in range(args.repeats):
                 for observer in ("off", "on"):
-                    got, rate, share, step_s = run(model, tok, registry, ids, width, args.tokens,
-                                           observer, workload, clock)
+                    got, rate, share, step_s, count = run(
+                        model, tok, registry, ids, width, args.tokens, observer, workload, clock
+                    )
                     reference = reference or got
                     assert got == reference, "the observer changed the greedy output"
                     rates[observer].append(rate)
                     if observer == "on":
                         shares.append(share)
                         per_step.append(step_s)
+                        counts.append(count)  # this run's engine's own counter
             off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
-            counted = (shared_stats().b1_low_margin - before) // args.repeats
-            print(f"{workload:<8} {width:>5} {off:10.1f} {on:9.1f} {(off - on) / off:6.1%} "
-                  f"{statistics.median(shares):14.2%} {statistics.median(per_step) * 1e6:8.0f} {counted:>8}")
+            counted = sum(counts) // args.repeats
+            print(
+                f"{workload:<8} {width:>5} {off:10.1f} {on:9.1f} {(off - on) / off:6.1%} "
+                f"{statistics.median(shares):14.2%} {statistics.median(per_step) * 1e6:8.0f} {counted:>8}"
+            )
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ class TeacherForcedRun:
             tables.append(table)
             rows.append(len(ids) - 1)
             self.lens[seq] += len(toks)
-        t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+        t = lambda xs: torch.tensor(xs, dtype=torch.int64)
         batch = ForwardBatch(
             input_ids=t(ids), positions=t(pos), query_start=t([0, *torch.tensor(qlens).cumsum(0).tolist()]),
             context_lens=t(clens), block_tables=t(tables), slot_mapping=t(slots), logits_rows=t(rows),

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -37,13 +37,13 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def summarize(streams: list[tuple[float, list[float]]], wall: float) -> dict:
     """streams: (start, token arrival times) per stream."""
     ttft = [(times[0] - start) * 1000 for start, times in streams if times]
-    itl = [(b - a) * 1000 for _, times in streams for a, b in zip(times, times[1:])]
+    itl = [(b - a) * 1000 for _, times in streams for a, b in itertools.pairwise(times)]
     tokens = sum(len(times) for _, times in streams)
     return {"tok_s": tokens / wall, "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99),
             "itl_p50": pct(itl, 0.5), "itl_p99": pct(itl, 0.99), "tokens": tokens}

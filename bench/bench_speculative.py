@@ -66,7 +66,6 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from metrale_core.loading import load_model
-
     from metrale_speculative.draft_model import DraftModelProposer
     from metrale_speculative.gate import SpecGate
     from metrale_speculative.ngram import NgramProposer
@@ -74,7 +73,7 @@ def main() -> None:
 
     loaded = load_model(None, progress=False)
     model, tok = loaded.model, loaded.tokenizer
-    gate = lambda: SpecGate(force=args.gate == "force", window_steps=4)  # noqa: E731
+    gate = lambda: SpecGate(force=args.gate == "force", window_steps=4)
     proposers = {
         "ngram k=4": lambda ctx: GatedSpeculator(NgramProposer(2, 4), 4, gate=gate()),
         "draft(self) k=3": lambda ctx: GatedSpeculator(

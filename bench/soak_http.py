@@ -45,7 +45,7 @@ def rss_mib(pid: int) -> float:
 
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def requests_mix(max_tokens: int) -> list[tuple[str, dict, int]]:

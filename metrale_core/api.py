@@ -34,6 +34,9 @@ Invariants:
 - Importing this module imports nothing else (no torch): each name is resolved on first access
   through :data:`PUBLIC` (PEP 562 ``__getattr__``) and cached in the module, so a plugin's
   ``__init__`` that only needs specs and ``hookimpl`` stays as light as those modules are.
+- The ``if TYPE_CHECKING:`` block imports exactly the names of :data:`PUBLIC` from the same modules
+  (``tests/test_public_api.py`` compares them), so mypy and IDEs see real types while run time
+  stays lazy.
 - Every name in :data:`PUBLIC` resolves (``tests/test_public_api.py`` imports each one); a name
   leaves the table only with a minor version bump (plugins pin ``metrale-core>=0.1,<0.2``).
 """
@@ -41,7 +44,7 @@ Invariants:
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["PUBLIC"]  # extended below with every public name
 
@@ -116,6 +119,201 @@ PUBLIC: dict[str, str] = {name: module
                           for module, names in group.items() for name in names}
 
 __all__ += sorted(PUBLIC)
+
+if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block equal to PUBLIC)
+    from metrale_core import (
+        __version__,
+        hookimpl,
+    )
+    from metrale_core.components import (
+        KVScaleSourceSpec,
+        LoadOptions,
+        LogitProcessorSpec,
+        ModelLoaderSpec,
+        ProposerSpec,
+        SamplerSpec,
+        SchedulerSpec,
+        ToolCallParserSpec,
+    )
+    from metrale_core.engine.adapters import (
+        ADAPTER_EXTRA,
+        AdapterBank,
+        AdapterWeights,
+    )
+    from metrale_core.engine.block_manager import (
+        BlockManager,
+    )
+    from metrale_core.engine.request import (
+        Request,
+        Sequence,
+        SequenceStatus,
+    )
+    from metrale_core.engine.runner import (
+        ModelRunner,
+        model_device,
+    )
+    from metrale_core.engine.scheduler import (
+        AdmissionStep,
+        FcfsPolicy,
+        ScheduledChunk,
+        SchedulerOutput,
+        SchedulingPolicy,
+    )
+    from metrale_core.engine.side_pool import (
+        SidePool,
+    )
+    from metrale_core.engine.speculation import (
+        Draft,
+        ProposerContext,
+        Speculator,
+        StepReport,
+        VerifyRow,
+    )
+    from metrale_core.errors import (
+        ConfigError,
+        CorruptWeightsFile,
+        InvalidRequest,
+        KVCacheExhausted,
+        MetraleError,
+        MissingWeightsFile,
+        PluginError,
+        ShapeMismatch,
+        WeightsError,
+    )
+    from metrale_core.kernels import (
+        KERNELS_ENV,
+        CustomOp,
+        KernelCompileError,
+        KernelInputError,
+        KernelPath,
+        check_contiguous,
+        check_dtype,
+        check_same_device,
+        check_shape,
+        check_tensor,
+        compile_ptx,
+        compile_runtime_source,
+        cpu_library,
+        cpu_unavailable_reason,
+        cupy_unavailable_reason,
+        find_cu_files,
+        load_raw_module,
+        nvcc_path,
+        ptx_entries,
+        requested_path,
+        select_path,
+    )
+    from metrale_core.kernels.cpu import (
+        cpu_flags,
+    )
+    from metrale_core.kernels.cuda import (
+        f32,
+        i32,
+        i64,
+        ptr,
+        torch_stream,
+    )
+    from metrale_core.layers import (
+        DTYPES,
+        WEIGHT_FORMAT_ENV,
+        WEIGHT_FORMATS,
+        AttentionPlan,
+        DecoderOps,
+        DenseLinear,
+        Embedding,
+        GeGLU,
+        KVCacheWrite,
+        Linear,
+        PagedAttentionDecode,
+        PagedAttentionPrefill,
+        QKNormRope,
+        RMSNorm,
+        SwiGLU,
+        apply_rope,
+        build_embedding,
+        build_linear,
+        embed_tokens,
+        geglu,
+        paged_attention,
+        require_weight_format,
+        resolve_weight_format,
+        rms_norm,
+        rope_cos_sin,
+        rope_inv_freq,
+        signed_sin,
+        swiglu,
+        torch_dtype,
+        windowed_paged_attention,
+        write_kv,
+    )
+    from metrale_core.layers.lora import (
+        LoRALinear,
+        LoRARows,
+        active_rows,
+        attach_lora,
+    )
+    from metrale_core.loading import (
+        model_from_store,
+    )
+    from metrale_core.model_api import (
+        CausalLM,
+        ForwardBatch,
+        KVCodec,
+        KVLayout,
+        ModelInfo,
+        PagedKVCache,
+        PlainKVCodec,
+        RecurrentLayout,
+        gather_blocks,
+    )
+    from metrale_core.plugins import (
+        LazyFactory,
+        lazy_factory,
+        load_registry,
+    )
+    from metrale_core.sampling.interface import (
+        LogitProcessor,
+        ProcessorContext,
+        RowLike,
+        SampleOutput,
+        Sampler,
+        SamplingError,
+    )
+    from metrale_core.sampling.params import (
+        SamplingParams,
+    )
+    from metrale_core.sampling.position import (
+        PositionKind,
+    )
+    from metrale_core.sampling.sampler import (
+        inverse_cdf,
+    )
+    from metrale_core.sampling.structured import (
+        StructuredOutput,
+        StructuredOutputError,
+    )
+    from metrale_core.streamparse.base import (
+        CALL_CLOSE,
+        CALL_OPEN,
+        CompletedCall,
+        ParsedDelta,
+        TagParserBase,
+        ToolCallParser,
+        held_back_len,
+        scan_tags,
+    )
+    from metrale_core.weights import (
+        RawTensor,
+        WeightStore,
+        open_weights,
+    )
+    from metrale_core.weights.gguf_hf import (
+        unpermute_rows,
+    )
+    from metrale_core.weights.gguf_tensors import (
+        GGUFTensors,
+        read_gguf_tensors,
+    )
 
 
 def __getattr__(name: str) -> Any:

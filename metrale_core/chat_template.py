@@ -33,9 +33,10 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -141,7 +142,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     intercepted_binops = frozenset({"*", "+", "**"})
 
-    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805,B902 - jinja's signature
+    def call(__self, __context, __obj, *args, **kwargs):
         _tick()
         return super().call(__context, __obj, *args, **kwargs)
 
@@ -182,7 +183,7 @@ class _TemplateDict:
 class _TemplateNamespace(jinja2.utils.Namespace):
     """``namespace(...)`` that refuses underscore attributes (no route to CPython internals)."""
 
-    def __init__(*args, **kwargs):  # noqa: N805 - same signature trick as jinja2.utils.Namespace
+    def __init__(*args, **kwargs):
         self, args = args[0], args[1:]
         attrs = dict(*args, **kwargs)
         for name in attrs:
@@ -206,7 +207,7 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 class _GenerationTag(jinja2.ext.Extension):
     """``{% generation %}...{% endgeneration %}`` (transformers' assistant-mask marker): renders its body."""
 
-    tags = {"generation"}
+    tags: set[str] = {"generation"}  # noqa: RUF012 -- jinja2 declares Extension.tags an instance attribute
 
     def parse(self, parser):
         lineno = next(parser.stream).lineno
@@ -259,8 +260,9 @@ def _plain(value: Any) -> Any:
 def _normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for message in messages:
-        if callable(getattr(message, "model_dump", None)):
-            message = message.model_dump()
+        dump = getattr(message, "model_dump", None)
+        if callable(dump):
+            message = dump()
         if not isinstance(message, Mapping):
             raise InvalidRequest(f"chat messages must be objects with 'role' and 'content', got {message!r}")
         message = {k: _plain(v) for k, v in message.items() if v is not None}

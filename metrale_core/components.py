@@ -12,7 +12,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from attrs import field, frozen
 
@@ -29,6 +30,10 @@ __all__ = [
     "SchedulerSpec",
     "ToolCallParserSpec",
 ]
+
+
+def _frozenset(value: Any) -> frozenset:
+    return frozenset(value)
 
 
 def _tuple(value: Any) -> tuple:
@@ -112,7 +117,7 @@ class LogitProcessorSpec:
     name: str
     factory: Callable[..., Any]
     order: int = 100
-    kinds: frozenset = field(default=frozenset(PositionKind), converter=frozenset)
+    kinds: frozenset[PositionKind] = field(default=frozenset(PositionKind), converter=_frozenset)
     read_only: bool = False
     #: Enabled unless the configuration turns it off.
     default_enabled: bool = True

@@ -20,7 +20,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from attrs import define, field
 
@@ -31,12 +32,22 @@ _CONTEXT = 5
 _REPLACEMENT = "\ufffd"
 
 
+class Decoder(Protocol):
+    """What the detokenizer needs of a tokenizer."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+def _as_list(ids: Iterable[int]) -> list[int]:
+    return list(ids)
+
+
 @define
 class IncrementalDetokenizer:
     """Streaming decoder of one sequence's output ids.  ``tok`` needs ``decode(ids, skip_special_tokens)``."""
 
-    tok: object
-    prompt_ids: Sequence[int] = field(converter=list)
+    tok: Decoder
+    prompt_ids: list[int] = field(converter=_as_list)
     skip_special_tokens: bool = True
     _ids: list[int] = field(init=False)
     _prefix_offset: int = field(init=False)

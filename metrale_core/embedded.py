@@ -27,7 +27,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from loguru import logger
 
@@ -99,7 +99,7 @@ def _progress(total: int, desc: str, enabled: bool):
                 disable=not enabled, leave=False)
 
 
-def _copy_hashed(src: BinaryIO, dest: BinaryIO, total: int, desc: str, progress: bool) -> str:
+def _copy_hashed(src: IO[bytes], dest: BinaryIO, total: int, desc: str, progress: bool) -> str:
     digest = hashlib.sha256()
     with _progress(total, desc, progress) as bar:
         while chunk := src.read(_CHUNK):
@@ -109,7 +109,7 @@ def _copy_hashed(src: BinaryIO, dest: BinaryIO, total: int, desc: str, progress:
     return digest.hexdigest()
 
 
-def _install(target: Path, src: BinaryIO, total: int, desc: str, progress: bool) -> None:
+def _install(target: Path, src: IO[bytes], total: int, desc: str, progress: bool) -> None:
     """Copy ``src`` to ``target`` atomically, refusing content whose hash is not ``GGUF_SHA256``."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)

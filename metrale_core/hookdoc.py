@@ -16,8 +16,8 @@ from __future__ import annotations
 import inspect
 import re
 import textwrap
+from collections.abc import Callable
 from types import ModuleType
-from typing import Callable
 
 from attrs import frozen
 
@@ -25,7 +25,7 @@ __all__ = ["HookDoc", "doc_problems", "hookspecs_of", "parse_hookspec", "render_
 
 PROJECT = "metrale"
 SECTIONS = ("Called", "Args", "Returns", "Flags", "Example")
-_HEADER = re.compile(r"^(%s):\s*$" % "|".join(SECTIONS))
+_HEADER = re.compile(rf"^({'|'.join(SECTIONS)}):\s*$")
 _ARG = re.compile(r"^(\w+):\s*(.*)$")
 
 

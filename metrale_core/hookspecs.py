@@ -7,8 +7,9 @@ Owner: the plugin manager (``metrale_core.plugins``) adds these specs to a fresh
 Invariants:
 - One string for everything: the project name, the entry-point group and the hook prefix are all
   ``metrale``; plugins mark implementations with ``metrale_core.hookimpl``.
-- Importing this module imports nothing heavy (no torch, no CuPy): argument types are named in
-  docstrings only.
+- Importing this module imports nothing heavy (no torch, no CuPy): the signatures' types are
+  imported under ``TYPE_CHECKING`` only (annotations are strings at run time), so static checkers
+  see them and discovery stays torch-free.
 - Every spec's docstring has the sections ``Called:``, ``Args:`` (one entry per argument),
   ``Returns:``, ``Flags:`` and ``Example:`` (enforced by ``tests/test_hookspecs.py``).
 - Specs evolve additively: arguments are added, never renamed or removed (pluggy lets an
@@ -17,7 +18,26 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
 import pluggy
+
+if TYPE_CHECKING:
+    import argparse
+
+    from prometheus_client.metrics_core import Metric
+
+    from metrale_core.components import (
+        KVScaleSourceSpec,
+        LogitProcessorSpec,
+        ModelLoaderSpec,
+        ProposerSpec,
+        SamplerSpec,
+        SchedulerSpec,
+        ToolCallParserSpec,
+    )
+    from metrale_core.engine import LLMEngine
 
 __all__ = ["GROUPS", "hookspec", "render_reference"]
 
@@ -29,7 +49,7 @@ hookspec = pluggy.HookspecMarker("metrale")
 
 
 @hookspec
-def metrale_model_loaders(register):
+def metrale_model_loaders(register: Callable[[ModelLoaderSpec], None]) -> None:
     """Register model loaders (``ModelLoaderSpec``): what builds a model from a checkpoint.
 
     Called:
@@ -62,7 +82,7 @@ def metrale_model_loaders(register):
 
 
 @hookspec
-def metrale_kv_scale_sources(register):
+def metrale_kv_scale_sources(register: Callable[[KVScaleSourceSpec], None]) -> None:
     """Register FP8 KV-cache scale sources (``KVScaleSourceSpec``): where K/V scales come from.
 
     Called:
@@ -97,7 +117,7 @@ def metrale_kv_scale_sources(register):
 
 
 @hookspec
-def metrale_logit_processors(register):
+def metrale_logit_processors(register: Callable[[LogitProcessorSpec], None]) -> None:
     """Register logit processors (``LogitProcessorSpec``): masks, penalties and observers.
 
     Called:
@@ -126,7 +146,7 @@ def metrale_logit_processors(register):
 
 
 @hookspec
-def metrale_samplers(register):
+def metrale_samplers(register: Callable[[SamplerSpec], None]) -> None:
     """Register sampling steps (``SamplerSpec``): turn processed logits into token ids.
 
     Called:
@@ -152,7 +172,7 @@ def metrale_samplers(register):
 
 
 @hookspec
-def metrale_schedulers(register):
+def metrale_schedulers(register: Callable[[SchedulerSpec], None]) -> None:
     """Register scheduling policies (``SchedulerSpec``): which sequences run each step.
 
     Called:
@@ -178,7 +198,7 @@ def metrale_schedulers(register):
 
 
 @hookspec
-def metrale_speculative_proposers(register):
+def metrale_speculative_proposers(register: Callable[[ProposerSpec], None]) -> None:
     """Register speculative-decoding draft sources (``ProposerSpec``): n-gram, draft model, MTP.
 
     Called:
@@ -203,7 +223,7 @@ def metrale_speculative_proposers(register):
 
 
 @hookspec
-def metrale_tool_call_parsers(register):
+def metrale_tool_call_parsers(register: Callable[[ToolCallParserSpec], None]) -> None:
     """Register streaming tool-call parsers (``ToolCallParserSpec``), one per wire format.
 
     Called:
@@ -235,7 +255,7 @@ def metrale_tool_call_parsers(register):
 
 
 @hookspec
-def metrale_engine_flags(parser):
+def metrale_engine_flags(parser: argparse._ArgumentGroup) -> None:
     """Add command-line flags for a plugin's engine options to the shared engine flag group.
 
     Called:
@@ -268,7 +288,7 @@ def metrale_engine_flags(parser):
 
 
 @hookspec
-def metrale_metrics(engine):
+def metrale_metrics(engine: LLMEngine) -> Iterable[Metric] | Mapping[str, float] | None:
     """Export a plugin's own counters and gauges through the server's ``GET /metrics``.
 
     Called:
@@ -343,7 +363,7 @@ def metrale_executors(register):
 
 
 @hookspec
-def metrale_engine_started(engine):
+def metrale_engine_started(engine: LLMEngine) -> None:
     """Attach per-engine state to a newly built engine: snapshot extras for the dashboard, caches.
 
     Called:
@@ -408,8 +428,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     (
         "Lifecycle hooks",
-        "Called as the core builds its long-lived objects, so a plugin can attach per-object "
-        "state to them.",
+        "Called as the core builds its long-lived objects, so a plugin can attach per-object state to them.",
         ("metrale_engine_started",),
     ),
     (

@@ -82,6 +82,7 @@ from attrs import define, evolve, field, frozen
 __all__ = [
     "CausalLM",
     "ForwardBatch",
+    "HiddenStatesLM",
     "KVCodec",
     "KVGroup",
     "KVGroups",
@@ -90,6 +91,7 @@ __all__ = [
     "PagedKVCache",
     "PlainKVCodec",
     "RecurrentLayout",
+    "VerifyCommitLM",
     "gather_blocks",
 ]
 
@@ -250,17 +252,17 @@ class KVCodec(Protocol):
     #: Storage dtype of the pool (None: the layout's dtype).
     storage_dtype: torch.dtype | None
 
-    def write(self, cache: "PagedKVCache", layer: int, slot_mapping: torch.Tensor,
+    def write(self, cache: PagedKVCache, layer: int, slot_mapping: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor, kernel=None) -> None:
         """Store ``k`` / ``v`` ``[T, Hk, d]`` of ``layer`` at the flat slots ``[T]``."""
         ...
 
-    def gather(self, cache: "PagedKVCache", layer: int, block_ids: torch.Tensor,
+    def gather(self, cache: PagedKVCache, layer: int, block_ids: torch.Tensor,
                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the blocks ``block_ids`` ``[..., nb]`` as ``[..., nb * bs, Hk, d]`` in ``dtype``."""
         ...
 
-    def decode_attention(self, cache: "PagedKVCache", layer: int, q: torch.Tensor,
+    def decode_attention(self, cache: PagedKVCache, layer: int, q: torch.Tensor,
                          block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                          max_context: int) -> torch.Tensor | None:
         """A fused decode kernel over this storage, or None to let the model gather and attend."""
@@ -270,11 +272,11 @@ class KVCodec(Protocol):
 class PlainKVCodec:
     """The default codec: K/V stored as they are (cast to the storage dtype), read back cast."""
 
-    name = "plain"
-    plain = True
-    storage_dtype = None
+    name: str = "plain"
+    plain: bool = True
+    storage_dtype: torch.dtype | None = None
 
-    def write(self, cache: "PagedKVCache", layer: int, slot_mapping: torch.Tensor,
+    def write(self, cache: PagedKVCache, layer: int, slot_mapping: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor, kernel=None) -> None:
         """``kernel(k, v, k_cache, v_cache, slot_mapping)`` is a model's fused store, if any."""
         k_cache, v_cache = cache.k[layer], cache.v[layer]
@@ -284,7 +286,7 @@ class PlainKVCodec:
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
-    def gather(self, cache: "PagedKVCache", layer: int, block_ids: torch.Tensor,
+    def gather(self, cache: PagedKVCache, layer: int, block_ids: torch.Tensor,
                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return (gather_blocks(cache.k[layer], block_ids, dtype),
                 gather_blocks(cache.v[layer], block_ids, dtype))
@@ -321,7 +323,7 @@ class PagedKVCache:
 
     @classmethod
     def allocate(cls, layout: KVLayout, num_blocks: int, block_size: int,
-                 device: torch.device | str = "cpu", codec: KVCodec | None = None) -> "PagedKVCache":
+                 device: torch.device | str = "cpu", codec: KVCodec | None = None) -> PagedKVCache:
         """Zeroed storage of ``layout.dtype`` (the codec's storage dtype) for ``num_blocks`` pages
         of ``layout.groups.group_size`` layers (every layer without windows)."""
         shape = (num_blocks, block_size, layout.num_kv_heads, layout.head_dim)
@@ -440,3 +442,16 @@ class CausalLM(Protocol):
     def make_state_pool(self, num_slots: int) -> object | None:
         """Allocate the recurrent-state pool (``None`` for a pure-attention model)."""
         ...
+
+
+class HiddenStatesLM(CausalLM, Protocol):
+    """A ``CausalLM`` with the optional ``forward_with_hidden`` (see the module docstring)."""
+
+    def forward_with_hidden(self, batch: ForwardBatch, kv: PagedKVCache | None,
+                            state: object | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class VerifyCommitLM(CausalLM, Protocol):
+    """A recurrent ``CausalLM`` with the optional ``commit_verify`` (see the module docstring)."""
+
+    def commit_verify(self, state: object, slots: list[int], num_kept: list[int]) -> None: ...

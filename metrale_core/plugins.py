@@ -28,7 +28,8 @@ import difflib
 import importlib
 import importlib.metadata
 import os
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pluggy
 from attrs import define, evolve, field, frozen
@@ -58,7 +59,7 @@ class LazyFactory:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module, _, attr = self.target.partition(":")
-        obj = importlib.import_module(module)
+        obj: Any = importlib.import_module(module)
         for part in attr.split("."):
             obj = getattr(obj, part)
         return obj(*args, **kwargs)
@@ -98,7 +99,8 @@ def _collect(pm: pluggy.PluginManager, plugin: object) -> dict[str, list[Any]]:
                     f"plugin {name!r} passed {spec!r} to register() in {_hook}; "
                     f"expected a {_type.__name__}"
                 )
-            if not isinstance(spec.name, str) or not spec.name.strip():
+            spec_name = getattr(spec, "name", None)  # every Spec record has one
+            if not isinstance(spec_name, str) or not spec_name.strip():
                 raise PluginError(f"plugin {name!r} registered a {_type.__name__} without a name: {spec!r}")
             staged.setdefault(_family, []).append(spec)
 

@@ -20,7 +20,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pluggy
 from attrs import define, field, frozen
@@ -161,7 +162,7 @@ class Registry:
             others = [p for p in order if p is not plugin]
             try:
                 results = self.pm.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
-            except Exception as exc:  # noqa: BLE001 - one broken plugin must not stop the others
+            except Exception as exc:
                 logger.warning("plugin {!r} failed in {}{}: {}: {}", name, hook,
                                f" {skipped}" if skipped else "", type(exc).__name__, exc)
                 continue

@@ -22,8 +22,9 @@ Invariants:
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from attrs import field, frozen
 from loguru import logger
@@ -200,7 +201,7 @@ class Tokenizer:
             models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
                        end_of_word_suffix="", fuse_unk=False, ignore_merges=pre in _IGNORE_MERGES)
         )
-        split = _PRE_SPLITS.get(pre)
+        split = _PRE_SPLITS.get(pre) if pre is not None else None
         if split is None:
             backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         else:
@@ -230,7 +231,7 @@ class Tokenizer:
             raise TokenizerError(f"cannot parse {tokenizer_json}: {exc}") from exc
         config = _read_json(directory / "tokenizer_config.json")
         # tokens listed only in tokenizer_config.json's added_tokens_decoder
-        for raw_id, info in sorted((config.get("added_tokens_decoder") or {}).items(), key=lambda kv: int(kv[0])):
+        for _raw_id, info in sorted((config.get("added_tokens_decoder") or {}).items(), key=lambda kv: int(kv[0])):
             content = info.get("content")
             if content and backend.token_to_id(content) is None:
                 token = AddedToken(content, special=bool(info.get("special")),

@@ -60,8 +60,8 @@ def spm_backend(meta: Mapping[str, Any], tokens: Sequence[str], types: Sequence[
             dropout=None,
         )
     )
-    steps = [normalizers.Replace(" ", "▁")]
-    decode = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    steps: list[normalizers.Normalizer] = [normalizers.Replace(" ", "▁")]
+    decode: list[decoders.Decoder] = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     if bool(meta.get("tokenizer.ggml.add_space_prefix", True)):
         steps.insert(0, normalizers.Prepend("▁"))
         decode.append(decoders.Strip(" ", 1, 0))

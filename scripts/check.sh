@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# The gates: ruff lint, ruff format check and mypy (configuration in pyproject.toml), each run
-# even when an earlier one fails; exits non-zero if any fails. Installs ruff/mypy into ./.venv
-# (the "lint" extra) when they are missing. Usage: bash scripts/check.sh [paths for ruff...]
+# The gates, on the whole tree: ruff lint, ruff format --check, mypy and the import-linter
+# contracts (configuration of all four in pyproject.toml). Each runs even when an earlier one
+# fails; exits non-zero if any fails. .ci/run calls it before the tests; tox runs the same tools
+# as `tox -e lint,type`.
+# Usage: bash scripts/check.sh            (uses ./.venv, creating it with install.sh --dev if absent)
+#        METRALE_CHECK_PYTHON_ENV=active bash scripts/check.sh   (use the tools already on PATH)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-[ -x .venv/bin/python ] || bash scripts/install.sh --dev
-. .venv/bin/activate
-if ! command -v ruff >/dev/null 2>&1 || ! command -v mypy >/dev/null 2>&1; then
-    python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[lint]"
+if [ "${METRALE_CHECK_PYTHON_ENV:-venv}" != active ]; then
+    [ -x .venv/bin/python ] || bash scripts/install.sh --dev
+    . .venv/bin/activate
 fi
-paths=("${@:-.}")
+if ! command -v ruff >/dev/null 2>&1 || ! command -v mypy >/dev/null 2>&1 \
+        || ! command -v lint-imports >/dev/null 2>&1; then
+    python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test,lint]"
+fi
 status=0
-echo "== ruff check" >&2
-ruff check "${paths[@]}" || status=1
-echo "== ruff format --check" >&2
-ruff format --check "${paths[@]}" || status=1
-echo "== mypy" >&2
-mypy || status=1
+run() {
+    echo "== $*" >&2
+    "$@" || { echo "!! failed: $*" >&2; status=1; }
+}
+run ruff check .
+run ruff format --check .
+run mypy
+run bash scripts/lint-imports.sh
 exit $status

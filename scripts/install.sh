@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create ./.venv (if needed) and install metrale-core plus every plugin under plugins/ (and, with
-# --dev, the test extras and contrib/ plugins) in editable mode, with the CPU build of torch
+# --dev, the test and lint extras and contrib/ plugins) in editable mode, with the CPU build of torch
 # pinned through constraints.txt. Sourced by serve.sh and test.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,7 +13,7 @@ dirs="plugins/*/"
 # users (pip install -e plugins/metrale-ray), installed with --dev so its tests run.
 skip="plugins/metrale-ray/"
 if [ "${1:-}" = "--dev" ]; then
-    core=".[test]"
+    core=".[test,lint]"
     dirs="plugins/*/ contrib/*/"
     skip="^$"
 fi

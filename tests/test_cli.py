@@ -66,8 +66,8 @@ def test_missing_model_path(tmp_path):
 def test_unknown_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "frobnicator",
                                                       "architectures": ["FrobForCausalLM"]}))
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
     assert_clean_error(met("generate", "--model", str(tmp_path), "hi"), "frobnicator", "qwen3", "llama")

@@ -113,3 +113,26 @@ def test_importing_hookspecs_stays_light():
     code = "import sys, metrale_core.hookspecs; print(sorted({'torch', 'cupy', 'litestar'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_every_hookspec_is_typed_with_real_types():
+    """Each argument and the return of every spec is annotated, and the annotations (imported
+    under ``TYPE_CHECKING`` in hookspecs.py) resolve to the real classes."""
+    import argparse
+    import typing
+
+    from prometheus_client.metrics_core import Metric
+
+    from metrale_core import components
+    from metrale_core.engine import LLMEngine
+
+    names = {"argparse": argparse, "Metric": Metric, "LLMEngine": LLMEngine, **vars(components)}
+    for _title, _intro, hooks in hookspecs.GROUPS:
+        for hook in hooks:
+            fn = getattr(hookspecs, hook)
+            hints = typing.get_type_hints(fn, localns=names)
+            assert set(hints) == {*inspect.signature(fn).parameters, "return"}, hook
+    started = typing.get_type_hints(hookspecs.metrale_engine_started, localns=names)
+    assert started["engine"] is LLMEngine
+    loaders = typing.get_type_hints(hookspecs.metrale_model_loaders, localns=names)
+    assert typing.get_args(loaders["register"]) == ([components.ModelLoaderSpec], None)

@@ -12,8 +12,9 @@ import pkgutil
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 import metrale_core
 

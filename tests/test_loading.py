@@ -6,6 +6,8 @@ a request for any other is refused before the loader runs, instead of being sile
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
 from metrale_core.components import LoadOptions, ModelLoaderSpec
@@ -15,7 +17,7 @@ from metrale_core.registry import Registry
 
 
 class Store:
-    config = {"model_type": "toy"}
+    config: ClassVar[dict[str, str]] = {"model_type": "toy"}
     path = "/nowhere/toy"
 
     def names(self):
@@ -38,7 +40,7 @@ def _registry(calls, **declared):
 def test_an_undeclared_weight_format_is_refused_before_loading():
     calls: list = []
     reg = _registry(calls)   # declares only the default, "exact"
-    with pytest.raises(ConfigError, match="--weight-format int4 .* loader 'toy' honours exact"):
+    with pytest.raises(ConfigError, match=r"--weight-format int4 .* loader 'toy' honours exact"):
         model_from_store(Store(), LoadOptions(weight_format="int4"), reg)
     assert calls == []
     for fmt in (None, "exact"):

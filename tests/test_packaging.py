@@ -5,10 +5,10 @@ kernels, a missing ``.cu`` the CUDA ones."""
 from __future__ import annotations
 
 import fnmatch
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECTS = [REPO, *sorted(p for folder in ("plugins", "contrib") for p in (REPO / folder).iterdir()

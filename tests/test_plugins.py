@@ -210,7 +210,7 @@ def test_lazy_factory_imports_only_when_called():
     with pytest.raises(ModuleNotFoundError, match="fake_lazy_target_module"):
         factory()
     assert lazy_factory("collections:OrderedDict")([("a", 1)]) == {"a": 1}
-    with pytest.raises(ValueError, match="package.module:attr"):
+    with pytest.raises(ValueError, match=r"package.module:attr"):
         lazy_factory("collections.OrderedDict")
 
 

@@ -34,3 +34,21 @@ def test_the_public_sampling_helper_is_the_samplers_own():
 
     probs = torch.tensor([[0.0, 0.5, 0.5], [1.0, 0.0, 0.0]])
     assert api.inverse_cdf(probs, torch.tensor([0.75, 0.3])).tolist() == [2, 0]
+
+
+def test_the_type_checking_block_mirrors_the_lazy_table():
+    """``if TYPE_CHECKING:`` in api.py imports exactly :data:`PUBLIC` (name -> module), so static
+    checkers see the names a plugin gets at run time, and no more."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(api.__file__).read_text())
+    blocks = [node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"]
+    assert len(blocks) == 1
+    imported: dict[str, str] = {}
+    for node in blocks[0].body:
+        assert isinstance(node, ast.ImportFrom) and node.module is not None, ast.unparse(node)
+        for alias in node.names:
+            assert alias.asname in (None, alias.name) and alias.name not in imported, alias.name
+            imported[alias.name] = node.module
+    assert imported == api.PUBLIC

@@ -17,7 +17,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from metrale_core.errors import MetraleError
 

@@ -34,7 +34,7 @@ class PluginNames:
     name: str
 
     @classmethod
-    def parse(cls, text: str) -> "PluginNames":
+    def parse(cls, text: str) -> PluginNames:
         name = text.strip().lower().removeprefix("metrale-")
         if not _NAME.fullmatch(name):
             raise ConfigError(f"plugin name {text!r} must be lowercase letters, digits and single "

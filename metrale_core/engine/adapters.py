@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -41,13 +41,18 @@ from metrale_core.errors import ConfigError
 __all__ = ["ADAPTER_EXTRA", "AdapterBank", "AdapterWeights", "adapter_of"]
 
 
+def _as_dict(modules: Mapping[str, tuple[torch.Tensor, torch.Tensor, float]]
+             ) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
+    return dict(modules)
+
+
 @frozen
 class AdapterWeights:
     """A parsed adapter: module -> ``(A [r, in], B [out, r], scale)`` in float32 on the host."""
 
     #: The file (or directory) it came from, named in errors.
     source: str
-    modules: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = field(converter=dict)
+    modules: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = field(converter=_as_dict)
 
     @property
     def rank(self) -> int:

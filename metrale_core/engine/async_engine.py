@@ -24,7 +24,9 @@ import asyncio
 import queue
 import threading
 import uuid
-from typing import Any, AsyncIterator, Sequence as Seq
+from collections.abc import AsyncIterator
+from collections.abc import Sequence as Seq
+from typing import Any
 
 from attrs import evolve
 from loguru import logger
@@ -155,7 +157,7 @@ class AsyncEngine:
         _, request_id, prompt, params, timeout_s, extras = item
         try:
             self.engine.add_request(request_id, prompt, params, timeout_s=timeout_s, extras=extras)
-        except Exception as exc:  # noqa: BLE001 - delivered to the consumer, who raises it
+        except Exception as exc:
             self._send([(request_id, exc)])
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
@@ -199,7 +201,7 @@ def step_or_fail(engine: LLMEngine) -> list[RequestOutput]:
     (logged) and their final deltas are returned, so a loop driving the engine survives."""
     try:
         return engine.step()
-    except Exception as exc:  # noqa: BLE001 - the loop must survive a failed step
+    except Exception as exc:
         logger.exception("engine step failed; failing its requests")
         return engine.fail_in_flight(f"{type(exc).__name__}: {exc}")
 

@@ -45,17 +45,30 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from typing import Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import Protocol
 
 from attrs import define, field, frozen
 
 from metrale_core.engine.adapter_key import adapter_of
 from metrale_core.engine.request import Sequence
 
-__all__ = ["NULL_BLOCK", "BlockManager", "PrefixCacheStats"]
+__all__ = ["NULL_BLOCK", "BlockHolder", "BlockManager", "PrefixCacheStats"]
 
 #: A windowed group's table entry whose block slid out of the window (never read).
 NULL_BLOCK = -1
+
+
+class BlockHolder(Protocol):
+    """What growing, truncating and freeing read of a sequence (a drafter's per-request state
+    provides the same attributes)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    block_ids: list[int]
+    #: Tables of KV groups 1.. (models with attention windows; empty otherwise).
+    group_block_ids: list[list[int]]
 
 
 @frozen
@@ -150,7 +163,7 @@ class BlockManager:
         need = self.blocks_for(num_tokens)
         return sum(need if w is None else min(need, self.blocks_for(w)) for w in self.windows)
 
-    def _tables(self, seq: Sequence) -> list[list[int]]:
+    def _tables(self, seq: BlockHolder) -> list[list[int]]:
         """``seq``'s block table of every group, group 0 first."""
         if self.num_groups == 1:
             return [seq.block_ids]
@@ -199,7 +212,7 @@ class BlockManager:
             tables.append(table)
         return tables
 
-    def num_new_blocks(self, seq: Sequence, num_tokens: int) -> int:
+    def num_new_blocks(self, seq: BlockHolder, num_tokens: int) -> int:
         """Blocks ``seq`` must take from the free list to hold ``num_tokens`` positions."""
         return self.num_groups * max(0, self.blocks_for(num_tokens) - len(seq.block_ids))
 
@@ -245,10 +258,11 @@ class BlockManager:
         if self.enable_prefix_caching:
             self._queries += seq.num_prefill_tokens
             self._hits += seq.num_cached_tokens
-            self._seq_keys[seq.request_id] = [self._blocks[b].key for b in hits]
+            keys = [self._blocks[b].key for b in hits]  # cached blocks: every one has its key
+            self._seq_keys[seq.request_id] = [k for k in keys if k is not None]
         self.grow(seq, num_tokens)
 
-    def grow(self, seq: Sequence, num_tokens: int) -> None:
+    def grow(self, seq: BlockHolder, num_tokens: int) -> None:
         """Append fresh blocks to ``seq`` until it holds ``num_tokens`` positions."""
         if self.num_new_blocks(seq, num_tokens) > self.num_free_blocks:
             raise RuntimeError(f"grow called for {seq!r} without room; check num_free_blocks first")
@@ -274,7 +288,7 @@ class BlockManager:
                 i -= 1
             self._release(gone)
 
-    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+    def truncate(self, seq: BlockHolder, num_tokens: int) -> None:
         """Give back ``seq``'s blocks past the first ``num_tokens`` positions (speculative
         rollback: they hold only rejected drafts, never a prefix-cache key)."""
         keep = self.blocks_for(num_tokens)
@@ -285,7 +299,7 @@ class BlockManager:
             del table[keep:]
             self._release(tail)
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: BlockHolder) -> None:
         """Drop ``seq``'s references; blocks reaching 0 go to the free list (tail first)."""
         self._release(seq.block_ids)
         seq.block_ids = []

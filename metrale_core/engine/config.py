@@ -13,7 +13,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from attrs import field, frozen
 
@@ -128,7 +128,7 @@ class EngineConfig:
     def num_state_slots_for(self, info: ModelInfo) -> int:
         """Recurrent-state slots: ``max_num_seqs`` capped by ``recurrent_state_memory`` (0 when
         the model keeps no recurrent state)."""
-        if not info.has_recurrent_state:
+        if not info.has_recurrent_state or info.recurrent is None:
             return 0
         per_seq = max(1, info.recurrent.bytes_per_sequence)
         slots = min(self.max_num_seqs, self.recurrent_state_memory // per_seq)

@@ -22,20 +22,21 @@ from __future__ import annotations
 
 import itertools
 import operator
-from typing import TYPE_CHECKING, Any, Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 from loguru import logger
 
 from metrale_core.engine.config import EngineConfig
-from metrale_core.engine.output import OutputProcessor, RequestOutput
-from metrale_core.engine.request import Request, Sequence
 from metrale_core.engine.kv_dtype import resolve_kv_storage
+from metrale_core.engine.output import OutputProcessor, RequestOutput
 from metrale_core.engine.pooling import plan_pools, pool_step
+from metrale_core.engine.request import Request, Sequence
 from metrale_core.engine.runner import ModelRunner, model_device
 from metrale_core.engine.scheduler import FcfsPolicy, Scheduler
-from metrale_core.engine.spec_driver import SpecDriver, build_spec_driver
 from metrale_core.engine.snapshot import SnapshotPublisher
+from metrale_core.engine.spec_driver import SpecDriver, build_spec_driver
 from metrale_core.errors import ConfigError, InvalidRequest, PromptTooLong
 from metrale_core.model_api import CausalLM
 from metrale_core.sampling.params import SamplingParams
@@ -138,7 +139,7 @@ class LLMEngine:
     @property
     def spec_driver(self) -> SpecDriver | None:
         """The speculation driver, or None when speculation is off."""
-        return self.speculation if self.speculation.enabled else None
+        return self.speculation if isinstance(self.speculation, SpecDriver) else None  # NullSpeculation: off
 
     # --- requests ----------------------------------------------------------------------------
     def validate_request(self, request_id: str, prompt_ids: Seq[int],
@@ -162,15 +163,16 @@ class LLMEngine:
                 f"request {request_id!r}: the prompt has {len(prompt_ids)} tokens; with one output "
                 f"token that exceeds max_model_len={self.max_model_len}; shorten the prompt")
         vocab = self.model.info.vocab_size
-        ids = []
+        ids: list[int] = []
         for t in prompt_ids:
             try:
-                ids.append(operator.index(t) if not isinstance(t, bool) else None)
+                token: int | None = operator.index(t) if not isinstance(t, bool) else None
             except TypeError:
-                ids.append(None)
-            if ids[-1] is None or not 0 <= ids[-1] < vocab:
+                token = None
+            if token is None or not 0 <= token < vocab:
                 raise InvalidRequest(f"request {request_id!r}: token id {t!r} is outside the "
                                      f"vocabulary [0, {vocab})")
+            ids.append(token)
         return ids
 
     def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, *,

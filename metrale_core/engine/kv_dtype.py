@@ -17,8 +17,9 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -95,7 +96,7 @@ def _providers(wanted: str, registry: Registry | None) -> list[str]:
 
         try:
             registry = load_registry()
-        except Exception:  # noqa: BLE001 - only for a hint in an error message
+        except Exception:
             return []
     return sorted({registry.provider("kv_scale_sources", name).distribution
                    for name, spec in registry.kv_scale_sources.items() if wanted in spec.kv_dtypes})
@@ -138,7 +139,7 @@ def resolve_kv_storage(config: Any, model: CausalLM, registry: Registry | None =
         raise ConfigError(f"--kv-cache-dtype {wanted} is served by several KV-scale sources "
                           f"({', '.join(n for n, _ in codecs)}); disable all but one plugin")
     name, codec = codecs[0]
-    layout = attrs.evolve(info.kv, dtype=codec.storage_dtype)
+    layout = attrs.evolve(info.kv, dtype=codec.storage_dtype if codec.storage_dtype is not None else info.kv.dtype)
     logger.info("KV cache: {} storage ({} bytes/token) from the '{}' KV-scale source",
                 wanted, layout.bytes_per_token(), name)
     return KVStorage(layout, codec, wanted)

@@ -102,7 +102,7 @@ def _parse(seq: Sequence, delta: str, finished: bool) -> tuple:
         parsed = parser.feed(delta) if delta else []
         if finished:
             parsed = parsed + parser.finish()
-    except Exception:  # noqa: BLE001 - a plugin bug must not fail the batch
+    except Exception:
         logger.exception("stream parser of request {!r} failed; sending plain content from here",
                          seq.request_id)
         seq.extras.pop("stream_parser", None)
@@ -167,6 +167,7 @@ class OutputProcessor:
         plain = [(i, chunk) for i, chunk in sampled if not chunk.is_verify]
         by_chunk: dict[int, RequestOutput] = {}
         if plain:
+            assert logits is not None, "a step that samples rows computed their logits"
             rows = [chunk.seq for _, chunk in plain]
             rows_logits = logits if len(plain) == logits.shape[0] else \
                 logits[torch.tensor([offsets[i] for i, _ in plain], device=logits.device)]
@@ -174,7 +175,7 @@ class OutputProcessor:
             try:
                 batch = self.pipeline.sample(rows_logits, rows, kinds)
                 results = [(j, batch) for j in range(len(rows))]
-            except Exception:  # noqa: BLE001 - find the row(s) at fault; fail only those
+            except Exception:
                 results = self._sample_rows_alone(rows_logits, rows, kinds)
             for j, (i, chunk) in enumerate(plain):
                 seq = chunk.seq
@@ -192,6 +193,8 @@ class OutputProcessor:
         if verify:
             from metrale_core.engine.verifier import commit_verify_chunks
 
+            assert logits is not None, "a step with verify chunks computed their logits"
+
             verified, self.last_verify_outcomes = commit_verify_chunks(
                 self, [chunk for _, chunk in verify],
                 [logits[offsets[i]:offsets[i] + chunk.num_logits] for i, chunk in verify])
@@ -206,7 +209,7 @@ class OutputProcessor:
         for j, (seq, kind) in enumerate(zip(rows, kinds)):
             try:
                 out.append((0, self.pipeline.sample(logits[j:j + 1], [seq], [kind])))
-            except Exception as exc:  # noqa: BLE001 - this row's own failure
+            except Exception as exc:
                 logger.warning("sampling request {!r} failed; failing only that request: {}",
                                seq.request_id, _row_error(exc))
                 out.append((0, exc))
@@ -229,9 +232,7 @@ class OutputProcessor:
         seq.output_ids.append(token)
         params = seq.params
         reason, cut = None, False
-        if token in self.eos_token_ids and not params.ignore_eos:
-            reason = "stop"
-        elif token in params.stop_token_ids:
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
             reason = "stop"
         else:
             cut = self._push_text(seq, token)

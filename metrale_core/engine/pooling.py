@@ -61,6 +61,7 @@ class Pooling:
 
     def vector(self) -> torch.Tensor:
         """The pooled, L2-normalised vector."""
+        assert self.total is not None, "vector() of a pool that saw no rows"
         v = self.total if self.mode == "last" else self.total / self.count
         return torch.nn.functional.normalize(v, dim=0)
 
@@ -84,12 +85,14 @@ def plan_pools(plan: Any) -> bool:
     return any("pooling" in chunk.seq.extras for chunk in plan.chunks)
 
 
-def pool_step(engine: Any, plan: Any, hidden: torch.Tensor) -> list:
+def pool_step(engine: Any, plan: Any, hidden: torch.Tensor | None) -> list:
     """Fold this step's hidden rows into each pooling sequence; finish the complete ones.
 
     Returns their final deltas.  Runs before the output processor, which then skips them
-    (they are finished, so neither advanced nor sampled).
+    (they are finished, so neither advanced nor sampled).  ``hidden`` is the runner's
+    ``last_hidden``, which a step with pooling rows always keeps.
     """
+    assert hidden is not None, "a pooling step keeps its hidden states"
     from metrale_core.engine.output import RequestOutput
 
     outputs = []

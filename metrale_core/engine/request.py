@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import enum
 import random
+from typing import TYPE_CHECKING
 
 import torch
 from attrs import define, field, frozen
 
-from metrale_core.sampling.params import SamplingParams
+from metrale_core.sampling.params import SamplingParams, as_tuple
+
+if TYPE_CHECKING:
+    from metrale_core.detokenizer import IncrementalDetokenizer
 
 __all__ = ["FinishReason", "Request", "Sequence", "SequenceStatus"]
 
@@ -43,7 +47,7 @@ class Request:
     """One generation request as the client sent it."""
 
     request_id: str
-    prompt_ids: tuple[int, ...] = field(converter=tuple)
+    prompt_ids: tuple[int, ...] = field(converter=as_tuple)
     params: SamplingParams
     #: Clock time the engine accepted it.
     arrival_time: float = 0.0
@@ -88,7 +92,7 @@ class Sequence:
     error: str | None = None
     num_preemptions: int = 0
     #: Output-side state (owned by the output processor).
-    detokenizer: object | None = None
+    detokenizer: IncrementalDetokenizer | None = None
     text: str = ""
     num_text_emitted: int = 0
 

@@ -19,12 +19,13 @@ Invariants:
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import cast
 
 import torch
 from loguru import logger
 
 from metrale_core.engine.scheduler import SchedulerOutput
-from metrale_core.model_api import CausalLM, ForwardBatch, PagedKVCache
+from metrale_core.model_api import CausalLM, ForwardBatch, HiddenStatesLM, PagedKVCache, VerifyCommitLM
 
 __all__ = ["ModelRunner", "model_device"]
 
@@ -139,7 +140,9 @@ class ModelRunner:
         batch = self.build_batch(plan)
         with nullcontext() if self.lora is None else self.lora.scope(plan):
             if self.keeps_hidden or hidden:
-                logits, self.last_hidden = self.model.forward_with_hidden(batch, self.kv, self.state)
+                # only a model with forward_with_hidden keeps hidden states (checked where they are asked for)
+                logits, self.last_hidden = cast(HiddenStatesLM, self.model).forward_with_hidden(
+                    batch, self.kv, self.state)
             else:
                 logits = self.model.forward(batch, self.kv, self.state)
         expected = int(batch.logits_rows.shape[0])
@@ -151,4 +154,5 @@ class ModelRunner:
         """After a step with verify chunks of a recurrent model: each sequence's state must end
         as if only the first ``num_kept[i]`` rows of its verify chunk had been consumed."""
         if self.state is not None and slots:
-            self.model.commit_verify(self.state, slots, num_kept)
+            # a recurrent model is speculated on only with commit_verify (ConfigError otherwise)
+            cast(VerifyCommitLM, self.model).commit_verify(self.state, slots, num_kept)

@@ -48,7 +48,9 @@ from __future__ import annotations
 
 import inspect
 from collections import deque
-from typing import Any, Mapping, Protocol, Sequence as Seq
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+from typing import Any, Protocol, cast
 
 from attrs import field, frozen
 from loguru import logger
@@ -115,6 +117,11 @@ class SchedulingPolicy(Protocol):
         in admission order; the first one is the sequence that needs room)."""
         ...
 
+
+class StepAwarePolicy(SchedulingPolicy, Protocol):
+    """A ``SchedulingPolicy`` whose ``next_waiting`` takes the :class:`AdmissionStep`."""
+
+    def next_waiting(self, waiting: Seq[Sequence], step: AdmissionStep | None = None) -> Sequence | None: ...
 
 @frozen
 class FcfsPolicy:
@@ -187,7 +194,7 @@ class SchedulerOutput:
     finished: tuple[Sequence, ...] = field(default=(), eq=False)
 
     @classmethod
-    def make_empty(cls) -> "SchedulerOutput":
+    def make_empty(cls) -> SchedulerOutput:
         return cls()
 
     @property
@@ -438,7 +445,7 @@ class Scheduler:
                                  num_decode_tokens=sum(c.num_tokens for c in decodes),
                                  num_prefill_tokens=sum(c.num_tokens for c in prefills),
                                  budget=budget)
-            seq = self.policy.next_waiting(self.waiting, step=step)
+            seq = cast(StepAwarePolicy, self.policy).next_waiting(self.waiting, step=step)  # _takes_step
         else:
             seq = self.policy.next_waiting(self.waiting)
         if seq is None and not self.running:

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from attrs import define, field, frozen
 from loguru import logger
@@ -206,7 +207,7 @@ class SnapshotPublisher:
         for name, provider in list(self._providers.items()):
             try:
                 values[name] = provider()
-            except Exception as exc:  # noqa: BLE001 - a plugin must not break the step
+            except Exception as exc:
                 logger.warning("snapshot extras provider {!r} failed and is dropped: {}", name, exc)
                 del self._providers[name]
         return MappingProxyType(values)

@@ -68,7 +68,7 @@ class SpecDriver:
         self.runner = runner
         self.output_processor = output_processor
         self.max_model_len = max_model_len
-        self.clock = clock if clock is not None else getattr(scheduler.config, "clock")
+        self.clock = clock if clock is not None else scheduler.config.clock
         #: Engine-clock time the current step began (when its drafts were asked for).
         self._started = 0.0
         scheduler.attach_draft_source(self)

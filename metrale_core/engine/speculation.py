@@ -27,15 +27,28 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence as Seq, runtime_checkable
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from attrs import field, frozen
 
 from metrale_core.sampling.sampler import _inverse_cdf
 
-__all__ = ["Draft", "ProposerContext", "Speculator", "StepReport", "Verdict", "VerifyOutcome",
-           "VerifyRow", "accept", "SPECULATIVE_EXTRA"]
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
+
+__all__ = [
+    "SPECULATIVE_EXTRA",
+    "Draft",
+    "ProposerContext",
+    "Speculator",
+    "StepReport",
+    "Verdict",
+    "VerifyOutcome",
+    "VerifyRow",
+    "accept",
+]
 
 #: ``seq.extras[SPECULATIVE_EXTRA] = False`` opts one request out of speculation.
 SPECULATIVE_EXTRA = "speculative"
@@ -54,7 +67,7 @@ class Draft:
     #: the same pipeline as the target); None means point masses (n-gram, greedy drafting).
     probs: torch.Tensor | None = field(default=None, eq=False)
 
-    def truncated(self, n: int) -> "Draft":
+    def truncated(self, n: int) -> Draft:
         if n >= len(self.token_ids):
             return self
         return Draft(self.token_ids[:n], None if self.probs is None else self.probs[:n])
@@ -197,7 +210,7 @@ class ProposerContext:
     #: The engine's ``LogitPipeline`` (drafts must be sampled from its processed distributions).
     pipeline: Any
     #: The plugin registry (to load a draft model), or None.
-    registry: Any
+    registry: Registry | None
     max_model_len: int
 
     def load_model(self, source: Any, options: Any = None) -> Any:

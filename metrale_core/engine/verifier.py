@@ -24,7 +24,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import Any
 
 import torch
 
@@ -37,7 +38,7 @@ __all__ = ["commit_verify_chunks"]
 
 def _logprob_entry(row: torch.Tensor, token: int, width: int) -> tuple:
     """``((token, logprob, top),)`` from one row of log-probabilities."""
-    top = ()
+    top: tuple[tuple[int, float], ...] = ()
     if width:
         values, ids = row.topk(min(width, row.shape[0]))
         top = tuple((int(t), float(v)) for t, v in zip(ids.tolist(), values.tolist())

@@ -295,7 +295,7 @@ def _load(package: str, isa: str) -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(build_cpu_library(cpu_sources(package), package, isa=isa)))
         bind_prototypes(lib, cpu_headers(package))
         return lib
-    except Exception as exc:  # noqa: BLE001 -- any failure keeps the torch path, with its reason
+    except Exception as exc:
         _reasons[package] = f"its {isa} C kernels could not be built: {exc}"
         _log_once(package, isa, "WARNING", "the C CPU kernels of {} fall back to torch although the CPU "
                   "could run them ({}): {}", package, CPU_VARIANTS[isa].label, exc)

@@ -20,9 +20,10 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import re
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -41,7 +42,7 @@ KERNEL_INCLUDE_DIRS: tuple[Path, ...] = (CORE_INCLUDE_DIR,)
 def cupy_unavailable_reason() -> str | None:
     """``None`` when CuPy imports and sees a device, else a sentence saying why not."""
     try:
-        import cupy  # noqa: F401
+        import cupy
     except Exception as exc:  # ImportError, or a CUDA runtime load failure inside cupy
         return f"cupy is not importable ({type(exc).__name__}: {exc}); install metrale-core[cuda]"
     try:

@@ -138,10 +138,12 @@ class CustomOp:
         #: The package's loaded C library on the CPU path (None on the others).
         self.cpu_kernel: Any = None
         if self.path == "cuda":
+            assert self.kernel_package is not None and self.kernel_file is not None  # select_path: has_kernel
             self._module = load_raw_module(self.kernel_package, self.kernel_file,
                                            tuple(self.kernel_options))
             self._impl = self.forward_cuda
         elif self.path == "cpu":
+            assert cpu_package is not None  # select_path picks "cpu" only for an op with a C package
             self.cpu_kernel = cpu_library(cpu_package)
             self._impl = self.forward_cpu
         else:

@@ -52,7 +52,6 @@ from metrale_core.layers.linear import (
 )
 from metrale_core.layers.lora import build_linear  # records fused tensor names for LoRA
 from metrale_core.layers.native_ops import Embedding, GeGLU
-from metrale_core.layers.window_attention import windowed_paged_attention
 from metrale_core.layers.ops import (
     DecoderOps,
     KVCacheWrite,
@@ -62,6 +61,7 @@ from metrale_core.layers.ops import (
     RMSNorm,
     SwiGLU,
 )
+from metrale_core.layers.window_attention import windowed_paged_attention
 
 __all__ = [
     "DTYPES",

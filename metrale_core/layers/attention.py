@@ -107,7 +107,7 @@ class DecodeGather:
 
     @classmethod
     def build(cls, tables: torch.Tensor, context: torch.Tensor, max_context: int,
-              block_size: int) -> "DecodeGather":
+              block_size: int) -> DecodeGather:
         pos = torch.arange(max_context, device=tables.device)
         slots = tables[:, pos // block_size] * block_size + pos % block_size  # [B, L]
         mask = (pos[None, :] < context[:, None])[:, None, None, :]
@@ -158,17 +158,23 @@ class AttentionPlan:
     #: without decode rows).
     decode_gather: DecodeGather | None = None
 
+    def decode_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(decode_tables, decode_context)`` of a plan with decode rows (a caller bug otherwise)."""
+        tables, context = self.decode_tables, self.decode_context
+        assert tables is not None and context is not None, "the plan has no decode rows"
+        return tables, context
+
     @classmethod
-    def from_batch(cls, batch: ForwardBatch, scale: float, gather: bool = True) -> "AttentionPlan":
+    def from_batch(cls, batch: ForwardBatch, scale: float, gather: bool = True) -> AttentionPlan:
         """``gather``: build the CPU ``decode_gather`` (only the torch decode path reads it)."""
         qlens, clens = batch.query_lens_host, batch.context_lens_host
         cpu = gather and batch.input_ids.device.type == "cpu"
         if batch.is_pure_decode:
             max_context = max(clens, default=0)
-            gather = (DecodeGather.build(batch.block_tables, batch.context_lens, max_context,
-                                         batch.block_size) if cpu and clens else None)
+            decode_gather = (DecodeGather.build(batch.block_tables, batch.context_lens, max_context,
+                                                batch.block_size) if cpu and clens else None)
             return cls(scale, True, None, batch.block_tables, batch.context_lens, max_context, (),
-                       batch.block_tables, gather)
+                       batch.block_tables, decode_gather)
         decode_seqs, decode_rows, multi = [], [], []
         start = 0
         for i, (n, c) in enumerate(zip(qlens, clens)):
@@ -183,9 +189,9 @@ class AttentionPlan:
             seqs = torch.tensor(decode_seqs, dtype=torch.int64, device=device)
             tables, context = batch.block_tables[seqs], batch.context_lens[seqs]
             max_context = max(clens[i] for i in decode_seqs)
-            gather = DecodeGather.build(tables, context, max_context, batch.block_size) if cpu else None
+            decode_gather = DecodeGather.build(tables, context, max_context, batch.block_size) if cpu else None
             return cls(scale, False, torch.tensor(decode_rows, dtype=torch.int64, device=device),
-                       tables, context, max_context, tuple(multi), batch.block_tables, gather)
+                       tables, context, max_context, tuple(multi), batch.block_tables, decode_gather)
         return cls(scale, False, None, None, None, 0, tuple(multi), batch.block_tables)
 
 
@@ -194,7 +200,8 @@ def _decode(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan,
     """The decode rows ``q`` through the plain kernel, the codec's fused kernel, or a gather.
     A codec without a fused kernel (FP8 before its scales freeze) is attended with the same maths
     as a plain cache on every path, so its rows read back as a plain cache's would."""
-    args = (plan.decode_tables, plan.decode_context, plan.scale, plan.decode_max_context)
+    tables, context = plan.decode_inputs()
+    args = (tables, context, plan.scale, plan.decode_max_context)
     if kv.plain:
         if plan.decode_gather is not None and decode_op.path == "native":
             return attend_decode_gathered(q, kv.k[layer], kv.v[layer], plan.decode_gather, plan.scale)
@@ -204,15 +211,15 @@ def _decode(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan,
         return fused
     num_blocks = -(-plan.decode_max_context // kv.block_size)
     if decode_op.path == "cpu":  # the plain cache's C kernel over the decoded rows: same maths
-        k, v = kv.gather(layer, plan.decode_tables[:, :num_blocks], q.dtype)  # one block per row
+        k, v = kv.gather(layer, tables[:, :num_blocks], q.dtype)  # one block per row
         rows = torch.arange(q.shape[0], device=q.device).unsqueeze(1)
-        return decode_op(q, k, v, rows, plan.decode_context, plan.scale, plan.decode_max_context)
+        return decode_op(q, k, v, rows, context, plan.scale, plan.decode_max_context)
     if plan.decode_gather is not None:  # same maths as the plain CPU path, over decoded rows
         length = plan.decode_gather.length
-        k, v = kv.gather(layer, plan.decode_tables[:, :num_blocks], q.dtype)
+        k, v = kv.gather(layer, tables[:, :num_blocks], q.dtype)
         return _attend_masked(q, k[:, :length], v[:, :length], plan.decode_gather.mask, plan.scale)
-    k, v = kv.gather(layer, plan.decode_tables[:, :num_blocks], torch.float32)
-    return attend_decode(q, k, v, plan.decode_context, plan.scale)
+    k, v = kv.gather(layer, tables[:, :num_blocks], torch.float32)
+    return attend_decode(q, k, v, context, plan.scale)
 
 
 def paged_attention(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan,

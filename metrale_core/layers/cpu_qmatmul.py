@@ -97,10 +97,8 @@ def pack(codes: np.ndarray, d: np.ndarray, m: np.ndarray, bits: int) -> torch.Te
         scales.append(h.reshape(n // TILE, TILE, k // QK).transpose(0, 2, 1))  # [T, nb, 16]
     # [T, 16 (c), nb, 8 (g), 4 (i)] -> [T, nb, g, c, i]
     c = np.asarray(codes, dtype=np.uint8).reshape(n // TILE, TILE, k // QK, 8, 4).transpose(0, 2, 3, 1, 4)
-    if bits == 4:
-        c = c[:, :, :4] | (c[:, :, 4:] << 4)
-    else:
-        c = c ^ np.uint8(0x80)  # stored signed (q - 128): the B operand of the AMX path
+    # 8-bit codes are stored signed (q - 128): the B operand of the AMX path
+    c = c[:, :, :4] | (c[:, :, 4:] << 4) if bits == 4 else c ^ np.uint8(0x80)
     t, nb = n // TILE, k // QK
     records = np.concatenate([np.ascontiguousarray(c).reshape(t, nb, -1),
                               np.ascontiguousarray(scales[0]).view(np.uint8).reshape(t, nb, -1),

@@ -18,7 +18,8 @@ Invariants (HF transformers semantics, see specs §1.3-1.4):
 from __future__ import annotations
 
 import math
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +54,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
 def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping | None = None) -> torch.Tensor:
     """``[head_dim/2]`` float32 inverse frequencies for rope types default, linear and llama3."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    scaling = scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return inv_freq
     if kind == "linear":

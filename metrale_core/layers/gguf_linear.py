@@ -266,22 +266,22 @@ def repack(raws: Sequence[Any], native: bool) -> Repacked:
     out_features = sum(int(r.shape[0]) for r in raws)
     if quant_type in _WIDENED:
         _warn_widened(quant_type, kind)
-    chunks: list[tuple[np.ndarray, ...]] = []
+    chunks: list[tuple[np.ndarray | None, ...]] = []
     for raw in raws:
         for start in range(0, int(raw.shape[0]), REPACK_ROWS):
             _, codes, d, m = decode(_blocks(raw, slice(start, start + REPACK_ROWS)), quant_type)
             chunks.append((pack(kind, codes, d, m),) if native else (codes, d, m))
     if native:
-        records = torch.from_numpy(np.concatenate([c[0] for c in chunks]).reshape(-1))
+        records = torch.from_numpy(np.concatenate([c[0] for c in chunks if c[0] is not None]).reshape(-1))
         return Repacked(kind, out_features, in_features, records=records)
-    cat = [np.concatenate([c[i] for c in chunks]) if chunks[0][i] is not None else None for i in range(3)]
+    code_parts, d_parts, m_parts = ([a for part in chunks if (a := part[i]) is not None] for i in range(3))
     return Repacked(
         kind,
         out_features,
         in_features,
-        codes=torch.from_numpy(cat[0]),
-        d=torch.from_numpy(cat[1]),
-        m=None if cat[2] is None else torch.from_numpy(cat[2]),
+        codes=torch.from_numpy(np.concatenate(code_parts)),
+        d=torch.from_numpy(np.concatenate(d_parts)),
+        m=torch.from_numpy(np.concatenate(m_parts)) if m_parts else None,
     )
 
 
@@ -352,8 +352,10 @@ def reference(
 def fallback_matmul(x: torch.Tensor, w: Repacked, fine: bool = True) -> torch.Tensor:
     """``x @ W.T`` from codes and scales by torch (the path without the C kernel), float32: the
     integer dots are float32 matmuls of int8-sized values (exact), combined in float64."""
+    assert w.codes is not None and w.d is not None, "a Repacked for the torch path holds codes and scales"
+    scales = w.d
     n, k = w.codes.shape
-    sub = k // w.d.shape[1]
+    sub = k // scales.shape[1]
     hi, lo, da, sa = quantize_activations(x, sub, fine)
     rows = hi.shape[0]
     da_sub = da.double().repeat_interleave(QK // sub, dim=1)
@@ -369,7 +371,7 @@ def fallback_matmul(x: torch.Tensor, w: Repacked, fine: bool = True) -> torch.Te
         dot = dots(hi[sl]).double()
         if fine:
             dot = 255.0 * dot + dots(lo[sl]).double()
-        y = (dot * w.d.double()[None] * da_sub[sl, None]).sum(-1)
+        y = (dot * scales.double()[None] * da_sub[sl, None]).sum(-1)
         if w.m is not None:
             y = y + (w.m.double()[None] * sa[sl, None].double()).sum(-1)
         out.append(y.float())
@@ -390,6 +392,7 @@ def native_matmul(
     lib: ctypes.CDLL, x: torch.Tensor, w: Repacked, fine: bool = True, threads: int | None = None
 ) -> torch.Tensor:
     """``x [R, K] (float32) @ W.T`` through ``mq_gguf_linear``."""
+    assert w.records is not None, "a Repacked for the C kernel holds its records"
     x = x.contiguous()
     rows, k = x.shape
     y = torch.empty(rows, w.out_features, dtype=torch.float32)

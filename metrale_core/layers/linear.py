@@ -57,7 +57,8 @@ Invariants:
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeGuard
 
 import numpy as np
 import torch
@@ -108,7 +109,13 @@ _GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 class Linear(Protocol):
     """``y = x @ W.T (+ b)`` for one (fused) projection in some storage format."""
 
-    out_features: int
+    @property
+    def out_features(self) -> int: ...
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """Added after the matmul (None: no bias); a fused projection's is the concatenation."""
+        ...
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
@@ -159,7 +166,7 @@ class DenseLinear:
         return _add_bias(F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype), self.bias)
 
 
-def _batched(dense: torch.Tensor | None, row_planes: int, limit: int) -> bool:
+def _batched(dense: torch.Tensor | None, row_planes: int, limit: int) -> TypeGuard[torch.Tensor]:
     """A call of ``row_planes`` rows (times planes) goes through the bfloat16 copy, if kept."""
     return dense is not None and row_planes > limit
 
@@ -346,8 +353,8 @@ def int4_from_gguf(raws: Sequence[Any], bias: torch.Tensor | None = None,
     """The projection holding the codes of GGUF Q4_0/Q4_1/Q8_0 tensors (fused along rows; all parts
     of one GGML type); ``dense`` (the dequantized matrix) becomes the batch copy."""
     parts = [gguf_blocks(r) for r in raws]
-    return block_linear(*(np.concatenate([p[i] for p in parts]) for i in range(3)), parts[0][3],
-                        bias=bias, dense=dense)
+    codes, d, m = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    return block_linear(codes, d, m, parts[0][3], bias=bias, dense=dense)
 
 
 def _int4_ready(store: Any, names: Sequence[str], out_features: int, in_features: int) -> bool:
@@ -427,7 +434,6 @@ def _auto_part(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, int
                dtype: torch.dtype, device: torch.device | str, bias: torch.Tensor | None,
                output_head: bool) -> Linear:
     """One run of same-typed parts of a projection in format ``auto``."""
-    out_features, in_features = sum(s[0] for s in shapes), shapes[0][1]
     if store.format == "gguf" and gguf_linear.kind_of(quant_type) is not None:
         return gguf_linear.gguf_linear([store.get_raw(n) for n in names], bias)
     parts = [store.get(n, dtype=dtype, shape=s).to(device) for n, s in zip(names, shapes, strict=True)]
@@ -461,9 +467,9 @@ def _build_auto(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, in
             runs.append((t, [i]))
     if len(runs) == 1:
         return _auto_part(store, names, shapes, types[0], dtype, device, bias, output_head)
-    parts = tuple(_auto_part(store, [names[i] for i in idx], [shapes[i] for i in idx], t, dtype, device, None,
-                             output_head) for t, idx in runs)
-    return StackedLinear(parts, bias)
+    stacked = tuple(_auto_part(store, [names[i] for i in idx], [shapes[i] for i in idx], t, dtype, device, None,
+                               output_head) for t, idx in runs)
+    return StackedLinear(stacked, bias)
 
 
 def build_embedding(store: Any, name: str, shape: tuple[int, int], fmt: str, dtype: torch.dtype,

@@ -125,7 +125,7 @@ class LoRARows:
                 by_slot.setdefault(int(s), []).append(t)
         if not by_slot:
             return None
-        groups = []
+        groups: list[tuple[int, slice | torch.Tensor]] = []
         for s, rows in by_slot.items():
             if rows[-1] - rows[0] + 1 == len(rows):
                 groups.append((s, slice(rows[0], rows[-1] + 1)))
@@ -356,10 +356,12 @@ def attach_lora(
             wrapper = LoRALinear(value, parts, num_slots, max_rank, dtype, device)
             if isinstance(container, tuple):
                 raise TypeError(f"cannot wrap projection {parts[0].module!r}: it sits in a tuple")
-            if isinstance(container, (list, dict)):
+            if isinstance(container, list):
+                container[int(key)] = wrapper  # a list's children are keyed by index
+            elif isinstance(container, dict):
                 container[key] = wrapper
             else:
-                object.__setattr__(container, key, wrapper)
+                object.__setattr__(container, str(key), wrapper)
             for part in parts:
                 found[part.module] = (wrapper, part)
     return found

@@ -23,7 +23,6 @@ import torch
 
 from metrale_core.kernels import CustomOp, KernelInputError, check_dtype, check_shape, check_tensor
 from metrale_core.kernels.cuda import f32, i32, i64, ptr, torch_stream
-
 from metrale_core.layers import attention
 from metrale_core.layers import functional as layers
 
@@ -42,7 +41,7 @@ def _cpu_call(op: CustomOp, name: str, *args: Any) -> None:
 
 
 def _f32(*tensors: torch.Tensor | None) -> bool:
-    for t in tensors:  # a loop, not all(<generator>): this runs a few hundred times per step
+    for t in tensors:  # noqa: SIM110 -- a loop, not all(<generator>): this runs a few hundred times per step
         if t is not None and t.dtype is not torch.float32:
             return False
     return True

@@ -119,17 +119,14 @@ def windowed_paged_attention(
     if window is not None and window < 1:
         raise ValueError(f"an attention window must be >= 1 position, not {window}")
     if plan.pure_decode:
-        return _decode(
-            q, kv, layer, plan.decode_tables, plan.decode_context, plan.decode_max_context, window, plan.scale, softcap
-        )
+        return _decode(q, kv, layer, *plan.decode_inputs(), plan.decode_max_context, window, plan.scale, softcap)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if plan.decode_rows is not None:
         out[plan.decode_rows] = _decode(
             q[plan.decode_rows],
             kv,
             layer,
-            plan.decode_tables,
-            plan.decode_context,
+            *plan.decode_inputs(),
             plan.decode_max_context,
             window,
             plan.scale,

@@ -13,13 +13,14 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from attrs import field, frozen
 
 from metrale_core.errors import MetraleError
-from metrale_core.sampling.params import SamplingParams
+from metrale_core.sampling.params import SamplingParams, as_tuple
 from metrale_core.sampling.position import PositionKind
 
 __all__ = [
@@ -57,11 +58,11 @@ class ProcessorContext:
     """The batch rows one logit processor is run on (only rows whose kind it declared)."""
 
     #: Batch row index of each logits row the processor receives, ascending.
-    indices: tuple[int, ...] = field(converter=tuple)
+    indices: tuple[int, ...] = field(converter=as_tuple)
     #: The sequence state of each of those rows.
-    rows: tuple[Any, ...] = field(converter=tuple)
+    rows: tuple[Any, ...] = field(converter=as_tuple)
     #: The position kind of each of those rows.
-    kinds: tuple[PositionKind, ...] = field(converter=tuple)
+    kinds: tuple[PositionKind, ...] = field(converter=as_tuple)
 
     def __len__(self) -> int:
         return len(self.indices)

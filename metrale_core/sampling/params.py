@@ -8,6 +8,8 @@ the engine never sees an invalid request.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Any
 
 from attrs import field, frozen, validators
 
@@ -19,6 +21,11 @@ __all__ = ["SamplingParams"]
 def _finite(instance, attribute, value):
     if value is not None and not math.isfinite(value):
         raise ValueError(f"{attribute.name} must be finite, got {value!r}")
+
+
+def as_tuple(value: Iterable[Any]) -> tuple[Any, ...]:
+    """``tuple(value)`` as an attrs converter (typed, so checkers see the field's input type)."""
+    return tuple(value)
 
 
 def _bias(value) -> tuple[tuple[int, float], ...]:
@@ -51,9 +58,9 @@ class SamplingParams:
     #: Maximum number of tokens to generate (>= 1).
     max_tokens: int = field(default=16, validator=validators.ge(1))
     #: Stop strings (not included in the output text).
-    stop: tuple[str, ...] = field(default=(), converter=tuple)
+    stop: tuple[str, ...] = field(default=(), converter=as_tuple)
     #: Stop token ids (the token is not included in the output text).
-    stop_token_ids: tuple[int, ...] = field(default=(), converter=tuple)
+    stop_token_ids: tuple[int, ...] = field(default=(), converter=as_tuple)
     #: Keep generating past EOS.
     ignore_eos: bool = False
     #: Number of top logprobs to return per token (None = no logprobs).

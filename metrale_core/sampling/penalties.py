@@ -19,7 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -73,7 +73,7 @@ def _update_rows(out: torch.Tensor, selected: list[int], fn) -> None:
     out.index_copy_(0, idx, fn(out.index_select(0, idx), selected))
 
 
-def _padded(seqs: Sequence[Sequence[int]], pad: int, device, dtype=torch.long) -> torch.Tensor:
+def _padded(seqs: Sequence[Sequence[float]], pad: float, device, dtype=torch.long) -> torch.Tensor:
     """``[len(seqs), max_len]`` tensor of ``seqs``, right-padded with ``pad`` (at least one column)."""
     lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
     width = max(int(lengths.max()), 1)

@@ -24,16 +24,17 @@ Invariants:
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from loguru import logger
 
 from metrale_core.errors import MetraleError, PluginError
-from metrale_core.sampling.structured import StructuredOutputError
 from metrale_core.sampling.interface import ProcessorContext, RowLike, SampleOutput, Sampler
 from metrale_core.sampling.penalties import apply_penalties_and_bias
 from metrale_core.sampling.position import PositionKind
+from metrale_core.sampling.structured import StructuredOutputError
 
 if TYPE_CHECKING:  # components imports sampling.position: a runtime import here would be circular
     from metrale_core.components import LogitProcessorSpec

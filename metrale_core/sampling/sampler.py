@@ -25,7 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -174,8 +174,8 @@ def _top(logprobs: torch.Tensor, rows: Sequence[RowLike]) -> list[list[tuple[int
     if width == 0:
         return [[] for _ in rows]
     values, ids = logprobs.topk(width, dim=-1)
-    values, ids = values.tolist(), ids.tolist()
+    value_rows, id_rows = values.tolist(), ids.tolist()
     return [
-        [(t, v) for t, v in zip(ids[i][: wanted[i]], values[i][: wanted[i]]) if v != float("-inf")]
+        [(t, v) for t, v in zip(id_rows[i][: wanted[i]], value_rows[i][: wanted[i]]) if v != float("-inf")]
         for i in range(len(rows))
     ]

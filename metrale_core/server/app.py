@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from litestar import Litestar, Request, Router, route
 from litestar.datastructures import State
+from litestar.enums import ScopeType
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from loguru import logger
@@ -37,13 +39,16 @@ from metrale_core.server.completions import completions
 from metrale_core.server.embeddings import create_embeddings
 from metrale_core.server.errors import APIError, exception_handlers
 from metrale_core.server.health import health, live
-from metrale_core.server.lora_routes import load_lora_adapter, unload_lora_adapter
 from metrale_core.server.host import EngineHost, ServedModel, ServerConfig
-from metrale_core.server.metrics import ServerMetrics, metrics_route
+from metrale_core.server.lora_routes import load_lora_adapter, unload_lora_adapter
 from metrale_core.server.messages import messages_router
+from metrale_core.server.metrics import ServerMetrics, metrics_route
 from metrale_core.server.models import get_model, list_models
 from metrale_core.server.responses import ResponseStore, response_handlers
 from metrale_core.server.tokenize import detokenize, tokenize
+
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
 
 __all__ = ["create_app"]
 
@@ -65,7 +70,7 @@ def not_implemented(request: Request) -> None:
 
 def _access_log(app: ASGIApp) -> ASGIApp:
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await app(scope, receive, send)
             return
         start = time.perf_counter()
@@ -91,7 +96,7 @@ def _access_log(app: ASGIApp) -> ASGIApp:
     return middleware
 
 
-def create_app(config: ServerConfig, loader: Callable[[], ServedModel], registry: Any = None,
+def create_app(config: ServerConfig, loader: Callable[[], ServedModel], registry: Registry | None = None,
                *, openapi: bool = True) -> Litestar:
     """The server app; ``loader()`` runs on a worker thread at startup and returns the model."""
     host = EngineHost(config=config, registry=registry)

@@ -24,21 +24,22 @@ Invariants:
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from attrs import define, field
 from litestar import Request, Response, post
 
 from metrale_core.server.chat_prompt import chat_prompt, parser_factory
-from metrale_core.server.structured import chat_structured_output
 from metrale_core.server.common import check_model, new_id, read_request, usage, while_connected
 from metrale_core.server.errors import APIError
 from metrale_core.server.generation import plan_jobs, run_jobs
+from metrale_core.server.logprobs import TokenNamer, chat_logprobs
 from metrale_core.server.offload import off_loop
 from metrale_core.server.openapi import body_operation
-from metrale_core.server.logprobs import TokenNamer, chat_logprobs
 from metrale_core.server.schemas import ChatCompletionRequest
 from metrale_core.server.streaming import sse_response
+from metrale_core.server.structured import chat_structured_output
 
 __all__ = ["chat_completions", "engine_failure"]
 

@@ -20,7 +20,8 @@ Invariants:
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from metrale_core.server.errors import APIError
 from metrale_core.server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
@@ -108,14 +109,14 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
         field = "functions" if req.functions is not None else "function_call"
         raise APIError(400, f"{field}: the deprecated functions API is not supported; use tools "
                             f"and tool_choice", param=field)
-    tools = None
+    tools: list[dict[str, Any]] | None = None
     if req.tools:
         tools = []
         for i, tool in enumerate(req.tools):
             if tool.type != "function":
                 raise APIError(400, f"tools[{i}].type: must be 'function', got {tool.type!r}",
                                param=f"tools[{i}].type")
-            fn = {"name": tool.function.name}
+            fn: dict[str, Any] = {"name": tool.function.name}
             if tool.function.description is not None:
                 fn["description"] = tool.function.description
             fn["parameters"] = tool.function.parameters or {"type": "object", "properties": {}}
@@ -132,7 +133,7 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     if choice is not None and choice != "none" and not tools:
         raise APIError(400, "tool_choice: needs tools", param="tool_choice")
     if isinstance(choice, NamedToolChoice):
-        names = [t["function"]["name"] for t in tools]
+        names = [t["function"]["name"] for t in tools or ()]
         if choice.type != "function" or choice.function.name not in names:
             raise APIError(400, f"tool_choice.function.name: {choice.function.name!r} is not one "
                                 f"of the tools ({', '.join(names)})",

@@ -13,7 +13,8 @@ Invariants:
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from litestar import Request, Response, post
 
@@ -22,9 +23,9 @@ from metrale_core.server.common import check_model, new_id, read_request, usage,
 from metrale_core.server.errors import APIError
 from metrale_core.server.generation import plan_jobs, run_jobs
 from metrale_core.server.guards import check_prompt_chars
+from metrale_core.server.logprobs import TokenNamer, completion_logprobs
 from metrale_core.server.offload import off_loop
 from metrale_core.server.openapi import body_operation
-from metrale_core.server.logprobs import TokenNamer, completion_logprobs
 from metrale_core.server.schemas import CompletionRequest
 from metrale_core.server.streaming import sse_response
 from metrale_core.server.structured import structured_output

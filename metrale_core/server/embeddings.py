@@ -52,9 +52,7 @@ class EmbeddingRequest:
 
 def _inputs(tokenizer: Any, value: Any) -> list[list[int]]:
     """Each input as token ids (strings are tokenized with the model's special tokens)."""
-    if isinstance(value, str):
-        value = [value]
-    elif value and isinstance(value[0], int):
+    if isinstance(value, str) or (value and isinstance(value[0], int)):
         value = [value]
     out = []
     for i, item in enumerate(value):

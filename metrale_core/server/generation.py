@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from contextlib import aclosing, contextmanager
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any
 
 from attrs import frozen
 
@@ -125,14 +126,14 @@ def plan_jobs(host: Any, req: Any, prompts: Sequence[list[int]], *, max_tokens: 
     return jobs
 
 
-def _generate(host: Any, job: Job, request_id: str) -> AsyncIterator:
+def _generate(host: Any, job: Job, request_id: str) -> AsyncGenerator[Any, None]:
     kwargs: dict[str, Any] = {"request_id": request_id}
     if job.extras:
         kwargs["extras"] = job.extras
     return host.async_engine.generate(job.prompt_ids, job.params, **kwargs)
 
 
-async def _timed(host: Any, job: Job, request_id: str) -> AsyncIterator:
+async def _timed(host: Any, job: Job, request_id: str) -> AsyncGenerator[Any, None]:
     """The engine stream of one job, observed for the latency and token metrics.
 
     A stream the consumer abandons (client gone) is recorded as finished with ``"abort"`` and
@@ -183,7 +184,7 @@ def _released(admission: Any) -> Iterator[None]:
         admission.release()
 
 
-async def run_jobs(host: Any, jobs: Sequence[Job]) -> AsyncIterator[tuple[int, Any]]:
+async def run_jobs(host: Any, jobs: Sequence[Job]) -> AsyncGenerator[tuple[int, Any], None]:
     """Merged deltas of ``jobs`` as ``(job.index, RequestOutput)``; aborts the rest on exit."""
     base = uuid.uuid4().hex[:16]
     admission = getattr(jobs, "admission", None)
@@ -200,7 +201,7 @@ async def run_jobs(host: Any, jobs: Sequence[Job]) -> AsyncIterator[tuple[int, A
                 async with aclosing(_timed(host, job, f"{base}-{n}")) as stream:
                     async for out in stream:
                         queue.put_nowait((job.index, out))
-            except Exception as exc:  # noqa: BLE001 - re-raised in the consumer
+            except Exception as exc:
                 queue.put_nowait((job.index, exc))
 
         tasks = [asyncio.create_task(pump(job, n)) for n, job in enumerate(jobs)]

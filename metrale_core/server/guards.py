@@ -99,7 +99,7 @@ def _max_token_chars(tokenizer: Any) -> int:
     if backend is not None:
         try:
             longest = max((len(t) for t in backend.get_vocab(with_added_tokens=True)), default=16)
-        except Exception:  # noqa: BLE001 - an unusual tokenizer: keep the generous default
+        except Exception:
             longest = 64
     _MAX_TOKEN_CHARS[id(tokenizer)] = (tokenizer, longest)
     return longest

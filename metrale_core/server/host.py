@@ -28,13 +28,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any
 
 from attrs import define, field, frozen
 from loguru import logger
 
 from metrale_core.server.errors import APIError
+
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
 
 __all__ = ["EngineHost", "ServedModel", "ServerConfig"]
 
@@ -55,7 +59,7 @@ async def _in_own_thread(fn: Callable[[], Any]) -> Any:
     def run() -> None:
         try:
             result, error = fn(), None
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+        except BaseException as exc:
             result, error = None, exc
         loop.call_soon_threadsafe(settle, result, error)
 
@@ -112,7 +116,7 @@ class Admission:
 
     __slots__ = ("host", "n", "released")
 
-    def __init__(self, host: "EngineHost", n: int) -> None:
+    def __init__(self, host: EngineHost, n: int) -> None:
         self.host, self.n, self.released = host, n, False
 
     def release(self) -> None:
@@ -129,7 +133,7 @@ class EngineHost:
     """The served engine and its state; see the module docstring."""
 
     config: ServerConfig
-    registry: Any = None
+    registry: Registry | None = None
     status: str = "loading"
     served: ServedModel | None = None
     async_engine: Any = None
@@ -151,7 +155,7 @@ class EngineHost:
             served = await _in_own_thread(loader)
             async_engine = (served.async_front or AsyncEngine)(served.engine)
             await _in_own_thread(async_engine.start)  # a replica pool waits for its processes
-        except Exception as exc:  # noqa: BLE001 - reported through /health and the log
+        except Exception as exc:
             self.status, self.error = "failed", type(exc).__name__
             logger.error("model load failed: {}: {}", type(exc).__name__, exc)
             return
@@ -205,7 +209,7 @@ class EngineHost:
                                 f"limit {self.capacity}); retry later", code="queue_full",
                            headers={"Retry-After": "1"})
 
-    def admit(self, n: int) -> "Admission":
+    def admit(self, n: int) -> Admission:
         """Check the capacity and count ``n`` engine requests as in flight until the returned
         :class:`Admission` is released."""
         self.check_capacity(n)
@@ -247,10 +251,8 @@ class EngineHost:
         if self.async_engine is not None:
             for request_id in list(self.running_ids):
                 self.async_engine.abort(request_id)
-        try:
+        with suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._idle_event().wait(), 5.0)
-        except asyncio.TimeoutError:
-            pass
 
     def _idle_event(self) -> asyncio.Event:
         if self._idle is None:

@@ -14,8 +14,9 @@ Invariants:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["TokenNamer", "chat_logprobs", "completion_logprobs"]
 

@@ -27,12 +27,16 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from litestar import Request, Response, get
 from loguru import logger
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
 
 __all__ = ["ServerMetrics", "metrics_route", "plugin_metric_families"]
 
@@ -42,7 +46,7 @@ _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 
                 120.0, 240.0, 480.0, 960.0)
 
 
-def plugin_metric_families(registry: Any, engine: Any, taken: set[str]) -> list[Metric]:
+def plugin_metric_families(registry: Registry | None, engine: Any, taken: set[str]) -> list[Metric]:
     """Call the ``metrale_metrics`` hook and normalise the answers to metric families."""
     if registry is None:
         return []

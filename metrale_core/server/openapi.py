@@ -19,12 +19,12 @@ from __future__ import annotations
 import types
 import typing
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import attrs
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, Reference, RequestBody, Schema
 from litestar.openapi.spec.enums import OpenAPIType
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, RequestBody, Schema
 
 __all__ = ["ERROR_SCHEMA", "ERROR_STATUSES", "body_operation", "documented", "json_schema"]
 
@@ -49,7 +49,8 @@ def json_schema(tp: Any) -> Schema:
         return Schema(type=OpenAPIType.OBJECT, additional_properties=value)
     if attrs.has(tp):
         hints = typing.get_type_hints(tp)
-        props, required = {}, []
+        props: dict[str, Schema | Reference] = {}
+        required: list[str] = []
         for f in attrs.fields(tp):
             props[f.name] = _constrained(json_schema(hints[f.name]), f)
             if f.default is attrs.NOTHING:
@@ -69,9 +70,9 @@ def _constrained(schema: Schema, f: Any) -> Schema:
     bound = BOUNDS.get(f.name)
     if bound is None:
         return schema
-    targets = [schema] + list(schema.one_of or [])
+    targets = [schema] + [s for s in schema.one_of or [] if isinstance(s, Schema)]  # json_schema builds no Reference
     for sub in targets:
-        if sub.type not in (OpenAPIType.INTEGER, OpenAPIType.NUMBER):
+        if not isinstance(sub.type, OpenAPIType) or sub.type not in (OpenAPIType.INTEGER, OpenAPIType.NUMBER):
             continue
         if bound.low is not None:
             if bound.low_open:
@@ -128,7 +129,7 @@ def _error_response(status: int, errors: str = "openai") -> OpenAPIResponse:
         "application/json": OpenAPIMediaType(schema=_ERROR_SCHEMAS[errors])})
 
 
-@lru_cache(maxsize=None)
+@cache
 def documented(model: type | None = None, statuses: tuple[int, ...] = ERROR_STATUSES,
                stream: bool = False, errors: str = "openai") -> type[Operation]:
     """An ``Operation`` class documenting a JSON request body of type ``model`` (if any) and

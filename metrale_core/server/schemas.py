@@ -17,13 +17,13 @@ Invariants:
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any
 
 import cattrs
 import cattrs.cols
 from attrs import field, fields, frozen
 from attrs import has as attrs_has
-from cattrs.gen import make_dict_structure_fn
 from cattrs.errors import (
     AttributeValidationNote,
     ClassValidationError,
@@ -31,15 +31,26 @@ from cattrs.errors import (
     IterableValidationError,
     IterableValidationNote,
 )
+from cattrs.gen import make_dict_structure_fn
 
 from metrale_core.server.errors import APIError
-from metrale_core.server.guards import (
-    MAX_JSON_DEPTH, MAX_LOGIT_BIAS, MAX_STOP, MAX_STOP_CHARS, check_json)
+from metrale_core.server.guards import MAX_JSON_DEPTH, MAX_LOGIT_BIAS, MAX_STOP, MAX_STOP_CHARS, check_json
 
 __all__ = [
-    "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "ContentPart", "DetokenizeRequest",
-    "FunctionDef", "NamedToolChoice", "ResponseFormat", "StreamOptions", "Tool", "ToolCall",
-    "TokenizeRequest", "check_ranges", "parse_body",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "ContentPart",
+    "DetokenizeRequest",
+    "FunctionDef",
+    "NamedToolChoice",
+    "ResponseFormat",
+    "StreamOptions",
+    "TokenizeRequest",
+    "Tool",
+    "ToolCall",
+    "check_ranges",
+    "parse_body",
 ]
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -84,7 +95,7 @@ class ToolCall:
     index: int | None = None
 
 
-Content = Union[str, list[ContentPart], None]
+Content = str | list[ContentPart] | None
 
 
 @frozen(kw_only=True)
@@ -126,7 +137,7 @@ class NamedToolChoice:
     function: NamedFunction
 
 
-ToolChoice = Union[str, NamedToolChoice, None]
+ToolChoice = str | NamedToolChoice | None
 
 
 @frozen(kw_only=True)
@@ -145,9 +156,9 @@ class ResponseFormat:
     schema: dict[str, Any] | None = None
 
 
-Stop = Union[str, list[str], None]
+Stop = str | list[str] | None
 #: A string, token ids, or a batch of either.
-Prompt = Union[str, list[int], list[str], list[list[int]]]
+Prompt = str | list[int] | list[str] | list[list[int]]
 
 
 # --- requests --------------------------------------------------------------------------------
@@ -207,7 +218,7 @@ class ChatCompletionRequest(_SamplingRequest):
     prediction: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None
-    function_call: Union[str, dict[str, Any], None] = None
+    function_call: str | dict[str, Any] | None = None
     # vLLM extensions
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
@@ -348,7 +359,7 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook(ToolChoice, _union_hook(
         conv, {"null": None, "str": str, "dict": NamedToolChoice},
         "'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}"))
-    conv.register_structure_hook(Union[str, dict[str, Any], None], _union_hook(
+    conv.register_structure_hook(str | dict[str, Any] | None, _union_hook(
         conv, {"null": None, "str": str, "dict": dict[str, Any]}, "a string or an object"))
     conv.register_structure_hook(Prompt, _prompt_hook)
     return conv
@@ -411,7 +422,7 @@ def parse_body(body: bytes, cls: type) -> Any:
     data = {key: value for key, value in data.items() if value is not None}
     try:
         return _CONVERTER.structure(data, cls)
-    except Exception as exc:  # noqa: BLE001 - every structuring failure is bad input
+    except Exception as exc:
         raise _validation_error(_flatten(exc, "")) from None
 
 
@@ -434,9 +445,7 @@ class Bound:
             return True
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
-        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
-            return False
-        return True
+        return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
 
 
 #: field -> bound, for the numeric fields of every request kind; one table for the checks

@@ -12,7 +12,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 from litestar.response import Stream
@@ -40,7 +41,7 @@ async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]
         yield sse_event(exc.body())
     except MetraleError as exc:
         yield sse_event(error_body(str(exc), "invalid_request_error"))
-    except Exception as exc:  # noqa: BLE001 - headers are sent; report in-band
+    except Exception as exc:
         logger.opt(exception=exc).error("stream failed")
         yield sse_event(error_body(f"internal server error ({type(exc).__name__})",
                                    "server_error"))

@@ -135,10 +135,7 @@ def _forced_tools(req: Any, tools: list[dict] | None, fmt: str | None) -> tuple[
     choice = getattr(req, "tool_choice", None)
     if not tools or choice is None or choice in ("none", "auto"):
         return None
-    if choice == "required":
-        chosen = tools
-    else:
-        chosen = [t for t in tools if t["function"]["name"] == choice.function.name]
+    chosen = tools if choice == "required" else [t for t in tools if t["function"]["name"] == choice.function.name]
     value = {"format": fmt or "hermes",
              "tools": [{"name": t["function"]["name"], "parameters": t["function"]["parameters"]}
                        for t in chosen],

@@ -44,6 +44,7 @@ def _tokens(tok: Any, req: TokenizeRequest, max_model_len: int) -> list[int]:
                                chat_template_kwargs=req.chat_template_kwargs,
                                max_model_len=max_model_len)
         return tok.encode(text, add_special_tokens=False)
+    assert req.prompt is not None  # validated: exactly one of prompt / messages
     check_prompt_chars(len(req.prompt), tok, max_model_len, "prompt")
     return tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
 

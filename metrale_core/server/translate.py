@@ -19,8 +19,9 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 from attrs import define, field, frozen
 

@@ -302,6 +302,12 @@ class TagParserBase:
         if self._index is not None:
             self._out.append(ParsedDelta(tool_call_index=self._index, arguments=fragment))
 
+    @property
+    def _args_writer(self) -> ArgsObjectWriter:
+        """The open call's argument writer (the parse states that read it run inside a call)."""
+        assert self._writer is not None, "no tool call's arguments are open"
+        return self._writer
+
     def _new_writer(self) -> ArgsObjectWriter:
         schema = self.tool_schemas.get(self._name or "", {})
         self._writer = ArgsObjectWriter(schema)
@@ -310,6 +316,7 @@ class TagParserBase:
     def _complete_call(self) -> None:
         if self._writer is not None:
             self._send_args(self._writer.close())
+        assert self._index is not None and self._name is not None, "a completed call has its header"
         self.completed_calls.append(CompletedCall(self._index, self._name, "".join(self._args)))
         self._reset_call()
         self._state = "out"
@@ -344,7 +351,7 @@ class TagParserBase:
         if self._why and self._why not in why:
             why = f"{self._why}; {why}"
         logger.info("tool call {} not parsed ({}); returned as content",
-                    "#%d" % self._index if self._index is not None else "", why)
+                    f"#{self._index}" if self._index is not None else "", why)
         self._reset_call()
         self._state = "out"
         self._content(raw)

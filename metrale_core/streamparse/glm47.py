@@ -88,7 +88,7 @@ class Glm47Parser(TagParserBase):
     def _st_preval(self, final: bool) -> bool:
         tag = self._expect((VALUE_OPEN,), final)
         if tag:
-            self._send_args(self._writer.begin(self._key))
+            self._send_args(self._args_writer.begin(self._key))
             self._open_body()
             self._state = "value"
         return tag is not None
@@ -97,11 +97,11 @@ class Glm47Parser(TagParserBase):
         i, tag = scan_tags(self._buf, self._pos, (VALUE_CLOSE,), final)
         value = self._consume(i)
         self.param_body_chars_emitted += len(value)
-        self._send_args(self._writer.add(value))
+        self._send_args(self._args_writer.add(value))
         if tag is None:
             return False
         self._consume(i + len(tag))
-        self._send_args(self._writer.end())
+        self._send_args(self._args_writer.end())
         self._close_body()
         self._state = "args"
         return True

@@ -142,6 +142,7 @@ class HermesParser(TagParserBase):
         if depth == 2 and self._streaming_args():
             self._close_body()
         elif depth == 1 and self._key == "name":
+            assert raw is not None  # depth-1 values are captured (capture_depth)
             name = _decode(raw)
             if not name.strip():
                 self._lexer.fail("the tool call's name is empty")
@@ -150,6 +151,7 @@ class HermesParser(TagParserBase):
         elif depth == 1 and self._key in _ARG_KEYS:
             self._args_open = False
             if self._args_kind == "string":
+                assert raw is not None  # depth-1 values are captured (capture_depth)
                 self._close_body()
                 self._string_arguments(_decode(raw))
         elif depth == 0:

@@ -113,12 +113,12 @@ class JsonLexer:
             return
         if ch in _WS or state == ERROR:
             return
-        if state == VALUE or state == ARRAY_FIRST:
+        if state in (VALUE, ARRAY_FIRST):
             if state == ARRAY_FIRST and ch == "]":
                 self._close()
             else:
                 self._start_value(ch)
-        elif state == OBJECT_FIRST or state == KEY:
+        elif state in (OBJECT_FIRST, KEY):
             if ch == '"':
                 self.state, self._is_key, self._chars = STRING, True, []
             elif ch == "}" and state == OBJECT_FIRST:
@@ -161,6 +161,7 @@ class JsonLexer:
             raw = "".join(self._chars) if self._chars is not None else None
             self._chars = None
             if self._is_key:
+                assert raw is not None  # a key's characters are always collected
                 self._is_key = False
                 self.state = COLON
                 self.listener.on_key(len(self.stack), raw)

@@ -21,11 +21,15 @@ Invariants:
 from __future__ import annotations
 
 import secrets
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from metrale_core.errors import ConfigError, MetraleError
 from metrale_core.streamparse.base import ParsedDelta, ToolCallParser
 from metrale_core.streamparse.reasoning import REASONING_FORMATS, ReasoningSplitter
+
+if TYPE_CHECKING:
+    from metrale_core.registry import Registry
 
 __all__ = [
     "BUILTIN_TOOL_PARSERS",
@@ -142,6 +146,7 @@ class StreamParser:
         out: list[ParsedDelta] = []
         for d in deltas:
             if d.name is not None and d.tool_call_id is None:
+                assert d.tool_call_index is not None  # a delta with a name is a call's header
                 d = ParsedDelta(tool_call_index=d.tool_call_index, tool_call_id=self._id(d.tool_call_index),
                                 name=d.name, arguments=d.arguments)
             last = out[-1] if out else None
@@ -188,7 +193,7 @@ def default_tool_parser(types: dict[str, tuple[str, ...]], model_type: str | Non
     return next((n for n, t in sorted(types.items()) if model_type in t), "hermes")
 
 
-def _tool_factory(registry: Any, name: str | None, model_type: str | None,
+def _tool_factory(registry: Registry | None, name: str | None, model_type: str | None,
                   chat_template: str | None = None) -> Callable | None:
     if registry is not None:
         specs = {n: (s.factory, tuple(s.model_types)) for n, s in registry.tool_call_parsers.items()}
@@ -207,7 +212,7 @@ def _tool_factory(registry: Any, name: str | None, model_type: str | None,
     return specs[name][0]
 
 
-def make_stream_parser(registry: Any = None, *, tool_parser: str | None = None,
+def make_stream_parser(registry: Registry | None = None, *, tool_parser: str | None = None,
                        reasoning: str | None = None, tools: list[dict] | None = None,
                        model_type: str | None = None, starts_in_reasoning: bool = False,
                        id_factory: Callable[[], str] = new_tool_call_id,

@@ -43,6 +43,7 @@ NAME = re.compile(r"[\w.\-:/]+")
 def read_name(parser: TagParserBase, parts: list[str], what: str) -> str | bool | None:
     """Read a tag attribute up to ``>`` into ``parts``; the name, None (more text) or False (bad)."""
     m = _NAME_RUN.match(parser._buf, parser._pos)
+    assert m is not None  # the pattern matches the empty string
     parts.append(parser._consume(m.end()))
     if m.end() == len(parser._buf):
         return None
@@ -81,7 +82,7 @@ class Qwen3CoderParser(TagParserBase):
             self._parts = []
             self._state = "pname"
         elif tag == FUNCTION_CLOSE:
-            self._send_args(self._writer.close())
+            self._send_args(self._args_writer.close())
             self._writer = None
             self._state = "end"
         elif tag == CALL_CLOSE:  # </function> is missing
@@ -91,7 +92,7 @@ class Qwen3CoderParser(TagParserBase):
     def _st_pname(self, final: bool) -> bool:
         name = read_name(self, self._parts, "parameter")
         if isinstance(name, str):
-            self._send_args(self._writer.begin(name))
+            self._send_args(self._args_writer.begin(name))
             self._open_body()
             self._state = "pnl"
         return name is not None
@@ -106,12 +107,12 @@ class Qwen3CoderParser(TagParserBase):
         i, tag = scan_tags(self._buf, self._pos, _VALUE_ENDS, final)
         value = self._consume(i)
         self.param_body_chars_emitted += len(value)
-        self._send_args(self._writer.add(value))
+        self._send_args(self._args_writer.add(value))
         if tag is None:
             return False
         # </parameter> is consumed here; the other closers belong to the function body
         self._consume(i + (len(tag) if tag.endswith(PARAM_CLOSE) else tag.startswith("\n")))
-        self._send_args(self._writer.end())
+        self._send_args(self._args_writer.end())
         self._close_body()
         self._state = "fbody"
         return True

@@ -140,7 +140,7 @@ class StatePool:
     owners: list[int | None]
 
 
-@define
+@define(init=False)  # the __init__ below builds the fields and calls __attrs_init__
 class RecordingModel:
     """The recording fake model; see the module docstring."""
 
@@ -158,7 +158,7 @@ class RecordingModel:
     #: Only the error lines (readback, layout, state slot, unknown key).
     errors: list[str] = field(factory=list)
     _num_forwards: int = 0
-    _tracker: RecurrentTracker | None = None
+    _tracker: RecurrentTracker = field(init=False)
     #: Lines noted while a forward runs, written after its own line.
     _pending: list[str] = field(factory=list)
     #: key -> (start, rows) of its verify chunk awaiting ``commit_verify``.
@@ -245,7 +245,8 @@ class RecordingModel:
             rows = [r for r in wanted if lo <= r < hi]
             script = self.scripts.get(key)
             for r in rows:
-                answer_of_row[r] = script.token_at(positions[r] + 1, self.past_end) if clean else GARBAGE
+                answer_of_row[r] = (script.token_at(positions[r] + 1, self.past_end) if clean and script is not None
+                                    else GARBAGE)
             seqs.append(SeqCall(key=key, start=start, num_rows=hi - lo, fresh=fresh_flags[i],
                                 answers=tuple(answer_of_row[r] for r in rows)))
         call = ForwardCall(index=index, seqs=tuple(seqs))

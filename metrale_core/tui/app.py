@@ -17,11 +17,12 @@ Invariants:
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import ClassVar
 
 from rich.table import Table
 from textual.app import App
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.css.query import NoMatches
 from textual.widgets import Footer, Static, TabbedContent, TabPane
@@ -35,7 +36,7 @@ from metrale_core.tui.overview import OverviewPane
 from metrale_core.tui.stats_pane import RateTracker, StatsPane
 from metrale_core.tui.status import ServerStatus
 
-__all__ = ["KEYS", "MetraleApp", "TABS"]
+__all__ = ["KEYS", "TABS", "MetraleApp"]
 
 #: (tab id, title), in key order 1..5.
 TABS = (("overview", "Overview"), ("stats", "Stats"), ("logs", "Logs"), ("chat", "Chat"),
@@ -69,7 +70,7 @@ class MetraleApp(App):
     TabbedContent { height: 1fr; }
     #help-body { padding: 1 2; }
     """
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         *(Binding(str(i + 1), f"show_tab('{tab}')", title, show=False)
           for i, (tab, title) in enumerate(TABS)),
         Binding("question_mark", "show_tab('help')", "Help"),

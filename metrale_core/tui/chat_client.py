@@ -14,7 +14,8 @@ Invariants:
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 from attrs import frozen
@@ -82,8 +83,10 @@ class ChatClient:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         url = f"{self.base_url}/v1/chat/completions"
         try:
-            async with httpx.AsyncClient(timeout=self.timeout_s, transport=self.transport) as http:
-                async with http.stream("POST", url, json=body, headers=headers) as response:
+            async with (
+                httpx.AsyncClient(timeout=self.timeout_s, transport=self.transport) as http,
+                http.stream("POST", url, json=body, headers=headers) as response,
+            ):
                     if response.status_code != 200:
                         await response.aread()
                         raise ChatError(f"HTTP {response.status_code}: {_message(response)}")

@@ -13,7 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from rich.text import Text
 from textual.containers import Vertical, VerticalScroll
@@ -51,7 +51,8 @@ class ChatPane(Vertical):
                  max_tokens: int | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.status = status
-        self.client_factory = client_factory or (lambda s: ChatClient(s.base_url, model=s.model))
+        # called only while serving, when base_url is set (see on_input_submitted)
+        self.client_factory = client_factory or (lambda s: ChatClient(s.base_url or "", model=s.model))
         self.max_tokens = max_tokens
         self.history: list[dict[str, str]] = []
         self.busy = False

@@ -9,7 +9,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["TTFT_BUCKETS", "bar", "duration", "histogram", "human_bytes", "percent", "sparkline",
            "ttft_ms", "uptime"]

@@ -30,8 +30,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, TextIO
+from typing import Any, TextIO
 
 from loguru import logger
 

@@ -15,7 +15,6 @@ Invariants:
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 from attrs import define, field
 from rich.text import Text

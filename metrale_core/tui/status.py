@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from attrs import define, evolve, field, frozen
 
-__all__ = ["LoadProgress", "Phase", "ServerStatus", "STATES"]
+__all__ = ["STATES", "LoadProgress", "Phase", "ServerStatus"]
 
 #: Server states, in the order a healthy start goes through them.
 STATES = ("loading", "serving", "no_model", "failed", "stopping")
@@ -124,7 +125,7 @@ class ServerStatus:
     def uptime(self) -> float:
         return self.clock() - self.started
 
-    def add_poll_hook(self, hook: Callable[["ServerStatus"], None]) -> None:
+    def add_poll_hook(self, hook: Callable[[ServerStatus], None]) -> None:
         """Run ``hook(status)`` on every dashboard poll (to pull state from the server)."""
         self._poll_hooks.append(hook)
 

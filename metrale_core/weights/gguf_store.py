@@ -41,16 +41,18 @@ class GGUFStore(WeightStore):
     format = "gguf"
 
     def __init__(self, path: Path) -> None:
-        self._reader = _read(path)
+        reader = _read(path)
+        #: None once released (:meth:`_release`).
+        self._reader: GGUFReader | None = reader
         self._metadata: dict[str, Any] | None = None
         size = path.stat().st_size
         shapes: dict[str, tuple[int, ...]] = {}
-        for t in self._reader.tensors:
+        for t in reader.tensors:
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             _check_extent(path, t, shape, size)
             shapes[t.name] = shape
-        scalars = {k: _value(path, k, f) for k, f in self._reader.fields.items() if _is_scalar(f)}
-        tokens = self._reader.fields.get("tokenizer.ggml.tokens")
+        scalars = {k: _value(path, k, f) for k, f in reader.fields.items() if _is_scalar(f)}
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
         config = normalise_config(
             synthesize_config(str(path), scalars, len(tokens.data) if tokens is not None else None, shapes)
         )
@@ -64,7 +66,7 @@ class GGUFStore(WeightStore):
         self._by_name: dict[str, Any] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._heads: dict[str, int] = {}
-        for t in self._reader.tensors:
+        for t in reader.tensors:
             name = hf_name(t.name) or t.name
             if name in self._by_name:
                 raise CorruptWeightsFile(f"{path}: two GGUF tensors map to the HF name {name!r} (second: {t.name})")
@@ -131,7 +133,7 @@ class GGUFStore(WeightStore):
 
     def _release(self) -> None:
         self._reader = None
-        self._by_name = {name: None for name in self._by_name}
+        self._by_name = dict.fromkeys(self._by_name)
 
 
 def _read(path: Path) -> GGUFReader:

@@ -61,7 +61,7 @@ class SafetensorsStore(WeightStore):
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._dtypes: dict[str, str] = {}
         for file, handle in self._handles.items():
-            for name in handle.keys():
+            for name in handle.keys():  # noqa: SIM118 -- safe_open handles are not iterable
                 if name in self._file_of:
                     raise CorruptWeightsFile(
                         f"tensor {name!r} appears in both {self._file_of[name].name} and {file.name} in {directory}"

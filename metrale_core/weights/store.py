@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import difflib
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, NamedTuple, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -167,7 +168,8 @@ def normalise_config(config: dict[str, Any]) -> dict[str, Any]:
     if isinstance(params, dict) and "rope_theta" in params and cfg.get("rope_theta") is None:
         cfg["rope_theta"] = params["rope_theta"]
     if cfg.get("rope_theta") is not None and not isinstance(params, dict):
-        scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}
+        rope_scaling = cfg.get("rope_scaling")
+        scaling = rope_scaling if isinstance(rope_scaling, dict) else {}
         rope_type = scaling.get("rope_type", scaling.get("type", "default"))
         cfg["rope_parameters"] = {**scaling, "rope_type": rope_type, "rope_theta": cfg["rope_theta"]}
     return cfg

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
@@ -16,7 +17,7 @@ from metrale_core.plugins import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.weights import open_weights
 
-import transformers
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3")

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.plugins import load_registry
 from metrale_core.sampling.params import SamplingParams
-from metrale_core.weights import open_weights
-
 from metrale_core.testing.forward_spy import ForwardSpy
 from metrale_core.testing.staggered import run_joining_mid_prefill
+from metrale_core.weights import open_weights
 
-import transformers
 VOCAB = 160
 NEW_TOKENS = 32
 
@@ -59,7 +58,7 @@ def save_checkpoint(model_cls, config, path, seed=0):
 
 def _prompts(seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    rand = lambda n: torch.randint(3, VOCAB, (n,), generator=g).tolist()  # noqa: E731
+    rand = lambda n: torch.randint(3, VOCAB, (n,), generator=g).tolist()
     first = rand(21)
     return [first, first[:16] + rand(6), rand(7), rand(30)]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from metrale_core.registry import Registry as _CoreRegistry
 from metrale_core.components import LogitProcessorSpec, SamplerSpec, SchedulerSpec
 from metrale_core.engine import EngineConfig, FcfsPolicy, LLMEngine
 from metrale_core.errors import ConfigError, InvalidRequest, PromptTooLong
+from metrale_core.registry import Registry as _CoreRegistry
 from metrale_core.sampling import DefaultSampler, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
@@ -217,7 +217,7 @@ def test_components_come_from_the_registry(toy_model, run, tokens):
     run(engine)
     from metrale_core.sampling import PositionKind
     assert [k for ks in calls for k in ks] == [PositionKind.PREFILL_LAST] + [PositionKind.FINAL_DECODE] * 2
-    with pytest.raises(ConfigError, match="no sampler named 'fancy'.*default"):
+    with pytest.raises(ConfigError, match=r"no sampler named 'fancy'.*default"):
         LLMEngine(toy_model(), EngineConfig(num_kv_blocks=8, sampler="fancy"), registry=_Registry([]))
     with pytest.raises(ConfigError, match="scheduler"):
         LLMEngine(toy_model(), EngineConfig(num_kv_blocks=8, scheduler="prio"))

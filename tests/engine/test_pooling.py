@@ -9,8 +9,8 @@ nothing is sampled or kept afterwards."""
 from __future__ import annotations
 
 import torch
-
 from conftest import ToyLM
+
 from metrale_core.engine.pooling import Pooling, can_pool, default_pooling
 from metrale_core.sampling.params import SamplingParams
 

@@ -67,7 +67,7 @@ def test_preempted_sequence_goes_to_the_queue_front(make_engine):
     while not engine.scheduler.last_plan.preempted:
         engine.step()
     assert engine.scheduler.last_plan.preempted == ("new",)
-    new = [s for s in engine.scheduler.waiting if s.request_id == "new"][0]
+    new = next(s for s in engine.scheduler.waiting if s.request_id == "new")
     assert engine.scheduler.waiting[0] is new
     assert new.block_ids == [] and new.num_computed_tokens == 0
     assert new.num_prefill_tokens == 5 + len(new.output_ids) and new.output_ids

@@ -23,7 +23,7 @@ def test_hit_shares_blocks_with_a_running_sequence(make_engine, run, tokens):
     bm = engine.scheduler.block_manager
     assert b.num_cached_tokens == 8 and b.block_ids[:2] == a.block_ids[:2]
     assert [bm.ref_count(x) for x in b.block_ids[:2]] == [2, 2]
-    chunk_b = [c for c in engine.scheduler.last_plan.chunks if c.seq is b][0]
+    chunk_b = next(c for c in engine.scheduler.last_plan.chunks if c.seq is b)
     assert (chunk_b.start, chunk_b.num_tokens) == (8, 4)     # only the uncached tail is fed
     outs = run(engine)
     for d in reversed(early):

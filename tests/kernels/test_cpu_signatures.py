@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 
 from metrale_core.kernels import cpu as cpu_mod
-from metrale_core.kernels.cpu import (CPU_VARIANTS, bind_prototypes, build_cpu_library, compiler,
-                                      parse_prototypes)
+from metrale_core.kernels.cpu import CPU_VARIANTS, bind_prototypes, build_cpu_library, compiler, parse_prototypes
 from metrale_core.testing.requires import missing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,7 +95,7 @@ def test_a_header_edited_on_one_side_only_breaks_the_build(cc, tmp_path):
     copy = tmp_path / "cpu"
     shutil.copytree(kernel_dir, copy)
     header = next(h for h in sorted(copy.glob("*.h")) if parse_prototypes([h]))
-    name, (restype, argtypes) = next(iter(parse_prototypes([header]).items()))
+    name, (_restype, _argtypes) = next(iter(parse_prototypes([header]).items()))
     text = header.read_text()
     # the first declared int parameter becomes a double: the C definitions no longer match
     edited = re.sub(rf"({name}\s*\([^;]*?)\bint\b", r"\1double", text, count=1, flags=re.S)
@@ -109,7 +108,7 @@ def test_a_header_edited_on_one_side_only_breaks_the_build(cc, tmp_path):
 def test_no_module_writes_ctypes_signatures_by_hand():
     offenders = []
     for path in REPO.glob("**/*.py"):
-        if {".venv", ".tox", "tests"} & set(path.parts) or path.name == "cpu.py" and path.parent.name == "kernels":
+        if {".venv", ".tox", "tests"} & set(path.parts) or (path.name == "cpu.py" and path.parent.name == "kernels"):
             continue
         if re.search(r"\.(argtypes|restype)\s*=", path.read_text(errors="replace")):
             offenders.append(str(path.relative_to(REPO)))

@@ -26,8 +26,7 @@ from metrale_core.kernels import (
     select_path,
 )
 from metrale_core.kernels import cpu as cpu_mod
-from metrale_core.kernels.cpu import (build_cpu_library, compiler, cpu_library, cpu_sources,
-                                      cpu_unavailable_reason)
+from metrale_core.kernels.cpu import build_cpu_library, compiler, cpu_library, cpu_sources, cpu_unavailable_reason
 from metrale_core.kernels.cuda import CORE_INCLUDE_DIR, KERNEL_INCLUDE_DIRS, expand_includes
 from metrale_core.testing.requires import missing
 
@@ -74,7 +73,7 @@ def test_forcing_native_and_rejecting_bad_values(monkeypatch):
     monkeypatch.setenv(KERNELS_ENV, "native")
     assert select_path("AddOne", torch.device("cuda")) == "native"
     monkeypatch.setenv(KERNELS_ENV, "triton")
-    with pytest.raises(ConfigError, match="native.*cuda"):
+    with pytest.raises(ConfigError, match=r"native.*cuda"):
         select_path("AddOne", torch.device("cpu"))
 
 
@@ -96,7 +95,7 @@ def test_cuda_model_without_cupy_falls_back_and_logs_the_reason_once():
 def test_input_checks_name_the_op_and_argument():
     x = torch.zeros(4, 6)
     check_tensor("Op", "x", x, dtypes=(torch.float32,), shape=(-1, 6))
-    with pytest.raises(KernelInputError, match="Op: x has dtype torch.float64"):
+    with pytest.raises(KernelInputError, match=r"Op: x has dtype torch.float64"):
         check_dtype("Op", "x", x.double(), (torch.float32, torch.bfloat16))
     with pytest.raises(KernelInputError, match=r"x has shape \[4, 6\], expected \[\*, 5\]"):
         check_shape("Op", "x", x, (-1, 5))

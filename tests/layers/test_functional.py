@@ -54,7 +54,7 @@ def test_embedding_op_reads_rows():
 
 def test_torch_dtype_is_one_table():
     assert {name: torch_dtype(name) for name in DTYPES} == DTYPES
-    with pytest.raises(ConfigError, match="float64.*bfloat16"):
+    with pytest.raises(ConfigError, match=r"float64.*bfloat16"):
         torch_dtype("float64")
 
 

@@ -175,7 +175,7 @@ def test_processor_errors_name_the_processor(make_row):
     def boom(logits, ctx):
         raise RuntimeError("kaput")
 
-    with pytest.raises(LogitProcessorFailed, match="'boom'.*kaput"):
+    with pytest.raises(LogitProcessorFailed, match=r"'boom'.*kaput"):
         _pipeline((_spec("boom"), boom)).sample(torch.zeros(1, 3), [make_row()], [PK.VERIFY])
     with pytest.raises(LogitProcessorFailed, match="'shape'"):
         pipe = _pipeline((_spec("shape"), lambda lg, ctx: lg[:, :2]))

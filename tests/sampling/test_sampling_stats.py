@@ -55,7 +55,7 @@ def _generate(pipe, steps, seed, batch_mates, make_row, shuffle_seed):
     target = make_row(prompt=[1, 2, 3], seed=seed, temperature=0.9, top_p=0.95, presence_penalty=0.3)
     others = [make_row(prompt=[4], seed=s, temperature=t) for s, t in batch_mates]
     shuffler = random.Random(shuffle_seed)
-    for step in range(steps):
+    for _step in range(steps):
         batch = [target, *others]
         shuffler.shuffle(batch)
         # logits depend on the row's history only, as a model's would

@@ -19,7 +19,6 @@ import pytest
 
 from metrale_core.testing import EOS, GARBAGE, Abort, Advance, Arrive, Scenario, ScenarioResult, run_scenario
 
-
 #: The windowed scenarios' window (positions) over blocks of 4 tokens.
 WINDOW = 6
 
@@ -167,7 +166,7 @@ def test_preempt_requeue(golden):
     # from the prefix cache's longest hit, sampling only the token after its last one
     assert "~ running=1 waiting=1 free_blocks=2/6" in result.trace
     fed = fed_positions(result)[20]
-    replays = [(a, b) for a, b in zip(fed, fed[1:]) if b[0] < a[0] + a[1]]
+    replays = [(a, b) for a, b in itertools.pairwise(fed) if b[0] < a[0] + a[1]]
     assert len(replays) == 1, fed
     (before, replay), = replays
     assert replay[0] % 4 == 0 and replay[0] + replay[1] == before[0] + before[1] + 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import sys
 import types
+from typing import ClassVar
 
 from metrale_core import hookimpl
 from metrale_core.components import SchedulerSpec
@@ -80,7 +81,7 @@ class AlwaysHold:
 class FcfsWithStep:
     """FCFS that takes ``step`` and records it, never holding back."""
 
-    seen: list[AdmissionStep] = []
+    seen: ClassVar[list[AdmissionStep]] = []
 
     def __init__(self, config=None):
         FcfsWithStep.seen = []

@@ -32,7 +32,7 @@ def make_batch(*seqs, block_size=BS) -> ForwardBatch:
             wanted.append(len(ids) - 1)
         qs.append(len(ids))
     width = max(len(s["table"]) for s in seqs)
-    t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    t = lambda v: torch.tensor(v, dtype=torch.int64)
     return ForwardBatch(
         input_ids=t(ids), positions=t(pos), query_start=t(qs),
         context_lens=t([s["start"] + len(s["tokens"]) for s in seqs]),

@@ -72,8 +72,8 @@ def check_messages_stream(events: list[tuple[str | None, dict]]) -> list[dict]:
         if block["type"] == "tool_use":
             try:
                 block["input"] = json.loads(block["_json"]) if block["_json"] else {}
-            except ValueError:
-                raise AssertionError(f"input_json_delta fragments are not JSON: {block['_json']!r}")
+            except ValueError as exc:
+                raise AssertionError(f"input_json_delta fragments are not JSON: {block['_json']!r}") from exc
             block["json_text"] = block["_json"]
         del block["_json"]
     return blocks

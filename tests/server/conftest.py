@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from server_testlib import scripted_served, wait_ready, write_tokenizer  # noqa: E402
+from server_testlib import scripted_served, wait_ready, write_tokenizer
 
 
 @pytest.fixture(scope="session")

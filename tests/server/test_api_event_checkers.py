@@ -10,7 +10,6 @@ import json
 
 import httpx
 import pytest
-
 from api_events import check_messages_stream, check_responses_stream, parse_sse
 
 TOOL = {"type": "function", "name": "get_weather",
@@ -59,9 +58,9 @@ def test_responses_checker_rejects_every_mutation(base_url, prompt):
 def test_openai_stream_helper_rejects_a_content_event_before_its_item(base_url):
     """The official helper's own ordering rule, on our real events with one moved."""
     import openai
+    from openai._models import construct_type_unchecked
     from openai.lib.streaming.responses._responses import ResponseStreamState
     from openai.types.responses import ResponseStreamEvent
-    from openai._models import construct_type_unchecked
 
     raw = httpx.post(base_url + "/v1/responses", json={
         "model": "scripted", "input": "What is the capital of France?", "stream": True},

@@ -40,7 +40,7 @@ def _start(model, log, *flags: str):
         except httpx.HTTPError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 log.seek(0)
-                raise AssertionError(f"met serve did not start: {log.read()}")
+                raise AssertionError(f"met serve did not start: {log.read()}") from None
             time.sleep(0.1)
     wait_ready(url, timeout=120)
     proc.log = log
@@ -49,10 +49,9 @@ def _start(model, log, *flags: str):
 
 @pytest.fixture(scope="module")
 def met_serve(tiny_qwen3, tmp_path_factory):
-    log = open(tmp_path_factory.mktemp("serve-log") / "stderr.txt", "w+")
-    proc, url = _start(tiny_qwen3, log)
-    yield proc, url
-    log.close()
+    with open(tmp_path_factory.mktemp("serve-log") / "stderr.txt", "w+") as log:
+        proc, url = _start(tiny_qwen3, log)
+        yield proc, url
     if proc.poll() is None:
         proc.kill()
         proc.wait()

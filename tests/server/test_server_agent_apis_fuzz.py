@@ -10,11 +10,10 @@ import copy
 import httpx
 import pytest
 import torch
-
+import transformers
 from server_testlib import checkpoint_loader, write_tokenizer
 
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("metrale_qwen3")
+import metrale_qwen3  # noqa: F401 -- a hard test dependency: missing is an error, not a skip
 
 WRONG = [None, 0, -1, 2.5, "x", "", True, [], [1], {}, {"type": "x"}]
 

@@ -14,14 +14,14 @@ import os
 import shutil
 from pathlib import Path
 
+import anthropic
 import numpy as np
 import openai
 import pytest
 import torch
+import transformers
 
-transformers = pytest.importorskip("transformers")
-anthropic = pytest.importorskip("anthropic")
-pytest.importorskip("metrale_qwen3")
+import metrale_qwen3  # noqa: F401 -- a hard test dependency: missing is an error, not a skip
 
 QWEN3 = Path(os.environ.get("METRALE_QWEN3_TOKENIZER_DIR")
              or Path.home() / ".cache/metrale/tokenizers/qwen3")
@@ -46,11 +46,12 @@ def hf_tok():
 
 @pytest.fixture(scope="module")
 def scripted(start_server):
+    from server_testlib import ScriptedLM
+
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.plugins import load_registry
     from metrale_core.server import ServedModel
     from metrale_core.tokenizer import Tokenizer
-    from server_testlib import ScriptedLM
 
     tok = Tokenizer.from_dir(QWEN3)
     registry = load_registry()
@@ -130,8 +131,9 @@ def test_messages_tools_and_thinking_with_qwen3_template(scripted, hf_tok):
 
 @pytest.fixture(scope="module")
 def random_qwen3(tmp_path_factory, start_server):
-    from metrale_core.plugins import load_registry
     from server_testlib import checkpoint_loader
+
+    from metrale_core.plugins import load_registry
 
     path = tmp_path_factory.mktemp("random-qwen3")
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -8,7 +8,6 @@ import threading
 
 import httpx
 import pytest
-
 from server_testlib import API_KEY, stream_while_stopping, wait_ready
 
 CHAT = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -184,9 +183,10 @@ def test_api_key_required_and_compared(start_server):
 
 
 def test_health_is_503_while_loading_then_200(start_server, byte_tokenizer):
+    from server_testlib import ScriptedLM
+
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.server import ServedModel
-    from server_testlib import ScriptedLM
 
     gate = threading.Event()
     loaded_on = []

@@ -17,7 +17,6 @@ import time
 import attrs
 import httpx
 import pytest
-
 from server_testlib import CHATML, ScriptedLM, stream_while_stopping
 
 #: ChatML plus three hostile branches switched on by chat_template_kwargs.
@@ -169,7 +168,7 @@ def test_non_streaming_request_is_aborted_on_disconnect(start_server):
 # --- 6: streams that outlive the grace period end with an error event and [DONE] -------------
 
 def test_streams_past_the_grace_end_with_an_error_event(start_server):
-    server, host = start_server(shutdown_grace_s=0.3)
+    server, _host = start_server(shutdown_grace_s=0.3)
     rest = stream_while_stopping(server, max_tokens=4000)
     assert rest[-1] == "data: [DONE]"
     error = json.loads(rest[-2][len("data: "):])["error"]

@@ -4,13 +4,11 @@ event sequence, auth by ``x-api-key`` and Bearer, and the Anthropic error shape 
 
 from __future__ import annotations
 
+import anthropic
 import httpx
 import pytest
-
 from api_events import check_messages_stream, parse_sse
 from server_testlib import API_KEY
-
-anthropic = pytest.importorskip("anthropic")
 
 WEATHER_TOOL = {"name": "get_weather", "description": "Weather of a city",
                 "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},

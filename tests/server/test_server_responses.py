@@ -8,7 +8,6 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-
 from api_events import check_responses_stream, parse_sse
 
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weather of a city",

@@ -67,7 +67,7 @@ def test_nulls_mean_defaults():
     ({"messages": [{"role": "user", "content": "a"}], "n": True}, "n: must be an integer"),
     ({"messages": [{"role": "user", "content": "a"}], "temperature": "0.5"},
      "temperature: must be a number, got a string"),
-    ({"messages": [{"role": "user", "content": "a"}], "stop": "a b".split() + [None]},
+    ({"messages": [{"role": "user", "content": "a"}], "stop": ["a", "b"] + [None]},
      "stop[2]: must be a string, got null"),
     ({"messages": [{"role": "user", "content": "a"}], "stream_options": {"usage": True}},
      "stream_options.usage: unknown field"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from metrale_core.testing.requires import missing
+
 pytestmark = pytest.mark.slow
 
 

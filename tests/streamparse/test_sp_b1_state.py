@@ -11,9 +11,9 @@ import json
 import random
 
 import pytest
+from streamparse_helpers import expected_states, parser_state, random_pieces
 
 from metrale_core.streamparse import make_stream_parser
-from streamparse_helpers import expected_states, parser_state, random_pieces
 
 HERMES = (
     'Sure.\n<tool_call>⦃\n{"name": "get_weather", "arguments": {"city": "⟦Pa\\"ris"†, '
@@ -47,7 +47,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("fmt, marked, first_args", CASES, ids=lambda v: v if isinstance(v, str) and len(v) < 20 else None)
+def _case_id(value):
+    return value if isinstance(value, str) and len(value) < 20 else None
+
+
+@pytest.mark.parametrize("fmt, marked, first_args", CASES, ids=_case_id)
 def test_state_at_every_character(fmt, marked, first_args):
     text, states = expected_states(marked)
     parser = make_stream_parser(tool_parser=fmt, tools=TOOLS)
@@ -59,7 +63,7 @@ def test_state_at_every_character(fmt, marked, first_args):
     assert json.loads(parser.tool_calls[0]["arguments"]) == first_args
 
 
-@pytest.mark.parametrize("fmt, marked, first_args", CASES, ids=lambda v: v if isinstance(v, str) and len(v) < 20 else None)
+@pytest.mark.parametrize("fmt, marked, first_args", CASES, ids=_case_id)
 def test_state_at_random_chunk_boundaries(fmt, marked, first_args):
     text, states = expected_states(marked)
     rng = random.Random(7)

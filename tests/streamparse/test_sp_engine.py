@@ -11,15 +11,15 @@ import asyncio
 import json
 
 import pytest
+from streamparse_helpers import collect
 
-from metrale_core.registry import Registry as _CoreRegistry
 from metrale_core.components import LogitProcessorSpec, SamplerSpec, SchedulerSpec
 from metrale_core.engine import AsyncEngine, EngineConfig, FcfsPolicy, LLMEngine
 from metrale_core.errors import InvalidRequest
+from metrale_core.registry import Registry as _CoreRegistry
 from metrale_core.sampling import DefaultSampler, PositionKind, SamplingParams
 from metrale_core.streamparse import StreamParser, make_stream_parser
 from metrale_core.testing.recording_model import EOS, RecordingModel, SeqScript
-from streamparse_helpers import collect
 
 PIECES = ["", "", "", "<think>", "plan", "</think>", "\n\n", "<tool_call>", "\n<function=", "get",
           ">\n", "<parameter=", "city", "Pa", "ris", "\n</para", "meter>\n", "</function>\n",

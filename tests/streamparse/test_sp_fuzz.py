@@ -6,7 +6,6 @@ import json
 import random
 
 import pytest
-
 from streamparse_helpers import parse, random_pieces
 
 COMMON = ["<tool_call>", "</tool_call>", "<think>", "</think>", "\n", " ", "x", "<", ">", "/", "1",
@@ -51,11 +50,11 @@ def test_random_output_never_raises_and_is_chunking_invariant(fmt):
         else:
             text = "".join(rng.choice(ATOMS[fmt]) for _ in range(rng.randint(1, 40)))
         kwargs = dict(tool_parser=fmt, tools=TOOLS, reasoning=reasoning if trial % 2 else None)
-        whole, parser = parse([text], **kwargs)
+        whole, _parser = parse([text], **kwargs)
         for _ in range(4):
             assert parse(random_pieces(text, rng), **kwargs)[0] == whole, text
         assert parse(list(text), **kwargs)[0] == whole, text
-        for name, args in whole.tool_calls:  # completed calls are always valid JSON objects
+        for _name, args in whole.tool_calls:  # completed calls are always valid JSON objects
             assert isinstance(json.loads(args), dict)
         # nothing is lost: without a well-formed call, the content is the model's text exactly
         if not whole.tool_calls and kwargs["reasoning"] is None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from streamparse_helpers import assert_chunking_invariant
 
 from metrale_core.streamparse import make_stream_parser
-from streamparse_helpers import assert_chunking_invariant
 
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"properties": {
     "query": {"type": "string"}, "limit": {"type": "integer"}, "filters": {"type": "object"},

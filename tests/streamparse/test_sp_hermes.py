@@ -6,9 +6,9 @@ import json
 import time
 
 import pytest
+from streamparse_helpers import assert_chunking_invariant, collect, parse
 
 from metrale_core.streamparse import make_stream_parser
-from streamparse_helpers import assert_chunking_invariant, collect, parse
 
 ARGS = {"city": "Zürich \"old town\"\n", "days": [1, 2.5, -3e2], "opts": {"deep": {"x": None}},
         "flag": False, "emoji": "🙂", "tag": "</tool_call> inside a string"}
@@ -93,9 +93,9 @@ def test_malformed_calls_come_back_as_content(call):
     got = assert_chunking_invariant(text, trials=40, tool_parser="hermes")
     assert got.tool_calls == []                       # never a call with made-up arguments
     assert call in got.content                        # the model's text, tags included
-    assert got.content.startswith("Before.") and got.content.endswith(" After.") or \
+    assert (got.content.startswith("Before.") and got.content.endswith(" After.")) or \
         got.content.endswith(call)
-    for name, args in got.calls.values():            # a header streamed before it broke
+    for _name, args in got.calls.values():            # a header streamed before it broke
         assert args != "{}" or '"arguments": {}' in call
 
 

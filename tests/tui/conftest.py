@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tui_testlib import build_tiny_llama, make_loader  # noqa: E402
+from tui_testlib import build_tiny_llama, make_loader
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import httpx
 from loguru import logger
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tui_testlib import wait_for  # noqa: E402
+from tui_testlib import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOL = Path.home() / ".cache/metrale/models/SmolLM2-135M-Instruct.Q4_1.gguf"

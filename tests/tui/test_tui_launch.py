@@ -11,8 +11,7 @@ import types
 import pytest
 
 from metrale_core.tui import fmt
-from metrale_core.tui.launch import (STOP_SIGNALS, StopSignals, follow_host, stop_on_signals,
-                                     use_dashboard, watch_stop)
+from metrale_core.tui.launch import STOP_SIGNALS, StopSignals, follow_host, stop_on_signals, use_dashboard, watch_stop
 from metrale_core.tui.logring import LogRing
 from metrale_core.tui.status import ServerStatus
 

@@ -8,8 +8,8 @@ import json
 
 import httpx
 from loguru import logger
-
 from tui_testlib import screen_text, wait_for
+
 from metrale_core.tui.app import MetraleApp
 from metrale_core.tui.chat_client import ChatClient
 from metrale_core.tui.logring import LogRing

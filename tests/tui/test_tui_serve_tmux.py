@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from metrale_core.testing.requires import needs_file
+
 SMOL = Path.home() / ".cache/metrale/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 MET = Path(sys.executable).with_name("met")
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,7 +126,7 @@ def test_sigterm_stops_the_dashboard_gracefully(tmp_path):
                     for line in reply.iter_lines():
                         if line:
                             lines.append(line)
-            except BaseException as exc:  # noqa: BLE001 - asserted below
+            except BaseException as exc:
                 errors.append(exc)
             ended.append(time.monotonic())
 

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import torch
 
-WORDS = ("hello world the cat sat on a mat paris is capital of france what blue red green "
-         "sky sea sun moon day night one two three yes no maybe good bad big small").split()
+WORDS = [
+    "hello", "world", "the", "cat", "sat", "on", "a", "mat", "paris", "is", "capital", "of",
+    "france", "what", "blue", "red", "green", "sky", "sea", "sun", "moon", "day", "night",
+    "one", "two", "three", "yes", "no", "maybe", "good", "bad", "big", "small"
+]
 SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
 HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 32, 2, 4, 2, 64
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from weights_testutil import REAL_GGUF
 
 from metrale_core.testing.requires import missing
-from weights_testutil import REAL_GGUF
 
 
 @pytest.fixture

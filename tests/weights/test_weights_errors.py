@@ -48,7 +48,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def test_missing_path(tmp_path: Path) -> None:
-    with pytest.raises(MissingWeightsFile, match="nowhere.*does not exist"):
+    with pytest.raises(MissingWeightsFile, match=r"nowhere.*does not exist"):
         open_weights(tmp_path / "nowhere")
 
 

@@ -69,7 +69,7 @@ def test_llama_permutation_really_happens_on_disk(tmp_path: Path) -> None:
 
 
 def test_mixed_quant_types(tmp_path: Path) -> None:
-    path, state, written, hp = _write(tmp_path, "llama", _mixed, tie=False)
+    path, state, written, _hp = _write(tmp_path, "llama", _mixed, tie=False)
     store = open_weights(path)
     store_names = {v: k for k, v in store.gguf_names.items()}
     for gname, data in written.items():

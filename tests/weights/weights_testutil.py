@@ -7,8 +7,8 @@ drop ``lm_head`` when embeddings are tied, and write the hyper-parameters as GGU
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import gguf
 import numpy as np
@@ -112,7 +112,7 @@ def tiny_hf_model(arch: str, *, tie: bool, bias: bool = False, seed: int = 0) ->
         cfg = Qwen3Config(**common, head_dim=32, rope_theta=5000.0)  # head_dim != hidden / heads
         model = Qwen3ForCausalLM(cfg)
     with torch.no_grad():  # norms are ones at init: make them distinguishable
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.dim() == 1:
                 p.copy_(torch.randn_like(p))
     head_dim = getattr(cfg, "head_dim", None) or common["hidden_size"] // common["num_attention_heads"]

@@ -16,7 +16,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,7 +55,7 @@ class DrySettings:
                f"--dry-penalty-last-n must be >= 0, got {self.penalty_last_n}")
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> "DrySettings":
+    def from_options(cls, options: Mapping[str, Any]) -> DrySettings:
         """From ``EngineConfig.plugin_options`` (missing keys take the flag defaults)."""
         from metrale_dry import DEFAULTS
 

@@ -16,7 +16,7 @@ import torch
 from metrale_core.cli.flags import engine_config_from_args
 from metrale_core.cli.main import build_parser
 from metrale_core.components import LogitProcessorSpec
-from metrale_core.engine import EngineConfig, LLMEngine, build_pipeline
+from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.model_api import ModelInfo
 from metrale_core.sampling import DefaultSampler, LogitPipeline, PositionKind, SamplingParams

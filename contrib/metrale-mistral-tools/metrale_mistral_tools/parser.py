@@ -173,6 +173,7 @@ class MistralToolParser(TagParserBase):
 
     def _st_args(self, final: bool) -> bool:
         scanner, buf, pos = self._scanner, self._buf, self._pos
+        assert scanner is not None  # set with the header, before the "args" state
         for i in range(pos, len(buf)):
             ok = scanner.push(buf[i])
             self.inside_parameter_body = scanner.body is not None

@@ -31,7 +31,9 @@ Invariants:
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence as Seq
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from typing import Any
 
 from attrs import field, frozen
 
@@ -67,10 +69,14 @@ class SlaiPolicy:
     step_tokens_per_s: float = field(default=10_000.0, validator=_positive)
 
     @classmethod
-    def from_config(cls, config: Any) -> "SlaiPolicy":
+    def from_config(cls, config: Any) -> SlaiPolicy:
         """Build from an ``EngineConfig``: its clock and the ``--slai-*`` plugin options."""
-        from metrale_slai import (DEFAULT_DEADLINE_SLACK_MS, DEFAULT_MAX_WAIT_MS,
-                                  DEFAULT_STEP_TOKENS_PER_MS, DEFAULT_TBT_BUDGET_MS)
+        from metrale_slai import (
+            DEFAULT_DEADLINE_SLACK_MS,
+            DEFAULT_MAX_WAIT_MS,
+            DEFAULT_STEP_TOKENS_PER_MS,
+            DEFAULT_TBT_BUDGET_MS,
+        )
 
         if config is None:
             return cls(DEFAULT_MAX_WAIT_MS / 1000, DEFAULT_DEADLINE_SLACK_MS / 1000)

@@ -23,15 +23,16 @@ Invariants:
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from litestar import Request, Response, Router, post
 from litestar.response import Stream
 from loguru import logger
 
 from metrale_core.server.chat import engine_failure
+from metrale_core.server.chat_prompt import chat_prompt
 from metrale_core.server.common import check_model, new_id, read_request
-from metrale_core.server.offload import off_loop
 from metrale_core.server.errors import APIError
 from metrale_core.server.messages.errors import (
     anthropic_error_body,
@@ -40,7 +41,7 @@ from metrale_core.server.messages.errors import (
 )
 from metrale_core.server.messages.records import CountTokensRequest, MessagesRequest
 from metrale_core.server.messages.translate import to_chat
-from metrale_core.server.chat_prompt import chat_prompt
+from metrale_core.server.offload import off_loop
 from metrale_core.server.openapi import body_operation
 from metrale_core.server.translate import ChatRun, pieces, renamed, start_chat
 
@@ -194,7 +195,7 @@ async def _sse(events: AsyncIterator[tuple[str, dict]]) -> AsyncIterator[bytes]:
             yield _event(name, payload)
     except APIError as exc:
         yield _event("error", anthropic_error_body(exc.status, exc.message))
-    except Exception as exc:  # noqa: BLE001 - headers are sent; report in-band
+    except Exception as exc:
         logger.opt(exception=exc).error("messages stream failed")
         yield _event("error", anthropic_error_body(500, f"internal server error "
                                                         f"({type(exc).__name__})"))

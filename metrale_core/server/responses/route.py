@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
 
 from litestar import Request, Response, delete, get, post
 from litestar.params import PathParameter
@@ -166,7 +167,7 @@ async def _sse(events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
     except MetraleError as exc:
         yield encode({"type": "error", "code": "invalid_request_error", "message": str(exc),
                       "param": None})
-    except Exception as exc:  # noqa: BLE001 - headers are sent; report in-band
+    except Exception as exc:
         logger.opt(exception=exc).error("responses stream failed")
         yield encode({"type": "error", "code": "server_error", "param": None,
                       "message": f"internal server error ({type(exc).__name__})"})

@@ -108,7 +108,7 @@ def input_messages(value: Any) -> list[ChatMessage]:
             if role not in _ROLES:
                 raise _bad(f"{path}.role", f"must be one of {', '.join(_ROLES)}, got {role!r}")
             text = _content(item.get("content"), f"{path}.content")
-            extra = {}
+            extra: dict[str, Any] = {}
             if role == "assistant" and reasoning:
                 extra["reasoning_content"], reasoning = "".join(reasoning), []
             out.append(ChatMessage(role=role, content=text, **extra))
@@ -231,7 +231,7 @@ def to_chat(req: ResponsesRequest, history: tuple = ()) -> tuple[ChatCompletionR
     if choice not in (None, "none") and not tools:
         raise _bad("tool_choice", "needs tools")
     if isinstance(choice, NamedToolChoice) and choice.function.name not in \
-            [t.function.name for t in tools]:
+            [t.function.name for t in tools or ()]:
         raise _bad("tool_choice.name", f"{choice.function.name!r} is not one of the tools")
     chat = ChatCompletionRequest(
         model=req.model, messages=messages, tools=tools, tool_choice=choice,

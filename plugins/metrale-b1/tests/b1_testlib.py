@@ -4,8 +4,8 @@ tokenizer, and a loguru capture of the observer's lines."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import attrs
 import torch
@@ -46,9 +46,8 @@ def gap_logits(num_rows: int, vocab: int = 32, *, gap: float = 1.0, top1: int = 
 
 def observer_spec(stats):
     """The registered ``b1-margin`` spec, its factory bound to an observer counting into ``stats``."""
-    from metrale_core.plugins import load_registry
-
     from metrale_b1.b1_margin import B1MarginObserver
+    from metrale_core.plugins import load_registry
 
     spec = load_registry().logit_processors["b1-margin"]
     return attrs.evolve(spec, factory=lambda config: B1MarginObserver(stats))

@@ -14,12 +14,10 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from b1_testlib import Row, gap_logits
-from metrale_core.streamparse import make_stream_parser
-from metrale_b1.b1_margin import B1Stats
 
-from metrale_b1.b1_margin import B1MarginObserver
+from metrale_b1.b1_margin import B1MarginObserver, B1Stats
+from metrale_core.streamparse import make_stream_parser
 
 THINK = '<think>\nMaybe <tool_call>\n{"name": "x", "arguments": {"a": "zzz"}}\n</tool_call>\n</think>\n\n'
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -72,7 +70,7 @@ def test_counted_exactly_inside_values_under_random_chunking(fmt):
     reasoning, text, values = CASES[fmt]
     bodies = spans(text, values)
     logits = gap_logits(1, gap=1.0)
-    hits = {b: 0 for b in bodies}
+    hits = dict.fromkeys(bodies, 0)
     for seed in range(40):
         rng = random.Random(seed)
         stats = B1Stats()

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import attrs
 import pytest
-
 from b1_testlib import GapModel, PieceTokenizer, SpecRegistry, observer_spec
+
+from metrale_b1.b1_margin import B1Stats
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.engine.speculation import Draft
 from metrale_core.sampling import SamplingParams
 from metrale_core.streamparse import make_stream_parser
 from metrale_core.testing.recording_model import EOS, RecordingModel, SeqScript
-from metrale_b1.b1_margin import B1Stats
 
 RUNNER_UP = 0  # decodes to nothing, never answered
 PIECES = ["", "", "", "<tool_call>", "\n", '{"name": "', "get_weather", '", "arguments": {"',
@@ -69,7 +69,7 @@ def run(speculator_kind: str | None) -> tuple[B1Stats, dict, object]:
     engine = LLMEngine(model, EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=8),
                        tokenizer=PieceTokenizer(PIECES, EOS), registry=SpecRegistry(observer_spec(stats)),
                        speculator=speculator)
-    parser = lambda: {"stream_parser": make_stream_parser(tool_parser="hermes")}  # noqa: E731
+    parser = lambda: {"stream_parser": make_stream_parser(tool_parser="hermes")}
     engine.add_request("call", [40, 41], GREEDY, extras=parser())
     engine.add_request("plain", [42], GREEDY, extras=parser())   # a parser, but no tool call
     engine.add_request("no-parser", [43], GREEDY)                 # a call nobody parses
@@ -110,8 +110,8 @@ def test_observer_off_counts_nothing():
 def test_count_is_published_as_the_b1_count_extra_and_shown_on_the_stats_tab():
     """Built with the installed plugins (``metrale_engine_started``), the engine publishes its
     own observer's count each step; with the observer off it publishes nothing."""
-    from metrale_core.plugins import load_registry
     from metrale_b1.b1_margin import low_margin_count
+    from metrale_core.plugins import load_registry
 
     registry = load_registry()
     scripts = [SeqScript([40, 41], CALL)]

@@ -3,10 +3,10 @@ the op's torch path is ``torch.topk``; on a GPU (``gpu`` marker) the kernel matc
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
+from metrale_b1.top2 import Top2
 from metrale_core.kernels import (
     compile_ptx,
     cupy_unavailable_reason,
@@ -14,8 +14,6 @@ from metrale_core.kernels import (
     nvcc_path,
     ptx_entries,
 )
-
-from metrale_b1.top2 import Top2
 
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
 _NO_GPU = "no CUDA device" if not torch.cuda.is_available() else cupy_unavailable_reason()

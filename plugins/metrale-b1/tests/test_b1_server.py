@@ -1,5 +1,5 @@
 """End to end over the real server: uvicorn on loopback, the official ``openai`` client, the
-installed plugin registry (so the real ``b1-margin`` factory, the process-wide ``SpecStats`` and
+installed plugin registry (so the real ``b1-margin`` factory, the served engine's own ``B1Stats`` and
 the ``metrale_metrics`` hook).  The scripted chat model (the server tests' ``ScriptedLM``) replies
 with reasoning that contains a call-shaped text, then a hermes tool call; every position has a
 top-1/top-2 gap of exactly 1.0.  Each request adds exactly 7 to
@@ -16,19 +16,26 @@ import openai
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "server"))
-from server_testlib import ScriptedLM, wait_ready, write_tokenizer  # noqa: E402
+from b1_testlib import GapModel
+from server_testlib import ScriptedLM, wait_ready, write_tokenizer
 
-from b1_testlib import GapModel  # noqa: E402
-
-REPLY = ('<think>\nMaybe <tool_call>\n{"name": "x", "arguments": {"a": "zzzz"}}\n</tool_call>\n'
-         '</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
-         '"days": 12}}\n</tool_call>')
+REPLY = (
+    '<think>\nMaybe <tool_call>\n{"name": "x", "arguments": {"a": "zzzz"}}\n</tool_call>\n'
+    '</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+    '"days": 12}}\n</tool_call>'
+)
 EXPECTED_PER_REQUEST = 7
 METRIC = "metrale:b1_low_margin_positions_total"
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather forecast of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                    "days": {"type": "integer"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather forecast of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}},
+        },
+    }
+]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -53,8 +60,12 @@ def served(tmp_path_factory):
 
     def load():
         model = GapModel(ToolCallingLM(tokenizer), gap=1.0, runner_up=runner_up)
-        engine = LLMEngine(model, EngineConfig(block_size=16, num_kv_blocks=256, max_num_seqs=8),
-                           tokenizer=tokenizer, registry=registry)
+        engine = LLMEngine(
+            model,
+            EngineConfig(block_size=16, num_kv_blocks=256, max_num_seqs=8),
+            tokenizer=tokenizer,
+            registry=registry,
+        )
         return ServedModel(engine=engine, tokenizer=tokenizer, model_type="qwen3")
 
     app = create_app(ServerConfig(served_model_name="scripted"), load, registry)
@@ -84,10 +95,13 @@ def test_metrics_show_the_exact_count(served):
     assert "zzzz" in resp.choices[0].message.reasoning_content
     assert scrape(url) == before + EXPECTED_PER_REQUEST
 
-    stream = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS,
-                                            temperature=0, stream=True)
-    args = "".join(tc.function.arguments or "" for chunk in stream
-                   for tc in (chunk.choices[0].delta.tool_calls or []) if tc.function)
+    stream = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, temperature=0, stream=True)
+    args = "".join(
+        tc.function.arguments or ""
+        for chunk in stream
+        for tc in (chunk.choices[0].delta.tool_calls or [])
+        if tc.function
+    )
     assert json.loads(args) == {"city": "Paris", "days": 12}
     assert scrape(url) == before + 2 * EXPECTED_PER_REQUEST
 

@@ -62,6 +62,7 @@ class LayerCalibration:
             self._lookup = torch.full((num_slots,), -1, dtype=torch.int64, device=k.device)
             self.staged_slots = slot_mapping.new_empty((0,))
             self.staged_k, self.staged_v = k.new_empty((0, *k.shape[1:])), v.new_empty((0, *v.shape[1:]))
+        assert self.staged_slots is not None and self.staged_k is not None and self.staged_v is not None
         index = self._lookup[slot_mapping]
         old = index >= 0
         if bool(old.any()):
@@ -82,6 +83,7 @@ class LayerCalibration:
         written at the freeze."""
         if self._lookup is None:
             return
+        assert self.staged_slots is not None  # staged with the lookup
         index = self._lookup[slot_mapping]
         held = index >= 0
         if bool(held.any()):
@@ -90,6 +92,7 @@ class LayerCalibration:
 
     def live(self) -> torch.Tensor:
         """``[n]`` bool: which held rows still belong to this layer (not forgotten)."""
+        assert self.staged_slots is not None, "live() of a calibration that holds no rows"
         return self.staged_slots >= 0
 
     def overlay(self, block_ids: torch.Tensor, block_size: int, k: torch.Tensor,
@@ -97,6 +100,7 @@ class LayerCalibration:
         """Put the held rows into gathered ``k``/``v`` ``[..., nb * bs, Hk, d]`` of ``block_ids``."""
         if self._lookup is None:
             return
+        assert self.staged_k is not None and self.staged_v is not None  # staged with the lookup
         offsets = torch.arange(block_size, device=block_ids.device)
         slots = (block_ids[..., None] * block_size + offsets).reshape(*block_ids.shape[:-1], -1)
         index = self._lookup[slots]

@@ -99,8 +99,9 @@ def load_kv_scales(store: Any, layer: int, *, num_kv_heads: int | None = None,
         k = _load_scale(store, resolved.k_name, num_kv_heads) if resolved.k_name else None
         v = _load_scale(store, resolved.v_name, num_kv_heads) if resolved.v_name else None
         names = tuple(dict.fromkeys(n for n in (resolved.k_name, resolved.v_name) if n))
-        return LayerKvScales(layer, k if k is not None else v, v if v is not None else k,
-                             resolved.spelling, names)
+        k_scale, v_scale = (k if k is not None else v), (v if v is not None else k)
+        assert k_scale is not None and v_scale is not None  # a resolved layer names at least one scale
+        return LayerKvScales(layer, k_scale, v_scale, resolved.spelling, names)
     return None
 
 

@@ -21,14 +21,13 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 import torch
 from loguru import logger
 
 from metrale_core.api import PagedKVCache, gather_blocks
-
 from metrale_fp8.calibration import LayerCalibration
 from metrale_fp8.e4m3 import FP8_DTYPE, dequantize, scale_from_amax
 from metrale_fp8.ops import Fp8Ops
@@ -141,6 +140,7 @@ class Fp8KVCodec:
         self.calibrations[layer] = None
         self.frozen_after[layer] = calibration.observed
         if calibration.staged_slots is not None and calibration.staged_slots.numel():
+            assert calibration.staged_k is not None and calibration.staged_v is not None  # staged together
             live = calibration.live()
             self.ops.write(calibration.staged_k[live], calibration.staged_v[live], cache.k[layer],
                            cache.v[layer], calibration.staged_slots[live], self.k_scales[layer],

@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from metrale_core.api import CustomOp, check_tensor, f32, gather_blocks, i32, i64, ptr, torch_stream
-
 from metrale_fp8.e4m3 import FP8_DTYPE, dequantize, quantize
 
 __all__ = ["Fp8KVCacheWrite", "Fp8Ops", "Fp8PagedAttentionDecode", "store_codes"]

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
+import tomllib
 from attrs import frozen
 from loguru import logger
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from fp8_testutil import load_checkpoint, write_checkpoint
+
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.sampling.params import SamplingParams
 from metrale_fp8.e4m3 import FP8_DTYPE, quantize, scale_from_amax
@@ -129,8 +129,9 @@ def test_pre_freeze_attention_within_tolerance_of_bf16_cache(checkpoint):
     assert fp8.runner.kv.codec.frozen_after == [12, 12]
     gen = torch.Generator().manual_seed(0)
     for layer in range(2):
-        k_ref, v_ref = (t.reshape(-1, 2, 8)[slots] for t in bf16.runner.kv.gather(layer, torch.arange(32), torch.float32))
-        k8, v8 = (t.reshape(-1, 2, 8)[slots] for t in fp8.runner.kv.gather(layer, torch.arange(32), torch.float32))
+        everything = torch.arange(32)
+        k_ref, v_ref = (t.reshape(-1, 2, 8)[slots] for t in bf16.runner.kv.gather(layer, everything, torch.float32))
+        k8, v8 = (t.reshape(-1, 2, 8)[slots] for t in fp8.runner.kv.gather(layer, everything, torch.float32))
         q = torch.randn((4, 2, 8), generator=gen) * k_ref.std()
         out_ref, out8 = attention(q, k_ref, v_ref), attention(q, k8, v8)
         rel = float((out8 - out_ref).norm() / out_ref.norm())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fp8_testutil import load_checkpoint, write_checkpoint
+
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.sampling.params import SamplingParams
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from fp8_testutil import TINY, write_checkpoint
+
 from metrale_core.errors import WeightsError
 from metrale_core.weights import open_weights
 from metrale_fp8.census import SPELLINGS, kv_scale_census, load_kv_scales

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from fp8_testutil import load_checkpoint, write_checkpoint
+
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.sampling.params import SamplingParams
 from metrale_fp8.dashboard import scale_source_summary

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -56,7 +55,7 @@ def test_decode_kernel_matches_oracle(dtype):
 
     op = Fp8PagedAttentionDecode("cuda")
     gen = torch.Generator().manual_seed(1)
-    codes = lambda: (torch.randn((16, 4, 2, 64), generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn).cuda()  # noqa: E731
+    codes = lambda: (torch.randn((16, 4, 2, 64), generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn).cuda()
     k_cache, v_cache = codes(), codes()
     q = torch.randn((3, 8, 64), generator=gen).to("cuda", dtype)
     tables = torch.randperm(16, generator=gen)[:12].view(3, 4).cuda()

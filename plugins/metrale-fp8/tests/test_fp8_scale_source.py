@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from fp8_testutil import TINY, load_checkpoint, write_checkpoint
+
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_fp8.build import describe_sources
 from metrale_fp8.census import KvScaleCensus, LayerKvScales
 from metrale_fp8.options import resolve_fp8_options
-from metrale_fp8.scale_source import (Calibration, Checkpoint, Partial, Unscaled,
-                                      fp8_kv_scale_source, log_fp8_kv_scale_source)
+from metrale_fp8.scale_source import (
+    Calibration,
+    Checkpoint,
+    Partial,
+    Unscaled,
+    fp8_kv_scale_source,
+    log_fp8_kv_scale_source,
+)
 
 CALIBRATION_NO_CKPT = (
     "FP8 KV scales: online calibration on every layer (checkpoint ships no k/v scales): "
@@ -155,7 +161,7 @@ def test_headroom(tmp_path):
 
 def test_bad_model_toml_is_a_config_error(tmp_path):
     broken = write_checkpoint(tmp_path / "b", model_toml="[behavior\n")
-    with pytest.raises(ConfigError, match="MODEL.toml: not valid TOML"):
+    with pytest.raises(ConfigError, match=r"MODEL.toml: not valid TOML"):
         resolve_fp8_options({}, broken)
     wrong = write_checkpoint(tmp_path / "w", model_toml='[behavior]\nfp8_kv_calibration_tokens = "x"\n')
     with pytest.raises(ConfigError, match=r"\[behavior\].fp8_kv_calibration_tokens"):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from fp8_testutil import load_checkpoint, write_checkpoint
+
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.model_api import KVLayout, PagedKVCache

@@ -87,6 +87,7 @@ class Gemma3LM:
         self._embed_scale = torch.tensor(dims.hidden_size**0.5, dtype=dtype)
         #: Per layer, its KV group (the core keeps a sliding layer's blocks only while its
         #: window can see them; each group has its own block tables and slots).
+        assert self.info.kv is not None  # a Gemma 3 model declares its KV layout
         self._group_of = self.info.kv.groups.group_of_layers()
 
     def __repr__(self) -> str:

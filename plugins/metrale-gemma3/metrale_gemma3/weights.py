@@ -120,7 +120,11 @@ def tensor_names(store: Any, dims: Gemma3Dims) -> Callable[[str], str]:
         return gguf
     for prefix in _HF_PREFIXES:
         if f"{prefix}embed_tokens.weight" in store:
-            return lambda suffix, prefix=prefix: prefix + suffix
+
+            def hf(suffix: str, prefix: str = prefix) -> str:
+                return prefix + suffix
+
+            return hf
     raise ConfigError(
         "gemma3: the checkpoint holds no embed_tokens.weight under "
         f"{', '.join(p + 'embed_tokens' for p in _HF_PREFIXES)}"

@@ -15,7 +15,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from attrs import frozen
 
@@ -119,7 +120,7 @@ class GlmDims:
     hc_sinkhorn_iters: int
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "GlmDims":
+    def from_config(cls, config: Mapping[str, Any]) -> GlmDims:
         cfg = text_config(config)
         act = cfg.get("hidden_act", "silu")
         if act != "silu":

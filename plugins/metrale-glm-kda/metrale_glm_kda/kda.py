@@ -110,7 +110,6 @@ def kda_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     # [H, T, *] float32, padded to whole chunks (zero k/v/beta/g leave the state unchanged)
     q, k, v, g = (F.pad(x.float().transpose(0, 1), (0, 0, 0, pad)) for x in (q, k, v, g))
     beta = F.pad(beta.float().transpose(0, 1), (0, pad))
-    heads = q.shape[0]
     s = state.float().clone()
     out = torch.empty_like(v)
     eye = torch.eye(chunk, dtype=torch.float32, device=q.device)

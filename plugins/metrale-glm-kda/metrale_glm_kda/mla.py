@@ -29,8 +29,7 @@ import torch
 import torch.nn.functional as F
 from attrs import frozen
 
-from metrale_core.api import PagedKVCache, gather_blocks, rms_norm
-
+from metrale_core.api import Linear, PagedKVCache, gather_blocks, rms_norm
 from metrale_glm_kda.config import GlmDims
 
 __all__ = ["DECODE", "IndexerWeights", "MlaWeights", "SeqRows", "mla_attention", "select_decode", "select_tokens"]
@@ -41,25 +40,25 @@ DECODE = "decode"
 
 @frozen
 class IndexerWeights:
-    wq_b: torch.Tensor          # [n_heads * d, q_lora_rank]
-    wk: torch.Tensor            # [d, D]
+    wq_b: torch.Tensor  # [n_heads * d, q_lora_rank]
+    wk: torch.Tensor  # [d, D]
     k_norm_weight: torch.Tensor  # [d]
-    k_norm_bias: torch.Tensor    # [d]
-    weights_proj: torch.Tensor   # [n_heads, D]
-    ape: torch.Tensor           # [kpool, d]
-    gate: torch.Tensor          # [d, D]
+    k_norm_bias: torch.Tensor  # [d]
+    weights_proj: torch.Tensor  # [n_heads, D]
+    ape: torch.Tensor  # [kpool, d]
+    gate: torch.Tensor  # [d, D]
 
 
 @frozen
 class MlaWeights:
-    q_a: torch.Tensor           # [Rq, D]
-    q_a_norm: torch.Tensor      # [Rq]
-    q_b: torch.Tensor           # [H * nope, Rq]
-    kv_a: torch.Tensor          # [R, D]
-    kv_a_norm: torch.Tensor     # [R]
-    w_uk: torch.Tensor          # [H, nope, R]
-    w_uv: torch.Tensor          # [H, v, R]
-    o_proj: torch.Tensor        # [D, H * v]
+    q_a: Linear  # [Rq, D]
+    q_a_norm: torch.Tensor  # [Rq]
+    q_b: Linear  # [H * nope, Rq]
+    kv_a: Linear  # [R, D]
+    kv_a_norm: torch.Tensor  # [R]
+    w_uk: torch.Tensor  # [H, nope, R]
+    w_uv: torch.Tensor  # [H, v, R]
+    o_proj: Linear  # [D, H * v]
     indexer: IndexerWeights | None
 
 
@@ -73,8 +72,9 @@ class SeqRows:
     ctx: int
 
 
-def _gather(kv: PagedKVCache, layer: int, block_ids: torch.Tensor, dtype: torch.dtype,
-            need_index: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _gather(
+    kv: PagedKVCache, layer: int, block_ids: torch.Tensor, dtype: torch.dtype, need_index: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Latents ``[..., nb * bs, R]`` and (when ``need_index``) indexer rows of ``block_ids``."""
     if kv.plain:
         c = gather_blocks(kv.k[layer], block_ids, dtype)
@@ -84,8 +84,9 @@ def _gather(kv: PagedKVCache, layer: int, block_ids: torch.Tensor, dtype: torch.
     return c.squeeze(-2), None if v is None else v.squeeze(-2)
 
 
-def select_tokens(dims: GlmDims, w: IndexerWeights, q_resid: torch.Tensor, x: torch.Tensor,
-                  index_cache: torch.Tensor, ctx: int) -> torch.Tensor | None:
+def select_tokens(
+    dims: GlmDims, w: IndexerWeights, q_resid: torch.Tensor, x: torch.Tensor, index_cache: torch.Tensor, ctx: int
+) -> torch.Tensor | None:
     """Bool ``[n, ctx]`` tokens the ``n`` rows (the last ``n`` positions) may attend to, or None
     when every causal token is selectable (no more complete pools than the budget)."""
     kpool = dims.index_kpool
@@ -100,8 +101,8 @@ def select_tokens(dims: GlmDims, w: IndexerWeights, q_resid: torch.Tensor, x: to
     probs = torch.softmax(gates.float() + w.ape.float(), dim=1).to(keys.dtype)
     pool_keys = (probs * keys).sum(dim=1)  # [P, d]
     q = F.linear(q_resid, w.wq_b).view(n, heads, d)
-    scores = F.relu(torch.einsum("nhd,pd->nhp", q.float(), pool_keys.float()) * d ** -0.5)
-    head_w = F.linear(x, w.weights_proj).float() * heads ** -0.5
+    scores = F.relu(torch.einsum("nhd,pd->nhp", q.float(), pool_keys.float()) * d**-0.5)
+    head_w = F.linear(x, w.weights_proj).float() * heads**-0.5
     index_scores = torch.einsum("nh,nhp->np", head_w, scores)
     pool_end = torch.arange(1, pools + 1, device=device) * kpool - 1
     visible = pool_end[None, :] <= positions[:, None]  # [n, P]
@@ -120,8 +121,15 @@ def select_tokens(dims: GlmDims, w: IndexerWeights, q_resid: torch.Tensor, x: to
     return allowed
 
 
-def select_decode(dims: GlmDims, w: IndexerWeights, q_resid: torch.Tensor, x: torch.Tensor,
-                  index_cache: torch.Tensor, ctx: torch.Tensor, ctx_host: list[int]) -> torch.Tensor:
+def select_decode(
+    dims: GlmDims,
+    w: IndexerWeights,
+    q_resid: torch.Tensor,
+    x: torch.Tensor,
+    index_cache: torch.Tensor,
+    ctx: torch.Tensor,
+    ctx_host: list[int],
+) -> torch.Tensor:
     """:func:`select_tokens` for ``B`` decode rows at once (row ``b`` at position ``ctx[b] - 1``):
     bool ``[B, L]`` over the gathered ``index_cache`` ``[B, L, 2d]`` (``L >= max(ctx)``)."""
     kpool, budget = dims.index_kpool, dims.index_topk // dims.index_kpool
@@ -137,8 +145,8 @@ def select_decode(dims: GlmDims, w: IndexerWeights, q_resid: torch.Tensor, x: to
     probs = torch.softmax(gates.float() + w.ape.float(), dim=2).to(keys.dtype)
     pool_keys = (probs * keys).sum(dim=2)  # [B, P, d]
     q = F.linear(q_resid, w.wq_b).view(rows, heads, d)
-    scores = F.relu(torch.einsum("bhd,bpd->bhp", q.float(), pool_keys.float()) * d ** -0.5)
-    head_w = F.linear(x, w.weights_proj).float() * heads ** -0.5
+    scores = F.relu(torch.einsum("bhd,bpd->bhp", q.float(), pool_keys.float()) * d**-0.5)
+    head_w = F.linear(x, w.weights_proj).float() * heads**-0.5
     index_scores = torch.einsum("bh,bhp->bp", head_w, scores)
     pools = ctx // kpool
     visible = torch.arange(most, device=device)[None, :] < pools[:, None]  # pool end <= position
@@ -155,9 +163,19 @@ def select_decode(dims: GlmDims, w: IndexerWeights, q_resid: torch.Tensor, x: to
     return allowed
 
 
-def _decode_attention(dims: GlmDims, w: MlaWeights, kv: PagedKVCache, layer: int, q_lat: torch.Tensor,
-                      q_resid: torch.Tensor, x: torch.Tensor, block_tables: torch.Tensor,
-                      dec: list[SeqRows], selection: dict, out_lat: torch.Tensor) -> None:
+def _decode_attention(
+    dims: GlmDims,
+    w: MlaWeights,
+    kv: PagedKVCache,
+    layer: int,
+    q_lat: torch.Tensor,
+    q_resid: torch.Tensor,
+    x: torch.Tensor,
+    block_tables: torch.Tensor,
+    dec: list[SeqRows],
+    selection: dict,
+    out_lat: torch.Tensor,
+) -> None:
     """Batched attention of the single-row sequences ``dec`` into ``out_lat``."""
     device = x.device
     ctx_host = [s.ctx for s in dec]
@@ -170,6 +188,7 @@ def _decode_attention(dims: GlmDims, w: MlaWeights, kv: PagedKVCache, layer: int
     c, icache = _gather(kv, layer, block_tables[index, :blocks], q_lat.dtype, ix is not None)
     c = c[:, :longest]
     if ix is not None:
+        assert icache is not None  # gathered whenever the layer has an indexer
         selection[DECODE] = select_decode(dims, ix, q_resid[rows], x[rows], icache[:, :longest], ctx, ctx_host)
     allowed = selection[DECODE]
     scores = torch.einsum("bhr,blr->bhl", q_lat[rows], c)
@@ -177,9 +196,17 @@ def _decode_attention(dims: GlmDims, w: MlaWeights, kv: PagedKVCache, layer: int
     out_lat[rows] = torch.einsum("bhl,blr->bhr", probs.to(c.dtype), c)
 
 
-def mla_attention(dims: GlmDims, w: MlaWeights, x: torch.Tensor, kv: PagedKVCache, layer: int,
-                  slot_mapping: torch.Tensor, block_tables: torch.Tensor, seqs: list[SeqRows],
-                  selection: dict) -> torch.Tensor:
+def mla_attention(
+    dims: GlmDims,
+    w: MlaWeights,
+    x: torch.Tensor,
+    kv: PagedKVCache,
+    layer: int,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    seqs: list[SeqRows],
+    selection: dict,
+) -> torch.Tensor:
     """One DSA layer (KV layer ``layer``) over the flat rows ``x`` ``[T, D]``; returns ``[T, D]``.
 
     ``selection`` maps sequence index (or :data:`DECODE` for the batched decode rows) -> token
@@ -188,10 +215,10 @@ def mla_attention(dims: GlmDims, w: MlaWeights, x: torch.Tensor, kv: PagedKVCach
     rows = x.shape[0]
     heads, nope = dims.num_heads, dims.qk_nope_head_dim
     eps = dims.rms_norm_eps
-    q_resid = rms_norm(F.linear(x, w.q_a), w.q_a_norm, eps)
-    q = F.linear(q_resid, w.q_b).view(rows, heads, nope)
-    q_lat = torch.einsum("thn,hnr->thr", q, w.w_uk) * nope ** -0.5  # [T, H, R]
-    latent = rms_norm(F.linear(x, w.kv_a), w.kv_a_norm, eps)
+    q_resid = rms_norm(w.q_a(x), w.q_a_norm, eps)
+    q = w.q_b(q_resid).view(rows, heads, nope)
+    q_lat = torch.einsum("thn,hnr->thr", q, w.w_uk) * nope**-0.5  # [T, H, R]
+    latent = rms_norm(w.kv_a(x), w.kv_a_norm, eps)
     ix = w.indexer
     if ix is not None:
         ik = F.layer_norm(F.linear(x, ix.wk), (dims.index_head_dim,), ix.k_norm_weight, ix.k_norm_bias, 1e-6)
@@ -209,16 +236,18 @@ def mla_attention(dims: GlmDims, w: MlaWeights, x: torch.Tensor, kv: PagedKVCach
             continue
         blocks = -(-seq.ctx // kv.block_size)
         c, icache = _gather(kv, layer, block_tables[seq.index, :blocks], q_lat.dtype, ix is not None)
-        c = c[:seq.ctx]  # [ctx, R]
+        c = c[: seq.ctx]  # [ctx, R]
         if ix is not None:
-            selection[seq.index] = select_tokens(dims, ix, q_resid[seq.lo:seq.hi], x[seq.lo:seq.hi],
-                                                 icache[:seq.ctx], seq.ctx)
+            assert icache is not None  # gathered whenever the layer has an indexer
+            selection[seq.index] = select_tokens(
+                dims, ix, q_resid[seq.lo : seq.hi], x[seq.lo : seq.hi], icache[: seq.ctx], seq.ctx
+            )
         allowed = selection[seq.index]
         if allowed is None:
             positions = torch.arange(seq.ctx - n, seq.ctx, device=x.device)
             allowed = torch.arange(seq.ctx, device=x.device)[None, :] <= positions[:, None]
-        scores = torch.einsum("nhr,cr->nhc", q_lat[seq.lo:seq.hi], c)
+        scores = torch.einsum("nhr,cr->nhc", q_lat[seq.lo : seq.hi], c)
         probs = torch.softmax(scores.float().masked_fill(~allowed[:, None, :], float("-inf")), dim=-1)
-        out_lat[seq.lo:seq.hi] = torch.einsum("nhc,cr->nhr", probs.to(c.dtype), c)
+        out_lat[seq.lo : seq.hi] = torch.einsum("nhc,cr->nhr", probs.to(c.dtype), c)
     o = torch.einsum("thr,hvr->thv", out_lat, w.w_uv).reshape(rows, -1)
-    return F.linear(o, w.o_proj)
+    return w.o_proj(o)

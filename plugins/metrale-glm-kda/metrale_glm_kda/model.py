@@ -25,15 +25,14 @@ import torch
 import torch.nn.functional as F
 
 from metrale_core.api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache, RecurrentLayout, rms_norm
-
 from metrale_glm_kda import kda
-from metrale_glm_kda.verify import consume_verify_chunk, rollback
 from metrale_glm_kda.config import GlmDims
 from metrale_glm_kda.hc import hc_collapse, hc_expand
 from metrale_glm_kda.mla import MlaWeights, SeqRows, mla_attention
 from metrale_glm_kda.moe import MlpWeights, mlp_forward, moe_forward
 from metrale_glm_kda.ops import GlmOps
 from metrale_glm_kda.state import KdaStatePool, state_bytes_per_sequence
+from metrale_glm_kda.verify import consume_verify_chunk, rollback
 from metrale_glm_kda.weights import GlmWeights, KdaWeights
 
 __all__ = ["CHUNK_MIN_ROWS", "GlmKdaLM"]
@@ -45,32 +44,60 @@ CHUNK_MIN_ROWS = 16
 class GlmKdaLM:
     """A loaded GLM-5.3 text decoder; see the module docstring."""
 
-    def __init__(self, dims: GlmDims, weights: GlmWeights, *, architecture: str = "glm5_next",
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        dims: GlmDims,
+        weights: GlmWeights,
+        *,
+        architecture: str = "glm5_next",
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.dims = dims
         self.weights = weights
         self.dtype = dtype
         self.device = torch.device(device)
         mla = dims.mla_layers
         self.info = ModelInfo(
-            architecture=architecture, vocab_size=dims.vocab_size, max_position=dims.max_position,
-            kv=KVLayout(num_layers=len(mla), num_kv_heads=1, head_dim=dims.kv_lora_rank, dtype=dtype,
-                        v_head_dim=dims.indexer_cache_dim) if mla else None,
-            recurrent=RecurrentLayout(num_layers=len(dims.kda_layers),
-                                      bytes_per_sequence=state_bytes_per_sequence(dims, dtype)),
-            eos_token_ids=dims.eos_token_ids, dtype=dtype)
+            architecture=architecture,
+            vocab_size=dims.vocab_size,
+            max_position=dims.max_position,
+            kv=KVLayout(
+                num_layers=len(mla),
+                num_kv_heads=1,
+                head_dim=dims.kv_lora_rank,
+                dtype=dtype,
+                v_head_dim=dims.indexer_cache_dim,
+            )
+            if mla
+            else None,
+            recurrent=RecurrentLayout(
+                num_layers=len(dims.kda_layers), bytes_per_sequence=state_bytes_per_sequence(dims, dtype)
+            ),
+            eos_token_ids=dims.eos_token_ids,
+            dtype=dtype,
+        )
         #: Checkpoint layer of each KV-cache layer (KV-dtype plugins look up per-layer scales by it).
         self.kv_layer_ids = tuple(mla)
         #: layer index -> index into the KV cache (MLA) or the state pool (KDA)
-        self._slot_of = {i: mla.index(i) if t == "mla" else dims.kda_layers.index(i)
-                         for i, t in enumerate(dims.layer_types)}
-        self.ops = GlmOps(self.device, top_k=dims.top_k, n_group=dims.n_group, topk_group=dims.topk_group,
-                          norm_topk_prob=dims.norm_topk_prob, scaling=dims.routed_scaling_factor)
+        self._slot_of = {
+            i: mla.index(i) if t == "mla" else dims.kda_layers.index(i) for i, t in enumerate(dims.layer_types)
+        }
+        self.ops = GlmOps(
+            self.device,
+            top_k=dims.top_k,
+            n_group=dims.n_group,
+            topk_group=dims.topk_group,
+            norm_topk_prob=dims.norm_topk_prob,
+            scaling=dims.routed_scaling_factor,
+        )
 
     def __repr__(self) -> str:
         d = self.dims
-        return (f"GlmKdaLM({len(d.kda_layers)} KDA + {len(d.mla_layers)} MLA layers, hidden={d.hidden_size}, "
-                f"hc={d.hc_mult}, experts={d.n_routed_experts}/top{d.top_k}, dtype={self.dtype}, {self.ops})")
+        return (
+            f"GlmKdaLM({len(d.kda_layers)} KDA + {len(d.mla_layers)} MLA layers, hidden={d.hidden_size}, "
+            f"hc={d.hc_mult}, experts={d.n_routed_experts}/top{d.top_k}, dtype={self.dtype}, {self.ops})"
+        )
 
     def make_state_pool(self, num_slots: int) -> KdaStatePool:
         return KdaStatePool.allocate(self.dims, num_slots, self.dtype, self.device)
@@ -98,18 +125,20 @@ class GlmKdaLM:
         streams = x.unsqueeze(1).expand(-1, d.hc_mult, -1).contiguous()
         selection: dict = {}
         for i, layer in enumerate(self.weights.layers):
-            post, comb, h = hc_collapse(streams, layer.attn_hc, d.rms_norm_eps, d.hc_eps, d.hc_sinkhorn_iters,
-                                        self.ops.sinkhorn)
+            post, comb, h = hc_collapse(
+                streams, layer.attn_hc, d.rms_norm_eps, d.hc_eps, d.hc_sinkhorn_iters, self.ops.sinkhorn
+            )
             h = rms_norm(h, layer.input_norm, d.rms_norm_eps)
             slot = self._slot_of[i]
             if isinstance(layer.attn, MlaWeights):
-                y = mla_attention(d, layer.attn, h, kv, slot, batch.slot_mapping, batch.block_tables,
-                                  seqs, selection)
+                assert kv is not None, "GLM's MLA layers read and write the paged cache"
+                y = mla_attention(d, layer.attn, h, kv, slot, batch.slot_mapping, batch.block_tables, seqs, selection)
             else:
                 y = self._kda(h, layer.attn, state, slot, batch, seqs)
             streams = hc_expand(y, post, comb, streams)
-            post, comb, h = hc_collapse(streams, layer.ffn_hc, d.rms_norm_eps, d.hc_eps, d.hc_sinkhorn_iters,
-                                        self.ops.sinkhorn)
+            post, comb, h = hc_collapse(
+                streams, layer.ffn_hc, d.rms_norm_eps, d.hc_eps, d.hc_sinkhorn_iters, self.ops.sinkhorn
+            )
             h = rms_norm(h, layer.post_norm, d.rms_norm_eps)
             if isinstance(layer.mlp, MlpWeights):
                 y = mlp_forward(h, layer.mlp, d.swiglu_limit)
@@ -117,15 +146,16 @@ class GlmKdaLM:
                 y = moe_forward(h, layer.mlp, d.swiglu_limit, self.ops.route)
             streams = hc_expand(y, post, comb, streams)
         x = rms_norm(streams[batch.logits_rows].mean(dim=1), self.weights.norm, d.rms_norm_eps)
-        return F.linear(x, self.weights.lm_head).float()
+        return self.weights.lm_head(x).float()
 
-    def _kda(self, x: torch.Tensor, w: KdaWeights, pool: KdaStatePool, j: int, batch: ForwardBatch,
-             seqs: list[SeqRows]) -> torch.Tensor:
+    def _kda(
+        self, x: torch.Tensor, w: KdaWeights, pool: KdaStatePool, j: int, batch: ForwardBatch, seqs: list[SeqRows]
+    ) -> torch.Tensor:
         d = self.dims
         rows, heads, hd, p = x.shape[0], d.linear_num_heads, d.linear_head_dim, d.linear_dim
-        qkv = F.linear(x, w.qkv)
-        g = kda.forget_gate(F.linear(F.linear(x, w.f_a), w.f_b), w.dt_bias, w.a_log, d.lower_bound)
-        beta = torch.sigmoid(F.linear(x, w.b_proj)).float()
+        qkv = w.qkv(x)
+        g = kda.forget_gate(w.f_b(w.f_a(x)), w.dt_bias, w.a_log, d.lower_bound)
+        beta = torch.sigmoid(w.b_proj(x)).float()
         core = torch.empty(rows, heads, hd, dtype=torch.float32, device=x.device)
         rec, conv = pool.recurrent[j], pool.conv[j]
         verify = batch.verify_host or (False,) * len(seqs)
@@ -142,19 +172,21 @@ class GlmKdaLM:
                 continue
             slot = int(batch.state_slots[s.index])
             if verify[s.index]:
-                core[s.lo:s.hi] = consume_verify_chunk(pool, j, slot, qkv[s.lo:s.hi], w.conv, g[s.lo:s.hi],
-                                                       beta[s.lo:s.hi], heads, hd)
+                core[s.lo : s.hi] = consume_verify_chunk(
+                    pool, j, slot, qkv[s.lo : s.hi], w.conv, g[s.lo : s.hi], beta[s.lo : s.hi], heads, hd
+                )
                 continue
-            mixed, conv[slot] = kda.conv_prefill(qkv[s.lo:s.hi], conv[slot], w.conv)
+            mixed, conv[slot] = kda.conv_prefill(qkv[s.lo : s.hi], conv[slot], w.conv)
             q, k, v = mixed.view(n, 3, heads, hd).unbind(1)
             q, k = kda.prepare_qk(q, k)
             if n >= CHUNK_MIN_ROWS:
-                out, rec[slot] = kda.kda_chunked(q, k, v, g[s.lo:s.hi], beta[s.lo:s.hi], rec[slot])
+                out, rec[slot] = kda.kda_chunked(q, k, v, g[s.lo : s.hi], beta[s.lo : s.hi], rec[slot])
             else:
-                out, final = kda.kda_recurrent(q[:, None], k[:, None], v[:, None], g[s.lo:s.hi, None],
-                                               beta[s.lo:s.hi, None], rec[slot][None])
+                out, final = kda.kda_recurrent(
+                    q[:, None], k[:, None], v[:, None], g[s.lo : s.hi, None], beta[s.lo : s.hi, None], rec[slot][None]
+                )
                 out, rec[slot] = out[:, 0], final[0]
-            core[s.lo:s.hi] = out
-        gate = F.linear(F.linear(x, w.g_a), w.g_b).view(rows, heads, hd)
+            core[s.lo : s.hi] = out
+        gate = w.g_b(w.g_a(x)).view(rows, heads, hd)
         o = kda.gated_rms_norm(core, gate, w.o_norm, d.rms_norm_eps, x.dtype)
-        return F.linear(o.reshape(rows, p), w.o_proj)
+        return w.o_proj(o.reshape(rows, p))

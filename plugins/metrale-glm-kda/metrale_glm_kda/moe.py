@@ -21,15 +21,18 @@ import torch
 import torch.nn.functional as F
 from attrs import frozen
 
-__all__ = ["DENSE_LIMIT", "MlpWeights", "MoeWeights", "moe_forward", "mlp_forward", "route", "swiglu_clamped"]
+from metrale_core.api import Linear
+
+__all__ = ["DENSE_LIMIT", "MlpWeights", "MoeWeights", "mlp_forward", "moe_forward", "route", "swiglu_clamped"]
 
 
 @frozen
 class MlpWeights:
-    """A SwiGLU MLP with fused ``gate_up`` ``[2I, D]`` and ``down`` ``[D, I]``."""
+    """A SwiGLU MLP with fused ``gate_up`` ``[2I, D]`` and ``down`` ``[D, I]`` (shared linear layers,
+    so in the loader's weight format)."""
 
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: Linear
+    down: Linear
 
 
 @frozen
@@ -54,11 +57,18 @@ def swiglu_clamped(gate_up: torch.Tensor, limit: float | None) -> torch.Tensor:
 
 
 def mlp_forward(x: torch.Tensor, w: MlpWeights, limit: float | None) -> torch.Tensor:
-    return F.linear(swiglu_clamped(F.linear(x, w.gate_up), limit), w.down)
+    return w.down(swiglu_clamped(w.gate_up(x), limit))
 
 
-def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, topk_group: int,
-          norm_topk_prob: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    norm_topk_prob: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weights [T, k] float32, experts [T, k] int64)`` from router logits ``[T, E]`` (float32)."""
     scores = logits.float().sigmoid()
     choice = scores + bias.float()
@@ -82,8 +92,9 @@ def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, to
 DENSE_LIMIT = 1 << 20
 
 
-def _dense_experts(x: torch.Tensor, w: MoeWeights, limit: float | None, weights: torch.Tensor,
-                   experts: torch.Tensor) -> torch.Tensor:
+def _dense_experts(
+    x: torch.Tensor, w: MoeWeights, limit: float | None, weights: torch.Tensor, experts: torch.Tensor
+) -> torch.Tensor:
     rows = x.shape[0]
     num, two_i, dim = w.gate_up.shape
     act = swiglu_clamped(F.linear(x, w.gate_up.reshape(num * two_i, dim)).view(rows, num, two_i), limit)
@@ -110,7 +121,7 @@ def moe_forward(x: torch.Tensor, w: MoeWeights, limit: float | None, router_op) 
     for expert, count in enumerate(counts):
         if not count:
             continue
-        act = swiglu_clamped(F.linear(xs[start:start + count], w.gate_up[expert]), limit)
+        act = swiglu_clamped(F.linear(xs[start : start + count], w.gate_up[expert]), limit)
         ys.append(F.linear(act, w.down[expert]))
         start += count
     pairs = torch.empty(rows * top_k, x.shape[-1], dtype=x.dtype, device=x.device)

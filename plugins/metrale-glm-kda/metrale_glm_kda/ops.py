@@ -26,7 +26,6 @@ from __future__ import annotations
 import torch
 
 from metrale_core.api import CustomOp, check_tensor, f32, i32, ptr, torch_stream
-
 from metrale_glm_kda import hc, kda, moe
 
 __all__ = ["GlmOps", "HcSinkhorn", "KdaDecodeStep", "MoeRouting", "ShortConvUpdate"]

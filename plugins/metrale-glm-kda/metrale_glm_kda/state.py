@@ -73,7 +73,7 @@ class KdaStatePool:
 
     @classmethod
     def allocate(cls, dims: GlmDims, num_slots: int, dtype: torch.dtype,
-                 device: torch.device | str) -> "KdaStatePool":
+                 device: torch.device | str) -> KdaStatePool:
         n = len(dims.kda_layers)
         h, d = dims.linear_num_heads, dims.linear_head_dim
         rec = (num_slots, h, d, d)

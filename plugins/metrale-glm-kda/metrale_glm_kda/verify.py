@@ -18,7 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Sequence as Seq
+from collections.abc import Sequence as Seq
 
 import torch
 

@@ -23,7 +23,7 @@ from metrale_core.weights import open_weights
 
 pytest.importorskip("metrale_fp8")
 
-import glm_harness as H  # noqa: E402
+import glm_harness as H
 
 
 @pytest.fixture(scope="module", params=[(c, v) for c in sorted(H.CONFIGS) for v in ("sparse", "dense")],
@@ -57,7 +57,7 @@ def test_fp8_kv_logits_close_to_fp32(checkpoint, options):
     _, ref = _run(path, None)
     engine, fp8 = _run(path, "fp8", **options)
     assert engine.runner.kv.k[0].dtype == torch.float8_e4m3fn and not engine.runner.kv.plain
-    reference = {history: row for history, row in ref.rows}
+    reference = dict(ref.rows)
     errors, spread = [], 0.0
     for history, row in fp8.rows:
         want = reference.get(history)

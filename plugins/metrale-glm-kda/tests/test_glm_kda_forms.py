@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from metrale_core.layers import DenseLinear
 from metrale_glm_kda import kda
 from metrale_glm_kda import moe as moe_module
 from metrale_glm_kda.moe import MlpWeights, MoeWeights, moe_forward, route
@@ -16,8 +17,9 @@ def _inputs(T, H=3, K=16, V=8, seed=0):
     g = torch.Generator().manual_seed(seed)
     q, k = kda.prepare_qk(torch.randn(T, H, K, generator=g), torch.randn(T, H, K, generator=g))
     v = torch.randn(T, H, V, generator=g)
-    gate = kda.forget_gate(torch.randn(T, H * K, generator=g), torch.randn(H * K, generator=g),
-                           torch.randn(H, generator=g) * 0.5, -5.0)
+    gate = kda.forget_gate(
+        torch.randn(T, H * K, generator=g), torch.randn(H * K, generator=g), torch.randn(H, generator=g) * 0.5, -5.0
+    )
     beta = torch.sigmoid(torch.randn(T, H, generator=g))
     state = torch.randn(H, K, V, generator=g)
     return q, k, v, gate, beta, state
@@ -65,7 +67,7 @@ def test_conv_prefill_then_decode_equals_one_prefill():
 
 
 def test_decode_step_op_updates_only_its_slots():
-    q, k, v, g, beta, _ = _inputs(2, seed=9)
+    _q, _k, v, g, beta, _ = _inputs(2, seed=9)
     raw_q, raw_k = torch.randn(2, 3, 16), torch.randn(2, 3, 16)
     pool = torch.randn(4, 3, 16, 8)
     before = pool.clone()
@@ -86,20 +88,35 @@ def test_moe_block_matches_transformers(n_group, topk_group, experts_path, monke
     import transformers
     from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextMoE
 
-    cfg = transformers.Glm5NextTextConfig(hidden_size=16, moe_intermediate_size=8, n_routed_experts=8,
-                                          num_experts_per_tok=3, n_group=n_group, topk_group=topk_group,
-                                          n_shared_experts=1, q_lora_rank=8, swiglu_limit=0.5)
+    cfg = transformers.Glm5NextTextConfig(
+        hidden_size=16,
+        moe_intermediate_size=8,
+        n_routed_experts=8,
+        num_experts_per_tok=3,
+        n_group=n_group,
+        topk_group=topk_group,
+        n_shared_experts=1,
+        q_lora_rank=8,
+        swiglu_limit=0.5,
+    )
     torch.manual_seed(0)
     hf = Glm5NextTextMoE(cfg).eval()
     with torch.no_grad():
         for p in hf.parameters():
             p.normal_(0, 0.5)
         hf.gate.e_score_correction_bias.normal_(0, 0.1)
-    w = MoeWeights(router=hf.gate.weight.detach(), bias=hf.gate.e_score_correction_bias,
-                   gate_up=hf.experts.gate_up_proj.detach(), down=hf.experts.down_proj.detach(),
-                   shared=MlpWeights(gate_up=torch.cat([hf.shared_experts.gate_proj.weight,
-                                                        hf.shared_experts.up_proj.weight]).detach(),
-                                     down=hf.shared_experts.down_proj.weight.detach()))
+    w = MoeWeights(
+        router=hf.gate.weight.detach(),
+        bias=hf.gate.e_score_correction_bias,
+        gate_up=hf.experts.gate_up_proj.detach(),
+        down=hf.experts.down_proj.detach(),
+        shared=MlpWeights(
+            gate_up=DenseLinear(
+                torch.cat([hf.shared_experts.gate_proj.weight, hf.shared_experts.up_proj.weight]).detach()
+            ),
+            down=DenseLinear(hf.shared_experts.down_proj.weight.detach()),
+        ),
+    )
     router = MoeRouting("cpu", top_k=3, n_group=n_group, topk_group=topk_group, norm_topk_prob=True, scaling=2.5)
     x = torch.randn(40, 16)
     with torch.no_grad():

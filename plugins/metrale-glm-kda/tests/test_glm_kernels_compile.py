@@ -3,7 +3,6 @@ their f32 / bf16 entry points."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from metrale_core.kernels import compile_runtime_source, find_cu_files, nvcc_path

@@ -12,6 +12,7 @@ match exactly.
 
 from __future__ import annotations
 
+import glm_harness as H
 import pytest
 import torch
 
@@ -23,8 +24,6 @@ from metrale_core.testing.forward_spy import ForwardSpy
 from metrale_core.testing.staggered import run_joining_mid_prefill
 from metrale_core.weights import open_weights
 from metrale_glm_kda.model import CHUNK_MIN_ROWS
-
-import glm_harness as H  # noqa: E402
 
 NEW_TOKENS = 32
 

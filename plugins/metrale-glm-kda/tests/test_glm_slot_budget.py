@@ -5,6 +5,7 @@ engine with a slot per request; a budget below one sequence is a ``ConfigError``
 
 from __future__ import annotations
 
+import glm_harness as H
 import pytest
 import torch
 
@@ -14,8 +15,6 @@ from metrale_core.errors import ConfigError
 from metrale_core.plugins import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.weights import open_weights
-
-import glm_harness as H  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import glm_harness as H
 import pytest
 import torch
 
@@ -26,14 +27,11 @@ from metrale_core.plugins import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.weights import open_weights
 from metrale_glm_kda import kda
-
-from metrale_speculative.draft_model import DraftModelProposer  # noqa: E402
-from metrale_speculative.factories import load_checkpoint_model  # noqa: E402
-from metrale_speculative.gate import SpecGate  # noqa: E402
-from metrale_speculative.ngram import NgramProposer  # noqa: E402
-from metrale_speculative.speculator import GatedSpeculator  # noqa: E402
-
-import glm_harness as H  # noqa: E402
+from metrale_speculative.draft_model import DraftModelProposer
+from metrale_speculative.factories import load_checkpoint_model
+from metrale_speculative.gate import SpecGate
+from metrale_speculative.ngram import NgramProposer
+from metrale_speculative.speculator import GatedSpeculator
 
 BS = 4
 
@@ -204,7 +202,7 @@ def _run(model, requests, *, speculator=None, plain_ids=(), **config):
 
 @pytest.fixture(scope="module")
 def baseline(glm):
-    name, model = glm
+    _name, model = glm
     base, _ = _run(model, _requests())
     stop = base["stoptok"][0][6]  # a token it really emits: it stops early (mid-draft)
     requests = [(rid, p, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=(stop,))

@@ -66,7 +66,10 @@ def load_gguf_lora(path: str | Path, head_dim: int | None) -> AdapterWeights:
                 "(embedding, norm and output-head tensors are not supported)",
             )
         pairs.setdefault(weight, {})[half] = values
-    alpha = float(gguf.metadata.get("adapter.lora.alpha") or 0.0)
+    raw_alpha = gguf.metadata.get("adapter.lora.alpha") or 0.0
+    if not isinstance(raw_alpha, (int, float, str)):
+        raise _refuse(path, f"adapter.lora.alpha is {raw_alpha!r}, not a number")
+    alpha = float(raw_alpha)
     modules = {}
     for weight, halves in pairs.items():
         if set(halves) != {"lora_a", "lora_b"}:

@@ -37,7 +37,7 @@ def module_of(key: str) -> tuple[str, str] | None:
     return None if m is None else (m.group("module"), m.group("which"))
 
 
-def _pattern_value(patterns: dict, module: str, default: Any) -> Any:
+def _pattern_value(patterns: dict | None, module: str, default: Any) -> Any:
     """PEFT's ``rank_pattern`` / ``alpha_pattern`` lookup: a key matching the module's name or tail."""
     for pattern, value in (patterns or {}).items():
         if re.fullmatch(rf"(.*\.)?{pattern}", module):

@@ -11,7 +11,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from attrs import frozen
 
@@ -79,7 +80,7 @@ class ModelDims:
     eos_token_ids: tuple[int, ...]
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], variant: ArchVariant) -> "ModelDims":
+    def from_config(cls, config: Mapping[str, Any], variant: ArchVariant) -> ModelDims:
         act = config.get("hidden_act", "silu")
         if act != "silu":
             raise ConfigError(f"hidden_act {act!r} is not supported by the {variant.name} loader (only silu)")

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from metrale_core.api import LoadOptions, resolve_weight_format, torch_dtype
-
 from metrale_qwen3.dims import VARIANTS, ArchVariant, ModelDims
 from metrale_qwen3.model import DecoderLM
 from metrale_qwen3.weights import load_weights

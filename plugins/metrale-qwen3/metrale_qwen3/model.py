@@ -31,7 +31,6 @@ from metrale_core.api import (
     rope_cos_sin,
     rope_inv_freq,
 )
-
 from metrale_qwen3.dims import ModelDims
 from metrale_qwen3.weights import DecoderWeights, LayerWeights
 
@@ -79,7 +78,9 @@ class DecoderLM:
         """``forward`` plus the final-normed hidden states ``[T, D]`` of every row (the model
         contract's optional extension, read by MTP heads); ``inputs_embeds`` ``[T, D]`` replaces
         the token embeddings (an MTP block feeds its projected inputs this way)."""
-        return self._run(batch, kv, inputs_embeds, all_hidden=True)
+        logits, hidden = self._run(batch, kv, inputs_embeds, all_hidden=True)
+        assert hidden is not None  # all_hidden=True keeps them
+        return logits, hidden
 
     def _run(self, batch: ForwardBatch, kv: PagedKVCache | None, inputs_embeds: torch.Tensor | None,
              all_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -132,7 +132,7 @@ def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
         return get(name, shape) if present else None
 
     D, d = dims.hidden_size, dims.head_dim
-    I = plan["model.layers.0.mlp.down_proj.weight"].size if dims.num_layers and tp.enabled \
+    inter = plan["model.layers.0.mlp.down_proj.weight"].size if dims.num_layers and tp.enabled \
         else dims.intermediate_size
     q_out, kv_out = heads.num_heads * d, heads.num_kv_heads * d
     V = vocab_sizes[tp.rank]
@@ -148,15 +148,16 @@ def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
                      [(q_out, D), (kv_out, D), (kv_out, D)], qkv_bias)
         gate_up_bias = None
         if dims.mlp_bias:
-            gate_up_bias = torch.cat([get(m + "gate_proj.bias", (I,)), get(m + "up_proj.bias", (I,))])
-        gate_up = linear([m + "gate_proj.weight", m + "up_proj.weight"], [(I, D), (I, D)], gate_up_bias)
+            gate_up_bias = torch.cat([get(m + "gate_proj.bias", (inter,)), get(m + "up_proj.bias", (inter,))])
+        gate_up = linear([m + "gate_proj.weight", m + "up_proj.weight"], [(inter, D), (inter, D)], gate_up_bias)
         layers.append(LayerWeights(
             input_norm=get(p + "input_layernorm.weight", (D,)), qkv=qkv,
             o_proj=row_parallel([a + "o_proj.weight"], [(D, q_out)], maybe(a + "o_proj.bias", (D,), dims.o_bias)),
             q_norm=maybe(a + "q_norm.weight", (d,), dims.qk_norm),
             k_norm=maybe(a + "k_norm.weight", (d,), dims.qk_norm),
             post_norm=get(p + "post_attention_layernorm.weight", (D,)), gate_up=gate_up,
-            down=row_parallel([m + "down_proj.weight"], [(D, I)], maybe(m + "down_proj.bias", (D,), dims.mlp_bias))))
+            down=row_parallel([m + "down_proj.weight"], [(D, inter)],
+                              maybe(m + "down_proj.bias", (D,), dims.mlp_bias))))
     embed = build_embedding(store, "model.embed_tokens.weight", (V, D), weight_format, dtype, device)
     tied = dims.tie_word_embeddings or "lm_head.weight" not in store
     head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"

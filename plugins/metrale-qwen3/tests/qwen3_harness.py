@@ -14,12 +14,11 @@ from typing import Any
 
 import torch
 
-from metrale_core.testing.requires import needs_file
-from metrale_core.weights import open_weights
-
 from metrale_core.components import LoadOptions
 from metrale_core.errors import ShapeMismatch, WeightsError
 from metrale_core.model_api import ForwardBatch, PagedKVCache
+from metrale_core.testing.requires import needs_file
+from metrale_core.weights import open_weights
 
 
 class FakeStore:
@@ -134,7 +133,7 @@ class PagedRunner:
             fresh.append(start == 0)
         width = max(len(self.tables[seq]) for seq, _ in work)
         tables = [self.tables[seq] + [0] * (width - len(self.tables[seq])) for seq, _ in work]
-        t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
+        t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)
         batch = ForwardBatch(
             input_ids=t(ids), positions=t(positions),
             query_start=t([0] + torch.tensor(qlens).cumsum(0).tolist()), context_lens=t(clens),

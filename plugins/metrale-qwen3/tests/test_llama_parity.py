@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
 from qwen3_harness import build_hf, load, max_logit_diff, open_store, run_mixed_schedule, save_checkpoint
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 PROMPTS = [[3, 9, 27, 81, 50, 6, 18], [70, 2, 2, 45, 13, 99, 31, 8, 77, 5, 40], [61, 22],
            [14, 28, 56, 19, 38, 76, 59, 24, 48]]

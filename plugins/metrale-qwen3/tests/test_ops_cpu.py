@@ -11,10 +11,10 @@ import torch
 
 from metrale_core.kernels import KERNELS_ENV, cpu_unavailable_reason
 from metrale_core.kernels.cpu import cpu_capable
-from metrale_core.testing.requires import cpu_isa_params, missing, use_cpu_isa
 from metrale_core.layers.attention import DecodeGather, attend_decode_gathered, prefill_attention
 from metrale_core.layers.functional import apply_rope, rope_cos_sin, rope_inv_freq
 from metrale_core.layers.ops import KERNEL_PACKAGE, DecoderOps
+from metrale_core.testing.requires import cpu_isa_params, missing, use_cpu_isa
 
 GEN = torch.Generator().manual_seed(1234)
 CPU_SKIP = cpu_unavailable_reason(KERNEL_PACKAGE)

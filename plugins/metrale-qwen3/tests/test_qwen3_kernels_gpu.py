@@ -88,9 +88,8 @@ def test_paged_attention_decode_kernel(ops, dtype, hq, hk, d):
 
 
 def test_model_on_gpu_matches_hf(tmp_path):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from qwen3_harness import build_hf, load, max_logit_diff, open_store, run_mixed_schedule, save_checkpoint
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     hf = build_hf(Qwen3Config, Qwen3ForCausalLM, seed=7, vocab_size=96, hidden_size=64,
                   intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,

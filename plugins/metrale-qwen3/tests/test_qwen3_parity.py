@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
-
 from qwen3_harness import build_hf, load, max_logit_diff, open_store, run_mixed_schedule, save_checkpoint
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
 CONFIGS = {
     # GQA ratio 1, tied head, head_dim 16 != 48 / 4.

@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib.metadata
 
 import pytest
+from qwen3_harness import build_hf, open_store, save_checkpoint
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from metrale_core.errors import ShapeMismatch
 from metrale_core.model_api import CausalLM
-from qwen3_harness import build_hf, open_store, save_checkpoint
 
 
 def test_plugin_is_installed_and_registered():
@@ -61,14 +61,14 @@ def test_wrong_shape_names_the_tensor(tmp_path, store_kind):
     config = json.loads((ckpt / "config.json").read_text())
     config["intermediate_size"] = 40  # the checkpoint's MLP is 48 wide
     (ckpt / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ShapeMismatch, match="mlp.gate_proj.weight"):
+    with pytest.raises(ShapeMismatch, match=r"mlp.gate_proj.weight"):
         load("llama", open_store(ckpt, use_real=store_kind == "real"))
 
 
 def test_loaders_declare_the_weight_formats_they_honour():
     """The registration (torch-free) declares exactly the formats ``linear`` implements."""
-    from metrale_core.plugins import load_registry
     from metrale_core.layers.linear import WEIGHT_FORMATS
+    from metrale_core.plugins import load_registry
 
     reg = load_registry()
     for name in ("qwen3", "llama", "qwen2"):

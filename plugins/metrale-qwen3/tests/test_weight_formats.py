@@ -4,31 +4,37 @@ top-1 agreement and KL against the exact model, on the exact model's greedy cont
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
+from qwen3_harness import SMOL_GGUF as GGUF
+from qwen3_harness import PagedRunner, load, needs_smol
 
+import metrale_core.layers.linear as linear_mod
 from metrale_core.components import LoadOptions
 from metrale_core.errors import ConfigError
 from metrale_core.kernels import KERNELS_ENV
 from metrale_core.kernels.cpu import cpu_flags
-from metrale_core.testing.requires import cpu_isa_params, missing, use_cpu_isa
-from metrale_core.weights.gguf_dequant import dequantize
-from metrale_core.weights import open_weights
-from metrale_core.weights.store import RawTensor
-import metrale_core.layers.linear as linear_mod
 from metrale_core.layers import cpu_qmatmul
-from metrale_core.layers.linear import (SMALL_BATCH_ROWS, WEIGHT_FORMAT_ENV, Bf16Linear, BlockQuantLinear,
-                                  DenseLinear,
-                                  Int4Linear, Int8Linear, gguf_blocks, int4_from_gguf, quantize_int8,
-                                  resolve_weight_format)
-
-from qwen3_harness import SMOL_GGUF as GGUF
-from qwen3_harness import PagedRunner, load, needs_smol
-
+from metrale_core.layers.linear import (
+    SMALL_BATCH_ROWS,
+    WEIGHT_FORMAT_ENV,
+    Bf16Linear,
+    BlockQuantLinear,
+    DenseLinear,
+    Int4Linear,
+    Int8Linear,
+    gguf_blocks,
+    int4_from_gguf,
+    quantize_int8,
+    resolve_weight_format,
+)
+from metrale_core.testing.requires import cpu_isa_params, missing, use_cpu_isa
+from metrale_core.weights import open_weights
+from metrale_core.weights.gguf_dequant import dequantize
+from metrale_core.weights.store import RawTensor
 
 
 def _raw(weight: np.ndarray, qtype: str) -> RawTensor:
@@ -68,7 +74,7 @@ def test_quantized_projections_keep_the_gguf_codes_and_scales(qtype, kernel_path
                               for c, d, m, _ in parts])
     np.testing.assert_array_equal(rebuilt, expected)
     bits = 8 if qtype == "Q8_0" else 4
-    assert all(b_ == bits and 0 <= c.min() and c.max() < 2 ** bits for c, _, _, b_ in parts)
+    assert all(b_ == bits and c.min() >= 0 and c.max() < 2 ** bits for c, _, _, b_ in parts)
     lin = int4_from_gguf(raws)
     assert isinstance(lin, kernel_path) and lin.out_features == 48
     # the kernel applied to the identity returns the stored matrix: the VNNI kernel quantizes a
@@ -144,7 +150,7 @@ def test_bf16_kernel_keeps_float32_products(rows):
 def test_pack_rejects_what_the_kernel_cannot_take():
     with pytest.raises(ValueError, match="N % 16"):
         cpu_qmatmul.pack(np.zeros((8, 32)), np.ones((8, 1)), np.zeros((8, 1)), 4)
-    with pytest.raises(ValueError, match="codes outside 0..15"):
+    with pytest.raises(ValueError, match=r"codes outside 0..15"):
         cpu_qmatmul.pack(np.full((16, 32), 16), np.ones((16, 1)), np.zeros((16, 1)), 4)
     with pytest.raises(ValueError, match="fp16"):
         cpu_qmatmul.pack(np.zeros((16, 32)), np.full((16, 1), 1e6), np.zeros((16, 1)), 8)
@@ -204,7 +210,7 @@ def test_weight_format_comes_from_options_then_environment(monkeypatch):
 
     assert resolve_weight_format(Opts()) == "bf16"
     monkeypatch.setenv(WEIGHT_FORMAT_ENV, "int3")
-    with pytest.raises(ConfigError, match="int3.*auto, exact, bf16, int8, int4"):
+    with pytest.raises(ConfigError, match=r"int3.*auto, exact, bf16, int8, int4"):
         resolve_weight_format(None)
 
 

@@ -4,8 +4,9 @@ Owner: ``metrale_speculative``.  Registers the proposers ``ngram``, ``draft`` an
 through ``metrale_speculative_proposers``, the flags ``--speculative``, ``--num-draft-tokens``,
 ``--draft-model`` and ``--spec-gate`` through ``metrale_engine_flags``, the
 ``metrale:spec_decode_*`` counters through ``metrale_metrics`` and, on every engine with a
-speculator, the dashboard's ``speculative`` extra (acceptance) through ``metrale_engine_started``.  The engine side (verify chunks,
-the acceptance rule, KV / recurrent rollback) lives in ``metrale_core.engine.speculation``.
+speculator, the dashboard's ``speculative`` extra (acceptance) through ``metrale_engine_started``.
+The engine side (verify chunks, the acceptance rule, KV / recurrent rollback) lives in
+``metrale_core.engine.speculation``.
 
 Invariants: importing this package imports neither torch nor a model (factories are lazy).
 """

@@ -16,10 +16,10 @@ sequences whose drafter KV does not fit get no draft this step (never an error).
 
 from __future__ import annotations
 
-from typing import Any, Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import Any
 
 from metrale_core.api import ConfigError, Draft, StepReport
-
 from metrale_speculative.drafting import sample_drafts
 from metrale_speculative.side_cache import SideCache
 
@@ -66,6 +66,7 @@ class DraftModelProposer:
                 else:
                     chunks.append(cache.chunk(ds, seq.num_tokens - 1 + step, (drafts[i][-1],)))
             logits = cache.runner.execute(cache.plan(chunks))
+            assert logits is not None  # the plan has a chunk per live sequence
             tokens, qs = sample_drafts(self.pipeline, logits, [seq for _, seq, _, _ in live],
                                        [drafts[i] for i, _, _, _ in live])
             for (i, seq, ds, _), token, q in zip(live, tokens, qs):

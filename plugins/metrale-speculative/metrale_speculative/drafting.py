@@ -12,7 +12,8 @@ rows draw one uniform from the request's own generator per draft.
 
 from __future__ import annotations
 
-from typing import Any, Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import Any
 
 import torch
 

@@ -15,10 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from metrale_core.api import ConfigError
-
 from metrale_speculative.gate import SpecGate
 from metrale_speculative.ngram import NgramProposer
-from metrale_speculative.spec_stats import shared_stats
 from metrale_speculative.speculator import GatedSpeculator
 
 __all__ = ["DEFAULT_NUM_DRAFT_TOKENS", "make_draft", "make_mtp", "make_ngram"]
@@ -38,14 +36,19 @@ def _wrap(ctx: Any, proposer: Any) -> GatedSpeculator:
     gate = str(_option(ctx, "spec_gate", "auto"))
     if gate not in ("auto", "force"):
         raise ConfigError(f"--spec-gate must be 'auto' or 'force', got {gate!r}")
-    return GatedSpeculator(proposer, k, gate=SpecGate(force=gate == "force"), stats=shared_stats())
+    # a fresh SpecStats (the speculator's default): the factory runs once per engine, so the
+    # counters are that engine's own
+    return GatedSpeculator(proposer, k, gate=SpecGate(force=gate == "force"))
 
 
 def _checkpoint(ctx: Any, what: str) -> str:
     path = ctx.config.plugin_options.get("draft_model")
     if not path:
-        hint = ("the checkpoint that holds the MTP layer, usually the same as --model"
-                if what == "mtp" else "a smaller checkpoint with the same tokenizer")
+        hint = (
+            "the checkpoint that holds the MTP layer, usually the same as --model"
+            if what == "mtp"
+            else "a smaller checkpoint with the same tokenizer"
+        )
         raise ConfigError(f"--speculative {what} needs --draft-model PATH ({hint})")
     return str(path)
 
@@ -60,8 +63,7 @@ def _draft_pool_blocks(ctx: Any, model: Any) -> int:
 
 def make_ngram(ctx: Any) -> GatedSpeculator:
     """Prompt-lookup drafting (no model)."""
-    return _wrap(ctx, NgramProposer(int(_option(ctx, "ngram_min", 2)),
-                                    int(_option(ctx, "ngram_max", 4))))
+    return _wrap(ctx, NgramProposer(int(_option(ctx, "ngram_min", 2)), int(_option(ctx, "ngram_max", 4))))
 
 
 def load_checkpoint_model(path: Any, registry: Any = None, like: Any = None) -> Any:
@@ -74,8 +76,7 @@ def load_checkpoint_model(path: Any, registry: Any = None, like: Any = None) -> 
     registry = registry if registry is not None else load_registry()
     options = LoadOptions()
     if like is not None:
-        options = LoadOptions(dtype=str(like.info.dtype).removeprefix("torch."),
-                              device=str(model_device(like)))
+        options = LoadOptions(dtype=str(like.info.dtype).removeprefix("torch."), device=str(model_device(like)))
     return model_from_store(open_weights(path), options, registry)[1]
 
 
@@ -84,9 +85,9 @@ def make_draft(ctx: Any) -> GatedSpeculator:
     from metrale_speculative.draft_model import DraftModelProposer
 
     draft = ctx.load_model(_checkpoint(ctx, "draft"))
-    proposer = DraftModelProposer(draft, ctx.model.info, ctx.pipeline,
-                                  num_blocks=_draft_pool_blocks(ctx, draft),
-                                  block_size=ctx.config.block_size)
+    proposer = DraftModelProposer(
+        draft, ctx.model.info, ctx.pipeline, num_blocks=_draft_pool_blocks(ctx, draft), block_size=ctx.config.block_size
+    )
     return _wrap(ctx, proposer)
 
 
@@ -94,8 +95,12 @@ def make_mtp(ctx: Any) -> GatedSpeculator:
     """The checkpoint's own MTP layer (DeepSeek-style, at index ``num_hidden_layers``)."""
     from metrale_speculative.mtp import MtpProposer
 
-    proposer = MtpProposer.from_checkpoint(_checkpoint(ctx, "mtp"), ctx.model, ctx.pipeline,
-                                           max_model_len=ctx.max_model_len,
-                                           block_size=ctx.config.block_size,
-                                           load=ctx.load_model)
+    proposer = MtpProposer.from_checkpoint(
+        _checkpoint(ctx, "mtp"),
+        ctx.model,
+        ctx.pipeline,
+        max_model_len=ctx.max_model_len,
+        block_size=ctx.config.block_size,
+        load=ctx.load_model,
+    )
     return _wrap(ctx, proposer)

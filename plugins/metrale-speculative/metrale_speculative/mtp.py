@@ -23,14 +23,14 @@ Deviation: the chained steps feed the *normed* ``h'`` (the block returns normed 
 
 from __future__ import annotations
 
-from typing import Any, Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from attrs import define, field
 
 from metrale_core.api import ConfigError, Draft, StepReport, rms_norm
-
 from metrale_speculative.drafting import sample_drafts
 from metrale_speculative.side_cache import SideCache
 
@@ -106,7 +106,7 @@ class MtpProposer:
     @classmethod
     def from_checkpoint(cls, path: Any, target: Any, pipeline: Any, *, max_model_len: int,
                         block_size: int, registry: Any = None,
-                        load: Any = None) -> "MtpProposer":
+                        load: Any = None) -> MtpProposer:
         """The MTP layer of checkpoint ``path``.  ``load(store)`` builds it: the engine's
         ``ProposerContext.load_model`` (the target's loading function and registry); without
         it, ``model_from_store`` with ``registry`` (tests and scripts)."""
@@ -213,7 +213,7 @@ class MtpProposer:
             tokens, qs = sample_drafts(self.pipeline, logits, [e[1] for e in live],
                                        [drafts[e[0]] for e in live])
             nxt = []
-            for (i, seq, ds, cap, row), token, q, h in zip(live, tokens, qs, hidden):
+            for (i, seq, ds, cap, _row), token, q, h in zip(live, tokens, qs, hidden):
                 drafts[i].append(token)
                 probs[i].append(q)
                 if step == 0:

@@ -12,7 +12,8 @@ Invariants: no draft probabilities (verification uses one-hot ``q``); stateless 
 
 from __future__ import annotations
 
-from typing import Any, Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view

@@ -15,7 +15,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from attrs import define, field
 
@@ -26,7 +27,7 @@ __all__ = ["DraftSeq", "SideCache"]
 
 @define(eq=False)
 class DraftSeq:
-    """A drafter's per-request state (duck-types what ``BlockManager`` reads of a sequence)."""
+    """A drafter's per-request state (a ``BlockManager`` ``BlockHolder``: request id and blocks)."""
 
     request_id: str
     block_ids: list[int] = field(factory=list)

@@ -1,11 +1,13 @@
-"""``SpecStats``: the speculative-decoding counters (and the seed-000 ``b1_low_margin`` gauge).
+"""``SpecStats``: the speculative-decoding counters of one engine.
 
-Owner: the ``GatedSpeculator`` bumps the draft counters after each step; the B1 margin observer
-(a logit processor, FINAL_DECODE positions only) bumps ``b1_low_margin``; ``/metrics``
+Owner: the ``GatedSpeculator`` bumps the draft counters after each step; ``/metrics``
 (``metrale_metrics``) reads :meth:`SpecStats.snapshot`, the dashboard :meth:`SpecStats.summary`
-(the ``speculative`` snapshot extra).
+(the ``speculative`` snapshot extra).  (The B1 drift gauge ``b1_low_margin`` lives in
+``metrale_b1``'s own per-engine ``B1Stats``.)
 
 Invariants:
+- One ``SpecStats`` per speculator, so per engine (each engine builds its speculator once): two
+  engines in one process count separately; there is no process-wide instance.
 - Every counter only grows; :func:`bump` is atomic (one lock per ``SpecStats``), so the engine
   thread and observers may bump while the server thread reads.
 - ``accepted_per_position[i] <= proposed_per_position[i]`` and ``drafts_accepted <=
@@ -15,15 +17,15 @@ Invariants:
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from attrs import define, field
 
-__all__ = ["COUNTERS", "SpecStats", "bump", "describe_summary", "shared_stats"]
+__all__ = ["COUNTERS", "SpecStats", "bump", "describe_summary"]
 
 #: Scalar counters, in export order.
-COUNTERS = ("num_verifies", "drafts_proposed", "drafts_accepted", "tokens_emitted",
-            "gate_switches", "b1_low_margin")
+COUNTERS = ("num_verifies", "drafts_proposed", "drafts_accepted", "tokens_emitted", "gate_switches")
 
 
 @define
@@ -40,8 +42,6 @@ class SpecStats:
     tokens_emitted: int = 0
     #: Times the gate turned speculation off or on for a batch-width bucket.
     gate_switches: int = 0
-    #: Final-decode positions inside a tool parameter body with a top-1/top-2 logit gap < 1.5.
-    b1_low_margin: int = 0
     #: Per draft position i (0-based): verifies that reached / accepted draft i+1.
     proposed_per_position: list[int] = field(factory=list)
     accepted_per_position: list[int] = field(factory=list)
@@ -54,8 +54,7 @@ class SpecStats:
             self.drafts_proposed += num_proposed
             self.drafts_accepted += num_accepted
             self.tokens_emitted += num_emitted
-            for counts, n in ((self.proposed_per_position, num_proposed),
-                              (self.accepted_per_position, num_accepted)):
+            for counts, n in ((self.proposed_per_position, num_proposed), (self.accepted_per_position, num_accepted)):
                 if len(counts) < num_proposed:  # both lists as long as the longest draft
                     counts.extend([0] * (num_proposed - len(counts)))
                 for i in range(n):
@@ -77,17 +76,17 @@ class SpecStats:
             out = {name: getattr(self, name) for name in COUNTERS}
             out["proposed_per_position"] = list(self.proposed_per_position)
             out["accepted_per_position"] = list(self.accepted_per_position)
-        out["acceptance_rate"] = out["drafts_accepted"] / out["drafts_proposed"] \
-            if out["drafts_proposed"] else 0.0
-        out["acceptance_length"] = out["tokens_emitted"] / out["num_verifies"] \
-            if out["num_verifies"] else 0.0
+        out["acceptance_rate"] = out["drafts_accepted"] / out["drafts_proposed"] if out["drafts_proposed"] else 0.0
+        out["acceptance_length"] = out["tokens_emitted"] / out["num_verifies"] if out["num_verifies"] else 0.0
         return out
 
     def summary(self) -> dict:
         """The dashboard's ``speculative`` extra: acceptance rate and length plus the counts."""
         snap = self.snapshot()
-        return {name: snap[name] for name in ("acceptance_rate", "acceptance_length",
-                                              "drafts_accepted", "drafts_proposed", "num_verifies")}
+        return {
+            name: snap[name]
+            for name in ("acceptance_rate", "acceptance_length", "drafts_accepted", "drafts_proposed", "num_verifies")
+        }
 
     def metrics(self, prefix: str = "metrale:spec_decode_") -> dict[str, float]:
         """Flat ``{name: value}`` for ``/metrics`` (per-position counters get an index suffix)."""
@@ -118,11 +117,3 @@ def bump(stats: SpecStats, counter: str, n: int = 1) -> int:
         before = getattr(stats, counter)
         setattr(stats, counter, before + n)
     return before
-
-
-_SHARED = SpecStats()
-
-
-def shared_stats() -> SpecStats:
-    """The process-wide stats a served engine exports (one engine per server process)."""
-    return _SHARED

@@ -13,12 +13,12 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import Any, Protocol
 
 from loguru import logger
 
 from metrale_core.api import Draft, StepReport
-
 from metrale_speculative.gate import SpecGate
 from metrale_speculative.spec_stats import SpecStats, bump
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from spec_harness import CharTokenizer, load, run, streams, write_perturbed, write_qwen3
 
 from metrale_core.sampling.params import SamplingParams
-
 from metrale_speculative.draft_model import DraftModelProposer
 from metrale_speculative.gate import SpecGate
 from metrale_speculative.ngram import NgramProposer
 from metrale_speculative.speculator import GatedSpeculator
-from spec_harness import CharTokenizer, load, run, streams, write_perturbed, write_qwen3
 
 torch.set_num_threads(2)
 

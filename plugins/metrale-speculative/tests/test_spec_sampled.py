@@ -17,7 +17,6 @@ from metrale_core.engine.speculation import Draft
 from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.sampling.sampler import truncate
-
 from metrale_speculative.draft_model import DraftModelProposer
 from metrale_speculative.gate import SpecGate
 from metrale_speculative.speculator import GatedSpeculator

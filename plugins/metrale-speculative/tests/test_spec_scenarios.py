@@ -13,7 +13,6 @@ import pytest
 from metrale_core.engine.speculation import Draft
 from metrale_core.testing import Abort, Arrive, Scenario, run_scenario
 from metrale_core.testing.recording_model import SeqScript
-
 from metrale_speculative.gate import SpecGate
 from metrale_speculative.speculator import GatedSpeculator
 

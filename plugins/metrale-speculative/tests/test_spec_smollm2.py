@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from spec_harness import run, streams
 
 from metrale_core.sampling.params import SamplingParams
-
 from metrale_speculative.draft_model import DraftModelProposer
 from metrale_speculative.gate import SpecGate
 from metrale_speculative.ngram import NgramProposer
 from metrale_speculative.speculator import GatedSpeculator
-from spec_harness import run, streams
 
 GGUF = Path.home() / ".cache/metrale/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 pytestmark = [pytest.mark.slow,

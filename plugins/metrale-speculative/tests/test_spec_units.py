@@ -8,7 +8,6 @@ import threading
 import pytest
 
 from metrale_core.testing import FakeClock
-
 from metrale_speculative import metrale_engine_flags
 from metrale_speculative.gate import SpecGate, bucket_of
 from metrale_speculative.ngram import ngram_draft
@@ -43,21 +42,20 @@ def test_spec_stats_counters_and_bump_threads():
 
     def worker():
         for _ in range(2000):
-            bump(stats, "b1_low_margin")
+            bump(stats, "gate_switches")
 
     threads = [threading.Thread(target=worker) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert stats.b1_low_margin == 8000
-    assert bump(stats, "b1_low_margin", 5) == 8000 and stats.b1_low_margin == 8005
+    assert stats.gate_switches == 8000
+    assert bump(stats, "gate_switches", 5) == 8000 and stats.gate_switches == 8005
     with pytest.raises(ValueError, match="unknown SpecStats counter"):
         bump(stats, "nope")
 
 
-def _drive(gate: SpecGate, clock: FakeClock, width: int, steps: int, spec_rate: float,
-           plain_rate: float) -> list[bool]:
+def _drive(gate: SpecGate, clock: FakeClock, width: int, steps: int, spec_rate: float, plain_rate: float) -> list[bool]:
     """Run ``steps`` decode steps; each delivers ``width`` tokens (plain) or ``2*width``
     (speculative) in the time the given rate implies, advancing the fake clock."""
     decisions = []
@@ -108,8 +106,8 @@ def test_spec_gate_force_and_zero_durations():
 def test_spec_flags():
     parser = argparse.ArgumentParser()
     metrale_engine_flags(parser)
-    args = parser.parse_args(["--speculative", "ngram", "--num-draft-tokens", "3",
-                              "--draft-model", "/x", "--spec-gate", "force"])
-    assert (args.speculative, args.num_draft_tokens, args.draft_model, args.spec_gate) == \
-        ("ngram", 3, "/x", "force")
+    args = parser.parse_args(
+        ["--speculative", "ngram", "--num-draft-tokens", "3", "--draft-model", "/x", "--spec-gate", "force"]
+    )
+    assert (args.speculative, args.num_draft_tokens, args.draft_model, args.spec_gate) == ("ngram", 3, "/x", "force")
     assert parser.parse_args([]).speculative is None

@@ -34,7 +34,7 @@ MAX_ENTRIES = 512
 MAX_BYTES = 64 << 20
 #: Parser limits: tighter lexer-state and initial-fuel budgets than llguidance's defaults bound compile
 #: time and memory of hostile regexes; ordinary schemas use a few hundred states.
-LIMITS_KW = dict(max_lexer_states=50_000, initial_lexer_fuel=200_000, step_lexer_fuel=200_000)
+LIMITS_KW: dict[str, Any] = dict(max_lexer_states=50_000, initial_lexer_fuel=200_000, step_lexer_fuel=200_000)
 
 _TOKENIZERS: dict[tuple, Any] = {}
 _TOKENIZERS_LOCK = threading.Lock()

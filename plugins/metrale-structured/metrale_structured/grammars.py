@@ -153,7 +153,8 @@ def _value_rule(schema: Any) -> str:
             return r"/[^<\n]*/"
         if set(schema) <= {"type", "minLength", "maxLength", "description", "title"}:
             low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
-            return "/[^<\\n]{%d,%s}/" % (low, "" if high is None else int(high))
+            upper = "" if high is None else str(int(high))
+            return f"/[^<\\n]{{{low},{upper}}}/"
         if set(schema) <= {"type", "pattern", "description", "title"}:
             return "/" + _raw_pattern(schema["pattern"]) + "/"
     return _json_embed(schema)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -48,6 +48,13 @@ from loguru import logger
 from metrale_core.api import StructuredOutputError
 from metrale_structured.grammars import GrammarError
 from metrale_structured.stats import STATS
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import llguidance
+
+    from metrale_structured.compiler import Compiler
 
 __all__ = ["EXTRA", "RowState", "StructuredProcessor", "make_processor"]
 
@@ -92,9 +99,10 @@ class StructuredProcessor:
     handles_structured_output = True
 
     def __init__(self, config: Any = None, num_threads: int = 2) -> None:
-        self.compiler = None
+        #: Set by :meth:`bind` (None: the tokenizer has no tokenizer.json form).
+        self.compiler: Compiler | None = None
         self.num_threads = num_threads
-        self._executor = None
+        self._executor: llguidance.LLExecutor | None = None
         self._eos: tuple[int, ...] = ()
         self._marks: dict[tuple[str | None, str | None], tuple[int | None, int | None]] = {}
         self._bitmask = np.zeros((0, 0), dtype=np.int32)
@@ -103,7 +111,7 @@ class StructuredProcessor:
         #: ``__call__``), or None = when a core is idle during the forward (:meth:`_overlaps`).
         self.overlap: bool | None = None
         self._logits_on_cpu = True  # where the last step's logits were (set by __call__)
-        self._pool = None  # the one worker thread of prepare(), made on first use
+        self._pool: ThreadPoolExecutor | None = None  # the one worker thread of prepare(), made on first use
         self._pending: tuple[tuple, Any] | None = None
 
     # --- set-up ----------------------------------------------------------------------------------
@@ -143,12 +151,17 @@ class StructuredProcessor:
             raise StructuredOutputError(str(exc), param=spec.field) from None
 
     # --- per step --------------------------------------------------------------------------------
+    def _bound(self) -> Compiler:
+        """The compiler of a bound processor (constrained rows exist only then: validate_params)."""
+        assert self.compiler is not None, "a constrained row reached an unbound structured processor"
+        return self.compiler
+
     def _marks_of(self, spec: Any) -> tuple[int | None, int | None]:
         key = (spec.reasoning_start, spec.reasoning_end)
         marks = self._marks.get(key)
         if marks is None:
-            start = self.compiler.single_token(spec.reasoning_start) if spec.reasoning_start else None
-            end = self.compiler.single_token(spec.reasoning_end) if spec.reasoning_end else None
+            start = self._bound().single_token(spec.reasoning_start) if spec.reasoning_start else None
+            end = self._bound().single_token(spec.reasoning_end) if spec.reasoning_end else None
             marks = self._marks[key] = (start, end) if end is not None else (None, None)
         return marks
 
@@ -156,7 +169,7 @@ class StructuredProcessor:
         state = seq.extras.get(EXTRA)
         if state is None:
             spec = seq.params.structured
-            matcher = self.compiler.matcher(spec.kind, spec.value, spec.field)
+            matcher = self._bound().matcher(spec.kind, spec.value, spec.field)
             start, end = self._marks_of(spec)
             phase = "grammar"
             if end is not None:
@@ -281,7 +294,9 @@ class StructuredProcessor:
                     continue
                 entries.append((view.matcher, next_row, []))
                 if view.phase == "start":
-                    extra_allow.append((next_row, marks[0]))
+                    start_mark = marks[0]
+                    assert start_mark is not None  # the "start" phase exists only with a start mark
+                    extra_allow.append((next_row, start_mark))
                 target.append((j, next_row))
                 next_row += 1
         if not target:
@@ -293,7 +308,9 @@ class StructuredProcessor:
     def _mask(self, vocab: int, entries, target, extra_allow, forced_eos, num_rows: int):
         import llguidance.numpy as llnp
 
-        words = (max(vocab, self.compiler.n_vocab) + 31) // 32
+        compiler, executor = self._bound(), self._executor
+        assert executor is not None  # made with the compiler in bind()
+        words = (max(vocab, compiler.n_vocab) + 31) // 32
         if self._bitmask.shape[0] < num_rows or self._bitmask.shape[1] != words:
             self._bitmask = np.zeros((max(num_rows, 2 * self._bitmask.shape[0]), words),
                                      dtype=np.int32)
@@ -302,13 +319,13 @@ class StructuredProcessor:
         plain = [(m, r) for m, r, drafts in entries if not drafts]
         drafted = [e for e in entries if e[2]]
         if plain:  # one parallel fill for the batch (a second one for rows with drafts)
-            llnp.fill_next_token_bitmask_par(self._executor, plain, bitmask)
+            llnp.fill_next_token_bitmask_par(executor, plain, bitmask)
         if drafted:
-            llnp.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)
+            llnp.fill_next_token_bitmask_par_with_draft_tokens(executor, drafted, bitmask)
         # disallowed = the inverted bits, unpacked once (uint8 0/1, viewed as bool: no copy)
         banned = np.unpackbits(np.invert(bitmask).view(np.uint8), axis=1,
                                bitorder="little")[:, :vocab]
-        banned[:, self.compiler.tokenizer_vocab:] = 1  # model padding past the tokenizer
+        banned[:, compiler.tokenizer_vocab:] = 1  # model padding past the tokenizer
         for r, token in extra_allow:
             banned[r, token] = 0
         for r in forced_eos:

@@ -9,17 +9,17 @@ import json
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 
-jsonschema = pytest.importorskip("jsonschema")
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "metrale-speculative"
                        / "tests"))
 
-from schemas import SCHEMAS  # noqa: E402
-from structured_testlib import qwen3_dir  # noqa: E402
+from schemas import SCHEMAS
+from structured_testlib import qwen3_dir
 
-from metrale_core.sampling import SamplingParams, StructuredOutput  # noqa: E402
+from metrale_core.sampling import SamplingParams, StructuredOutput
 
 pytestmark = pytest.mark.slow
 

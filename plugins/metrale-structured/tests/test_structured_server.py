@@ -7,14 +7,11 @@ from __future__ import annotations
 import json
 import re
 
+import jsonschema
+import openai
 import pytest
-
-pytest.importorskip("litestar")
-openai = pytest.importorskip("openai")
-jsonschema = pytest.importorskip("jsonschema")
-
-from schemas import SCHEMAS  # noqa: E402
-from structured_testlib import chat_text, client, concurrently, qwen3_dir, smollm2_path, start  # noqa: E402
+from schemas import SCHEMAS
+from structured_testlib import chat_text, client, concurrently, qwen3_dir, smollm2_path, start
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +52,7 @@ def _schema_reply(c, name: str, stream: bool, temperature: float, seed: int):
 
 
 def test_every_schema_validates_streamed_and_whole_greedy_and_sampled(served):
-    _, server, host, checkpoint = served
+    _, server, _host, _checkpoint = served
     c = client(server)
     jobs = [(name, stream, temp, i) for i, name in enumerate(SCHEMAS)
             for stream, temp in ((False, 0.0), (True, 0.9))]
@@ -235,7 +232,7 @@ def test_mixed_concurrent_streams_and_metrics(served):
 
     from metrale_core.plugins import load_registry
 
-    _, server, host, checkpoint = served
+    _, server, _host, checkpoint = served
     c = client(server)
     free_msgs = [[{"role": "user", "content": f"Say something about the number {i}."}]
                  for i in range(8)]
