@@ -50,53 +50,144 @@ __all__ = ["PUBLIC"]  # extended below with every public name
 
 _REGISTRATION = {
     "metrale_core": ("hookimpl", "__version__"),
-    "metrale_core.components": ("ExecutorSpec", "KVScaleSourceSpec", "LoadOptions", "LogitProcessorSpec",
-                                "ModelLoaderSpec", "ProposerSpec", "SamplerSpec", "SchedulerSpec",
-                                "ToolCallParserSpec"),
+    "metrale_core.components": (
+        "ExecutorSpec",
+        "KVScaleSourceSpec",
+        "LoadOptions",
+        "LogitProcessorSpec",
+        "ModelLoaderSpec",
+        "ProposerSpec",
+        "SamplerSpec",
+        "SchedulerSpec",
+        "ToolCallParserSpec",
+    ),
     "metrale_core.plugins": ("LazyFactory", "lazy_factory", "load_registry"),
     "metrale_core.loading": ("model_from_store",),
-    "metrale_core.errors": ("ConfigError", "CorruptWeightsFile", "InvalidRequest", "KVCacheExhausted",
-                            "MetraleError", "MissingWeightsFile", "PluginError", "ShapeMismatch",
-                            "WeightsError"),
+    "metrale_core.errors": (
+        "ConfigError",
+        "CorruptWeightsFile",
+        "InvalidRequest",
+        "KVCacheExhausted",
+        "MetraleError",
+        "MissingWeightsFile",
+        "PluginError",
+        "ShapeMismatch",
+        "WeightsError",
+    ),
 }
 _MODEL = {
-    "metrale_core.model_api": ("CausalLM", "ForwardBatch", "KVCodec", "KVLayout", "ModelInfo", "PagedKVCache",
-                               "PlainKVCodec", "RecurrentLayout", "gather_blocks"),
+    "metrale_core.model_api": (
+        "CausalLM",
+        "ForwardBatch",
+        "KVCodec",
+        "KVLayout",
+        "ModelInfo",
+        "PagedKVCache",
+        "PlainKVCodec",
+        "RecurrentLayout",
+        "gather_blocks",
+    ),
     "metrale_core.weights": ("RawTensor", "WeightStore", "open_weights"),
     "metrale_core.weights.gguf_tensors": ("GGUFTensors", "read_gguf_tensors"),
     "metrale_core.weights.gguf_hf": ("unpermute_rows",),
-    "metrale_core.layers": ("DTYPES", "WEIGHT_FORMATS", "WEIGHT_FORMAT_ENV", "AttentionPlan", "DecoderOps",
-                            "DenseLinear", "Embedding", "GeGLU", "KVCacheWrite", "Linear",
-                            "PagedAttentionDecode", "PagedAttentionPrefill", "QKNormRope", "RMSNorm",
-                            "SwiGLU", "apply_rope", "build_embedding", "build_linear", "embed_tokens", "geglu",
-                            "paged_attention",
-                            "require_weight_format", "resolve_weight_format", "rms_norm", "rope_cos_sin",
-                            "rope_inv_freq", "signed_sin", "swiglu", "torch_dtype", "write_kv",
-                            "windowed_paged_attention"),
-    "metrale_core.layers.parallel": ("HeadSplit", "ParallelHead", "RowParallelLinear", "Shard", "ShardedStore",
-                                     "TensorParallel", "VocabParallelEmbedding", "split_heads", "split_range",
-                                     "split_unit"),
+    "metrale_core.layers": (
+        "DTYPES",
+        "WEIGHT_FORMATS",
+        "WEIGHT_FORMAT_ENV",
+        "AttentionPlan",
+        "DecoderOps",
+        "DenseLinear",
+        "Embedding",
+        "GeGLU",
+        "KVCacheWrite",
+        "Linear",
+        "PagedAttentionDecode",
+        "PagedAttentionPrefill",
+        "QKNormRope",
+        "RMSNorm",
+        "SwiGLU",
+        "apply_rope",
+        "build_embedding",
+        "build_linear",
+        "embed_tokens",
+        "geglu",
+        "paged_attention",
+        "require_weight_format",
+        "resolve_weight_format",
+        "rms_norm",
+        "rope_cos_sin",
+        "rope_inv_freq",
+        "signed_sin",
+        "swiglu",
+        "torch_dtype",
+        "write_kv",
+        "windowed_paged_attention",
+    ),
+    "metrale_core.layers.parallel": (
+        "HeadSplit",
+        "ParallelHead",
+        "RowParallelLinear",
+        "Shard",
+        "ShardedStore",
+        "TensorParallel",
+        "VocabParallelEmbedding",
+        "split_heads",
+        "split_range",
+        "split_unit",
+    ),
 }
 _KERNELS = {
-    "metrale_core.kernels": ("KERNELS_ENV", "CustomOp", "KernelCompileError", "KernelInputError", "KernelPath",
-                             "check_contiguous", "check_dtype", "check_same_device", "check_shape",
-                             "check_tensor", "compile_ptx", "compile_runtime_source", "cpu_library",
-                             "cpu_unavailable_reason", "cupy_unavailable_reason", "find_cu_files",
-                             "load_raw_module", "nvcc_path", "ptx_entries", "requested_path", "select_path"),
+    "metrale_core.kernels": (
+        "KERNELS_ENV",
+        "CustomOp",
+        "KernelCompileError",
+        "KernelInputError",
+        "KernelPath",
+        "check_contiguous",
+        "check_dtype",
+        "check_same_device",
+        "check_shape",
+        "check_tensor",
+        "compile_ptx",
+        "compile_runtime_source",
+        "cpu_library",
+        "cpu_unavailable_reason",
+        "cupy_unavailable_reason",
+        "find_cu_files",
+        "load_raw_module",
+        "nvcc_path",
+        "ptx_entries",
+        "requested_path",
+        "select_path",
+    ),
     "metrale_core.kernels.cpu": ("cpu_flags",),
     "metrale_core.kernels.cuda": ("f32", "i32", "i64", "ptr", "torch_stream"),
 }
 _SAMPLING = {
     "metrale_core.sampling.position": ("PositionKind",),
-    "metrale_core.sampling.interface": ("LogitProcessor", "ProcessorContext", "RowLike", "SampleOutput",
-                                        "Sampler", "SamplingError"),
+    "metrale_core.sampling.interface": (
+        "LogitProcessor",
+        "ProcessorContext",
+        "RowLike",
+        "SampleOutput",
+        "Sampler",
+        "SamplingError",
+    ),
     "metrale_core.sampling.params": ("SamplingParams",),
     "metrale_core.sampling.sampler": ("inverse_cdf",),
     "metrale_core.sampling.structured": ("StructuredOutput", "StructuredOutputError"),
 }
 _STREAMPARSE = {
-    "metrale_core.streamparse.base": ("CALL_CLOSE", "CALL_OPEN", "CompletedCall", "ParsedDelta", "TagParserBase",
-                                      "ToolCallParser", "held_back_len", "scan_tags"),
+    "metrale_core.streamparse.base": (
+        "CALL_CLOSE",
+        "CALL_OPEN",
+        "CompletedCall",
+        "ParsedDelta",
+        "TagParserBase",
+        "ToolCallParser",
+        "held_back_len",
+        "scan_tags",
+    ),
 }
 _ENGINE = {
     "metrale_core.engine.speculation": ("Draft", "ProposerContext", "Speculator", "StepReport", "VerifyRow"),
@@ -105,8 +196,13 @@ _ENGINE = {
     "metrale_core.layers.lora": ("LoRALinear", "LoRARows", "active_rows", "attach_lora"),
     "metrale_core.engine.block_manager": ("BlockManager",),
     "metrale_core.engine.side_pool": ("SidePool",),
-    "metrale_core.engine.scheduler": ("AdmissionStep", "FcfsPolicy", "ScheduledChunk", "SchedulerOutput",
-                                      "SchedulingPolicy"),
+    "metrale_core.engine.scheduler": (
+        "AdmissionStep",
+        "FcfsPolicy",
+        "ScheduledChunk",
+        "SchedulerOutput",
+        "SchedulingPolicy",
+    ),
     "metrale_core.engine.request": ("Request", "Sequence", "SequenceStatus"),
     "metrale_core.parallel.distributed": ("Rendezvous",),
     "metrale_core.parallel.executors": ("free_port",),
@@ -114,9 +210,12 @@ _ENGINE = {
 }
 
 #: public name -> the module that defines it.
-PUBLIC: dict[str, str] = {name: module
-                          for group in (_REGISTRATION, _MODEL, _KERNELS, _SAMPLING, _STREAMPARSE, _ENGINE)
-                          for module, names in group.items() for name in names}
+PUBLIC: dict[str, str] = {
+    name: module
+    for group in (_REGISTRATION, _MODEL, _KERNELS, _SAMPLING, _STREAMPARSE, _ENGINE)
+    for module, names in group.items()
+    for name in names
+}
 
 __all__ += sorted(PUBLIC)
 
@@ -126,6 +225,7 @@ if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block
         hookimpl,
     )
     from metrale_core.components import (
+        ExecutorSpec,
         KVScaleSourceSpec,
         LoadOptions,
         LogitProcessorSpec,
@@ -252,6 +352,18 @@ if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block
         active_rows,
         attach_lora,
     )
+    from metrale_core.layers.parallel import (
+        HeadSplit,
+        ParallelHead,
+        RowParallelLinear,
+        Shard,
+        ShardedStore,
+        TensorParallel,
+        VocabParallelEmbedding,
+        split_heads,
+        split_range,
+        split_unit,
+    )
     from metrale_core.loading import (
         model_from_store,
     )
@@ -266,6 +378,9 @@ if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block
         RecurrentLayout,
         gather_blocks,
     )
+    from metrale_core.parallel.distributed import Rendezvous
+    from metrale_core.parallel.executors import free_port
+    from metrale_core.parallel.worker import run_worker
     from metrale_core.plugins import (
         LazyFactory,
         lazy_factory,

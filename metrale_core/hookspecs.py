@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from metrale_core.components import (
+        ExecutorSpec,
         KVScaleSourceSpec,
         LogitProcessorSpec,
         ModelLoaderSpec,
@@ -326,7 +327,7 @@ def metrale_metrics(engine: LLMEngine) -> Iterable[Metric] | Mapping[str, float]
 
 
 @hookspec
-def metrale_executors(register):
+def metrale_executors(register: Callable[[ExecutorSpec], None]) -> None:
     """Register executors (``ExecutorSpec``): where the ranks of a tensor-parallel job run.
 
     Called:

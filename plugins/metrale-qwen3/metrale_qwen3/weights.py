@@ -39,7 +39,6 @@ from metrale_core.api import (
     split_range,
     split_unit,
 )
-
 from metrale_qwen3.dims import ModelDims
 
 __all__ = ["DecoderWeights", "LayerWeights", "load_weights", "shard_plan"]
@@ -106,9 +105,14 @@ def shard_plan(dims: ModelDims, tp: TensorParallel) -> tuple[dict[str, Shard], H
     return plan, heads, tuple(size for _, size in vocab)
 
 
-def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
-                 device: torch.device | str, weight_format: str = "auto",
-                 tp: TensorParallel | None = None) -> DecoderWeights:
+def load_weights(
+    store: Any,
+    dims: ModelDims,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    weight_format: str = "auto",
+    tp: TensorParallel | None = None,
+) -> DecoderWeights:
     """Read, check and fuse every tensor the decoder needs, projections in ``weight_format``;
     with ``tp`` only this rank's part of each (see the module docstring)."""
     tp = tp if tp is not None else TensorParallel()
@@ -132,8 +136,9 @@ def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
         return get(name, shape) if present else None
 
     D, d = dims.hidden_size, dims.head_dim
-    inter = plan["model.layers.0.mlp.down_proj.weight"].size if dims.num_layers and tp.enabled \
-        else dims.intermediate_size
+    inter = (
+        plan["model.layers.0.mlp.down_proj.weight"].size if dims.num_layers and tp.enabled else dims.intermediate_size
+    )
     q_out, kv_out = heads.num_heads * d, heads.num_kv_heads * d
     V = vocab_sizes[tp.rank]
     layers = []
@@ -142,37 +147,52 @@ def load_weights(store: Any, dims: ModelDims, dtype: torch.dtype,
         a, m = p + "self_attn.", p + "mlp."
         qkv_bias = None
         if dims.qkv_bias:
-            qkv_bias = torch.cat([get(a + "q_proj.bias", (q_out,)), get(a + "k_proj.bias", (kv_out,)),
-                                  get(a + "v_proj.bias", (kv_out,))])
-        qkv = linear([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"],
-                     [(q_out, D), (kv_out, D), (kv_out, D)], qkv_bias)
+            qkv_bias = torch.cat(
+                [get(a + "q_proj.bias", (q_out,)), get(a + "k_proj.bias", (kv_out,)), get(a + "v_proj.bias", (kv_out,))]
+            )
+        qkv = linear(
+            [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"],
+            [(q_out, D), (kv_out, D), (kv_out, D)],
+            qkv_bias,
+        )
         gate_up_bias = None
         if dims.mlp_bias:
             gate_up_bias = torch.cat([get(m + "gate_proj.bias", (inter,)), get(m + "up_proj.bias", (inter,))])
         gate_up = linear([m + "gate_proj.weight", m + "up_proj.weight"], [(inter, D), (inter, D)], gate_up_bias)
-        layers.append(LayerWeights(
-            input_norm=get(p + "input_layernorm.weight", (D,)), qkv=qkv,
-            o_proj=row_parallel([a + "o_proj.weight"], [(D, q_out)], maybe(a + "o_proj.bias", (D,), dims.o_bias)),
-            q_norm=maybe(a + "q_norm.weight", (d,), dims.qk_norm),
-            k_norm=maybe(a + "k_norm.weight", (d,), dims.qk_norm),
-            post_norm=get(p + "post_attention_layernorm.weight", (D,)), gate_up=gate_up,
-            down=row_parallel([m + "down_proj.weight"], [(D, inter)],
-                              maybe(m + "down_proj.bias", (D,), dims.mlp_bias))))
+        layers.append(
+            LayerWeights(
+                input_norm=get(p + "input_layernorm.weight", (D,)),
+                qkv=qkv,
+                o_proj=row_parallel([a + "o_proj.weight"], [(D, q_out)], maybe(a + "o_proj.bias", (D,), dims.o_bias)),
+                q_norm=maybe(a + "q_norm.weight", (d,), dims.qk_norm),
+                k_norm=maybe(a + "k_norm.weight", (d,), dims.qk_norm),
+                post_norm=get(p + "post_attention_layernorm.weight", (D,)),
+                gate_up=gate_up,
+                down=row_parallel(
+                    [m + "down_proj.weight"], [(D, inter)], maybe(m + "down_proj.bias", (D,), dims.mlp_bias)
+                ),
+            )
+        )
     embed = build_embedding(store, "model.embed_tokens.weight", (V, D), weight_format, dtype, device)
     tied = dims.tie_word_embeddings or "lm_head.weight" not in store
     head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"
     if isinstance(embed, torch.Tensor) and (tied or weight_format == "exact"):
         lm_head = embed if tied else get("lm_head.weight", (V, D))
-        head = build_linear(store, [head_name], [(V, D)], weight_format, dtype, device,
-                            dense=lm_head, output_head=True)
+        head = build_linear(store, [head_name], [(V, D)], weight_format, dtype, device, dense=lm_head, output_head=True)
     else:
         lm_head = None
-        head = build_linear(store, [head_name], [(V, D)], weight_format, dtype, device,
-                            output_head=True)
+        head = build_linear(store, [head_name], [(V, D)], weight_format, dtype, device, output_head=True)
     embedding = None
     if tp.enabled:
         head = ParallelHead(head, tp, vocab_sizes)
         embedding = VocabParallelEmbedding(embed, plan["model.embed_tokens.weight"].start, V, tp, embed_tokens)
-    return DecoderWeights(embed=embed, layers=tuple(layers), norm=get("model.norm.weight", (D,)),
-                          lm_head=lm_head, head=head, weight_format=weight_format,
-                          embedding=embedding, heads=heads)
+    return DecoderWeights(
+        embed=embed,
+        layers=tuple(layers),
+        norm=get("model.norm.weight", (D,)),
+        lm_head=lm_head,
+        head=head,
+        weight_format=weight_format,
+        embedding=embedding,
+        heads=heads,
+    )
