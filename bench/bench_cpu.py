@@ -65,6 +65,7 @@ def _free_port() -> int:
 
 # --- Metrale -----------------------------------------------------------------------------------
 
+
 def _metrale(fmt: str, dtype: str, short, long_ids, args) -> dict:
     from metrale_core.components import LoadOptions
     from metrale_core.loading import load_model
@@ -72,8 +73,10 @@ def _metrale(fmt: str, dtype: str, short, long_ids, args) -> dict:
     os.environ["METRALE_WEIGHT_FORMAT"] = fmt
     model = load_model(args.model, LoadOptions(dtype=dtype), progress=False).model
     engine_rate(model, short, 1, 4)  # warm-up
-    row = {"decode1": engine_rate(model, short, 1, args.decode_tokens),
-           "prefill": engine_rate(model, long_ids, 1, 1, prefill_only=True)}
+    row = {
+        "decode1": engine_rate(model, short, 1, args.decode_tokens),
+        "prefill": engine_rate(model, long_ids, 1, 1, prefill_only=True),
+    }
     if not args.http:
         row["decodeN"] = engine_rate(model, short, args.streams, args.decode_tokens)
     return row
@@ -81,12 +84,12 @@ def _metrale(fmt: str, dtype: str, short, long_ids, args) -> dict:
 
 # --- HF transformers -----------------------------------------------------------------------------
 
+
 def _hf(path: Path, short, long_ids, args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
 
     def gen(streams: int, n: int) -> float:
         ids = torch.tensor([short] * streams)
@@ -103,11 +106,11 @@ def _hf(path: Path, short, long_ids, args) -> dict:
         t0 = time.perf_counter()
         model(torch.tensor([long_ids]))
         prefill = len(long_ids) / (time.perf_counter() - t0)
-    return {"decode1": gen(1, args.decode_tokens), "prefill": prefill,
-            "decodeN": gen(args.streams, args.decode_tokens)}
+    return {"decode1": gen(1, args.decode_tokens), "prefill": prefill, "decodeN": gen(args.streams, args.decode_tokens)}
 
 
 # --- over HTTP -------------------------------------------------------------------------------------
+
 
 def _http_aggregate(port: int, model_name: str | None, prompt: str, streams: int, n: int) -> float:
     import httpx
@@ -119,6 +122,7 @@ def _http_aggregate(port: int, model_name: str | None, prompt: str, streams: int
     # one pooled client with a connection per stream, opened by the warm-up round, so the timed
     # round measures the server rather than the client's connection set-up
     with httpx.Client(timeout=600, limits=httpx.Limits(max_connections=streams)) as client:
+
         def one(_):
             r = client.post(f"http://127.0.0.1:{port}/v1/completions", json=body)
             r.raise_for_status()
@@ -141,8 +145,9 @@ def _serve(cmd: list[str], env: dict, port: int) -> subprocess.Popen:
             raise RuntimeError(f"server exited with {proc.returncode}: {' '.join(cmd)}")
         try:  # ready: /health says 200 (met serve: 503 while loading), else /v1/models answers
             health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code
-            if health == 200 or (health == 404 and
-                                 httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200):
+            if health == 200 or (
+                health == 404 and httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200
+            ):
                 return proc
         except httpx.HTTPError:
             pass
@@ -154,8 +159,22 @@ def _serve(cmd: list[str], env: dict, port: int) -> subprocess.Popen:
 def _metrale_http(fmt: str, dtype: str, path: Path, prompt: str, args) -> float:
     port = _free_port()
     env = {**os.environ, "METRALE_WEIGHT_FORMAT": fmt, "OMP_NUM_THREADS": str(args.threads)}
-    cmd = [sys.executable, "-m", "metrale_core.cli.main", "serve", str(path), "--port", str(port),
-           "--no-tui", "--dtype", dtype, "--served-model-name", "bench", "--max-num-seqs", str(max(16, args.streams))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "metrale_core.cli.main",
+        "serve",
+        str(path),
+        "--port",
+        str(port),
+        "--no-tui",
+        "--dtype",
+        dtype,
+        "--served-model-name",
+        "bench",
+        "--max-num-seqs",
+        str(max(16, args.streams)),
+    ]
     proc = _serve(cmd, env, port)
     try:
         return _http_aggregate(port, "bench", prompt, args.streams, args.decode_tokens)
@@ -167,12 +186,39 @@ def _metrale_http(fmt: str, dtype: str, path: Path, prompt: str, args) -> float:
 def _llama_http(path: Path, prompt: str, args) -> float:
     port = _free_port()
     if args.llama_server and Path(args.llama_server).exists():  # llama.cpp, N parallel slots
-        cmd = [args.llama_server, "-m", str(path), "-t", str(args.threads), "-tb", str(args.threads),
-               "-np", str(args.streams), "-c", str(1024 * args.streams), "--port", str(port),
-               "--host", "127.0.0.1"]
+        cmd = [
+            args.llama_server,
+            "-m",
+            str(path),
+            "-t",
+            str(args.threads),
+            "-tb",
+            str(args.threads),
+            "-np",
+            str(args.streams),
+            "-c",
+            str(1024 * args.streams),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+        ]
     else:  # llama-cpp-python's server: one request at a time
-        cmd = [args.llama_python, "-m", "llama_cpp.server", "--model", str(path), "--n_threads",
-               str(args.threads), "--n_ctx", "4096", "--port", str(port), "--host", "127.0.0.1"]
+        cmd = [
+            args.llama_python,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(path),
+            "--n_threads",
+            str(args.threads),
+            "--n_ctx",
+            "4096",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+        ]
     proc = _serve(cmd, dict(os.environ), port)
     try:
         return _http_aggregate(port, None, prompt, args.streams, args.decode_tokens)
@@ -182,13 +228,26 @@ def _llama_http(path: Path, prompt: str, args) -> float:
 
 
 def _llama(path: Path, short, long_ids, args) -> dict:
-    out = subprocess.run([args.llama_python, "-c", _LLAMA_SCRIPT, str(path), str(args.threads),
-                          str(args.decode_tokens), json.dumps(short), json.dumps(long_ids)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            args.llama_python,
+            "-c",
+            _LLAMA_SCRIPT,
+            str(path),
+            str(args.threads),
+            str(args.decode_tokens),
+            json.dumps(short),
+            json.dumps(long_ids),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # --- main ------------------------------------------------------------------------------------------
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -197,16 +256,23 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--prefill-tokens", type=int, default=512)
-    ap.add_argument("--formats", default="auto",
-                    help="comma list of weight formats, each optionally :bfloat16 for bf16 activations "
-                         "(default: auto, what met serve runs with no flag)")
-    ap.add_argument("--http", action="store_true", help="N-stream aggregate over HTTP (met serve vs "
-                    "llama-cpp-python's server)")
+    ap.add_argument(
+        "--formats",
+        default="auto",
+        help="comma list of weight formats, each optionally :bfloat16 for bf16 activations "
+        "(default: auto, what met serve runs with no flag)",
+    )
+    ap.add_argument(
+        "--http", action="store_true", help="N-stream aggregate over HTTP (met serve vs llama-cpp-python's server)"
+    )
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--llama-python", default=str(REPO / ".venv-bench" / "bin" / "python"))
-    ap.add_argument("--llama-server", default=str(REPO / ".venv-bench" / "bin" / "llama-server"),
-                    help="llama.cpp's llama-server binary for the N-stream HTTP baseline")
+    ap.add_argument(
+        "--llama-server",
+        default=str(REPO / ".venv-bench" / "bin" / "llama-server"),
+        help="llama.cpp's llama-server binary for the N-stream HTTP baseline",
+    )
     args = ap.parse_args()
 
     import torch
@@ -220,7 +286,7 @@ def main() -> None:
     args.model = path
     tok = Tokenizer.from_store(open_weights(path))
     short = tok.encode(PROMPT)
-    long_ids = (tok.encode("The quick brown fox jumps over the lazy dog. ") * 200)[:args.prefill_tokens]
+    long_ids = (tok.encode("The quick brown fox jumps over the lazy dog. ") * 200)[: args.prefill_tokens]
 
     rows: dict[str, dict] = {}
     for spec in args.formats.split(","):
@@ -234,16 +300,18 @@ def main() -> None:
         rows["hf-transformers fp32"] = _hf(path, short, long_ids, args)
     if not args.no_llama and Path(args.llama_python).exists():
         rows["llama-cpp-python"] = _llama(path, short, long_ids, args)
-        rows["llama-cpp-python"]["decodeN"] = (_llama_http(path, PROMPT, args) if args.http
-                                               else float("nan"))
+        rows["llama-cpp-python"]["decodeN"] = _llama_http(path, PROMPT, args) if args.http else float("nan")
         if args.http and Path(args.llama_server).exists():
             print(f"(llama decode{args.streams} is llama-server with {args.streams} parallel slots)")
 
     where = "over HTTP" if args.http else "in-process"
-    print(f"{path.name}, {args.threads} threads, greedy, {args.decode_tokens} new tokens, "
-          f"load {os.getloadavg()[0]:.2f}")
-    print(f"{'engine':<24} {'decode 1':>10} {f'prefill {len(long_ids)}':>12} "
-          f"{f'decode {args.streams}x agg ({where})':>28}")
+    print(
+        f"{path.name}, {args.threads} threads, greedy, {args.decode_tokens} new tokens, load {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"{'engine':<24} {'decode 1':>10} {f'prefill {len(long_ids)}':>12} "
+        f"{f'decode {args.streams}x agg ({where})':>28}"
+    )
     for name, r in rows.items():
         print(f"{name:<24} {r['decode1']:>10.1f} {r['prefill']:>12.1f} {r.get('decodeN', float('nan')):>28.1f}")
     refs = [n for n in ("hf-transformers fp32", "llama-cpp-python") if n in rows]
@@ -252,9 +320,11 @@ def main() -> None:
             continue
         for ref in refs:
             b = rows[ref]
-            print(f"{name} / {ref}: decode1 {r['decode1'] / b['decode1']:.2f}x, prefill "
-                  f"{r['prefill'] / b['prefill']:.2f}x, decode{args.streams} "
-                  f"{r.get('decodeN', float('nan')) / b.get('decodeN', float('nan')):.2f}x")
+            print(
+                f"{name} / {ref}: decode1 {r['decode1'] / b['decode1']:.2f}x, prefill "
+                f"{r['prefill'] / b['prefill']:.2f}x, decode{args.streams} "
+                f"{r.get('decodeN', float('nan')) / b.get('decodeN', float('nan')):.2f}x"
+            )
 
 
 if __name__ == "__main__":

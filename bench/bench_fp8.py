@@ -26,16 +26,26 @@ import torch
 import torch.nn.functional as F
 
 PROMPTS = [
-    "What is the capital of France?", "Explain photosynthesis in one paragraph.",
-    "Write a haiku about the sea.", "How do I reverse a list in Python?",
-    "List three prime numbers greater than 50.", "What causes the seasons on Earth?",
-    "Give me a recipe for pancakes.", "Translate 'good morning' into Spanish.",
-    "Why is the sky blue?", "Summarize the plot of Romeo and Juliet.",
-    "What is the difference between a virus and a bacterium?", "Write a short poem about autumn.",
-    "How many legs does a spider have?", "Explain what a hash table is.",
-    "Who wrote 'Pride and Prejudice'?", "Give two tips for better sleep.",
-    "What is 17 multiplied by 23?", "Describe the water cycle.",
-    "What does HTTP stand for?", "Tell me a fun fact about octopuses.",
+    "What is the capital of France?",
+    "Explain photosynthesis in one paragraph.",
+    "Write a haiku about the sea.",
+    "How do I reverse a list in Python?",
+    "List three prime numbers greater than 50.",
+    "What causes the seasons on Earth?",
+    "Give me a recipe for pancakes.",
+    "Translate 'good morning' into Spanish.",
+    "Why is the sky blue?",
+    "Summarize the plot of Romeo and Juliet.",
+    "What is the difference between a virus and a bacterium?",
+    "Write a short poem about autumn.",
+    "How many legs does a spider have?",
+    "Explain what a hash table is.",
+    "Who wrote 'Pride and Prejudice'?",
+    "Give two tips for better sleep.",
+    "What is 17 multiplied by 23?",
+    "Describe the water cycle.",
+    "What does HTTP stand for?",
+    "Tell me a fun fact about octopuses.",
 ]
 
 
@@ -47,8 +57,7 @@ class TeacherForcedRun:
 
         self.model, self.bs = model, block_size
         self.blocks_per_seq = -(-max_len // block_size)
-        self.kv = PagedKVCache.allocate(storage.layout, num_seqs * self.blocks_per_seq, block_size,
-                                        codec=storage.codec)
+        self.kv = PagedKVCache.allocate(storage.layout, num_seqs * self.blocks_per_seq, block_size, codec=storage.codec)
         self.lens = [0] * num_seqs
 
     def forward(self, work: list[tuple[int, list[int]]]) -> torch.Tensor:
@@ -69,10 +78,19 @@ class TeacherForcedRun:
             self.lens[seq] += len(toks)
         t = lambda xs: torch.tensor(xs, dtype=torch.int64)
         batch = ForwardBatch(
-            input_ids=t(ids), positions=t(pos), query_start=t([0, *torch.tensor(qlens).cumsum(0).tolist()]),
-            context_lens=t(clens), block_tables=t(tables), slot_mapping=t(slots), logits_rows=t(rows),
-            state_slots=t([-1] * len(work)), state_fresh=torch.tensor([c == q for c, q in zip(clens, qlens)]),
-            query_lens_host=tuple(qlens), context_lens_host=tuple(clens), block_size=self.bs)
+            input_ids=t(ids),
+            positions=t(pos),
+            query_start=t([0, *torch.tensor(qlens).cumsum(0).tolist()]),
+            context_lens=t(clens),
+            block_tables=t(tables),
+            slot_mapping=t(slots),
+            logits_rows=t(rows),
+            state_slots=t([-1] * len(work)),
+            state_fresh=torch.tensor([c == q for c, q in zip(clens, qlens)]),
+            query_lens_host=tuple(qlens),
+            context_lens_host=tuple(clens),
+            block_size=self.bs,
+        )
         return self.model.forward(batch, self.kv).float()
 
 
@@ -108,9 +126,14 @@ def capacity(model, registry, kv_cache_dtype: str, memory: int, requests: int) -
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.sampling.params import SamplingParams
 
-    config = EngineConfig(block_size=16, kv_cache_memory=memory, max_num_seqs=512,
-                          kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=False,
-                          plugin_options={"fp8_kv_calibration_tokens": 0})
+    config = EngineConfig(
+        block_size=16,
+        kv_cache_memory=memory,
+        max_num_seqs=512,
+        kv_cache_dtype=kv_cache_dtype,
+        enable_prefix_caching=False,
+        plugin_options={"fp8_kv_calibration_tokens": 0},
+    )
     engine = LLMEngine(model, config, registry=registry)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     for i in range(requests):
@@ -143,19 +166,23 @@ def main() -> None:
     registry = load_registry()
     loaded = load_model(default_model_path(progress=False), registry=registry, progress=False)
     model, tok = loaded.model, loaded.tokenizer
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]),
-                          add_special_tokens=False) for p in PROMPTS]
-    print(f"SmolLM2-135M (float32 activations), {len(prompts)} prompts "
-          f"({sum(map(len, prompts))} prompt tokens), {args.decode_tokens} positions each")
+    prompts = [
+        tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False) for p in PROMPTS
+    ]
+    print(
+        f"SmolLM2-135M (float32 activations), {len(prompts)} prompts "
+        f"({sum(map(len, prompts))} prompt tokens), {args.decode_tokens} positions each"
+    )
 
     t0 = time.perf_counter()
-    ref_logits, ref_tokens = run_config(model, storage_for(model, registry, "bf16"), prompts,
-                                        args.decode_tokens)
+    ref_logits, ref_tokens = run_config(model, storage_for(model, registry, "bf16"), prompts, args.decode_tokens)
     print(f"reference bf16 KV: {time.perf_counter() - t0:.1f}s")
     configs = [
         ("fp32 KV (noise floor)", storage_for(model, registry, "fp32")),
-        (f"fp8 calibrated ({args.calibration_tokens} tokens)",
-         storage_for(model, registry, "fp8", fp8_kv_calibration_tokens=args.calibration_tokens)),
+        (
+            f"fp8 calibrated ({args.calibration_tokens} tokens)",
+            storage_for(model, registry, "fp8", fp8_kv_calibration_tokens=args.calibration_tokens),
+        ),
         ("fp8 Unscaled (1.0)", storage_for(model, registry, "fp8", fp8_kv_calibration_tokens=0)),
     ]
     print(f"{'KV cache vs bf16 KV':<34} {'greedy agreement':>17} {'mean KL (nats)':>15}")
@@ -164,15 +191,15 @@ def main() -> None:
         agreement, kl = compare(ref_logits, ref_tokens, logits)
         print(f"{name:<34} {agreement:>17.4f} {kl:>15.3e}")
 
-    print(f"capacity at --kv-cache-memory {args.kv_cache_memory} bytes "
-          f"({args.capacity_requests} requests of 32 + 8 tokens):")
+    print(
+        f"capacity at --kv-cache-memory {args.kv_cache_memory} bytes "
+        f"({args.capacity_requests} requests of 32 + 8 tokens):"
+    )
     peaks = {}
     for dtype in ("bf16", "fp8"):
-        peak, blocks, seconds = capacity(model, registry, dtype, args.kv_cache_memory,
-                                         args.capacity_requests)
+        peak, blocks, seconds = capacity(model, registry, dtype, args.kv_cache_memory, args.capacity_requests)
         peaks[dtype] = peak
-        print(f"  {dtype:<5} {blocks:>5} blocks of 16 tokens, max concurrent sequences {peak:>4} "
-              f"({seconds:.1f}s)")
+        print(f"  {dtype:<5} {blocks:>5} blocks of 16 tokens, max concurrent sequences {peak:>4} ({seconds:.1f}s)")
     print(f"  ratio fp8 / bf16: {peaks['fp8'] / peaks['bf16']:.2f}x")
 
 

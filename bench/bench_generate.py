@@ -19,11 +19,17 @@ def engine_rate(model, prompt_ids, streams, new_tokens, prefill_only=False) -> f
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.sampling.params import SamplingParams
 
-    engine = LLMEngine(model, EngineConfig(block_size=16, kv_cache_memory=1 << 30,
-                                           max_prefill_tokens=1024, max_num_seqs=max(16, streams),
-                                           enable_prefix_caching=False))
-    params = SamplingParams(temperature=0.0, max_tokens=1 if prefill_only else new_tokens,
-                            ignore_eos=True)
+    engine = LLMEngine(
+        model,
+        EngineConfig(
+            block_size=16,
+            kv_cache_memory=1 << 30,
+            max_prefill_tokens=1024,
+            max_num_seqs=max(16, streams),
+            enable_prefix_caching=False,
+        ),
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=1 if prefill_only else new_tokens, ignore_eos=True)
     for i in range(streams):
         engine.add_request(f"r{i}", list(prompt_ids), params)
     t0 = time.perf_counter()
@@ -48,8 +54,7 @@ def _hf(model, prompt_ids, streams, new_tokens, prefill_only=False):
         t0 = time.perf_counter()
         model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False, pad_token_id=2)
         t1 = time.perf_counter()
-        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                       pad_token_id=2)
+        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=2)
         t2 = time.perf_counter()
     return (new_tokens - 1) * streams / ((t2 - t1) - (t1 - t0))
 
@@ -80,8 +85,7 @@ def main():
     if not args.no_hf:
         from transformers import AutoModelForCausalLM
 
-        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                  dtype=torch.float32).eval()
+        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
         h1 = _hf(hf, short, 1, args.decode_tokens)
         hp = _hf(hf, long_ids, 1, 1, prefill_only=True)
         h16 = _hf(hf, short, args.streams, args.decode_tokens)

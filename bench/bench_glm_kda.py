@@ -15,24 +15,47 @@ import time
 
 import torch
 
-TEXT = dict(vocab_size=2048, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
-            num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=16,
-            n_shared_experts=1, num_experts_per_tok=4, kv_lora_rank=64, q_lora_rank=96,
-            qk_nope_head_dim=32, v_head_dim=32, qk_rope_head_dim=0, index_topk=64, index_head_dim=32,
-            index_n_heads=8, index_kpool=8, linear_num_heads=4, linear_head_dim=64, hc_mult=4,
-            layer_types=["linear_attention"] * 3 + ["indexed_attention"] + ["linear_attention"] * 3
-            + ["indexed_attention"], mlp_layer_types=["dense"] + ["sparse"] * 7,
-            max_position_embeddings=4096, pad_token_id=0)
-VISION = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=256,
-              projection_intermediate_size=16)
+TEXT = dict(
+    vocab_size=2048,
+    hidden_size=256,
+    intermediate_size=512,
+    moe_intermediate_size=128,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_routed_experts=16,
+    n_shared_experts=1,
+    num_experts_per_tok=4,
+    kv_lora_rank=64,
+    q_lora_rank=96,
+    qk_nope_head_dim=32,
+    v_head_dim=32,
+    qk_rope_head_dim=0,
+    index_topk=64,
+    index_head_dim=32,
+    index_n_heads=8,
+    index_kpool=8,
+    linear_num_heads=4,
+    linear_head_dim=64,
+    hc_mult=4,
+    layer_types=["linear_attention"] * 3 + ["indexed_attention"] + ["linear_attention"] * 3 + ["indexed_attention"],
+    mlp_layer_types=["dense"] + ["sparse"] * 7,
+    max_position_embeddings=4096,
+    pad_token_id=0,
+)
+VISION = dict(
+    depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=256, projection_intermediate_size=16
+)
 
 
 def _engine_run(model, prompts, new_tokens):
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.sampling.params import SamplingParams
 
-    engine = LLMEngine(model, EngineConfig(block_size=16, kv_cache_memory=256 << 20, max_prefill_tokens=4096,
-                                           max_num_seqs=len(prompts)))
+    engine = LLMEngine(
+        model,
+        EngineConfig(block_size=16, kv_cache_memory=256 << 20, max_prefill_tokens=4096, max_num_seqs=len(prompts)),
+    )
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     for i, p in enumerate(prompts):
         engine.add_request(f"r{i}", p, params)
@@ -83,22 +106,34 @@ def main() -> None:
         store = open_weights(tmp)
         model = load_registry().find_model_loader(store.config).factory(store, LoadOptions())
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(1, TEXT["vocab_size"], (args.prompt_len,), generator=g).tolist()
-               for _ in range(args.streams)]
+    prompts = [
+        torch.randint(1, TEXT["vocab_size"], (args.prompt_len,), generator=g).tolist() for _ in range(args.streams)
+    ]
     _engine_run(model, [p[:32] for p in prompts], 2)  # warm-up
     ours = _engine_run(model, prompts, args.decode_tokens)
     theirs = _hf_run(hf, prompts, args.decode_tokens)
     print(f"config: {model!r}")
-    print(f"{args.streams} streams x {args.prompt_len}-token prompts, {args.decode_tokens} decode tokens, "
-          f"{args.threads} threads")
+    print(
+        f"{args.streams} streams x {args.prompt_len}-token prompts, {args.decode_tokens} decode tokens, "
+        f"{args.threads} threads"
+    )
     print(f"{'':12}{'metrale':>12}{'transformers':>14}{'ratio':>8}")
     for label, a, b in (("prefill", ours[0], theirs[0]), ("decode", ours[1], theirs[1])):
         print(f"{label + ' tok/s':12}{a:12.1f}{b:14.1f}{a / b:8.2f}")
     small = model.info.recurrent.bytes_per_sequence
-    real = GlmDims.from_config({"model_type": "glm5_next", "q_lora_rank": 1536, "vocab_size": 154880,
-                                "hidden_size": 4096, "num_hidden_layers": 45})
-    print(f"recurrent state per sequence: bench config {small / 1024:.1f} KiB; "
-          f"GLM-5.3-Flash (34 KDA layers, bf16 conv) {state_bytes_per_sequence(real, torch.bfloat16) / 2**20:.1f} MiB")
+    real = GlmDims.from_config(
+        {
+            "model_type": "glm5_next",
+            "q_lora_rank": 1536,
+            "vocab_size": 154880,
+            "hidden_size": 4096,
+            "num_hidden_layers": 45,
+        }
+    )
+    print(
+        f"recurrent state per sequence: bench config {small / 1024:.1f} KiB; "
+        f"GLM-5.3-Flash (34 KDA layers, bf16 conv) {state_bytes_per_sequence(real, torch.bfloat16) / 2**20:.1f} MiB"
+    )
 
 
 if __name__ == "__main__":

@@ -26,10 +26,16 @@ import subprocess
 import sys
 import time
 
-PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
-           "Explain what a hash table is.", "Give two tips for better sleep.",
-           "Why is the sky blue?", "Describe the water cycle.",
-           "Tell me a fun fact about octopuses.", "How many legs does a spider have?"]
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a hash table is.",
+    "Give two tips for better sleep.",
+    "Why is the sky blue?",
+    "Describe the water cycle.",
+    "Tell me a fun fact about octopuses.",
+    "How many legs does a spider have?",
+]
 ENGINE_FLAGS = ["--kv-cache-memory", "128M", "--max-num-seqs", "16"]
 
 
@@ -45,16 +51,28 @@ def summarize(streams: list[tuple[float, list[float]]], wall: float) -> dict:
     ttft = [(times[0] - start) * 1000 for start, times in streams if times]
     itl = [(b - a) * 1000 for _, times in streams for a, b in itertools.pairwise(times)]
     tokens = sum(len(times) for _, times in streams)
-    return {"tok_s": tokens / wall, "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99),
-            "itl_p50": pct(itl, 0.5), "itl_p99": pct(itl, 0.99), "tokens": tokens}
+    return {
+        "tok_s": tokens / wall,
+        "ttft_p50": pct(ttft, 0.5),
+        "ttft_p99": pct(ttft, 0.99),
+        "itl_p50": pct(itl, 0.5),
+        "itl_p99": pct(itl, 0.99),
+        "tokens": tokens,
+    }
 
 
 # --- HTTP --------------------------------------------------------------------------------------
 
 
 async def http_stream(client, url: str, prompt: str, max_tokens: int) -> tuple[float, list[float]]:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "logprobs": 0, "stream": True}
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 0,
+        "stream": True,
+    }
     start = time.perf_counter()
     times: list[float] = []
     async with client.stream("POST", url + "/v1/completions", json=body) as resp:
@@ -74,8 +92,9 @@ async def http_round(url: str, n: int, max_tokens: int) -> dict:
 
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as client:
         start = time.perf_counter()
-        streams = await asyncio.gather(*(http_stream(client, url, PROMPTS[i % len(PROMPTS)],
-                                                     max_tokens) for i in range(n)))
+        streams = await asyncio.gather(
+            *(http_stream(client, url, PROMPTS[i % len(PROMPTS)], max_tokens) for i in range(n))
+        )
         return summarize(streams, time.perf_counter() - start)
 
 
@@ -138,14 +157,12 @@ def in_process(model: str | None, levels: list[int], max_tokens: int) -> dict[in
     add_engine_flags(parser, registry)
     args = parser.parse_args(ENGINE_FLAGS)
     loaded = load_model(model, registry=registry, progress=False)
-    engine = LLMEngine(loaded.model, engine_config_from_args(args), tokenizer=loaded.tokenizer,
-                       registry=registry)
+    engine = LLMEngine(loaded.model, engine_config_from_args(args), tokenizer=loaded.tokenizer, registry=registry)
     async_engine = AsyncEngine(engine)
     async_engine.start()
     try:
         asyncio.run(engine_round(async_engine, loaded.tokenizer, 1, 4))  # warm-up
-        return {n: asyncio.run(engine_round(async_engine, loaded.tokenizer, n, max_tokens))
-                for n in levels}
+        return {n: asyncio.run(engine_round(async_engine, loaded.tokenizer, n, max_tokens)) for n in levels}
     finally:
         async_engine.shutdown()
 
@@ -173,18 +190,21 @@ def main() -> None:
         proc.wait(30)
     local = in_process(args.model, levels, args.max_tokens)
 
-    print(f"{args.max_tokens} tokens per stream, greedy, ignore_eos, logprobs=0; "
-          f"{args.threads} torch threads")
+    print(f"{args.max_tokens} tokens per stream, greedy, ignore_eos, logprobs=0; {args.threads} torch threads")
     head = f"{'streams':>7} {'side':<10} {'tok/s':>8} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>8}"
     print(head)
     for n in levels:
         for side, r in (("http", http[n]), ("in-proc", local[n])):
-            print(f"{n:>7} {side:<10} {r['tok_s']:>8.1f} {r['ttft_p50']:>9.1f} {r['ttft_p99']:>8.1f} "
-                  f"{r['itl_p50']:>8.1f} {r['itl_p99']:>8.1f}")
+            print(
+                f"{n:>7} {side:<10} {r['tok_s']:>8.1f} {r['ttft_p50']:>9.1f} {r['ttft_p99']:>8.1f} "
+                f"{r['itl_p50']:>8.1f} {r['itl_p99']:>8.1f}"
+            )
         h, loc = http[n], local[n]
-        print(f"{n:>7} {'http/proc':<10} {h['tok_s'] / loc['tok_s']:>8.2f} "
-              f"{h['ttft_p50'] / loc['ttft_p50']:>9.2f} {h['ttft_p99'] / loc['ttft_p99']:>8.2f} "
-              f"{h['itl_p50'] / loc['itl_p50']:>8.2f} {h['itl_p99'] / loc['itl_p99']:>8.2f}")
+        print(
+            f"{n:>7} {'http/proc':<10} {h['tok_s'] / loc['tok_s']:>8.2f} "
+            f"{h['ttft_p50'] / loc['ttft_p50']:>9.2f} {h['ttft_p99'] / loc['ttft_p99']:>8.2f} "
+            f"{h['itl_p50'] / loc['itl_p50']:>8.2f} {h['itl_p99'] / loc['itl_p99']:>8.2f}"
+        )
     print("(latencies in ms; the http/proc row is HTTP divided by in-process)")
 
 

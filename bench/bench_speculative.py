@@ -17,7 +17,7 @@ import time
 
 import torch
 
-CODE = '''def area(width, height):
+CODE = """def area(width, height):
     return width * height
 
 
@@ -27,10 +27,10 @@ def perimeter(width, height):
 
 def describe(width, height):
     return f"{width}x{height}: area {area(width, height)}, perimeter {perimeter(width, height)}"
-'''
+"""
 PROMPTS = {
     "code-edit": f"Rename the parameter width to w everywhere in this code and print the whole "
-                 f"code again:\n\n{CODE}\nHere is the code with width renamed to w:\n\n",
+    f"code again:\n\n{CODE}\nHere is the code with width renamed to w:\n\n",
     "free-text": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
 
@@ -39,9 +39,12 @@ def run(model, tok, prompt_ids, width, tokens, speculator):
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.sampling.params import SamplingParams
 
-    engine = LLMEngine(model, EngineConfig(block_size=16, kv_cache_memory=1 << 29,
-                                           max_prefill_tokens=2048), tokenizer=tok,
-                       speculator=speculator)
+    engine = LLMEngine(
+        model,
+        EngineConfig(block_size=16, kv_cache_memory=1 << 29, max_prefill_tokens=2048),
+        tokenizer=tok,
+        speculator=speculator,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     for i in range(width):
         engine.add_request(f"r{i}", prompt_ids, params)
@@ -77,13 +80,14 @@ def main() -> None:
     proposers = {
         "ngram k=4": lambda ctx: GatedSpeculator(NgramProposer(2, 4), 4, gate=gate()),
         "draft(self) k=3": lambda ctx: GatedSpeculator(
-            DraftModelProposer(ctx.model, ctx.model.info, ctx.pipeline, num_blocks=256,
-                               block_size=16), 3, gate=gate()),
+            DraftModelProposer(ctx.model, ctx.model.info, ctx.pipeline, num_blocks=256, block_size=16), 3, gate=gate()
+        ),
     }
-    print(f"SmolLM2-135M Q4_1, CPU threads={args.threads}, greedy, {args.tokens} tokens/stream, "
-          f"gate={args.gate}")
-    print(f"{'workload':<10} {'width':>5} {'proposer':<16} {'tok/s':>8} {'plain':>8} {'speedup':>8} "
-          f"{'acc.len':>7} {'acc.rate':>8}")
+    print(f"SmolLM2-135M Q4_1, CPU threads={args.threads}, greedy, {args.tokens} tokens/stream, gate={args.gate}")
+    print(
+        f"{'workload':<10} {'width':>5} {'proposer':<16} {'tok/s':>8} {'plain':>8} {'speedup':>8} "
+        f"{'acc.len':>7} {'acc.rate':>8}"
+    )
     for name, text in PROMPTS.items():
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
         for width in (1, 4):
@@ -91,9 +95,11 @@ def main() -> None:
             for pname, factory in proposers.items():
                 got, rate, stats = run(model, tok, ids, width, args.tokens, factory)
                 assert got == plain, f"{pname} changed the greedy output"
-                print(f"{name:<10} {width:>5} {pname:<16} {rate:8.1f} {plain_rate:8.1f} "
-                      f"{rate / plain_rate:7.2f}x {stats['acceptance_length']:7.2f} "
-                      f"{stats['acceptance_rate']:8.2f}")
+                print(
+                    f"{name:<10} {width:>5} {pname:<16} {rate:8.1f} {plain_rate:8.1f} "
+                    f"{rate / plain_rate:7.2f}x {stats['acceptance_length']:7.2f} "
+                    f"{stats['acceptance_rate']:8.2f}"
+                )
 
 
 if __name__ == "__main__":

@@ -31,10 +31,19 @@ from loguru import logger
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [{"role": "user", "content": "List some people with their names and ages as JSON."}]
-SCHEMA = {"type": "array", "minItems": 40, "items": {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0,
-                                                         "maximum": 120}},
-    "required": ["name", "age"], "additionalProperties": False}}
+SCHEMA = {
+    "type": "array",
+    "minItems": 40,
+    "items": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 24},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+}
 
 
 def _engine():
@@ -44,16 +53,19 @@ def _engine():
     from metrale_core.plugins import load_registry
 
     loaded = load_model(default_model_path(progress=False), progress=False)
-    engine = LLMEngine(loaded.model, EngineConfig(kv_cache_memory=256 << 20, max_num_seqs=16),
-                       tokenizer=loaded.tokenizer, registry=load_registry())
+    engine = LLMEngine(
+        loaded.model,
+        EngineConfig(kv_cache_memory=256 << 20, max_num_seqs=16),
+        tokenizer=loaded.tokenizer,
+        registry=load_registry(),
+    )
     return engine, loaded.tokenizer
 
 
 def _decode_rate(engine, tokenizer, width: int, tokens: int, constrained: bool) -> float:
     from metrale_core.sampling import SamplingParams, StructuredOutput
 
-    structured = StructuredOutput("json_schema", json.dumps(SCHEMA), "response_format") \
-        if constrained else None
+    structured = StructuredOutput("json_schema", json.dumps(SCHEMA), "response_format") if constrained else None
     prompt = tokenizer.encode_chat(PROMPT)
     params = SamplingParams(temperature=0.0, max_tokens=tokens, structured=structured)
     for i in range(width):
@@ -92,8 +104,10 @@ def main() -> None:
     from metrale_structured.stats import STATS
 
     engine, tokenizer = _engine()
-    print(f"structured output bench: SmolLM2-135M Q4_1, greedy, {args.tokens} tokens/stream, "
-          f"{args.threads} threads, median of {args.repeats}")
+    print(
+        f"structured output bench: SmolLM2-135M Q4_1, greedy, {args.tokens} tokens/stream, "
+        f"{args.threads} threads, median of {args.repeats}"
+    )
     processor = engine.output_processor.pipeline.processor("structured-output")
     for width in (1, 16):
         # back to back, interleaved: free, constrained with the mask fill overlapping the
@@ -104,8 +118,7 @@ def main() -> None:
             for name in runs:
                 processor.overlap = name == "overlap"
                 steps0, mask0 = STATS.mask_steps, STATS.mask_seconds
-                runs[name].append(_decode_rate(engine, tokenizer, width, args.tokens,
-                                               name != "free"))
+                runs[name].append(_decode_rate(engine, tokenizer, width, args.tokens, name != "free"))
                 if name in mask:
                     mask[name][0] += STATS.mask_steps - steps0
                     mask[name][1] += STATS.mask_seconds - mask0
@@ -115,14 +128,17 @@ def main() -> None:
             con = statistics.median(runs[name])
             steps, seconds = mask[name]
             mask_ms = 1e3 * seconds / steps if steps else 0.0
-            print(f"width {width:2d}: free {free:7.1f} tok/s, json-schema ({name}) {con:7.1f} "
-                  f"tok/s, {100 * (1 - con / free):+5.1f}% slower; engine thread in the mask "
-                  f"{mask_ms:.2f} ms/step")
-    print(f"default (auto) on this machine: {'overlap' if processor._overlaps() else 'serial'} "
-          f"({torch.get_num_threads()} torch threads)")
+            print(
+                f"width {width:2d}: free {free:7.1f} tok/s, json-schema ({name}) {con:7.1f} "
+                f"tok/s, {100 * (1 - con / free):+5.1f}% slower; engine thread in the mask "
+                f"{mask_ms:.2f} ms/step"
+            )
+    print(
+        f"default (auto) on this machine: {'overlap' if processor._overlaps() else 'serial'} "
+        f"({torch.get_num_threads()} torch threads)"
+    )
     times = sorted(_compile_times(engine))
-    print(f"compile ({len(times)} schemas): p50 {1e3 * statistics.median(times):.2f} ms, "
-          f"max {1e3 * times[-1]:.2f} ms")
+    print(f"compile ({len(times)} schemas): p50 {1e3 * statistics.median(times):.2f} ms, max {1e3 * times[-1]:.2f} ms")
 
 
 if __name__ == "__main__":

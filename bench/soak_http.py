@@ -50,8 +50,7 @@ def pct(values: list[float], q: float) -> float:
 
 def requests_mix(max_tokens: int) -> list[tuple[str, dict, int]]:
     """(path, body, expected status) of one cycle."""
-    chat = {"messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0,
-            "max_tokens": max_tokens}
+    chat = {"messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0, "max_tokens": max_tokens}
     comp = {"prompt": "Once upon a time", "temperature": 0, "max_tokens": max_tokens}
     return [
         ("/v1/chat/completions", chat, 200),
@@ -78,8 +77,9 @@ async def one(client: httpx.AsyncClient, url: str, path: str, body: dict, status
     return (time.perf_counter() - start) * 1000
 
 
-async def soak(url: str, pid: int, total: int, window: int, concurrency: int,
-               max_tokens: int, trace: str | None = None) -> None:
+async def soak(
+    url: str, pid: int, total: int, window: int, concurrency: int, max_tokens: int, trace: str | None = None
+) -> None:
     mix = requests_mix(max_tokens)
     queue: asyncio.Queue = asyncio.Queue()
     for i in range(total):
@@ -99,8 +99,10 @@ async def soak(url: str, pid: int, total: int, window: int, concurrency: int,
                 latencies.append(ms)
                 done += 1
                 if done % window == 0:
-                    print(f"{done:>9} {pct(latencies, 0.5):>9.1f} {pct(latencies, 0.99):>9.1f} "
-                          f"{rss_mib(pid):>9.1f}", flush=True)
+                    print(
+                        f"{done:>9} {pct(latencies, 0.5):>9.1f} {pct(latencies, 0.99):>9.1f} {rss_mib(pid):>9.1f}",
+                        flush=True,
+                    )
                     latencies = []
                     if trace:
                         print(traced_window(trace, pid, done // window), flush=True)
@@ -116,11 +118,18 @@ def tiny_checkpoint(directory: str) -> str:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    tok_dir = os.environ.get("METRALE_QWEN3_TOKENIZER_DIR",
-                             os.path.expanduser("~/.cache/metrale/tokenizers/qwen3"))
-    config = Qwen3Config(vocab_size=151936, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, max_position_embeddings=4096, tie_word_embeddings=True)
+    tok_dir = os.environ.get("METRALE_QWEN3_TOKENIZER_DIR", os.path.expanduser("~/.cache/metrale/tokenizers/qwen3"))
+    config = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     Qwen3ForCausalLM(config).save_pretrained(directory)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -152,10 +161,14 @@ def serve_traced(directory: str, argv: list[str]) -> None:
             by_type[name] = by_type.get(name, 0) + 1
         before = rss_mib(os.getpid())
         libc.malloc_trim(0)
-        record = {"n": n, "traced_mib": tracemalloc.get_traced_memory()[0] / 2**20,
-                  "objects": sum(by_type.values()), "rss_mib": before,
-                  "rss_after_trim_mib": rss_mib(os.getpid()),
-                  "top_types": sorted(by_type.items(), key=lambda kv: -kv[1])[:40]}
+        record = {
+            "n": n,
+            "traced_mib": tracemalloc.get_traced_memory()[0] / 2**20,
+            "objects": sum(by_type.values()),
+            "rss_mib": before,
+            "rss_after_trim_mib": rss_mib(os.getpid()),
+            "top_types": sorted(by_type.items(), key=lambda kv: -kv[1])[:40],
+        }
         with open(os.path.join(directory, f"counts-{n}.json"), "w") as f:
             json.dump(record, f)
 
@@ -178,8 +191,10 @@ def traced_window(directory: str, pid: int, n: int) -> str:
     time.sleep(0.5)
     with open(path) as f:
         r = json.load(f)
-    return (f"  traced {r['traced_mib']:.1f} MiB, {r['objects']} gc objects, RSS "
-            f"{r['rss_mib']:.1f} -> {r['rss_after_trim_mib']:.1f} MiB after malloc_trim(0)")
+    return (
+        f"  traced {r['traced_mib']:.1f} MiB, {r['objects']} gc objects, RSS "
+        f"{r['rss_mib']:.1f} -> {r['rss_after_trim_mib']:.1f} MiB after malloc_trim(0)"
+    )
 
 
 def traced_growth(directory: str, first: int, last: int, top: int = 15) -> None:
@@ -190,12 +205,13 @@ def traced_growth(directory: str, first: int, last: int, top: int = 15) -> None:
     a = tracemalloc.Snapshot.load(os.path.join(directory, f"snap-{first}.pickle"))
     b = tracemalloc.Snapshot.load(os.path.join(directory, f"snap-{last}.pickle"))
     stats = b.compare_to(a, "traceback")
-    print(f"traced growth, snapshot {first} -> {last}: "
-          f"{sum(s.size_diff for s in stats) / 1024:+.1f} KiB in total; top sites:")
+    print(
+        f"traced growth, snapshot {first} -> {last}: "
+        f"{sum(s.size_diff for s in stats) / 1024:+.1f} KiB in total; top sites:"
+    )
     for stat in stats[:top]:
         frame = stat.traceback[-1]
-        print(f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks  "
-              f"{frame.filename}:{frame.lineno}")
+        print(f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks  {frame.filename}:{frame.lineno}")
     with open(os.path.join(directory, f"counts-{first}.json")) as f:
         ta = dict(json.load(f)["top_types"])
     with open(os.path.join(directory, f"counts-{last}.json")) as f:
@@ -204,14 +220,25 @@ def traced_growth(directory: str, first: int, last: int, top: int = 15) -> None:
     print("gc object count growth by type: " + ", ".join(f"{k} {d:+d}" for d, k in grown))
 
 
-def start_server(model: str | None, threads: int,
-                 trace: str | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(model: str | None, threads: int, trace: str | None = None) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "metrale_core.cli.main", "serve", "--no-tui", "--port",
-           str(port), "--threads", str(threads), "--kv-cache-memory", "128M",
-           "--max-num-seqs", "8"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "metrale_core.cli.main",
+        "serve",
+        "--no-tui",
+        "--port",
+        str(port),
+        "--threads",
+        str(threads),
+        "--kv-cache-memory",
+        "128M",
+        "--max-num-seqs",
+        "8",
+    ]
     if model:
         cmd.insert(4, model)
     if trace:
@@ -236,15 +263,20 @@ def start_server(model: str | None, threads: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None)
-    parser.add_argument("--tiny", action="store_true",
-                        help="serve a random two-layer Qwen3 (measures the server, not the model)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="serve a random two-layer Qwen3 (measures the server, not the model)"
+    )
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--window", type=int, default=500)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--trace", default=None, metavar="DIR",
-                        help="run the server under tracemalloc; snapshots and counters per window")
+    parser.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="run the server under tracemalloc; snapshots and counters per window",
+    )
     args = parser.parse_args()
     import tempfile
 
@@ -255,8 +287,7 @@ def main() -> None:
     proc, url = start_server(model, args.threads, args.trace)
     try:
         started = time.perf_counter()
-        asyncio.run(soak(url, proc.pid, args.requests, args.window, args.concurrency,
-                         args.max_tokens, args.trace))
+        asyncio.run(soak(url, proc.pid, args.requests, args.window, args.concurrency, args.max_tokens, args.trace))
         print(f"{args.requests} requests in {time.perf_counter() - started:.1f}s", flush=True)
         windows = args.requests // args.window
         if args.trace and windows >= 2:

@@ -43,21 +43,29 @@ def metrale_tool_call_parsers(register):
     from metrale_core.streamparse.parser import BUILTIN_TOOL_PARSERS  # a table; no parser imported
 
     for name, (target, model_types) in BUILTIN_TOOL_PARSERS.items():
-        register(ToolCallParserSpec(name=name, factory=lazy_factory(target), model_types=model_types,
-                                    description=f"streaming {name} tool-call parser"))
+        register(
+            ToolCallParserSpec(
+                name=name,
+                factory=lazy_factory(target),
+                model_types=model_types,
+                description=f"streaming {name} tool-call parser",
+            )
+        )
 
 
 #: The built-in executors (``metrale_core.parallel.executors``): name -> (class, description).
 _EXECUTORS = {
     "uni": ("UniExecutor", "one process, no tensor parallelism (the default for size 1)"),
     "mp": ("MpExecutor", "worker processes on this machine (the default for size > 1)"),
-    "env": ("EnvExecutor", "ranks started by torchrun / 'met worker' (MASTER_ADDR, MASTER_PORT, "
-                           "WORLD_SIZE, RANK)"),
+    "env": ("EnvExecutor", "ranks started by torchrun / 'met worker' (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK)"),
 }
 
 
 @hookimpl
 def metrale_executors(register):
     for name, (cls, description) in _EXECUTORS.items():
-        register(ExecutorSpec(name=name, factory=lazy_factory(f"metrale_core.parallel.executors:{cls}"),
-                              description=description))
+        register(
+            ExecutorSpec(
+                name=name, factory=lazy_factory(f"metrale_core.parallel.executors:{cls}"), description=description
+            )
+        )

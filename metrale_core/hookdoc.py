@@ -48,9 +48,7 @@ class HookDoc:
 def hookspecs_of(module: ModuleType) -> list[Callable]:
     """The hookspec functions of ``module`` (marked ``metrale_spec``), in source order."""
     specs = [
-        fn
-        for name, fn in vars(module).items()
-        if name.startswith(PROJECT + "_") and hasattr(fn, PROJECT + "_spec")
+        fn for name, fn in vars(module).items() if name.startswith(PROJECT + "_") and hasattr(fn, PROJECT + "_spec")
     ]
     return sorted(specs, key=lambda fn: fn.__code__.co_firstlineno)
 
@@ -146,7 +144,7 @@ def render_markdown(module: ModuleType, groups) -> str:
         f"<!-- Regenerate: python -m {module.__name__} > docs/hooks.md -->",
         "",
         "A plugin is a module named by an entry point in the `metrale` group "
-        "(`[project.entry-points.metrale] myname = \"metrale_myname\"`) whose functions are "
+        '(`[project.entry-points.metrale] myname = "metrale_myname"`) whose functions are '
         "marked with `@metrale_core.hookimpl` and named after the hooks below. An "
         "implementation may accept fewer arguments than the spec. Hook names are checked at "
         "startup: a misspelled hook is an error.",

@@ -94,8 +94,9 @@ def resolve_model_path(model: str | Path | None, *, progress: bool = True) -> Pa
     return Path(model).expanduser()
 
 
-def model_from_store(store: Any, options: LoadOptions, registry: Registry,
-                     *, reading: Any = None) -> tuple[ModelLoaderSpec, Any]:
+def model_from_store(
+    store: Any, options: LoadOptions, registry: Registry, *, reading: Any = None
+) -> tuple[ModelLoaderSpec, Any]:
     """The model of an open weight store through the loader ``registry`` picks for its config:
     the one loading function of every model (the target in :func:`load_model`, a speculative
     draft model or MTP layer through ``ProposerContext.load_model``).
@@ -106,16 +107,24 @@ def model_from_store(store: Any, options: LoadOptions, registry: Registry,
     spec = registry.find_model_loader(store.config)
     wanted = options.weight_format
     if wanted is not None and wanted != "auto" and wanted not in spec.weight_formats:  # auto: every loader
-        raise ConfigError(f"--weight-format {wanted} is not available for this checkpoint: its "
-                          f"loader {spec.name!r} honours {', '.join(spec.weight_formats)}")
+        raise ConfigError(
+            f"--weight-format {wanted} is not available for this checkpoint: its "
+            f"loader {spec.name!r} honours {', '.join(spec.weight_formats)}"
+        )
     tp = options.tensor_parallel
     if tp is not None and tp.world > 1 and not spec.tensor_parallel:
         why = f": {spec.tensor_parallel_note}" if spec.tensor_parallel_note else ""
-        raise ConfigError(f"the {spec.name!r} loader does not support tensor parallelism "
-                          f"(--tensor-parallel-size {tp.world}){why}; use --tensor-parallel-size 1")
+        raise ConfigError(
+            f"the {spec.name!r} loader does not support tensor parallelism "
+            f"(--tensor-parallel-size {tp.world}){why}; use --tensor-parallel-size 1"
+        )
     path = getattr(store, "path", None)
-    logger.info("loading {} with the '{}' loader ({} tensors)", path if path is not None else store,
-                spec.name, len(store.names()))
+    logger.info(
+        "loading {} with the '{}' loader ({} tensors)",
+        path if path is not None else store,
+        spec.name,
+        len(store.names()),
+    )
     model_obj = spec.factory(reading if reading is not None else store, options)
     drop_pages = getattr(store, "drop_resident_pages", None)
     if drop_pages is not None:  # GGUF: the repacked tensors are copies; the file's pages can go
@@ -125,9 +134,14 @@ def model_from_store(store: Any, options: LoadOptions, registry: Registry,
     return spec, model_obj
 
 
-def load_model(model: str | Path | None, options: LoadOptions | None = None, registry=None,
-               *, progress: bool = True,
-               on_tensor: Callable[[int, int, int], None] | None = None) -> LoadedModel:
+def load_model(
+    model: str | Path | None,
+    options: LoadOptions | None = None,
+    registry=None,
+    *,
+    progress: bool = True,
+    on_tensor: Callable[[int, int, int], None] | None = None,
+) -> LoadedModel:
     """Open the checkpoint, pick its loader plugin, build the model and its tokenizer.
 
     ``on_tensor(done, total, nbytes)`` (optional) is called after each tensor is read, with the
@@ -144,15 +158,11 @@ def load_model(model: str | Path | None, options: LoadOptions | None = None, reg
     if progress and sys.stderr.isatty():
         from tqdm import tqdm
 
-        with tqdm(total=len(store.names()), desc="loading weights", unit="tensor",
-                  file=sys.stderr, leave=False) as bar:
-            spec, model_obj = model_from_store(store, options, registry,
-                                               reading=_ProgressStore(store, bar, on_tensor))
+        with tqdm(total=len(store.names()), desc="loading weights", unit="tensor", file=sys.stderr, leave=False) as bar:
+            spec, model_obj = model_from_store(store, options, registry, reading=_ProgressStore(store, bar, on_tensor))
     elif on_tensor is not None:
-        spec, model_obj = model_from_store(store, options, registry,
-                                           reading=_ProgressStore(store, None, on_tensor))
+        spec, model_obj = model_from_store(store, options, registry, reading=_ProgressStore(store, None, on_tensor))
     else:
         spec, model_obj = model_from_store(store, options, registry)
     tokenizer = Tokenizer.from_store(store)
-    return LoadedModel(model=model_obj, store=store, tokenizer=tokenizer,
-                       loader_name=spec.name, path=path)
+    return LoadedModel(model=model_obj, store=store, tokenizer=tokenizer, loader_name=spec.name, path=path)

@@ -180,8 +180,9 @@ class KVGroups:
             by_window.setdefault(window, []).append(layer)
         size = min(len(layers) for layers in by_window.values())
         order = sorted(by_window, key=lambda w: (w is not None, w or 0))
-        groups = tuple(KVGroup(w, tuple(by_window[w][i:i + size]))
-                       for w in order for i in range(0, len(by_window[w]), size))
+        groups = tuple(
+            KVGroup(w, tuple(by_window[w][i : i + size])) for w in order for i in range(0, len(by_window[w]), size)
+        )
         return cls(groups, size)
 
     @property
@@ -252,19 +253,28 @@ class KVCodec(Protocol):
     #: Storage dtype of the pool (None: the layout's dtype).
     storage_dtype: torch.dtype | None
 
-    def write(self, cache: PagedKVCache, layer: int, slot_mapping: torch.Tensor,
-              k: torch.Tensor, v: torch.Tensor, kernel=None) -> None:
+    def write(
+        self, cache: PagedKVCache, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel=None
+    ) -> None:
         """Store ``k`` / ``v`` ``[T, Hk, d]`` of ``layer`` at the flat slots ``[T]``."""
         ...
 
-    def gather(self, cache: PagedKVCache, layer: int, block_ids: torch.Tensor,
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(
+        self, cache: PagedKVCache, layer: int, block_ids: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the blocks ``block_ids`` ``[..., nb]`` as ``[..., nb * bs, Hk, d]`` in ``dtype``."""
         ...
 
-    def decode_attention(self, cache: PagedKVCache, layer: int, q: torch.Tensor,
-                         block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                         max_context: int) -> torch.Tensor | None:
+    def decode_attention(
+        self,
+        cache: PagedKVCache,
+        layer: int,
+        q: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+        max_context: int,
+    ) -> torch.Tensor | None:
         """A fused decode kernel over this storage, or None to let the model gather and attend."""
         ...
 
@@ -276,8 +286,9 @@ class PlainKVCodec:
     plain: bool = True
     storage_dtype: torch.dtype | None = None
 
-    def write(self, cache: PagedKVCache, layer: int, slot_mapping: torch.Tensor,
-              k: torch.Tensor, v: torch.Tensor, kernel=None) -> None:
+    def write(
+        self, cache: PagedKVCache, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel=None
+    ) -> None:
         """``kernel(k, v, k_cache, v_cache, slot_mapping)`` is a model's fused store, if any."""
         k_cache, v_cache = cache.k[layer], cache.v[layer]
         if kernel is not None:
@@ -286,10 +297,10 @@ class PlainKVCodec:
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
-    def gather(self, cache: PagedKVCache, layer: int, block_ids: torch.Tensor,
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return (gather_blocks(cache.k[layer], block_ids, dtype),
-                gather_blocks(cache.v[layer], block_ids, dtype))
+    def gather(
+        self, cache: PagedKVCache, layer: int, block_ids: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return (gather_blocks(cache.k[layer], block_ids, dtype), gather_blocks(cache.v[layer], block_ids, dtype))
 
     def decode_attention(self, cache, layer, q, block_tables, context_lens, scale, max_context):
         return None
@@ -322,8 +333,14 @@ class PagedKVCache:
     codec: KVCodec = field(factory=PlainKVCodec)
 
     @classmethod
-    def allocate(cls, layout: KVLayout, num_blocks: int, block_size: int,
-                 device: torch.device | str = "cpu", codec: KVCodec | None = None) -> PagedKVCache:
+    def allocate(
+        cls,
+        layout: KVLayout,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device | str = "cpu",
+        codec: KVCodec | None = None,
+    ) -> PagedKVCache:
         """Zeroed storage of ``layout.dtype`` (the codec's storage dtype) for ``num_blocks`` pages
         of ``layout.groups.group_size`` layers (every layer without windows)."""
         shape = (num_blocks, block_size, layout.num_kv_heads, layout.head_dim)
@@ -349,8 +366,7 @@ class PagedKVCache:
         """True when ``k[layer]`` / ``v[layer]`` hold plain floats a kernel may read directly."""
         return self.codec.plain
 
-    def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              *, kernel=None) -> None:
+    def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kernel=None) -> None:
         """Store ``k`` / ``v`` ``[T, Hk, d]`` of ``layer`` at flat slots ``slot_mapping`` ``[T]``.
 
         ``kernel(k, v, k_cache, v_cache, slot_mapping)`` is the model's own fused store; the
@@ -358,8 +374,7 @@ class PagedKVCache:
         """
         self.codec.write(self, layer, slot_mapping, k, v, kernel)
 
-    def gather(self, layer: int, block_ids: torch.Tensor,
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(self, layer: int, block_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of ``block_ids`` ``[..., nb]`` as ``[..., nb * block_size, Hk, d]`` in ``dtype``."""
         return self.codec.gather(self, layer, block_ids, dtype)
 
@@ -407,9 +422,13 @@ class ForwardBatch:
         """This batch as KV group ``group``'s layers see it (its block tables and slots)."""
         if group == 0:
             return self
-        return evolve(self, block_tables=self.group_block_tables[group - 1],
-                      slot_mapping=self.group_slot_mappings[group - 1],
-                      group_block_tables=(), group_slot_mappings=())
+        return evolve(
+            self,
+            block_tables=self.group_block_tables[group - 1],
+            slot_mapping=self.group_slot_mappings[group - 1],
+            group_block_tables=(),
+            group_slot_mappings=(),
+        )
 
     @property
     def num_seqs(self) -> int:
@@ -431,8 +450,7 @@ class CausalLM(Protocol):
 
     info: ModelInfo
 
-    def forward(self, batch: ForwardBatch, kv: PagedKVCache | None,
-                state: object | None = None) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, kv: PagedKVCache | None, state: object | None = None) -> torch.Tensor:
         """Consume ``batch``, writing K/V (and advancing recurrent state in ``state``).
 
         Returns ``[N, vocab]`` float32 logits for ``batch.logits_rows``.
@@ -447,8 +465,9 @@ class CausalLM(Protocol):
 class HiddenStatesLM(CausalLM, Protocol):
     """A ``CausalLM`` with the optional ``forward_with_hidden`` (see the module docstring)."""
 
-    def forward_with_hidden(self, batch: ForwardBatch, kv: PagedKVCache | None,
-                            state: object | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def forward_with_hidden(
+        self, batch: ForwardBatch, kv: PagedKVCache | None, state: object | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class VerifyCommitLM(CausalLM, Protocol):

@@ -96,8 +96,7 @@ def _collect(pm: pluggy.PluginManager, plugin: object) -> dict[str, list[Any]]:
         def register(spec: Any, _family: str = family, _type: type = spec_type, _hook: str = hook) -> None:
             if not isinstance(spec, _type):
                 raise PluginError(
-                    f"plugin {name!r} passed {spec!r} to register() in {_hook}; "
-                    f"expected a {_type.__name__}"
+                    f"plugin {name!r} passed {spec!r} to register() in {_hook}; expected a {_type.__name__}"
                 )
             spec_name = getattr(spec, "name", None)  # every Spec record has one
             if not isinstance(spec_name, str) or not spec_name.strip():
@@ -209,7 +208,10 @@ def _warn_shadowed_loaders(reg: Registry) -> None:
             if model_type in served:
                 logger.warning(
                     "model_type {!r} is served by loaders {!r} and {!r}; {!r} is used",
-                    model_type, served[model_type], spec.name, served[model_type],
+                    model_type,
+                    served[model_type],
+                    spec.name,
+                    served[model_type],
                 )
             else:
                 served[model_type] = spec.name

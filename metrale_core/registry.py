@@ -105,9 +105,7 @@ class Registry:
         table = getattr(self, family)
         if name not in table:
             choices = ", ".join(f"{n} ({self.provider(family, n).distribution})" for n in table)
-            raise ConfigError(
-                f"unknown {singular(family)} {name!r}; installed: {choices or 'none'}"
-            )
+            raise ConfigError(f"unknown {singular(family)} {name!r}; installed: {choices or 'none'}")
         return table[name]
 
     def find_model_loader(self, config: dict) -> c.ModelLoaderSpec:
@@ -142,9 +140,11 @@ class Registry:
     def collect_metrics(self, engine: Any) -> list[tuple[str, Any]]:
         """``(plugin name, answer)`` of every plugin's ``metrale_metrics(engine)`` that answered
         something other than None (one that raises is skipped for this call)."""
-        return [(name, result)
-                for name, result in self._call_each("metrale_metrics", "", engine=engine)
-                if result is not None]
+        return [
+            (name, result)
+            for name, result in self._call_each("metrale_metrics", "", engine=engine)
+            if result is not None
+        ]
 
     def _call_each(self, hook: str, skipped: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Call ``hook`` plugin by plugin through pluggy; yields ``(plugin name, result)``.
@@ -163,8 +163,14 @@ class Registry:
             try:
                 results = self.pm.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
             except Exception as exc:
-                logger.warning("plugin {!r} failed in {}{}: {}: {}", name, hook,
-                               f" {skipped}" if skipped else "", type(exc).__name__, exc)
+                logger.warning(
+                    "plugin {!r} failed in {}{}: {}: {}",
+                    name,
+                    hook,
+                    f" {skipped}" if skipped else "",
+                    type(exc).__name__,
+                    exc,
+                )
                 continue
             for result in results:
                 yield name, result

@@ -101,11 +101,7 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
         reader = gguf.GGUFReader(str(path), "r")
     except (OSError, ValueError) as exc:
         raise TokenizerError(f"cannot read GGUF metadata from {path}: {exc}") from exc
-    return {
-        key: fld.contents()
-        for key, fld in reader.fields.items()
-        if key.startswith(("tokenizer.", "general."))
-    }
+    return {key: fld.contents() for key, fld in reader.fields.items() if key.startswith(("tokenizer.", "general."))}
 
 
 @frozen(eq=False)
@@ -156,8 +152,11 @@ class Tokenizer:
                 f"directory instead"
             )
         types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-        backend = spm_backend(meta, tokens, types) if kind == "llama" else cls._byte_level_backend(
-            meta, tokens, types, source)
+        backend = (
+            spm_backend(meta, tokens, types)
+            if kind == "llama"
+            else cls._byte_level_backend(meta, tokens, types, source)
+        )
 
         def token_id(key: str) -> int | None:
             value = meta.get(f"tokenizer.ggml.{key}")
@@ -167,8 +166,12 @@ class Tokenizer:
         add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
         add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
         _set_post_processor(backend, tokens, bos if add_bos else None, eos if add_eos else None)
-        names = {"bos_token": bos, "eos_token": eos, "unk_token": token_id("unknown_token_id"),
-                 "pad_token": token_id("padding_token_id")}
+        names = {
+            "bos_token": bos,
+            "eos_token": eos,
+            "unk_token": token_id("unknown_token_id"),
+            "pad_token": token_id("padding_token_id"),
+        }
         return cls(
             backend=backend,
             bos_token_id=bos,
@@ -180,8 +183,7 @@ class Tokenizer:
         )
 
     @staticmethod
-    def _byte_level_backend(meta: Mapping[str, Any], tokens: list[str], types: list[int],
-                            source: str) -> _Backend:
+    def _byte_level_backend(meta: Mapping[str, Any], tokens: list[str], types: list[int], source: str) -> _Backend:
         """The byte-level BPE backend of a ``gpt2`` GGUF vocabulary."""
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
         pre = meta.get("tokenizer.ggml.pre")
@@ -198,17 +200,26 @@ class Tokenizer:
                 logger.debug("{}: token {} duplicates {!r}; keeping id {}", source, index, token, vocab[token])
 
         backend = _Backend(
-            models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
-                       end_of_word_suffix="", fuse_unk=False, ignore_merges=pre in _IGNORE_MERGES)
+            models.BPE(
+                vocab=vocab,
+                merges=merges,
+                dropout=None,
+                continuing_subword_prefix="",
+                end_of_word_suffix="",
+                fuse_unk=False,
+                ignore_merges=pre in _IGNORE_MERGES,
+            )
         )
         split = _PRE_SPLITS.get(pre) if pre is not None else None
         if split is None:
             backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         else:
-            backend.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ])
+            backend.pre_tokenizer = pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                ]
+            )
         backend.decoder = decoders.ByteLevel()
         backend.add_special_tokens([t for t in added if t.special])
         backend.add_tokens([t for t in added if not t.special])
@@ -234,12 +245,16 @@ class Tokenizer:
         for _raw_id, info in sorted((config.get("added_tokens_decoder") or {}).items(), key=lambda kv: int(kv[0])):
             content = info.get("content")
             if content and backend.token_to_id(content) is None:
-                token = AddedToken(content, special=bool(info.get("special")),
-                                   normalized=bool(info.get("normalized", not info.get("special"))))
+                token = AddedToken(
+                    content,
+                    special=bool(info.get("special")),
+                    normalized=bool(info.get("normalized", not info.get("special"))),
+                )
                 (backend.add_special_tokens if token.special else backend.add_tokens)([token])
 
-        names = {name: _token_content(config.get(name))
-                 for name in ("bos_token", "eos_token", "unk_token", "pad_token")}
+        names = {
+            name: _token_content(config.get(name)) for name in ("bos_token", "eos_token", "unk_token", "pad_token")
+        }
         ids = {name: backend.token_to_id(tok) if tok is not None else None for name, tok in names.items()}
         _apply_bos_eos_flags(backend, config, ids["bos_token"], ids["eos_token"])
 
@@ -285,17 +300,28 @@ class Tokenizer:
         return frozenset(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
 
     # ---- chat -------------------------------------------------------------------------------
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-                            tools: Sequence[Mapping[str, Any]] | None = None, **template_kwargs: Any) -> str:
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> str:
         """Render a conversation with the checkpoint's chat template (transformers semantics)."""
         if self.chat_template is None:
             raise InvalidRequest(f"the tokenizer of {self.source} has no chat template; send a plain prompt instead")
         variables = {**self.special_tokens, **template_kwargs}
-        return render_chat_template(self.chat_template, messages, tools=tools,
-                                    add_generation_prompt=add_generation_prompt, **variables)
+        return render_chat_template(
+            self.chat_template, messages, tools=tools, add_generation_prompt=add_generation_prompt, **variables
+        )
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-                    tools: Sequence[Mapping[str, Any]] | None = None, **template_kwargs: Any) -> list[int]:
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> list[int]:
         """Prompt ids of a conversation: the rendered template encoded without adding special tokens
         (the template writes them itself, as in transformers' ``apply_chat_template(tokenize=True)``)."""
         text = self.apply_chat_template(messages, add_generation_prompt, tools, **template_kwargs)
@@ -336,11 +362,15 @@ def _set_post_processor(backend: _Backend, tokens: Sequence[str] | None, bos: in
     name = (lambda i: tokens[i]) if tokens is not None else backend.id_to_token
 
     def around(piece: str, type_id: int) -> list[str]:
-        return ([f"{name(bos)}:{type_id}"] if bos is not None else []) + [f"${piece}:{type_id}"] + (
-            [f"{name(eos)}:{type_id}"] if eos is not None else [])
+        return (
+            ([f"{name(bos)}:{type_id}"] if bos is not None else [])
+            + [f"${piece}:{type_id}"]
+            + ([f"{name(eos)}:{type_id}"] if eos is not None else [])
+        )
 
     backend.post_processor = processors.TemplateProcessing(
-        single=around("A", 0), pair=around("A", 0) + around("B", 1),
+        single=around("A", 0),
+        pair=around("A", 0) + around("B", 1),
         special_tokens=[(name(i), i) for i in dict.fromkeys((bos, eos)) if i is not None],
     )
 

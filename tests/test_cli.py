@@ -12,8 +12,14 @@ import pytest
 
 def met(*args, stdin=None, timeout=300):
     env = dict(os.environ, METRALE_LOG="warning", PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "metrale_core", *args], input=stdin,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "metrale_core", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def assert_clean_error(proc, *needles):
@@ -45,8 +51,9 @@ def test_generate_chat_on_embedded_model():
     assert proc.stdout == "The capital of France is Paris.\n"
 
 
-@pytest.mark.parametrize("flag,value", [("--max-tokens", "0"), ("--max-tokens", "-3"),
-                                        ("--temperature", "-1"), ("--top-p", "0")])
+@pytest.mark.parametrize(
+    "flag,value", [("--max-tokens", "0"), ("--max-tokens", "-3"), ("--temperature", "-1"), ("--top-p", "0")]
+)
 def test_bad_sampling_values(flag, value):
     assert_clean_error(met("generate", "hello", flag, value), flag.lstrip("-").replace("-", "_"))
 
@@ -64,8 +71,9 @@ def test_missing_model_path(tmp_path):
 
 
 def test_unknown_model_type(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "frobnicator",
-                                                      "architectures": ["FrobForCausalLM"]}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "frobnicator", "architectures": ["FrobForCausalLM"]})
+    )
     import torch
     from safetensors.torch import save_file
 
@@ -95,8 +103,7 @@ def test_weight_format_flag_reaches_the_loader(fmt):
     answer: the prompt is prefilled through the bfloat16 copy, the answer decoded from the codes
     (int4: the GGUF's own 4-bit codes through torch's int4 kernel)."""
     answer = "The capital of France is Paris.\n"
-    proc = met("generate", "--weight-format", fmt, "--chat", "What is the capital of France?",
-               "--max-tokens", "20")
+    proc = met("generate", "--weight-format", fmt, "--chat", "What is the capital of France?", "--max-tokens", "20")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == answer
 

@@ -30,11 +30,15 @@ def broken_site(tmp_path) -> Path:
 
 
 def met(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items()
-               if k not in ("METRALE_PLUGINS", "METRALE_DISABLE_PLUGINS", "METRALE_STRICT_PLUGINS")}
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("METRALE_PLUGINS", "METRALE_DISABLE_PLUGINS", "METRALE_STRICT_PLUGINS")
+    }
     environ.update(PYTHONPATH=str(site), METRALE_LOG="warning", **env)
-    return subprocess.run([sys.executable, "-m", "metrale_core", *args], capture_output=True,
-                          text=True, timeout=120, env=environ)
+    return subprocess.run(
+        [sys.executable, "-m", "metrale_core", *args], capture_output=True, text=True, timeout=120, env=environ
+    )
 
 
 def test_broken_plugin_is_reported_by_name_and_skipped(broken_site):
@@ -46,7 +50,7 @@ def test_broken_plugin_is_reported_by_name_and_skipped(broken_site):
     row = next(i for i, line in enumerate(lines) if line.startswith("broken "))
     assert "fakebroken" in lines[row] and lines[row].rstrip().endswith("failed")
     assert "error: ImportError: fake_broken_plugin needs libfoo" in lines[row + 1]
-    assert any(line.startswith("builtins ") for line in lines)   # everything else still loads
+    assert any(line.startswith("builtins ") for line in lines)  # everything else still loads
     data = {p["name"]: p for p in json.loads(met(broken_site, "plugins", "--json").stdout)}
     assert data["broken"]["status"] == "failed" and data["builtins"]["status"] == "loaded"
 

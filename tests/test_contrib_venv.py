@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("METRALE_PLUGINS", "VIRTUAL_ENV",
-                                                                   "PYTHONPATH"))}
-    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**env, "METRALE_LOG": "warning"})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("METRALE_PLUGINS", "VIRTUAL_ENV", "PYTHONPATH"))}
+    proc = subprocess.run(
+        list(args), capture_output=True, text=True, timeout=timeout, cwd=cwd, env={**env, "METRALE_LOG": "warning"}
+    )
     assert proc.returncode == 0, f"{' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc
 

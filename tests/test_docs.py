@@ -33,8 +33,9 @@ def _test_files() -> list[Path]:
 def _hook_tests() -> set[str]:
     found = set()
     for path in _test_files():
-        found.update(re.findall(r"^\s*(?:async\s+)?def test_hook_(metrale_\w+)\(",
-                                path.read_text(encoding="utf-8"), re.M))
+        found.update(
+            re.findall(r"^\s*(?:async\s+)?def test_hook_(metrale_\w+)\(", path.read_text(encoding="utf-8"), re.M)
+        )
     return found
 
 
@@ -45,15 +46,16 @@ HOOK_TESTS = _hook_tests()
 def test_hook_is_documented(hook):
     heading = f"### `{hook}({', '.join(SIGNATURES[hook])})`"
     assert heading in (DOCS / "hooks.md").read_text(encoding="utf-8"), (
-        f"docs/hooks.md has no entry {heading}; regenerate it with "
-        "`python -m metrale_core.hookspecs > docs/hooks.md`")
+        f"docs/hooks.md has no entry {heading}; regenerate it with `python -m metrale_core.hookspecs > docs/hooks.md`"
+    )
 
 
 @pytest.mark.parametrize("hook", HOOKS)
 def test_hook_has_a_test(hook):
     assert hook in HOOK_TESTS, (
         f"no test exercises {hook}: add `def test_hook_{hook}()` (see tests/test_hooks.py) that "
-        "registers a plugin implementing it and asserts what changes")
+        "registers a plugin implementing it and asserts what changes"
+    )
 
 
 def _resolves(dotted: str) -> bool:

@@ -49,8 +49,14 @@ def test_hook_metrale_model_loaders():
     class Plugin:
         @hookimpl
         def metrale_model_loaders(self, register):
-            register(ModelLoaderSpec("inline-lm", factory=lambda store, options: ("built", store),
-                                     model_types=("inline",), architectures=("InlineForCausalLM",)))
+            register(
+                ModelLoaderSpec(
+                    "inline-lm",
+                    factory=lambda store, options: ("built", store),
+                    model_types=("inline",),
+                    architectures=("InlineForCausalLM",),
+                )
+            )
 
     reg = registry_with(Plugin())
     spec = reg.find_model_loader({"model_type": "other", "architectures": ["InlineForCausalLM"]})
@@ -77,15 +83,14 @@ def test_hook_metrale_logit_processors():
     class Plugin:
         @hookimpl
         def metrale_logit_processors(self, register):
-            register(LogitProcessorSpec("ban7", factory=lambda config: Ban7(),
-                                        kinds={PositionKind.FINAL_DECODE}))
+            register(LogitProcessorSpec("ban7", factory=lambda config: Ban7(), kinds={PositionKind.FINAL_DECODE}))
 
     pipeline = build_pipeline(EngineConfig(), registry_with(Plugin()))
     assert pipeline.processor_names == ("ban7",)
     logits = torch.zeros(2, 10)
     logits[:, 7] = 5.0
     out = pipeline.sample(logits, [Row(), Row()], [PositionKind.FINAL_DECODE, PositionKind.PREFILL_LAST])
-    assert out.token_ids == [0, 7]   # banned only on the kind it declared
+    assert out.token_ids == [0, 7]  # banned only on the kind it declared
 
 
 def test_hook_metrale_samplers():
@@ -124,8 +129,9 @@ def test_hook_metrale_schedulers():
             register(SchedulerSpec("lifo", factory=Lifo))
 
     events = [Arrive(0, f"r{k}", [k, k + 1], [40]) for k in (10, 20, 30)]
-    result = run_scenario(Scenario("lifo", events, engine=dict(max_num_seqs=1, scheduler="lifo")),
-                          registry=registry_with(Plugin()))
+    result = run_scenario(
+        Scenario("lifo", events, engine=dict(max_num_seqs=1, scheduler="lifo")), registry=registry_with(Plugin())
+    )
     firsts = [call.seqs[0].key for call in result.model.calls if call.seqs[0].start == 0]
     assert firsts == [30, 20, 10]
 
@@ -190,8 +196,10 @@ def test_hook_metrale_tool_call_parsers():
             register(ToolCallParserSpec("upper", factory=Upper, model_types=("shouty",)))
 
     reg = registry_with(Plugin())
-    for parser in (make_stream_parser(reg, tool_parser="upper", tools=[]),
-                   make_stream_parser(reg, model_type="shouty", tools=[])):
+    for parser in (
+        make_stream_parser(reg, tool_parser="upper", tools=[]),
+        make_stream_parser(reg, model_type="shouty", tools=[]),
+    ):
         assert [d.content for d in parser.feed("hi")] == ["HI"]
 
 
@@ -234,8 +242,7 @@ def test_hook_metrale_engine_started():
         @hookimpl
         def metrale_engine_started(self, engine):
             seen.append(engine)
-            engine.snapshots.add_extras_provider("inline_running",
-                                                 lambda: len(engine.scheduler.running))
+            engine.snapshots.add_extras_provider("inline_running", lambda: len(engine.scheduler.running))
 
     class Broken:
         @hookimpl
@@ -243,7 +250,7 @@ def test_hook_metrale_engine_started():
             raise RuntimeError("boom")
 
     reg = registry_with(Plugin())
-    reg.pm.register(Broken(), name="broken")   # raises: logged and skipped, the engine is built
+    reg.pm.register(Broken(), name="broken")  # raises: logged and skipped, the engine is built
 
     def model():
         return RecordingModel([SeqScript([5, 6], [7, 8, 9])])
@@ -258,9 +265,9 @@ def test_hook_metrale_engine_started():
         logger.remove(handle)
     assert seen == [engine]
     assert any("'broken' failed in metrale_engine_started" in w and "boom" in w for w in warnings)
-    assert "inline_running" not in engine.snapshots.latest.extras   # nothing published yet
+    assert "inline_running" not in engine.snapshots.latest.extras  # nothing published yet
     engine.add_request("r", [5, 6], SamplingParams(temperature=0.0, max_tokens=3))
     engine.step()
     assert engine.snapshots.latest.extras["inline_running"] == 1
-    LLMEngine(model(), EngineConfig(num_kv_blocks=8))   # no registry: the hook is not called
+    LLMEngine(model(), EngineConfig(num_kv_blocks=8))  # no registry: the hook is not called
     assert seen == [engine]

@@ -25,13 +25,21 @@ CONTRACTS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["import
 
 #: Every in-tree distribution's folder: import-linter reads sources, so a plugin need not be
 #: installed (the per-distribution tox envs install only some) to be checked.
-SOURCE_PATH = [str(REPO), *(str(d) for folder in ("plugins", "contrib") for d in sorted((REPO / folder).iterdir())
-                            if (d / "pyproject.toml").is_file())]
+SOURCE_PATH = [
+    str(REPO),
+    *(
+        str(d)
+        for folder in ("plugins", "contrib")
+        for d in sorted((REPO / folder).iterdir())
+        if (d / "pyproject.toml").is_file()
+    ),
+]
 
 
 def _lint(cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=cwd, capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_every_contract_is_kept():
@@ -42,8 +50,13 @@ def test_every_contract_is_kept():
 
 def test_plugins_root_packages_cover_every_distribution():
     """Each plugin/contrib package is a root package and a source of the public-API contract."""
-    packages = {p.name for folder in ("plugins", "contrib") for dist in (REPO / folder).iterdir()
-                for p in dist.glob("metrale_*") if (p / "__init__.py").is_file()}
+    packages = {
+        p.name
+        for folder in ("plugins", "contrib")
+        for dist in (REPO / folder).iterdir()
+        for p in dist.glob("metrale_*")
+        if (p / "__init__.py").is_file()
+    }
     public = next(c for c in CONTRACTS["contracts"] if c["id"] == "plugins-import-only-the-public-api")
     assert packages <= set(CONTRACTS["root_packages"])
     assert packages == set(public["source_modules"])
@@ -62,7 +75,8 @@ def test_a_plugin_reaching_into_core_breaks_the_contract(tmp_path):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("from metrale_core.api import hookimpl\n")
     (pkg / "impl.py").write_text("from metrale_core.engine.runner import model_device\n")
-    (tmp_path / ".importlinter").write_text(textwrap.dedent("""\
+    (tmp_path / ".importlinter").write_text(
+        textwrap.dedent("""\
         [importlinter]
         root_packages =
             metrale_core
@@ -74,7 +88,8 @@ def test_a_plugin_reaching_into_core_breaks_the_contract(tmp_path):
         source_modules = metrale_bad_plugin
         forbidden_modules = metrale_core.engine
         allow_indirect_imports = true
-        """))
+        """)
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     proc = _lint(tmp_path, env)
     assert proc.returncode != 0

@@ -33,13 +33,12 @@ def _registry(calls, **declared):
         calls.append(options.weight_format)
         return Model()
 
-    return Registry(model_loaders={"toy": ModelLoaderSpec("toy", factory, model_types="toy",
-                                                           **declared)})
+    return Registry(model_loaders={"toy": ModelLoaderSpec("toy", factory, model_types="toy", **declared)})
 
 
 def test_an_undeclared_weight_format_is_refused_before_loading():
     calls: list = []
-    reg = _registry(calls)   # declares only the default, "exact"
+    reg = _registry(calls)  # declares only the default, "exact"
     with pytest.raises(ConfigError, match=r"--weight-format int4 .* loader 'toy' honours exact"):
         model_from_store(Store(), LoadOptions(weight_format="int4"), reg)
     assert calls == []
@@ -65,8 +64,12 @@ def test_a_loader_without_tensor_parallelism_is_refused_with_its_reason():
     from metrale_core.registry import Registry
 
     called = []
-    spec = ModelLoaderSpec("whole", factory=lambda store, options: called.append(1), model_types=("whole",),
-                           tensor_parallel_note="its experts are not sharded")
+    spec = ModelLoaderSpec(
+        "whole",
+        factory=lambda store, options: called.append(1),
+        model_types=("whole",),
+        tensor_parallel_note="its experts are not sharded",
+    )
     registry = Registry(model_loaders={"whole": spec})
 
     class Store:
@@ -76,7 +79,10 @@ def test_a_loader_without_tensor_parallelism_is_refused_with_its_reason():
         def names(self):
             return []
 
-    with pytest.raises(ConfigError, match=r"'whole' loader does not support tensor parallelism "
-                                          r".*--tensor-parallel-size 2.*its experts are not sharded"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'whole' loader does not support tensor parallelism "
+        r".*--tensor-parallel-size 2.*its experts are not sharded",
+    ):
         model_from_store(Store(), LoadOptions(tensor_parallel=TensorParallel(0, 2)), registry)
     assert not called  # refused before any weight is read

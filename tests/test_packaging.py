@@ -11,8 +11,12 @@ import pytest
 import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
-PROJECTS = [REPO, *sorted(p for folder in ("plugins", "contrib") for p in (REPO / folder).iterdir()
-                          if (p / "pyproject.toml").is_file())]
+PROJECTS = [
+    REPO,
+    *sorted(
+        p for folder in ("plugins", "contrib") for p in (REPO / folder).iterdir() if (p / "pyproject.toml").is_file()
+    ),
+]
 DATA_SUFFIXES = {".cu", ".cuh", ".c", ".h", ".jinja"}
 
 
@@ -21,8 +25,11 @@ def _package_data(project: Path) -> tuple[list[Path], dict[str, list[str]]]:
     patterns = config.get("package-data", {})
     listed = config.get("packages", {})  # a list of names, or {"find": {"include": [...]}}
     includes = listed if isinstance(listed, list) else listed.get("find", {}).get("include", ["*"])
-    packages = [p for p in project.iterdir()
-                if (p / "__init__.py").is_file() and any(fnmatch.fnmatch(p.name, i) for i in includes)]
+    packages = [
+        p
+        for p in project.iterdir()
+        if (p / "__init__.py").is_file() and any(fnmatch.fnmatch(p.name, i) for i in includes)
+    ]
     return packages, patterns
 
 
@@ -54,5 +61,6 @@ def test_kernel_sources_and_templates_are_package_data(project):
     for package in packages:
         for path in package.rglob("*"):
             if path.suffix in DATA_SUFFIXES and "__pycache__" not in path.parts:
-                assert _covered(path, package, patterns), \
+                assert _covered(path, package, patterns), (
                     f"{path.relative_to(project)} is not in {project.name}'s package-data {patterns}"
+                )

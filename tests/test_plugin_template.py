@@ -15,8 +15,9 @@ from metrale_core.errors import ConfigError
 
 
 def pip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_names_are_validated_and_derived():
@@ -32,8 +33,13 @@ def test_cli_renders_the_template_and_refuses_to_overwrite(tmp_path, capsys):
     target = tmp_path / "metrale-top-a"
     assert f"created {target}" in capsys.readouterr().out
     files = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
-    assert files == ["README.md", "metrale_top_a/__init__.py", "metrale_top_a/processor.py",
-                     "pyproject.toml", "tests/test_metrale_top_a.py"]
+    assert files == [
+        "README.md",
+        "metrale_top_a/__init__.py",
+        "metrale_top_a/processor.py",
+        "pyproject.toml",
+        "tests/test_metrale_top_a.py",
+    ]
     pyproject = (target / "pyproject.toml").read_text()
     assert 'name = "metrale-top-a"' in pyproject and 'top-a = "metrale_top_a"' in pyproject
     assert "{{" not in "".join(p.read_text() for p in target.rglob("*") if p.is_file())
@@ -47,8 +53,13 @@ def test_rendered_plugin_installs_and_its_tests_pass(tmp_path):
     assert installed.returncode == 0, installed.stdout + installed.stderr
     try:
         # the generated tests include `met plugins` listing the new distribution
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                              "tests"], cwd=target, capture_output=True, text=True, timeout=300)
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+            cwd=target,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert run.returncode == 0, run.stdout + run.stderr
         assert "3 passed" in run.stdout
     finally:

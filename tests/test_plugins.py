@@ -98,9 +98,12 @@ def test_fake_distribution_registers_its_components(install, warnings_log):
     assert reg.provider("samplers", "fake-greedy") is good
     # built-ins are a plugin like any other, listed first
     assert reg.plugins[0].name == "builtins" and reg.plugins[0].distribution == "metrale-core"
-    assert reg.plugins[0].components == {"samplers": ["default"], "schedulers": ["fcfs"],
-                                         "tool_call_parsers": ["hermes", "qwen3_coder", "glm47"],
-                                         "executors": ["uni", "mp", "env"]}
+    assert reg.plugins[0].components == {
+        "samplers": ["default"],
+        "schedulers": ["fcfs"],
+        "tool_call_parsers": ["hermes", "qwen3_coder", "glm47"],
+        "executors": ["uni", "mp", "env"],
+    }
 
 
 def test_import_error_warns_and_other_plugins_still_load(install, warnings_log):

@@ -103,18 +103,24 @@ def test_wrapper_implementations_wrap_every_call():
     log: list = []
     reg = _registry(First(log), Last(log), Wrapper(log))
     reg.announce_engine_started("E")
-    assert log == [("wrap-before", "E"), ("last", "E"), ("wrap-after", "E"),
-                   ("wrap-before", "E"), ("first", "E"), ("wrap-after", "E")]
+    assert log == [
+        ("wrap-before", "E"),
+        ("last", "E"),
+        ("wrap-after", "E"),
+        ("wrap-before", "E"),
+        ("first", "E"),
+        ("wrap-after", "E"),
+    ]
     # the wrapper changes the answers the server exports
-    assert reg.collect_metrics("E") == [("Last", {"metrale:last": 6.0}),
-                                        ("First", {"metrale:first": 2.0})]
+    assert reg.collect_metrics("E") == [("Last", {"metrale:last": 6.0}), ("First", {"metrale:first": 2.0})]
 
 
 def test_hook_tracing_sees_the_facade_calls():
     reg = _registry(First([]), Last([]))
     calls: list[str] = []
     undo = reg.pm.add_hookcall_monitoring(
-        lambda name, impls, kwargs: calls.append(name), lambda outcome, name, impls, kwargs: None)
+        lambda name, impls, kwargs: calls.append(name), lambda outcome, name, impls, kwargs: None
+    )
     try:
         reg.announce_engine_started("E")
         reg.collect_metrics("E")

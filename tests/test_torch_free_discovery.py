@@ -33,8 +33,7 @@ print("TORCH-LOADED" if "torch" in sys.modules else "TORCH-FREE")
 
 
 def _run(code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip().splitlines()[-1]
 
@@ -50,5 +49,6 @@ def test_load_registry_imports_no_torch():
 
 def test_the_check_can_fail():
     """The probe itself notices torch (so the tests above can fail)."""
-    assert _run("import sys, torch\nprint('TORCH-LOADED' if 'torch' in sys.modules "
-                "else 'TORCH-FREE')") == "TORCH-LOADED"
+    assert (
+        _run("import sys, torch\nprint('TORCH-LOADED' if 'torch' in sys.modules else 'TORCH-FREE')") == "TORCH-LOADED"
+    )

@@ -30,18 +30,31 @@ class ChatError(MetraleError):
 
 
 def add_parser(sub, registry=None) -> argparse.ArgumentParser:
-    cmd = sub.add_parser("chat", help="chat with a running met serve from the terminal",
-                         description="Chat with a running server over HTTP (streaming). Each "
-                                     "input line is a user message; /reset clears the "
-                                     "conversation, /exit quits.")
-    cmd.add_argument("--url", default=os.environ.get("METRALE_URL", "http://127.0.0.1:8000"),
-                     help="server base URL (default: $METRALE_URL or http://127.0.0.1:8000)")
+    cmd = sub.add_parser(
+        "chat",
+        help="chat with a running met serve from the terminal",
+        description="Chat with a running server over HTTP (streaming). Each "
+        "input line is a user message; /reset clears the "
+        "conversation, /exit quits.",
+    )
+    cmd.add_argument(
+        "--url",
+        default=os.environ.get("METRALE_URL", "http://127.0.0.1:8000"),
+        help="server base URL (default: $METRALE_URL or http://127.0.0.1:8000)",
+    )
     cmd.add_argument("--model", default=None, help="model name (default: the server's first)")
-    cmd.add_argument("--api-key", default=os.environ.get("METRALE_API_KEY"),
-                     help="bearer key (default: $METRALE_API_KEY)")
+    cmd.add_argument(
+        "--api-key", default=os.environ.get("METRALE_API_KEY"), help="bearer key (default: $METRALE_API_KEY)"
+    )
     cmd.add_argument("--system", default=None, help="system message")
-    cmd.add_argument("--message", "-p", action="append", default=None, metavar="TEXT",
-                     help="send TEXT, print the reply and exit (repeatable: one turn each)")
+    cmd.add_argument(
+        "--message",
+        "-p",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="send TEXT, print the reply and exit (repeatable: one turn each)",
+    )
     cmd.add_argument("--max-tokens", type=int, default=512)
     cmd.add_argument("--temperature", type=float, default=0.7)
     cmd.add_argument("--seed", type=int, default=None)
@@ -52,8 +65,9 @@ def add_parser(sub, registry=None) -> argparse.ArgumentParser:
 class ChatClient:
     """A streaming chat over HTTP that keeps the conversation."""
 
-    def __init__(self, url: str, model: str | None = None, api_key: str | None = None,
-                 system: str | None = None, **sampling: Any) -> None:
+    def __init__(
+        self, url: str, model: str | None = None, api_key: str | None = None, system: str | None = None, **sampling: Any
+    ) -> None:
         import httpx
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -142,8 +156,15 @@ def _turn(client: ChatClient, text: str) -> None:
 
 
 def run(args, registry=None) -> int:
-    client = ChatClient(args.url, args.model, args.api_key, args.system,
-                        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    client = ChatClient(
+        args.url,
+        args.model,
+        args.api_key,
+        args.system,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
     if args.message:
         for text in args.message:
             _turn(client, text)

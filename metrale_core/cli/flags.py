@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 
-__all__ = ["add_engine_flags", "engine_config_from_args", "load_engine_model", "load_options_from_args",
-           "parse_size"]
+__all__ = ["add_engine_flags", "engine_config_from_args", "load_engine_model", "load_options_from_args", "parse_size"]
 
 #: Namespace attribute listing the dests of the flags plugins added (-> ``plugin_options``).
 PLUGIN_FLAGS_DEST = "_metrale_plugin_flags"
@@ -49,53 +48,109 @@ def _positive_int(text: str) -> int:
 def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse._ArgumentGroup:
     """Add the model and engine flags to ``parser``; plugins add theirs to the same group."""
     model = parser.add_argument_group("model")
-    model.add_argument("--model", "-m", metavar="PATH", default=None,
-                       help="HF checkpoint directory or .gguf file (default: the embedded "
-                            "SmolLM2-135M-Instruct, fetched on first use)")
-    model.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                       help="activation and weight dtype (default: float32)")
+    model.add_argument(
+        "--model",
+        "-m",
+        metavar="PATH",
+        default=None,
+        help="HF checkpoint directory or .gguf file (default: the embedded "
+        "SmolLM2-135M-Instruct, fetched on first use)",
+    )
+    model.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default="float32",
+        help="activation and weight dtype (default: float32)",
+    )
     model.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    model.add_argument("--weight-format", choices=("auto", "exact", "bf16", "int8", "int4"), default=None,
-                       help="how linear weights are kept on CPU: auto (the default: each tensor in its "
-                            "checkpoint's own precision -- a GGUF runs on its own quantized blocks, "
-                            "bf16/fp32 tensors in bf16/fp32; batch-invariant), exact (dequantized to the "
-                            "model dtype; reproduces the reference outputs), or bf16 / int8 / int4 "
-                            "(measured in docs/user-guide.md) (default: $METRALE_WEIGHT_FORMAT or auto)")
-    model.add_argument("--tensor-parallel-size", type=_positive_int, default=1, metavar="N",
-                       help="split the model over N ranks (tensor parallelism; each rank keeps its shard of the "
-                            "weights and of the KV cache, --kv-cache-memory each; default: 1)")
-    model.add_argument("--distributed-executor-backend", default=None, metavar="NAME",
-                       help="where the ranks run: mp (worker processes here; the default for N > 1), "
-                            "env (ranks started by torchrun / 'met worker': MASTER_ADDR, MASTER_PORT, "
-                            "WORLD_SIZE, RANK), ray (the metrale-ray plugin) or uni (one process)")
-    model.add_argument("--threads", type=_positive_int, default=None, metavar="N",
-                       help="CPU threads for torch's kernels (default: torch's choice, one per core)")
+    model.add_argument(
+        "--weight-format",
+        choices=("auto", "exact", "bf16", "int8", "int4"),
+        default=None,
+        help="how linear weights are kept on CPU: auto (the default: each tensor in its "
+        "checkpoint's own precision -- a GGUF runs on its own quantized blocks, "
+        "bf16/fp32 tensors in bf16/fp32; batch-invariant), exact (dequantized to the "
+        "model dtype; reproduces the reference outputs), or bf16 / int8 / int4 "
+        "(measured in docs/user-guide.md) (default: $METRALE_WEIGHT_FORMAT or auto)",
+    )
+    model.add_argument(
+        "--tensor-parallel-size",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="split the model over N ranks (tensor parallelism; each rank keeps its shard of the "
+        "weights and of the KV cache, --kv-cache-memory each; default: 1)",
+    )
+    model.add_argument(
+        "--distributed-executor-backend",
+        default=None,
+        metavar="NAME",
+        help="where the ranks run: mp (worker processes here; the default for N > 1), "
+        "env (ranks started by torchrun / 'met worker': MASTER_ADDR, MASTER_PORT, "
+        "WORLD_SIZE, RANK), ray (the metrale-ray plugin) or uni (one process)",
+    )
+    model.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="CPU threads for torch's kernels (default: torch's choice, one per core)",
+    )
 
     group = parser.add_argument_group("engine")
-    group.add_argument("--kv-cache-memory", type=parse_size, default=parse_size("512M"),
-                       metavar="SIZE", help="bytes for the paged KV cache pool (default: 512M)")
-    group.add_argument("--kv-cache-dtype", default=None, metavar="DTYPE",
-                       help="KV cache storage: bf16, fp16, fp32 or fp8 (E4M3, needs the "
-                            "metrale-fp8 plugin) (default: the model dtype)")
-    group.add_argument("--block-size", type=_positive_int, default=16,
-                       help="tokens per KV block (default: 16)")
-    group.add_argument("--max-prefill-tokens", type=_positive_int, default=2048,
-                       help="prompt tokens prefilled per step; longer prompts are chunked "
-                            "(default: 2048)")
-    group.add_argument("--max-num-seqs", type=_positive_int, default=64,
-                       help="sequences running at once (default: 64)")
-    group.add_argument("--recurrent-state-memory", type=parse_size, default=parse_size("4G"),
-                       metavar="SIZE", help="bytes for the recurrent-state slots of linear-attention "
-                            "models; caps the sequences running at once (default: 4G)")
-    group.add_argument("--max-model-len", type=_positive_int, default=None,
-                       help="longest prompt + output (default: the model's context)")
-    group.add_argument("--no-prefix-caching", dest="enable_prefix_caching",
-                       action="store_const", const=False, default=None,
-                       help="turn prefix caching off (on by default for pure-attention models)")
+    group.add_argument(
+        "--kv-cache-memory",
+        type=parse_size,
+        default=parse_size("512M"),
+        metavar="SIZE",
+        help="bytes for the paged KV cache pool (default: 512M)",
+    )
+    group.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        metavar="DTYPE",
+        help="KV cache storage: bf16, fp16, fp32 or fp8 (E4M3, needs the "
+        "metrale-fp8 plugin) (default: the model dtype)",
+    )
+    group.add_argument("--block-size", type=_positive_int, default=16, help="tokens per KV block (default: 16)")
+    group.add_argument(
+        "--max-prefill-tokens",
+        type=_positive_int,
+        default=2048,
+        help="prompt tokens prefilled per step; longer prompts are chunked (default: 2048)",
+    )
+    group.add_argument("--max-num-seqs", type=_positive_int, default=64, help="sequences running at once (default: 64)")
+    group.add_argument(
+        "--recurrent-state-memory",
+        type=parse_size,
+        default=parse_size("4G"),
+        metavar="SIZE",
+        help="bytes for the recurrent-state slots of linear-attention "
+        "models; caps the sequences running at once (default: 4G)",
+    )
+    group.add_argument(
+        "--max-model-len",
+        type=_positive_int,
+        default=None,
+        help="longest prompt + output (default: the model's context)",
+    )
+    group.add_argument(
+        "--no-prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_const",
+        const=False,
+        default=None,
+        help="turn prefix caching off (on by default for pure-attention models)",
+    )
     group.add_argument("--scheduler", default="fcfs", help="scheduling policy plugin (default: fcfs)")
     group.add_argument("--sampler", default="default", help="sampler plugin (default: default)")
-    group.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
-                       help="finish a request with finish_reason 'timeout' after this long")
+    group.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="finish a request with finish_reason 'timeout' after this long",
+    )
     if registry is not None:
         before = len(group._group_actions)
         registry.add_engine_flags(group)
@@ -154,5 +209,6 @@ def load_engine_model(args: argparse.Namespace, registry, model, *, progress: bo
 
         threads = max(1, (os.cpu_count() or 1) // size)  # the mp ranks share this machine's cores
         torch.set_num_threads(threads)
-    return load_parallel(model, options, registry, size=size, backend=backend,
-                         threads=threads, progress=progress, on_tensor=on_tensor)
+    return load_parallel(
+        model, options, registry, size=size, backend=backend, threads=threads, progress=progress, on_tensor=on_tensor
+    )

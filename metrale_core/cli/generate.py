@@ -20,16 +20,19 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub, registry) -> argparse.ArgumentParser:
-    cmd = sub.add_parser("generate", help="generate a completion for one prompt",
-                         description="Generate a completion for PROMPT and stream it to stdout.")
+    cmd = sub.add_parser(
+        "generate",
+        help="generate a completion for one prompt",
+        description="Generate a completion for PROMPT and stream it to stdout.",
+    )
     cmd.add_argument("prompt", help="the prompt text ('-' reads it from stdin)")
-    cmd.add_argument("--chat", action="store_true",
-                     help="treat PROMPT as a user message and apply the model's chat template")
+    cmd.add_argument(
+        "--chat", action="store_true", help="treat PROMPT as a user message and apply the model's chat template"
+    )
     cmd.add_argument("--system", default=None, help="system message (with --chat)")
     sampling = cmd.add_argument_group("sampling")
     sampling.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default: 128)")
-    sampling.add_argument("--temperature", type=float, default=0.0,
-                          help="0 is greedy (default: 0)")
+    sampling.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
     sampling.add_argument("--top-p", type=float, default=1.0)
     sampling.add_argument("--top-k", type=int, default=0)
     sampling.add_argument("--min-p", type=float, default=0.0)
@@ -47,9 +50,16 @@ def _sampling_params(args):
 
     try:
         return SamplingParams(
-            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-            repetition_penalty=args.repetition_penalty, seed=args.seed,
-            max_tokens=args.max_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            stop=tuple(args.stop),
+            ignore_eos=args.ignore_eos,
+        )
     except (ValueError, TypeError) as exc:
         raise InvalidRequest(f"bad sampling parameter: {exc}") from None
 
@@ -87,8 +97,7 @@ def _generate(args, registry, loaded, params, text) -> int:
     from metrale_core.engine import LLMEngine
 
     prompt_ids = _prompt_ids(args, text, loaded.tokenizer)
-    engine = LLMEngine(loaded.model, engine_config_from_args(args),
-                       tokenizer=loaded.tokenizer, registry=registry)
+    engine = LLMEngine(loaded.model, engine_config_from_args(args), tokenizer=loaded.tokenizer, registry=registry)
     engine.add_request("generate-0", prompt_ids, params)
     out = sys.stdout
     while engine.has_unfinished():

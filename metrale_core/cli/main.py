@@ -28,20 +28,28 @@ def configure_logging(level: str) -> None:
     ``diagnose`` and ``backtrace`` are off: a traceback never prints local variables (prompt
     text, token ids) nor frames above the catch point."""
     logger.remove()
-    logger.add(sys.stderr, level=level.upper(), diagnose=False, backtrace=False,
-               format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
+    logger.add(
+        sys.stderr,
+        level=level.upper(),
+        diagnose=False,
+        backtrace=False,
+        format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}",
+    )
 
 
 def build_parser(registry=None) -> argparse.ArgumentParser:
     from metrale_core.cli import generate
 
     parser = argparse.ArgumentParser(
-        prog="met", description="Metrale: an LLM inference server built as a plugin framework")
-    parser.add_argument("--version", action="version",
-                        version=f"met {metrale_core.__version__}")
-    parser.add_argument("--log-level", default=os.environ.get("METRALE_LOG", "warning"),
-                        choices=("trace", "debug", "info", "success", "warning", "error"),
-                        help="stderr log level (default: $METRALE_LOG or warning)")
+        prog="met", description="Metrale: an LLM inference server built as a plugin framework"
+    )
+    parser.add_argument("--version", action="version", version=f"met {metrale_core.__version__}")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("METRALE_LOG", "warning"),
+        choices=("trace", "debug", "info", "success", "warning", "error"),
+        help="stderr log level (default: $METRALE_LOG or warning)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     generate.add_parser(sub, registry)
     _add_plugins_command(sub)
@@ -54,9 +62,11 @@ def _add_plugins_command(sub) -> None:
     cmd.add_argument("--json", action="store_true", help="machine-readable output")
     cmd.set_defaults(func=_run_plugins)
     actions = cmd.add_subparsers(dest="plugins_command", metavar="ACTION")
-    new = actions.add_parser("new", help="create a new plugin distribution from the template",
-                             description="Write metrale-NAME/ (pyproject, plugin module, tests) "
-                                         "into DIR; install it with pip install -e.")
+    new = actions.add_parser(
+        "new",
+        help="create a new plugin distribution from the template",
+        description="Write metrale-NAME/ (pyproject, plugin module, tests) into DIR; install it with pip install -e.",
+    )
     new.add_argument("name", metavar="NAME", help="plugin name, e.g. top-a (-> metrale-top-a)")
     new.add_argument("--dir", default=".", help="folder to create metrale-NAME/ in (default: .)")
     new.set_defaults(func=_run_plugins_new)

@@ -37,8 +37,10 @@ class PluginNames:
     def parse(cls, text: str) -> PluginNames:
         name = text.strip().lower().removeprefix("metrale-")
         if not _NAME.fullmatch(name):
-            raise ConfigError(f"plugin name {text!r} must be lowercase letters, digits and single "
-                              "dashes, starting with a letter (e.g. 'top-a' or 'metrale-top-a')")
+            raise ConfigError(
+                f"plugin name {text!r} must be lowercase letters, digits and single "
+                "dashes, starting with a letter (e.g. 'top-a' or 'metrale-top-a')"
+            )
         return cls(name)
 
     @property
@@ -64,11 +66,16 @@ def render_plugin(name: str, directory: Path | str = ".") -> Path:
     target = Path(directory).expanduser() / names.dist
     if target.exists():
         raise ConfigError(f"{target} already exists; choose another --dir or remove it")
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             autoescape=False)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     major, minor = (int(part) for part in __version__.split(".")[:2])
-    values = dict(name=names.name, dist=names.dist, module=names.module, option=names.option,
-                  core_version=f"{major}.{minor}", core_next_minor=f"{major}.{minor + 1}")
+    values = dict(
+        name=names.name,
+        dist=names.dist,
+        module=names.module,
+        option=names.option,
+        core_version=f"{major}.{minor}",
+        core_next_minor=f"{major}.{minor + 1}",
+    )
     sources = sorted(p for p in TEMPLATE_DIR.rglob("*.jinja") if p.is_file())
     if not sources:
         raise ConfigError(f"the plugin template is missing from {TEMPLATE_DIR}; reinstall metrale-core")
@@ -76,6 +83,5 @@ def render_plugin(name: str, directory: Path | str = ".") -> Path:
         relative = source.relative_to(TEMPLATE_DIR).with_suffix("")
         out = target / str(relative).replace("__module__", names.module)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(env.from_string(source.read_text(encoding="utf-8")).render(**values),
-                       encoding="utf-8")
+        out.write_text(env.from_string(source.read_text(encoding="utf-8")).render(**values), encoding="utf-8")
     return target

@@ -32,46 +32,97 @@ DEFAULT_NAME = "SmolLM2-135M-Instruct"
 
 def add_parser(sub, registry) -> argparse.ArgumentParser:
     cmd = sub.add_parser(
-        "serve", help="serve a model over an OpenAI-compatible HTTP API",
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve MODEL (an HF checkpoint directory or a .gguf file; default: the "
-                    "embedded SmolLM2-135M-Instruct) at /v1/chat/completions, /v1/completions, "
-                    "/v1/models, plus /health, /metrics, /tokenize and /detokenize.")
-    cmd.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
-                     help="checkpoint directory or .gguf file (same as --model)")
+        "embedded SmolLM2-135M-Instruct) at /v1/chat/completions, /v1/completions, "
+        "/v1/models, plus /health, /metrics, /tokenize and /detokenize.",
+    )
+    cmd.add_argument(
+        "model_arg",
+        nargs="?",
+        metavar="MODEL",
+        default=None,
+        help="checkpoint directory or .gguf file (same as --model)",
+    )
     http = cmd.add_argument_group("server")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     http.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    http.add_argument("--served-model-name", default=None, metavar="NAME",
-                      help="the model name clients send (default: the checkpoint's name)")
-    http.add_argument("--api-key", default=os.environ.get("METRALE_API_KEY"), metavar="KEY",
-                      help="require 'Authorization: Bearer KEY' on the API routes "
-                           "(default: $METRALE_API_KEY; unset: no auth)")
-    http.add_argument("--max-body-bytes", type=parse_size, default=parse_size("32M"),
-                      metavar="SIZE", help="largest request body (default: 32M)")
-    http.add_argument("--max-waiting", type=int, default=256, metavar="N",
-                      help="requests that may wait beyond --max-num-seqs running ones before "
-                           "new ones get 503 (default: 256)")
-    http.add_argument("--tool-call-parser", default=None, metavar="NAME",
-                      help="tool-call format (hermes, qwen3_coder, glm47, ...; default: by "
-                           "model type, else hermes)")
-    http.add_argument("--reasoning-parser", default=None, metavar="NAME",
-                      help="split <think> reasoning into reasoning_content (qwen3, think, "
-                           "deepseek_r1, glm45, none; default: by model type)")
-    http.add_argument("--pooling", default=None, choices=("mean", "last"),
-                      help="/v1/embeddings pooling over the last hidden state (default: the "
-                           "model's declared pooling, else mean)")
-    http.add_argument("--responses-store-size", type=int, default=1024, metavar="N",
-                      help="responses kept in memory for previous_response_id and "
-                           "GET /v1/responses/{id} (LRU; 0 stores none; default: 1024)")
-    http.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
-                      help="time in-flight requests get to finish on shutdown (default: 10)")
-    http.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
-                      help="serve with N engine replicas, each its own process, requests routed "
-                           "by load with prefix affinity; --threads is then per replica (default: "
-                           "the cores split between them) (default: 1, one in-process engine)")
-    http.add_argument("--no-tui", action="store_true",
-                      help="plain logs instead of the terminal dashboard (also METRALE_NO_TUI=1; "
-                           "automatic when stdout is not a terminal or TERM is dumb)")
+    http.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model name clients send (default: the checkpoint's name)",
+    )
+    http.add_argument(
+        "--api-key",
+        default=os.environ.get("METRALE_API_KEY"),
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on the API routes (default: $METRALE_API_KEY; unset: no auth)",
+    )
+    http.add_argument(
+        "--max-body-bytes",
+        type=parse_size,
+        default=parse_size("32M"),
+        metavar="SIZE",
+        help="largest request body (default: 32M)",
+    )
+    http.add_argument(
+        "--max-waiting",
+        type=int,
+        default=256,
+        metavar="N",
+        help="requests that may wait beyond --max-num-seqs running ones before new ones get 503 (default: 256)",
+    )
+    http.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="NAME",
+        help="tool-call format (hermes, qwen3_coder, glm47, ...; default: by model type, else hermes)",
+    )
+    http.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="NAME",
+        help="split <think> reasoning into reasoning_content (qwen3, think, "
+        "deepseek_r1, glm45, none; default: by model type)",
+    )
+    http.add_argument(
+        "--pooling",
+        default=None,
+        choices=("mean", "last"),
+        help="/v1/embeddings pooling over the last hidden state (default: the model's declared pooling, else mean)",
+    )
+    http.add_argument(
+        "--responses-store-size",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="responses kept in memory for previous_response_id and "
+        "GET /v1/responses/{id} (LRU; 0 stores none; default: 1024)",
+    )
+    http.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="time in-flight requests get to finish on shutdown (default: 10)",
+    )
+    http.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="serve with N engine replicas, each its own process, requests routed "
+        "by load with prefix affinity; --threads is then per replica (default: "
+        "the cores split between them) (default: 1, one in-process engine)",
+    )
+    http.add_argument(
+        "--no-tui",
+        action="store_true",
+        help="plain logs instead of the terminal dashboard (also METRALE_NO_TUI=1; "
+        "automatic when stdout is not a terminal or TERM is dumb)",
+    )
     add_engine_flags(cmd, registry)
     cmd.set_defaults(func=run)
     return cmd
@@ -105,10 +156,9 @@ def build_loader(args, registry, model: str | None, on_tensor=None, jobs: list |
             if jobs is not None:
                 jobs.append(driver)
             driver.on_failure.append(_stop_server)
-        engine = LLMEngine(loaded.model, engine_config_from_args(args),
-                           tokenizer=loaded.tokenizer, registry=registry)
-        return ServedModel(engine=engine, tokenizer=loaded.tokenizer,
-                           model_type=loaded.store.config.get("model_type"))
+        engine = LLMEngine(loaded.model, engine_config_from_args(args), tokenizer=loaded.tokenizer, registry=registry)
+        return ServedModel(engine=engine, tokenizer=loaded.tokenizer, model_type=loaded.store.config.get("model_type"))
+
     return load
 
 
@@ -135,8 +185,9 @@ def serving_loader(args, registry, model: str | None, on_tensor=None, jobs: list
     if size == 1:
         return build_loader(args, registry, model, on_tensor=on_tensor, jobs=jobs)
     if (getattr(args, "tensor_parallel_size", 1) or 1) > 1:
-        raise ConfigError("--data-parallel-size with --tensor-parallel-size > 1 is not supported yet; "
-                          "use one of the two")
+        raise ConfigError(
+            "--data-parallel-size with --tensor-parallel-size > 1 is not supported yet; use one of the two"
+        )
     import functools
     import pickle
 
@@ -151,14 +202,17 @@ def serving_loader(args, registry, model: str | None, on_tensor=None, jobs: list
     try:
         pickle.dumps(factory)
     except Exception as exc:  # a plugin flag value that cannot cross processes
-        raise ConfigError(f"--data-parallel-size: the flags cannot be sent to replica processes "
-                          f"({type(exc).__name__}: {exc})") from None
+        raise ConfigError(
+            f"--data-parallel-size: the flags cannot be sent to replica processes ({type(exc).__name__}: {exc})"
+        ) from None
     front = functools.partial(ReplicaPool, factory=factory, size=size, threads=threads)
-    loader = build_loader(argparse.Namespace(**{**options, "kv_cache_memory": FRONT_KV_MEMORY}),
-                          registry, model, on_tensor=on_tensor)
+    loader = build_loader(
+        argparse.Namespace(**{**options, "kv_cache_memory": FRONT_KV_MEMORY}), registry, model, on_tensor=on_tensor
+    )
 
     def load():
         return attrs.evolve(loader(), async_front=front)
+
     return load
 
 
@@ -212,25 +266,38 @@ def run(args, registry) -> int:
     model = _model_path(args)
     engine_config_from_args(args)  # fail fast on bad engine flags, before binding
     config = ServerConfig(
-        served_model_name=args.served_model_name or served_name(model), api_key=args.api_key,
-        max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting,
-        tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
-        shutdown_grace_s=args.shutdown_grace, pooling=args.pooling,
-        responses_store_size=args.responses_store_size)
+        served_model_name=args.served_model_name or served_name(model),
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        max_waiting=args.max_waiting,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        shutdown_grace_s=args.shutdown_grace,
+        pooling=args.pooling,
+        responses_store_size=args.responses_store_size,
+    )
     from metrale_core.tui.launch import use_dashboard
 
     if use_dashboard(args.no_tui)[0]:
         return _run_dashboard(args, registry, model, config)
     if args.log_level in ("warning", "error"):
         # requests are logged at INFO; show them (and only them) even at the default level
-        logger.add(sys.stderr, level="INFO", format="<green>{time:HH:mm:ss}</green> {message}",
-                   diagnose=False, backtrace=False,
-                   filter=lambda record: record["name"] == "metrale_core.server.app"
-                   and record["level"].no < 30)
+        logger.add(
+            sys.stderr,
+            level="INFO",
+            format="<green>{time:HH:mm:ss}</green> {message}",
+            diagnose=False,
+            backtrace=False,
+            filter=lambda record: record["name"] == "metrale_core.server.app" and record["level"].no < 30,
+        )
     jobs: list = []
     app = create_app(config, serving_loader(args, registry, model, jobs=jobs), registry)
-    print(f"met serve: {config.served_model_name!r} on http://{args.host}:{args.port}/v1 "
-          f"(loading; GET /health turns 200 when ready)", file=sys.stderr, flush=True)
+    print(
+        f"met serve: {config.served_model_name!r} on http://{args.host}:{args.port}/v1 "
+        f"(loading; GET /health turns 200 when ready)",
+        file=sys.stderr,
+        flush=True,
+    )
     return _serving(args, jobs, lambda: serve_forever(app, args.host, args.port, args.shutdown_grace))
 
 
@@ -241,11 +308,15 @@ def _run_dashboard(args, registry, model, config) -> int:
     from metrale_core.tui.launch import observe_loader, serve_with_dashboard
     from metrale_core.tui.status import ServerStatus
 
-    status = ServerStatus(version=metrale_core.__version__, model=config.served_model_name,
-                          scheduler=args.scheduler)
+    status = ServerStatus(version=metrale_core.__version__, model=config.served_model_name, scheduler=args.scheduler)
     jobs: list = []
     loader = serving_loader(args, registry, model, on_tensor=status.tensor_loaded, jobs=jobs)
     app = create_app(config, observe_loader(status, loader), registry)
     level = args.log_level if args.log_level in ("trace", "debug") else "info"
-    return _serving(args, jobs, lambda: serve_with_dashboard(app, status, host=args.host, port=args.port,
-                                                             grace_s=args.shutdown_grace, log_level=level))
+    return _serving(
+        args,
+        jobs,
+        lambda: serve_with_dashboard(
+            app, status, host=args.host, port=args.port, grace_s=args.shutdown_grace, log_level=level
+        ),
+    )

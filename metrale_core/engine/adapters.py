@@ -41,8 +41,9 @@ from metrale_core.errors import ConfigError
 __all__ = ["ADAPTER_EXTRA", "AdapterBank", "AdapterWeights", "adapter_of"]
 
 
-def _as_dict(modules: Mapping[str, tuple[torch.Tensor, torch.Tensor, float]]
-             ) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
+def _as_dict(
+    modules: Mapping[str, tuple[torch.Tensor, torch.Tensor, float]],
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
     return dict(modules)
 
 

@@ -79,10 +79,14 @@ class AsyncEngine:
         """Ask the engine thread to abort ``request_id`` (no-op when it is unknown or done)."""
         self._inbox.put(("abort", request_id))
 
-    async def generate(self, prompt_ids: Seq[int], params: SamplingParams,
-                       request_id: str | None = None,
-                       timeout_s: float | None = None,
-                       extras: dict | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt_ids: Seq[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+        extras: dict | None = None,
+    ) -> AsyncIterator[RequestOutput]:
         """Stream the deltas of one request; the last one has ``finished`` True.
 
         ``extras`` goes to ``LLMEngine.add_request`` (per-sequence plugin state, e.g. the

@@ -180,12 +180,12 @@ class BlockManager:
         """Cached blocks holding the longest prefix of ``seq``'s content (never its last token)."""
         if not self.enable_prefix_caching:
             return []
-        tokens = seq.all_token_ids()[:seq.num_prefill_tokens]
+        tokens = seq.all_token_ids()[: seq.num_prefill_tokens]
         hits: list[int] = []
         parent = _salt(seq)
         bs = self.block_size
         for i in range((len(tokens) - 1) // bs):
-            parent = chain_hash(parent, tokens[i * bs:(i + 1) * bs])
+            parent = chain_hash(parent, tokens[i * bs : (i + 1) * bs])
             block_id = self._cached[0].get(parent)
             if block_id is None:
                 break
@@ -219,8 +219,7 @@ class BlockManager:
     def can_allocate(self, hits: Seq[int], num_tokens: int) -> bool:
         """True when a sequence with no blocks, reusing ``hits``, can hold ``num_tokens``."""
         tables = [hits, *self._group_hits_of(hits)]
-        free_hits = sum(1 for table in tables for b in table
-                        if b != NULL_BLOCK and self._blocks[b].ref_count == 0)
+        free_hits = sum(1 for table in tables for b in table if b != NULL_BLOCK and self._blocks[b].ref_count == 0)
         needed = self.num_groups * max(0, self.blocks_for(num_tokens) - len(hits))
         return needed + free_hits <= self.num_free_blocks
 
@@ -322,7 +321,7 @@ class BlockManager:
         parent = keys[-1] if keys else _salt(seq)
         tables = self._tables(seq)
         for j, i in enumerate(range(len(keys), num_full)):
-            parent = chain_hash(parent, tokens[j * bs:(j + 1) * bs])
+            parent = chain_hash(parent, tokens[j * bs : (j + 1) * bs])
             keys.append(parent)
             for cached, table in zip(self._cached, tables, strict=True):
                 if table[i] == NULL_BLOCK:

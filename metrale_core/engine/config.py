@@ -34,29 +34,24 @@ def _optional_positive(instance, attribute, value) -> None:
 
 
 def _optional_positive_float(instance, attribute, value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not value > 0):
-        raise ConfigError(f"EngineConfig.{attribute.name} must be a positive number of seconds, "
-                          f"got {value!r}")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+        raise ConfigError(f"EngineConfig.{attribute.name} must be a positive number of seconds, got {value!r}")
 
 
 def _name(instance, attribute, value) -> None:
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"EngineConfig.{attribute.name} must be a non-empty component name, "
-                          f"got {value!r}")
+        raise ConfigError(f"EngineConfig.{attribute.name} must be a non-empty component name, got {value!r}")
 
 
 def _optional_bool(instance, attribute, value) -> None:
     if value is not None and not isinstance(value, bool):
-        raise ConfigError(f"EngineConfig.{attribute.name} must be True, False or None (auto), "
-                          f"got {value!r}")
+        raise ConfigError(f"EngineConfig.{attribute.name} must be True, False or None (auto), got {value!r}")
 
 
 def _option_keys(instance, attribute, value) -> None:
     bad = [key for key in value if not isinstance(key, str) or not key]
     if bad:
-        raise ConfigError(f"EngineConfig.{attribute.name} keys must be non-empty flag dests, "
-                          f"got {bad!r}")
+        raise ConfigError(f"EngineConfig.{attribute.name} keys must be non-empty flag dests, got {bad!r}")
 
 
 def _optional_name(instance, attribute, value) -> None:
@@ -122,7 +117,8 @@ class EngineConfig:
         if blocks < 1:
             raise ConfigError(
                 f"kv_cache_memory={self.kv_cache_memory} bytes holds no block of {self.block_size} "
-                f"tokens ({per_token} bytes per token); raise kv_cache_memory")
+                f"tokens ({per_token} bytes per token); raise kv_cache_memory"
+            )
         return blocks
 
     def num_state_slots_for(self, info: ModelInfo) -> int:
@@ -135,7 +131,8 @@ class EngineConfig:
         if slots < 1:
             raise ConfigError(
                 f"recurrent_state_memory={self.recurrent_state_memory} bytes holds no sequence's "
-                f"recurrent state ({per_seq} bytes for {info.architecture}); raise it")
+                f"recurrent state ({per_seq} bytes for {info.architecture}); raise it"
+            )
         return slots
 
     def resolve_max_model_len(self, info: ModelInfo) -> int:
@@ -143,8 +140,9 @@ class EngineConfig:
         if self.max_model_len is None:
             return info.max_position
         if self.max_model_len > info.max_position:
-            raise ConfigError(f"max_model_len={self.max_model_len} exceeds the model's "
-                              f"max_position={info.max_position}")
+            raise ConfigError(
+                f"max_model_len={self.max_model_len} exceeds the model's max_position={info.max_position}"
+            )
         return self.max_model_len
 
     def resolve_prefix_caching(self, info: ModelInfo) -> bool:

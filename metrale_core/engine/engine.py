@@ -76,8 +76,9 @@ def build_pipeline(config: EngineConfig, registry: Registry | None = None) -> An
     if registry is None:
         return LogitPipeline(processors=[], sampler=DefaultSampler())
     sampler = _component(registry.samplers, config.sampler, "sampler").factory()
-    specs = sorted((s for s in registry.logit_processors.values() if s.default_enabled),
-                   key=lambda s: (s.order, s.name))
+    specs = sorted(
+        (s for s in registry.logit_processors.values() if s.default_enabled), key=lambda s: (s.order, s.name)
+    )
     built = [(spec, spec.factory(config)) for spec in specs]
     # a factory returns None when the configuration leaves its processor off (e.g. a flag at 0)
     return LogitPipeline(processors=[(s, p) for s, p in built if p is not None], sampler=sampler)
@@ -86,8 +87,9 @@ def build_pipeline(config: EngineConfig, registry: Registry | None = None) -> An
 def _build_policy(config: EngineConfig, registry: Registry | None) -> Any:
     if registry is None:
         if config.scheduler != "fcfs":
-            raise ConfigError(f"scheduler {config.scheduler!r} needs the plugin registry; "
-                              f"only 'fcfs' is available without one")
+            raise ConfigError(
+                f"scheduler {config.scheduler!r} needs the plugin registry; only 'fcfs' is available without one"
+            )
         return FcfsPolicy(config)
     return _component(registry.schedulers, config.scheduler, "scheduler").factory(config)
 
@@ -102,38 +104,56 @@ def announce_engine_started(engine: Any, registry: Registry | None) -> None:
 class LLMEngine:
     """One model, one scheduler, one KV cache."""
 
-    def __init__(self, model: CausalLM, config: EngineConfig | None = None,
-                 tokenizer: Any = None, registry: Registry | None = None, *,
-                 speculator: Any = None) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        config: EngineConfig | None = None,
+        tokenizer: Any = None,
+        registry: Registry | None = None,
+        *,
+        speculator: Any = None,
+    ) -> None:
         self.model = model
         self.config = config = config if config is not None else EngineConfig()
         self.tokenizer = tokenizer
         info = model.info
         self.max_model_len = config.resolve_max_model_len(info)
         if info.has_recurrent_state and config.enable_prefix_caching:
-            logger.warning("prefix caching is off: {} keeps recurrent state outside the KV cache",
-                           info.architecture)
+            logger.warning("prefix caching is off: {} keeps recurrent state outside the KV cache", info.architecture)
         #: The KV pool's storage layout (storage dtype) and codec (``--kv-cache-dtype``).
         self.kv_storage = resolve_kv_storage(config, model, registry, model_device(model))
         num_blocks = config.num_blocks_for(self.kv_storage.layout, self.max_model_len)
-        self.scheduler = Scheduler(config, info, _build_policy(config, registry), num_blocks,
-                                   self.max_model_len)
-        self.runner = ModelRunner(model, num_blocks, config.block_size,
-                                  self.scheduler.state_slots.num_slots, kv_storage=self.kv_storage)
-        self.output_processor = OutputProcessor(build_pipeline(config, registry), self.scheduler,
-                                                tokenizer, info.eos_token_ids, self.max_model_len)
+        self.scheduler = Scheduler(config, info, _build_policy(config, registry), num_blocks, self.max_model_len)
+        self.runner = ModelRunner(
+            model, num_blocks, config.block_size, self.scheduler.state_slots.num_slots, kv_storage=self.kv_storage
+        )
+        self.output_processor = OutputProcessor(
+            build_pipeline(config, registry), self.scheduler, tokenizer, info.eos_token_ids, self.max_model_len
+        )
         self._order = itertools.count()
         #: The speculation seam (``NULL_SPECULATION`` when off): a given ``speculator``, or the
         #: proposer named by the ``speculative`` plugin option (``--speculative``), built from
         #: the registry.
         self.speculation = build_spec_driver(
-            config, model, self.output_processor.pipeline, registry, self.scheduler, self.runner,
-            self.output_processor, self.max_model_len, speculator)
+            config,
+            model,
+            self.output_processor.pipeline,
+            registry,
+            self.scheduler,
+            self.runner,
+            self.output_processor,
+            self.max_model_len,
+            speculator,
+        )
         #: Publishes an immutable ``EngineSnapshot`` each step (``engine.snapshots.latest``).
         self.snapshots = SnapshotPublisher(self.scheduler, config.clock)
-        logger.info("engine: {} KV blocks x {} tokens, max_model_len {}, prefix caching {}",
-                    num_blocks, config.block_size, self.max_model_len,
-                    "on" if self.scheduler.block_manager.enable_prefix_caching else "off")
+        logger.info(
+            "engine: {} KV blocks x {} tokens, max_model_len {}, prefix caching {}",
+            num_blocks,
+            config.block_size,
+            self.max_model_len,
+            "on" if self.scheduler.block_manager.enable_prefix_caching else "off",
+        )
         announce_engine_started(self, registry)
 
     @property
@@ -142,8 +162,7 @@ class LLMEngine:
         return self.speculation if isinstance(self.speculation, SpecDriver) else None  # NullSpeculation: off
 
     # --- requests ----------------------------------------------------------------------------
-    def validate_request(self, request_id: str, prompt_ids: Seq[int],
-                         params: SamplingParams) -> list[int]:
+    def validate_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> list[int]:
         """Raise ``InvalidRequest`` / ``PromptTooLong`` for a request that can never run.
 
         Returns the prompt as a list of ints.  Reads only the configuration (and the logit
@@ -161,7 +180,8 @@ class LLMEngine:
         if len(prompt_ids) + 1 > self.max_model_len:
             raise PromptTooLong(
                 f"request {request_id!r}: the prompt has {len(prompt_ids)} tokens; with one output "
-                f"token that exceeds max_model_len={self.max_model_len}; shorten the prompt")
+                f"token that exceeds max_model_len={self.max_model_len}; shorten the prompt"
+            )
         vocab = self.model.info.vocab_size
         ids: list[int] = []
         for t in prompt_ids:
@@ -170,13 +190,19 @@ class LLMEngine:
             except TypeError:
                 token = None
             if token is None or not 0 <= token < vocab:
-                raise InvalidRequest(f"request {request_id!r}: token id {t!r} is outside the "
-                                     f"vocabulary [0, {vocab})")
+                raise InvalidRequest(f"request {request_id!r}: token id {t!r} is outside the vocabulary [0, {vocab})")
             ids.append(token)
         return ids
 
-    def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, *,
-                    timeout_s: float | None = None, extras: dict | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: Seq[int],
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+        extras: dict | None = None,
+    ) -> None:
         """Queue a request; its deltas come from later ``step()`` calls.
 
         ``extras`` is merged into the sequence's per-sequence plugin state (``seq.extras``), e.g.
@@ -186,14 +212,14 @@ class LLMEngine:
         if timeout_s is not None and not timeout_s > 0:
             raise InvalidRequest(f"request {request_id!r}: timeout_s must be > 0, got {timeout_s!r}")
         if extras is not None and not isinstance(extras, dict):
-            raise InvalidRequest(f"request {request_id!r}: extras must be a dict, got "
-                                 f"{type(extras).__name__}")
+            raise InvalidRequest(f"request {request_id!r}: extras must be a dict, got {type(extras).__name__}")
         if request_id in self.scheduler.seqs:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
         now = self.config.clock()
         limit = timeout_s if timeout_s is not None else self.config.request_timeout_s
-        request = Request(request_id, prompt_ids, params, arrival_time=now,
-                          deadline=None if limit is None else now + limit)
+        request = Request(
+            request_id, prompt_ids, params, arrival_time=now, deadline=None if limit is None else now + limit
+        )
         seq = Sequence(request, next(self._order))
         seq.extras.update(extras or {})
         self.scheduler.add(seq)
@@ -239,8 +265,11 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         bm = self.scheduler.block_manager
         return EngineStats(
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            num_free_blocks=bm.num_free_blocks, num_blocks=bm.num_blocks,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=bm.num_free_blocks,
+            num_blocks=bm.num_blocks,
             num_cached_blocks=bm.num_cached_blocks(),
             num_free_state_slots=self.scheduler.state_slots.num_free,
-            num_preemptions=self.scheduler.num_preemptions)
+            num_preemptions=self.scheduler.num_preemptions,
+        )

@@ -36,7 +36,9 @@ __all__ = ["CORE_KV_DTYPES", "KVCodecRequest", "KVStorage", "resolve_kv_storage"
 
 #: Plain storage dtypes the core serves itself.
 CORE_KV_DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
 }
 
 
@@ -98,48 +100,69 @@ def _providers(wanted: str, registry: Registry | None) -> list[str]:
             registry = load_registry()
         except Exception:
             return []
-    return sorted({registry.provider("kv_scale_sources", name).distribution
-                   for name, spec in registry.kv_scale_sources.items() if wanted in spec.kv_dtypes})
+    return sorted(
+        {
+            registry.provider("kv_scale_sources", name).distribution
+            for name, spec in registry.kv_scale_sources.items()
+            if wanted in spec.kv_dtypes
+        }
+    )
 
 
-def resolve_kv_storage(config: Any, model: CausalLM, registry: Registry | None = None,
-                       device: torch.device | None = None) -> KVStorage:
+def resolve_kv_storage(
+    config: Any, model: CausalLM, registry: Registry | None = None, device: torch.device | None = None
+) -> KVStorage:
     """The storage layout and codec for ``model`` under ``config`` (see the module docstring)."""
     info = model.info
     wanted = config.kv_cache_dtype
     if info.kv is None or info.kv.num_layers == 0:
         if wanted is not None and wanted not in CORE_KV_DTYPES:
-            logger.warning("--kv-cache-dtype {} has no effect: {} keeps no attention KV cache",
-                           wanted, info.architecture)
+            logger.warning(
+                "--kv-cache-dtype {} has no effect: {} keeps no attention KV cache", wanted, info.architecture
+            )
         return KVStorage(info.kv, PlainKVCodec(), wanted or "none")
     store = getattr(model, "weight_store", None)
     path = getattr(store, "path", None)
     request = KVCodecRequest(
-        kv_cache_dtype=wanted, layout=info.kv, model_dtype=info.dtype,
+        kv_cache_dtype=wanted,
+        layout=info.kv,
+        model_dtype=info.dtype,
         device=torch.device(device) if device is not None else torch.device("cpu"),
-        options=config.plugin_options, store=store,
-        model_path=Path(path) if path is not None else None, model=model)
+        options=config.plugin_options,
+        store=store,
+        model_path=Path(path) if path is not None else None,
+        model=model,
+    )
     codecs = _plugin_codecs(request, registry)
     if wanted is None or wanted in CORE_KV_DTYPES:
         if codecs:
-            raise ConfigError(f"KV-scale sources {[n for n, _ in codecs]} returned a codec for "
-                              f"kv_cache_dtype={wanted!r}, which the core stores itself")
+            raise ConfigError(
+                f"KV-scale sources {[n for n, _ in codecs]} returned a codec for "
+                f"kv_cache_dtype={wanted!r}, which the core stores itself"
+            )
         dtype = info.kv.dtype if wanted is None else CORE_KV_DTYPES[wanted]
         return KVStorage(attrs.evolve(info.kv, dtype=dtype), PlainKVCodec(), _dtype_name(dtype))
     if not codecs:
         plugins = _providers(wanted, registry)
         installed = ", ".join(sorted(registry.kv_scale_sources)) if registry is not None else ""
-        hint = (f"install the {' or '.join(plugins)} plugin and build the engine with its "
-                f"registry (registry=load_registry())" if plugins
-                else "install a plugin that provides it")
+        hint = (
+            f"install the {' or '.join(plugins)} plugin and build the engine with its "
+            f"registry (registry=load_registry())"
+            if plugins
+            else "install a plugin that provides it"
+        )
         raise ConfigError(
             f"--kv-cache-dtype {wanted} is not available: {hint}; core KV dtypes: "
-            f"{', '.join(CORE_KV_DTYPES)}; plugin KV-scale sources installed: {installed or 'none'}")
+            f"{', '.join(CORE_KV_DTYPES)}; plugin KV-scale sources installed: {installed or 'none'}"
+        )
     if len(codecs) > 1:
-        raise ConfigError(f"--kv-cache-dtype {wanted} is served by several KV-scale sources "
-                          f"({', '.join(n for n, _ in codecs)}); disable all but one plugin")
+        raise ConfigError(
+            f"--kv-cache-dtype {wanted} is served by several KV-scale sources "
+            f"({', '.join(n for n, _ in codecs)}); disable all but one plugin"
+        )
     name, codec = codecs[0]
     layout = attrs.evolve(info.kv, dtype=codec.storage_dtype if codec.storage_dtype is not None else info.kv.dtype)
-    logger.info("KV cache: {} storage ({} bytes/token) from the '{}' KV-scale source",
-                wanted, layout.bytes_per_token(), name)
+    logger.info(
+        "KV cache: {} storage ({} bytes/token) from the '{}' KV-scale source", wanted, layout.bytes_per_token(), name
+    )
     return KVStorage(layout, codec, wanted)

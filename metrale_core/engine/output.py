@@ -103,8 +103,7 @@ def _parse(seq: Sequence, delta: str, finished: bool) -> tuple:
         if finished:
             parsed = parsed + parser.finish()
     except Exception:
-        logger.exception("stream parser of request {!r} failed; sending plain content from here",
-                         seq.request_id)
+        logger.exception("stream parser of request {!r} failed; sending plain content from here", seq.request_id)
         seq.extras.pop("stream_parser", None)
         seq.extras["stream_parser_failed"] = True
         return (_content_delta(delta),) if delta else ()
@@ -117,8 +116,7 @@ def _row_error(exc: BaseException) -> str:
 
 def _sampled(plan: SchedulerOutput) -> list:
     """``(index, chunk)`` of the chunks of ``plan`` that sample a token."""
-    return [(i, chunk) for i, chunk in enumerate(plan.chunks)
-            if chunk.sample and not chunk.seq.is_finished]
+    return [(i, chunk) for i, chunk in enumerate(plan.chunks) if chunk.sample and not chunk.seq.is_finished]
 
 
 def _content_delta(text: str) -> Any:
@@ -130,8 +128,14 @@ def _content_delta(text: str) -> Any:
 class OutputProcessor:
     """Samples, appends tokens, detokenizes and applies stop rules."""
 
-    def __init__(self, pipeline: Any, scheduler: Scheduler, tokenizer: Any = None,
-                 eos_token_ids: tuple[int, ...] = (), max_model_len: int = 1 << 62) -> None:
+    def __init__(
+        self,
+        pipeline: Any,
+        scheduler: Scheduler,
+        tokenizer: Any = None,
+        eos_token_ids: tuple[int, ...] = (),
+        max_model_len: int = 1 << 62,
+    ) -> None:
         self.pipeline = pipeline
         self.scheduler = scheduler
         self.tokenizer = tokenizer
@@ -169,8 +173,11 @@ class OutputProcessor:
         if plain:
             assert logits is not None, "a step that samples rows computed their logits"
             rows = [chunk.seq for _, chunk in plain]
-            rows_logits = logits if len(plain) == logits.shape[0] else \
-                logits[torch.tensor([offsets[i] for i, _ in plain], device=logits.device)]
+            rows_logits = (
+                logits
+                if len(plain) == logits.shape[0]
+                else logits[torch.tensor([offsets[i] for i, _ in plain], device=logits.device)]
+            )
             kinds = [chunk.kind for _, chunk in plain]
             try:
                 batch = self.pipeline.sample(rows_logits, rows, kinds)
@@ -196,8 +203,10 @@ class OutputProcessor:
             assert logits is not None, "a step with verify chunks computed their logits"
 
             verified, self.last_verify_outcomes = commit_verify_chunks(
-                self, [chunk for _, chunk in verify],
-                [logits[offsets[i]:offsets[i] + chunk.num_logits] for i, chunk in verify])
+                self,
+                [chunk for _, chunk in verify],
+                [logits[offsets[i] : offsets[i] + chunk.num_logits] for i, chunk in verify],
+            )
             by_chunk.update(zip((i for i, _ in verify), verified))
         outputs.extend(by_chunk[i] for i, _ in sampled)
         self.scheduler.complete(plan)
@@ -208,10 +217,11 @@ class OutputProcessor:
         out: list = []
         for j, (seq, kind) in enumerate(zip(rows, kinds)):
             try:
-                out.append((0, self.pipeline.sample(logits[j:j + 1], [seq], [kind])))
+                out.append((0, self.pipeline.sample(logits[j : j + 1], [seq], [kind])))
             except Exception as exc:
-                logger.warning("sampling request {!r} failed; failing only that request: {}",
-                               seq.request_id, _row_error(exc))
+                logger.warning(
+                    "sampling request {!r} failed; failing only that request: {}", seq.request_id, _row_error(exc)
+                )
                 out.append((0, exc))
         return out
 
@@ -220,8 +230,7 @@ class OutputProcessor:
         self._flush(seq)
         return self._output(seq, (), None)
 
-    def commit_token(self, seq: Sequence, token: int,
-                     logprob: tuple | None = None) -> RequestOutput:
+    def commit_token(self, seq: Sequence, token: int, logprob: tuple | None = None) -> RequestOutput:
         """Append one sampled ``token`` to ``seq`` through the normal path (stop rules,
         detokenizing, stream parser); returns its delta.  The verifier commits accepted drafts
         with it."""
@@ -254,8 +263,7 @@ class OutputProcessor:
         if seq.detokenizer is None:
             from metrale_core.detokenizer import IncrementalDetokenizer
 
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids,
-                                                     skip_special_tokens=True)
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, skip_special_tokens=True)
         previous = len(seq.text)
         seq.text += seq.detokenizer.push([token])
         stops = [s for s in seq.params.stop if s]
@@ -264,7 +272,7 @@ class OutputProcessor:
         begin = max(0, previous - max(len(s) for s in stops) + 1)
         hits = [i for i in (seq.text.find(s, begin) for s in stops) if i >= 0]
         if hits:
-            seq.text = seq.text[:min(hits)]
+            seq.text = seq.text[: min(hits)]
             return True
         return False
 
@@ -278,11 +286,17 @@ class OutputProcessor:
         if not finished and seq.params.stop:
             end -= held_back_len(seq.text, seq.params.stop)
         end = max(end, seq.num_text_emitted)
-        delta = seq.text[seq.num_text_emitted:end]
+        delta = seq.text[seq.num_text_emitted : end]
         seq.num_text_emitted = end
         return RequestOutput(
-            request_id=seq.request_id, new_token_ids=tokens, text_delta=delta, finished=finished,
+            request_id=seq.request_id,
+            new_token_ids=tokens,
+            text_delta=delta,
+            finished=finished,
             finish_reason=seq.finish_reason if finished else None,
-            error=seq.error if finished else None, num_prompt_tokens=len(seq.prompt_ids),
-            num_output_tokens=len(seq.output_ids), logprobs=logprob,
-            parsed=_parse(seq, delta, finished))
+            error=seq.error if finished else None,
+            num_prompt_tokens=len(seq.prompt_ids),
+            num_output_tokens=len(seq.output_ids),
+            logprobs=logprob,
+            parsed=_parse(seq, delta, finished),
+        )

@@ -29,8 +29,7 @@ from typing import Any
 import torch
 from attrs import define
 
-__all__ = ["POOLING_MODES", "Pooling", "can_pool", "default_pooling", "plan_pools", "pool_step",
-           "skips_prefix_cache"]
+__all__ = ["POOLING_MODES", "Pooling", "can_pool", "default_pooling", "plan_pools", "pool_step", "skips_prefix_cache"]
 
 POOLING_MODES = ("mean", "last")
 
@@ -101,12 +100,18 @@ def pool_step(engine: Any, plan: Any, hidden: torch.Tensor | None) -> list:
         n = chunk.num_tokens
         pool = chunk.seq.extras.get("pooling")
         if pool is not None and not chunk.seq.is_finished:
-            pool.fold(hidden[row:row + n], chunk.start)
+            pool.fold(hidden[row : row + n], chunk.start)
             seq = chunk.seq
             if chunk.start + n >= len(seq.prompt_ids):
                 engine.scheduler.finish(seq, "stop")
-                outputs.append(RequestOutput(
-                    request_id=seq.request_id, finished=True, finish_reason="stop",
-                    num_prompt_tokens=len(seq.prompt_ids), embedding=pool.vector()))
+                outputs.append(
+                    RequestOutput(
+                        request_id=seq.request_id,
+                        finished=True,
+                        finish_reason="stop",
+                        num_prompt_tokens=len(seq.prompt_ids),
+                        embedding=pool.vector(),
+                    )
+                )
         row += n
     return outputs

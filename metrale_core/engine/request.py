@@ -55,8 +55,7 @@ class Request:
     deadline: float | None = None
 
     def __repr__(self) -> str:
-        return (f"Request({self.request_id!r}, prompt_len={len(self.prompt_ids)}, "
-                f"deadline={self.deadline})")
+        return f"Request({self.request_id!r}, prompt_len={len(self.prompt_ids)}, deadline={self.deadline})"
 
 
 def _new_generator(seed: int | None) -> torch.Generator:
@@ -130,7 +129,7 @@ class Sequence:
         n = len(prompt)
         if stop <= n:
             return tuple(prompt[start:stop])
-        return tuple(prompt[start:]) + tuple(self.output_ids[max(0, start - n):stop - n])
+        return tuple(prompt[start:]) + tuple(self.output_ids[max(0, start - n) : stop - n])
 
     def all_token_ids(self) -> tuple[int, ...]:
         return self.request.prompt_ids + tuple(self.output_ids)
@@ -145,6 +144,8 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.request_id!r}, {self.status.value}, prompt_len="
-                f"{len(self.request.prompt_ids)}, outputs={len(self.output_ids)}, "
-                f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})")
+        return (
+            f"Sequence({self.request_id!r}, {self.status.value}, prompt_len="
+            f"{len(self.request.prompt_ids)}, outputs={len(self.output_ids)}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})"
+        )

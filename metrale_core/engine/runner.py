@@ -45,8 +45,9 @@ def model_device(model: CausalLM) -> torch.device:
 class ModelRunner:
     """Owns the KV cache and state pool of one model and runs its forward."""
 
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, num_state_slots: int,
-                 kv_storage=None) -> None:
+    def __init__(
+        self, model: CausalLM, num_blocks: int, block_size: int, num_state_slots: int, kv_storage=None
+    ) -> None:
         """``kv_storage`` (a ``kv_dtype.KVStorage``) sets the pool's dtype and codec; None keeps
         the model's layout with plain storage."""
         self.model = model
@@ -57,8 +58,7 @@ class ModelRunner:
         if info.kv is not None and info.kv.num_layers > 0:
             layout = info.kv if kv_storage is None else kv_storage.layout
             codec = None if kv_storage is None else kv_storage.codec
-            self.kv = PagedKVCache.allocate(layout, num_blocks, block_size, device=self.device,
-                                            codec=codec)
+            self.kv = PagedKVCache.allocate(layout, num_blocks, block_size, device=self.device, codec=codec)
         self.state = model.make_state_pool(num_state_slots) if info.has_recurrent_state else None
         #: Whether :meth:`execute` runs ``forward_with_hidden`` (see :meth:`keep_hidden_states`).
         self.keeps_hidden = False
@@ -66,9 +66,13 @@ class ModelRunner:
         self.last_hidden: torch.Tensor | None = None
         #: The LoRA ``AdapterBank`` (``engine.adapters``; set by metrale-lora); None: no adapters.
         self.lora = None
-        logger.debug("model runner: {} KV blocks of {} tokens on {}, {} state slots",
-                     num_blocks, block_size, self.device,
-                     num_state_slots if self.state is not None else 0)
+        logger.debug(
+            "model runner: {} KV blocks of {} tokens on {}, {} state slots",
+            num_blocks,
+            block_size,
+            self.device,
+            num_state_slots if self.state is not None else 0,
+        )
 
     def build_batch(self, plan: SchedulerOutput) -> ForwardBatch:
         """The ``ForwardBatch`` of ``plan`` (see ``metrale_core.model_api``)."""
@@ -98,16 +102,22 @@ class ModelRunner:
         group_tables, group_slots = self._group_tables(plan, width)
 
         return ForwardBatch(
-            input_ids=t(input_ids), positions=t(positions), query_start=t(query_start),
-            context_lens=t(context_lens), block_tables=t(tables).reshape(len(tables), width),
-            slot_mapping=t(slots), logits_rows=t(logits_rows),
+            input_ids=t(input_ids),
+            positions=t(positions),
+            query_start=t(query_start),
+            context_lens=t(context_lens),
+            block_tables=t(tables).reshape(len(tables), width),
+            slot_mapping=t(slots),
+            logits_rows=t(logits_rows),
             state_slots=t([c.state_slot for c in plan.chunks]),
             state_fresh=t([c.start == 0 for c in plan.chunks], torch.bool),
             query_lens_host=tuple(c.num_tokens for c in plan.chunks),
-            context_lens_host=tuple(context_lens), block_size=bs,
+            context_lens_host=tuple(context_lens),
+            block_size=bs,
             verify_host=tuple(c.is_verify for c in plan.chunks),
             group_block_tables=tuple(t(g).reshape(len(g), width) for g in group_tables),
-            group_slot_mappings=tuple(t(g) for g in group_slots))
+            group_slot_mappings=tuple(t(g) for g in group_slots),
+        )
 
     def _group_tables(self, plan: SchedulerOutput, width: int) -> tuple[list, list]:
         """Block tables ``[B][width]`` and slots ``[T]`` of each KV group after the first
@@ -118,10 +128,16 @@ class ModelRunner:
         tables: list = []
         slots: list = []
         for g in range(num):
-            tables.append([[max(b, 0) for b in c.group_block_ids[g]] + [0] * (width - len(c.block_ids))
-                           for c in chunks])
-            slots.append([c.group_block_ids[g][pos // bs] * bs + pos % bs
-                          for c in chunks for pos in range(c.start, c.start + c.num_tokens)])
+            tables.append(
+                [[max(b, 0) for b in c.group_block_ids[g]] + [0] * (width - len(c.block_ids)) for c in chunks]
+            )
+            slots.append(
+                [
+                    c.group_block_ids[g][pos // bs] * bs + pos % bs
+                    for c in chunks
+                    for pos in range(c.start, c.start + c.num_tokens)
+                ]
+            )
         return tables, slots
 
     def keep_hidden_states(self) -> None:
@@ -142,7 +158,8 @@ class ModelRunner:
             if self.keeps_hidden or hidden:
                 # only a model with forward_with_hidden keeps hidden states (checked where they are asked for)
                 logits, self.last_hidden = cast(HiddenStatesLM, self.model).forward_with_hidden(
-                    batch, self.kv, self.state)
+                    batch, self.kv, self.state
+                )
             else:
                 logits = self.model.forward(batch, self.kv, self.state)
         expected = int(batch.logits_rows.shape[0])

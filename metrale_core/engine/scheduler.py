@@ -65,8 +65,15 @@ from metrale_core.errors import InvalidRequest, KVCacheExhausted
 from metrale_core.model_api import ModelInfo
 from metrale_core.sampling.position import PositionKind
 
-__all__ = ["AdmissionStep", "DraftSource", "FcfsPolicy", "ScheduledChunk", "Scheduler",
-           "SchedulerOutput", "SchedulingPolicy"]
+__all__ = [
+    "AdmissionStep",
+    "DraftSource",
+    "FcfsPolicy",
+    "ScheduledChunk",
+    "Scheduler",
+    "SchedulerOutput",
+    "SchedulingPolicy",
+]
 
 
 class DraftSource(Protocol):
@@ -123,6 +130,7 @@ class StepAwarePolicy(SchedulingPolicy, Protocol):
 
     def next_waiting(self, waiting: Seq[Sequence], step: AdmissionStep | None = None) -> Sequence | None: ...
 
+
 @frozen
 class FcfsPolicy:
     """First come, first served: admit the queue front; preempt the most recently admitted."""
@@ -178,8 +186,10 @@ class ScheduledChunk:
         return self.num_tokens if self.is_verify else int(self.sample)
 
     def __repr__(self) -> str:
-        return (f"ScheduledChunk({self.seq.request_id!r}, start={self.start}, "
-                f"n={len(self.token_ids)}, sample={self.sample})")
+        return (
+            f"ScheduledChunk({self.seq.request_id!r}, start={self.start}, "
+            f"n={len(self.token_ids)}, sample={self.sample})"
+        )
 
 
 @frozen
@@ -205,14 +215,18 @@ class SchedulerOutput:
 class Scheduler:
     """Waiting queue, running list, KV blocks and state slots of one engine."""
 
-    def __init__(self, config: EngineConfig, info: ModelInfo, policy: SchedulingPolicy,
-                 num_blocks: int, max_model_len: int) -> None:
+    def __init__(
+        self, config: EngineConfig, info: ModelInfo, policy: SchedulingPolicy, num_blocks: int, max_model_len: int
+    ) -> None:
         self.config = config
         self.policy = policy
         self.max_model_len = max_model_len
-        self.block_manager = BlockManager(num_blocks, config.block_size,
-                                          config.resolve_prefix_caching(info),
-                                          windows=info.kv.groups.windows if info.kv is not None else (None,))
+        self.block_manager = BlockManager(
+            num_blocks,
+            config.block_size,
+            config.resolve_prefix_caching(info),
+            windows=info.kv.groups.windows if info.kv is not None else (None,),
+        )
         self.state_slots = StateSlots(config.num_state_slots_for(info), info.has_recurrent_state)
         #: Preemptions (by recompute) since start.
         self.num_preemptions = 0
@@ -252,8 +266,7 @@ class Scheduler:
         self.finish(seq, "abort", report=True)
         return True
 
-    def finish(self, seq: Sequence, reason: str, error: str | None = None,
-               report: bool = False) -> None:
+    def finish(self, seq: Sequence, reason: str, error: str | None = None, report: bool = False) -> None:
         """Mark ``seq`` finished, free its blocks and slot; ``report`` queues it for the next plan."""
         if seq.is_finished:
             return
@@ -295,8 +308,7 @@ class Scheduler:
         i = 0
         while i < len(self.running):
             seq = self.running[i]
-            want = min(seq.num_prefill_tokens - seq.num_computed_tokens, budget) \
-                if seq.is_prefilling else 1
+            want = min(seq.num_prefill_tokens - seq.num_computed_tokens, budget) if seq.is_prefilling else 1
             if want == 0:
                 i += 1
                 continue
@@ -399,12 +411,12 @@ class Scheduler:
             f"request {seq.request_id!r} needs {bm.min_blocks_for(num_tokens)} KV blocks of "
             f"{bm.block_size} tokens for {num_tokens} tokens, but the whole pool holds "
             f"{bm.num_blocks} blocks; raise kv_cache_memory / num_kv_blocks or lower "
-            f"max_tokens / max_model_len")
+            f"max_tokens / max_model_len"
+        )
         logger.warning("{}", error)
         self.finish(seq, "error", error=str(error), report=True)
 
-    def _admit(self, budget: int, decodes: list[ScheduledChunk],
-               prefills: list[ScheduledChunk]) -> int:
+    def _admit(self, budget: int, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]) -> int:
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self._next_waiting(budget, decodes, prefills)
@@ -437,21 +449,23 @@ class Scheduler:
         running = {adapter_of(s) for s in self.running} - {None}
         return key in running or len(running) < self.max_adapters
 
-    def _next_waiting(self, budget: int, decodes: list[ScheduledChunk],
-                      prefills: list[ScheduledChunk]) -> Sequence | None:
+    def _next_waiting(
+        self, budget: int, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]
+    ) -> Sequence | None:
         """The policy's choice; None (a hold-back) only while something is running."""
         if self._policy_takes_step:
-            step = AdmissionStep(num_decodes=len(decodes),
-                                 num_decode_tokens=sum(c.num_tokens for c in decodes),
-                                 num_prefill_tokens=sum(c.num_tokens for c in prefills),
-                                 budget=budget)
+            step = AdmissionStep(
+                num_decodes=len(decodes),
+                num_decode_tokens=sum(c.num_tokens for c in decodes),
+                num_prefill_tokens=sum(c.num_tokens for c in prefills),
+                budget=budget,
+            )
             seq = cast(StepAwarePolicy, self.policy).next_waiting(self.waiting, step=step)  # _takes_step
         else:
             seq = self.policy.next_waiting(self.waiting)
         if seq is None and not self.running:
             # nothing running and nothing admitted this step: holding back would stall forever
-            logger.debug("policy held back admission with nothing running; admitting {}",
-                         self.waiting[0].request_id)
+            logger.debug("policy held back admission with nothing running; admitting {}", self.waiting[0].request_id)
             return self.waiting[0]
         return seq
 
@@ -460,27 +474,39 @@ class Scheduler:
         if draft is None or not draft.token_ids:
             return ()
         bm = self.block_manager
-        room = (len(seq.block_ids) + bm.num_free_blocks // bm.num_groups) * bm.block_size \
-            - seq.num_computed_tokens
-        return tuple(draft.token_ids[:max(0, room - 1)])
+        room = (len(seq.block_ids) + bm.num_free_blocks // bm.num_groups) * bm.block_size - seq.num_computed_tokens
+        return tuple(draft.token_ids[: max(0, room - 1)])
 
-    def _chunk(self, seq: Sequence, n: int, draft: tuple[int, ...] = (),
-               source: Any = None) -> ScheduledChunk:
+    def _chunk(self, seq: Sequence, n: int, draft: tuple[int, ...] = (), source: Any = None) -> ScheduledChunk:
         start = seq.num_computed_tokens
         if draft:
-            return ScheduledChunk(seq=seq, start=start, token_ids=(seq.token_ids(start, start + 1)
-                                                                   + draft),
-                                  block_ids=tuple(seq.block_ids), state_slot=seq.state_slot,
-                                  sample=True, kind=PositionKind.VERIFY, is_decode=True,
-                                  draft=source, group_block_ids=_group_tables(seq))
+            return ScheduledChunk(
+                seq=seq,
+                start=start,
+                token_ids=(seq.token_ids(start, start + 1) + draft),
+                block_ids=tuple(seq.block_ids),
+                state_slot=seq.state_slot,
+                sample=True,
+                kind=PositionKind.VERIFY,
+                is_decode=True,
+                draft=source,
+                group_block_ids=_group_tables(seq),
+            )
         sample = start + n == seq.num_tokens
         kind = None
         if sample:
             kind = PositionKind.FINAL_DECODE if seq.output_ids else PositionKind.PREFILL_LAST
-        return ScheduledChunk(seq=seq, start=start, token_ids=seq.token_ids(start, start + n),
-                              block_ids=tuple(seq.block_ids), state_slot=seq.state_slot,
-                              sample=sample, kind=kind, is_decode=not seq.is_prefilling,
-                              group_block_ids=_group_tables(seq))
+        return ScheduledChunk(
+            seq=seq,
+            start=start,
+            token_ids=seq.token_ids(start, start + n),
+            block_ids=tuple(seq.block_ids),
+            state_slot=seq.state_slot,
+            sample=sample,
+            kind=kind,
+            is_decode=not seq.is_prefilling,
+            group_block_ids=_group_tables(seq),
+        )
 
 
 def _group_tables(seq: Sequence) -> tuple[tuple[int, ...], ...]:

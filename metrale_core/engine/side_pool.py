@@ -35,20 +35,32 @@ class SidePool:
 
     def __init__(self, model: Any, num_blocks: int, block_size: int) -> None:
         if model.info.has_recurrent_state:
-            raise ConfigError(f"{model.info.architecture} keeps recurrent state; a drafter must "
-                              "be an attention-only model")
+            raise ConfigError(
+                f"{model.info.architecture} keeps recurrent state; a drafter must be an attention-only model"
+            )
         self.runner = ModelRunner(model, num_blocks, block_size, 0)
         kv = model.info.kv
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False,
-                                   windows=kv.groups.windows if kv is not None else (None,))
+        self.blocks = BlockManager(
+            num_blocks,
+            block_size,
+            enable_prefix_caching=False,
+            windows=kv.groups.windows if kv is not None else (None,),
+        )
 
     @staticmethod
     def chunk(seq: Any, start: int, token_ids: Iterable[int]) -> ScheduledChunk:
         """Rows ``token_ids`` of ``seq`` at positions ``start..``; logits of the last row only."""
-        return ScheduledChunk(seq=seq, start=start, token_ids=tuple(token_ids),
-                              block_ids=tuple(seq.block_ids), state_slot=-1, sample=True,
-                              group_block_ids=tuple(tuple(t) for t in getattr(seq, "group_block_ids", ())),
-                              kind=PositionKind.FINAL_DECODE, is_decode=False)
+        return ScheduledChunk(
+            seq=seq,
+            start=start,
+            token_ids=tuple(token_ids),
+            block_ids=tuple(seq.block_ids),
+            state_slot=-1,
+            sample=True,
+            group_block_ids=tuple(tuple(t) for t in getattr(seq, "group_block_ids", ())),
+            kind=PositionKind.FINAL_DECODE,
+            is_decode=False,
+        )
 
     @staticmethod
     def plan(chunks: Iterable[ScheduledChunk]) -> SchedulerOutput:

@@ -155,15 +155,15 @@ class SnapshotPublisher:
         self.latest = self._build()
 
     # --- plugin extras -----------------------------------------------------------------------
-    def set_extra(self, name: str, value: Any, *, label: str | None = None,
-                  format: Callable[[Any], str] = str) -> None:
+    def set_extra(self, name: str, value: Any, *, label: str | None = None, format: Callable[[Any], str] = str) -> None:
         """Publish ``value`` under ``name`` from the next snapshot on; a dashboard shows it as
         ``label: format(value)`` (``label`` None keeps the one declared before, else ``name``)."""
         self._declare(name, label, format)
         self._extras[name] = value
 
-    def add_extras_provider(self, name: str, provider: Callable[[], Any], *,
-                            label: str | None = None, format: Callable[[Any], str] = str) -> None:
+    def add_extras_provider(
+        self, name: str, provider: Callable[[], Any], *, label: str | None = None, format: Callable[[Any], str] = str
+    ) -> None:
         """Evaluate ``provider()`` at each publish and publish its value under ``name``
         (``label`` / ``format`` as for :meth:`set_extra`)."""
         self._declare(name, label, format)
@@ -220,18 +220,26 @@ class SnapshotPublisher:
         if not self._ttft_tuple and self._ttft:
             self._ttft_tuple = tuple(self._ttft)
         return EngineSnapshot(
-            step=self._step, time=self.clock() if now is None else now,
-            num_running=len(sched.running), num_waiting=len(sched.waiting),
+            step=self._step,
+            time=self.clock() if now is None else now,
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting),
             num_prefilling=sum(1 for s in sched.running if s.is_prefilling),
-            num_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks,
+            num_blocks=bm.num_blocks,
+            num_free_blocks=bm.num_free_blocks,
             num_cached_blocks=bm.num_cached_blocks(),
             num_state_slots=slots.num_slots if slots.enabled else 0,
-            num_free_state_slots=slots.num_free, num_preemptions=sched.num_preemptions,
+            num_free_state_slots=slots.num_free,
+            num_preemptions=sched.num_preemptions,
             requests_total=self._requests_total,
             requests_finished=sum(self._reasons.values()),
             finish_reasons=MappingProxyType(dict(self._reasons)),
             prompt_tokens_total=self._prompt_tokens,
             generation_tokens_total=self._generation_tokens,
-            prefix_cache_queries=cache.queries, prefix_cache_hits=cache.hits,
-            ttft_samples=self._ttft_tuple, ttft_count=self._ttft_count,
-            extras=self._extras_view(), extra_formats=self._formats)
+            prefix_cache_queries=cache.queries,
+            prefix_cache_hits=cache.hits,
+            ttft_samples=self._ttft_tuple,
+            ttft_count=self._ttft_count,
+            extras=self._extras_view(),
+            extra_formats=self._formats,
+        )

@@ -61,8 +61,9 @@ class SpecDriver:
 
     enabled = True
 
-    def __init__(self, speculator: Any, scheduler: Any, runner: Any, output_processor: Any,
-                 max_model_len: int, clock: Any = None) -> None:
+    def __init__(
+        self, speculator: Any, scheduler: Any, runner: Any, output_processor: Any, max_model_len: int, clock: Any = None
+    ) -> None:
         self.speculator = speculator
         self.scheduler = scheduler
         self.runner = runner
@@ -87,8 +88,7 @@ class SpecDriver:
         for seq in self.scheduler.running:
             if seq.is_prefilling or seq.extras.get(SPECULATIVE_EXTRA, True) is False:
                 continue
-            cap = min(seq.params.max_tokens - len(seq.output_ids) - 1,
-                      self.max_model_len - seq.num_tokens)
+            cap = min(seq.params.max_tokens - len(seq.output_ids) - 1, self.max_model_len - seq.num_tokens)
             seqs.append(seq)
             caps.append(max(0, cap))
         if not seqs:
@@ -112,8 +112,9 @@ class SpecDriver:
         accepted = {o.request_id: o.num_accepted for o in outcomes if not o.finished}
         verify_chunks = [c for c in plan.chunks if c.is_verify and c.seq.request_id in accepted]
         if verify_chunks:
-            self.runner.commit_verify([c.state_slot for c in verify_chunks],
-                                      [1 + accepted[c.seq.request_id] for c in verify_chunks])
+            self.runner.commit_verify(
+                [c.state_slot for c in verify_chunks], [1 + accepted[c.seq.request_id] for c in verify_chunks]
+            )
         if plan.is_empty:
             return
         emitted = {o.request_id: len(o.new_token_ids) for o in outputs}
@@ -124,39 +125,57 @@ class SpecDriver:
             if chunk.seq.is_finished:
                 continue
             committed[rid] = 1 + accepted[rid] if chunk.is_verify else chunk.num_tokens
-        self.speculator.observe(StepReport(
-            num_decode_seqs=len(decode), outcomes=outcomes,
-            num_emitted=sum(emitted.get(c.seq.request_id, 0) for c in decode),
-            num_prefill_tokens=sum(c.num_tokens for c in plan.chunks if not c.is_decode),
-            duration_s=duration_s, plan=plan, hidden=self.runner.last_hidden,
-            committed_rows=committed))
+        self.speculator.observe(
+            StepReport(
+                num_decode_seqs=len(decode),
+                outcomes=outcomes,
+                num_emitted=sum(emitted.get(c.seq.request_id, 0) for c in decode),
+                num_prefill_tokens=sum(c.num_tokens for c in plan.chunks if not c.is_decode),
+                duration_s=duration_s,
+                plan=plan,
+                hidden=self.runner.last_hidden,
+                committed_rows=committed,
+            )
+        )
 
 
-def build_spec_driver(config: Any, model: Any, pipeline: Any, registry: Registry | None,
-                      scheduler: Any, runner: Any, output_processor: Any, max_model_len: int,
-                      speculator: Any = None) -> SpecDriver | NullSpeculation:
+def build_spec_driver(
+    config: Any,
+    model: Any,
+    pipeline: Any,
+    registry: Registry | None,
+    scheduler: Any,
+    runner: Any,
+    output_processor: Any,
+    max_model_len: int,
+    speculator: Any = None,
+) -> SpecDriver | NullSpeculation:
     """The driver of ``speculator`` (a ``Speculator``, or a factory ``f(ProposerContext)`` like
     ``ProposerSpec.factory``), else of the proposer named by the ``speculative`` plugin option
     (``--speculative``); :data:`NULL_SPECULATION` when speculation is off."""
-    ctx = ProposerContext(config=config, model=model, pipeline=pipeline, registry=registry,
-                          max_model_len=max_model_len)
+    ctx = ProposerContext(config=config, model=model, pipeline=pipeline, registry=registry, max_model_len=max_model_len)
     if speculator is None:
         name = config.plugin_options.get("speculative")
         if not name:
             return NULL_SPECULATION
         if registry is None:
-            raise ConfigError(f"speculative decoding with {name!r} needs the plugin registry; "
-                              "build the engine with registry=load_registry()")
+            raise ConfigError(
+                f"speculative decoding with {name!r} needs the plugin registry; "
+                "build the engine with registry=load_registry()"
+            )
         speculator = registry.get("proposers", name).factory(ctx)
     elif not hasattr(speculator, "propose"):
         speculator = speculator(ctx)
     if model.info.has_recurrent_state and not hasattr(model, "commit_verify"):
-        raise ConfigError(f"{model.info.architecture} keeps recurrent state but implements no "
-                          "commit_verify(state, slots, num_kept), so rejected drafts cannot be "
-                          "rolled back; run it without speculative decoding")
+        raise ConfigError(
+            f"{model.info.architecture} keeps recurrent state but implements no "
+            "commit_verify(state, slots, num_kept), so rejected drafts cannot be "
+            "rolled back; run it without speculative decoding"
+        )
     if getattr(speculator, "wants_hidden", False) and not hasattr(model, "forward_with_hidden"):
-        raise ConfigError(f"the {type(speculator).__name__} proposer needs the target's hidden "
-                          f"states, but {model.info.architecture} has no forward_with_hidden")
+        raise ConfigError(
+            f"the {type(speculator).__name__} proposer needs the target's hidden "
+            f"states, but {model.info.architecture} has no forward_with_hidden"
+        )
     logger.info("speculative decoding on: {}", speculator)
-    return SpecDriver(speculator, scheduler, runner, output_processor, max_model_len,
-                      clock=config.clock)
+    return SpecDriver(speculator, scheduler, runner, output_processor, max_model_len, clock=config.clock)

@@ -127,8 +127,14 @@ def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(_inverse_cdf(probs[None, :].cpu(), u)[0])
 
 
-def accept(processed: torch.Tensor, draft: Seq[int], draft_probs: torch.Tensor | None, *,
-           greedy: bool, generator: torch.Generator | None) -> Verdict:
+def accept(
+    processed: torch.Tensor,
+    draft: Seq[int],
+    draft_probs: torch.Tensor | None,
+    *,
+    greedy: bool,
+    generator: torch.Generator | None,
+) -> Verdict:
     """Apply the acceptance rule to one verify chunk (see the module docstring).
 
     ``processed`` is ``[k+1, V]`` processed target logits (removed tokens ``-inf``).
@@ -225,13 +231,14 @@ class ProposerContext:
         from metrale_core.weights import open_weights
 
         if self.registry is None:
-            raise ConfigError("loading a draft model needs the plugin registry; build the engine "
-                              "with registry=load_registry()")
+            raise ConfigError(
+                "loading a draft model needs the plugin registry; build the engine with registry=load_registry()"
+            )
         if options is None:
-            options = LoadOptions(dtype=str(self.model.info.dtype).removeprefix("torch."),
-                                  device=str(model_device(self.model)))
-        store = open_weights(source) if isinstance(source, (str, bytes)) or hasattr(
-            source, "__fspath__") else source
+            options = LoadOptions(
+                dtype=str(self.model.info.dtype).removeprefix("torch."), device=str(model_device(self.model))
+            )
+        store = open_weights(source) if isinstance(source, (str, bytes)) or hasattr(source, "__fspath__") else source
         return model_from_store(store, options, self.registry)[1]
 
     def side_pool(self, model: Any, num_blocks: int) -> Any:

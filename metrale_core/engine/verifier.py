@@ -41,13 +41,13 @@ def _logprob_entry(row: torch.Tensor, token: int, width: int) -> tuple:
     top: tuple[tuple[int, float], ...] = ()
     if width:
         values, ids = row.topk(min(width, row.shape[0]))
-        top = tuple((int(t), float(v)) for t, v in zip(ids.tolist(), values.tolist())
-                    if v != float("-inf"))
+        top = tuple((int(t), float(v)) for t, v in zip(ids.tolist(), values.tolist()) if v != float("-inf"))
     return ((token, float(row[token]), top),)
 
 
-def commit_verify_chunks(processor: Any, chunks: Seq[Any],
-                         logits: Seq[torch.Tensor]) -> tuple[list[Any], list[VerifyOutcome]]:
+def commit_verify_chunks(
+    processor: Any, chunks: Seq[Any], logits: Seq[torch.Tensor]
+) -> tuple[list[Any], list[VerifyOutcome]]:
     """Accept and commit every verify chunk; returns one output per chunk and the outcomes.
 
     ``processor`` is the ``OutputProcessor`` (its pipeline, scheduler and ``commit_token``);
@@ -68,7 +68,7 @@ def commit_verify_chunks(processor: Any, chunks: Seq[Any],
         seq, draft = chunk.seq, chunk.token_ids[1:]
         hi = lo + len(draft) + 1
         source = chunk.draft
-        probs = None if source is None or source.probs is None else source.probs[:len(draft)]
+        probs = None if source is None or source.probs is None else source.probs[: len(draft)]
         greedy = seq.params.temperature == 0.0
         verdict = accept(processed[lo:hi], draft, probs, greedy=greedy, generator=seq.generator)
         wants_logprobs = seq.params.logprobs is not None
@@ -77,15 +77,21 @@ def commit_verify_chunks(processor: Any, chunks: Seq[Any],
         deltas = []
         for j, token in enumerate(verdict.token_ids):
             if observe:  # this position is committed: final-decode observers may see it now
-                pipeline.adjusted_logits(chunk_logits[j:j + 1], [seq], [PositionKind.FINAL_DECODE])
+                pipeline.adjusted_logits(chunk_logits[j : j + 1], [seq], [PositionKind.FINAL_DECODE])
             entry = _logprob_entry(logprobs[j], token, seq.params.logprobs) if wants_logprobs else None
             deltas.append(processor.commit_token(seq, token, entry))
             if seq.is_finished:
                 break
         processor.scheduler.commit_verify(chunk, verdict.num_accepted)
         outputs.append(merge_outputs(deltas))
-        outcomes.append(VerifyOutcome(request_id=seq.request_id, num_proposed=len(draft),
-                                      num_accepted=verdict.num_accepted, num_emitted=len(deltas),
-                                      finished=seq.is_finished))
+        outcomes.append(
+            VerifyOutcome(
+                request_id=seq.request_id,
+                num_proposed=len(draft),
+                num_accepted=verdict.num_accepted,
+                num_emitted=len(deltas),
+                finished=seq.is_finished,
+            )
+        )
         lo = hi
     return outputs, outcomes

@@ -41,8 +41,8 @@ def check_contiguous(op: str, name: str, t: torch.Tensor) -> None:
     """Raise unless ``t`` is C-contiguous (the kernels index with dense row-major strides)."""
     if not t.is_contiguous():
         raise KernelInputError(
-            f"{op}: {name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()}); "
-            "call .contiguous() first")
+            f"{op}: {name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()}); call .contiguous() first"
+        )
 
 
 def check_shape(op: str, name: str, t: torch.Tensor, expected: Sequence[int]) -> None:
@@ -61,8 +61,15 @@ def check_same_device(op: str, device: torch.device, **tensors: torch.Tensor) ->
             raise KernelInputError(f"{op}: {name} is on {t.device}, expected {device}")
 
 
-def check_tensor(op: str, name: str, t: torch.Tensor, *, dtypes: Sequence[torch.dtype],
-                 shape: Sequence[int] | None = None, contiguous: bool = True) -> None:
+def check_tensor(
+    op: str,
+    name: str,
+    t: torch.Tensor,
+    *,
+    dtypes: Sequence[torch.dtype],
+    shape: Sequence[int] | None = None,
+    contiguous: bool = True,
+) -> None:
     """The usual trio in one call: dtype, then shape, then contiguity."""
     check_dtype(op, name, t, dtypes)
     if shape is not None:

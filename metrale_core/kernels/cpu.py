@@ -66,10 +66,26 @@ from loguru import logger
 
 from metrale_core.embedded import cache_dir
 
-__all__ = ["CPU_CFLAGS", "CPU_ISA_ENV", "CPU_VARIANTS", "INCLUDE_DIR", "CpuVariant", "bind_prototypes",
-           "build_cpu_library", "compiler", "cpu_capable", "cpu_flags", "cpu_headers", "cpu_isa",
-           "cpu_library", "cpu_sources", "cpu_unavailable_reason", "parse_prototypes", "runnable_isas",
-           "selected_isa"]
+__all__ = [
+    "CPU_CFLAGS",
+    "CPU_ISA_ENV",
+    "CPU_VARIANTS",
+    "INCLUDE_DIR",
+    "CpuVariant",
+    "bind_prototypes",
+    "build_cpu_library",
+    "compiler",
+    "cpu_capable",
+    "cpu_flags",
+    "cpu_headers",
+    "cpu_isa",
+    "cpu_library",
+    "cpu_sources",
+    "cpu_unavailable_reason",
+    "parse_prototypes",
+    "runnable_isas",
+    "selected_isa",
+]
 
 INCLUDE_DIR = Path(__file__).parent / "include"
 #: Flags of every build; each variant adds its ISA flags.
@@ -90,10 +106,12 @@ class CpuVariant:
 
 #: The variants, best first.
 CPU_VARIANTS: dict[str, CpuVariant] = {
-    "avx512": CpuVariant("avx512", ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
-                                    "-mf16c", "-mfma"),
-                         ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma"),
-                         "AVX512-VNNI"),
+    "avx512": CpuVariant(
+        "avx512",
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"),
+        ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma"),
+        "AVX512-VNNI",
+    ),
     "avx2": CpuVariant("avx2", ("-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c"), "AVX2+FMA+F16C"),
 }
 
@@ -183,8 +201,7 @@ def cpu_headers(package: str) -> list[Path]:
     return sorted(root.glob("*.h")) if root is not None else []
 
 
-def build_cpu_library(sources: list[Path], name: str, out_dir: Path | None = None,
-                      isa: str = "avx512") -> Path:
+def build_cpu_library(sources: list[Path], name: str, out_dir: Path | None = None, isa: str = "avx512") -> Path:
     """Compile ``sources`` for variant ``isa`` into one shared library (unless the same build is
     cached) and return its path; raises ``RuntimeError`` with the compiler's message when it
     cannot."""
@@ -209,8 +226,9 @@ def build_cpu_library(sources: list[Path], name: str, out_dir: Path | None = Non
         command = [cc, *flags, f"-I{INCLUDE_DIR}", *map(str, sources), "-o", str(tmp_lib), "-lm"]
         proc = subprocess.run(command, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"{Path(cc).name} failed on {', '.join(s.name for s in sources)}:\n"
-                               f"{proc.stderr.strip()[-3000:]}")
+            raise RuntimeError(
+                f"{Path(cc).name} failed on {', '.join(s.name for s in sources)}:\n{proc.stderr.strip()[-3000:]}"
+            )
         os.replace(tmp_lib, lib)
     return lib
 
@@ -218,10 +236,22 @@ def build_cpu_library(sources: list[Path], name: str, out_dir: Path | None = Non
 # --- signatures from the headers ---------------------------------------------------------------
 
 _CTYPES = {
-    "int": ctypes.c_int, "unsigned int": ctypes.c_uint, "long": ctypes.c_long, "long long": ctypes.c_longlong,
-    "int8_t": ctypes.c_int8, "uint8_t": ctypes.c_uint8, "int16_t": ctypes.c_int16, "uint16_t": ctypes.c_uint16,
-    "int32_t": ctypes.c_int32, "uint32_t": ctypes.c_uint32, "int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64,
-    "size_t": ctypes.c_size_t, "float": ctypes.c_float, "double": ctypes.c_double, "void": None,
+    "int": ctypes.c_int,
+    "unsigned int": ctypes.c_uint,
+    "long": ctypes.c_long,
+    "long long": ctypes.c_longlong,
+    "int8_t": ctypes.c_int8,
+    "uint8_t": ctypes.c_uint8,
+    "int16_t": ctypes.c_int16,
+    "uint16_t": ctypes.c_uint16,
+    "int32_t": ctypes.c_int32,
+    "uint32_t": ctypes.c_uint32,
+    "int64_t": ctypes.c_int64,
+    "uint64_t": ctypes.c_uint64,
+    "size_t": ctypes.c_size_t,
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+    "void": None,
 }
 
 
@@ -248,8 +278,7 @@ def parse_prototypes(headers: list[Path]) -> dict[str, tuple[type | None, tuple[
     parses every type; a declaration cffi cannot parse raises ``cffi.CDefError``."""
     import cffi
 
-    text = "\n".join(line for h in headers for line in h.read_text().splitlines()
-                     if not line.lstrip().startswith("#"))
+    text = "\n".join(line for h in headers for line in h.read_text().splitlines() if not line.lstrip().startswith("#"))
     text = re.sub(r"/\*.*?\*/|//[^\n]*", " ", text, flags=re.S)
     ffi = cffi.FFI()
     names = []
@@ -282,6 +311,7 @@ def bind_prototypes(lib: ctypes.CDLL, headers: list[Path]) -> dict[str, tuple]:
 
 # --- loading -----------------------------------------------------------------------------------
 
+
 def _log_once(package: str, isa: str, level: str, message: str, *args) -> None:
     if (package, message) not in _logged:
         _logged.add((package, message))
@@ -297,8 +327,15 @@ def _load(package: str, isa: str) -> ctypes.CDLL | None:
         return lib
     except Exception as exc:
         _reasons[package] = f"its {isa} C kernels could not be built: {exc}"
-        _log_once(package, isa, "WARNING", "the C CPU kernels of {} fall back to torch although the CPU "
-                  "could run them ({}): {}", package, CPU_VARIANTS[isa].label, exc)
+        _log_once(
+            package,
+            isa,
+            "WARNING",
+            "the C CPU kernels of {} fall back to torch although the CPU could run them ({}): {}",
+            package,
+            CPU_VARIANTS[isa].label,
+            exc,
+        )
         return None
 
 

@@ -29,8 +29,19 @@ import torch
 
 from metrale_core.errors import ConfigError
 
-__all__ = ["CORE_INCLUDE_DIR", "KERNEL_INCLUDE_DIRS", "cupy_unavailable_reason", "expand_includes", "f32",
-           "i32", "i64", "kernel_path", "load_raw_module", "ptr", "torch_stream"]
+__all__ = [
+    "CORE_INCLUDE_DIR",
+    "KERNEL_INCLUDE_DIRS",
+    "cupy_unavailable_reason",
+    "expand_includes",
+    "f32",
+    "i32",
+    "i64",
+    "kernel_path",
+    "load_raw_module",
+    "ptr",
+    "torch_stream",
+]
 
 #: The core's shared device headers (package data of ``metrale_core``).
 CORE_INCLUDE_DIR = Path(__file__).resolve().parent / "include"
@@ -59,8 +70,10 @@ def kernel_path(package: str, filename: str) -> Path:
     for candidate in (root / "kernels" / filename, root / filename):
         if candidate.is_file():
             return Path(str(candidate))
-    raise ConfigError(f"kernel source {filename!r} not found in package {package!r} "
-                      "(is it listed in the distribution's package data?)")
+    raise ConfigError(
+        f"kernel source {filename!r} not found in package {package!r} "
+        "(is it listed in the distribution's package data?)"
+    )
 
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
@@ -72,12 +85,12 @@ def _find_include(path: Path, name: str, include_dirs: Sequence[Path]) -> Path:
         if candidate.is_file():
             return candidate.resolve()
     places = ", ".join(str(d) for d in include_dirs)
-    raise ConfigError(f"{path}: included file {name!r} not found beside it"
-                      + (f" nor in {places}" if places else ""))
+    raise ConfigError(f"{path}: included file {name!r} not found beside it" + (f" nor in {places}" if places else ""))
 
 
-def expand_includes(path: Path, include_dirs: Sequence[Path] = KERNEL_INCLUDE_DIRS,
-                    _seen: set[Path] | None = None) -> str:
+def expand_includes(
+    path: Path, include_dirs: Sequence[Path] = KERNEL_INCLUDE_DIRS, _seen: set[Path] | None = None
+) -> str:
     """``path``'s text with its quoted includes inlined (each header once, like ``#pragma once``).
 
     A header is looked up beside the file that includes it, then in ``include_dirs`` in order.

@@ -60,8 +60,7 @@ def _log_once(op: str, reason: str, *, level: str) -> None:
     logger.log(level, "kernel {} runs the torch reference path: {}", op, reason)
 
 
-def select_path(op: str, device: torch.device, has_kernel: bool = True,
-                cpu_package: str | None = None) -> KernelPath:
+def select_path(op: str, device: torch.device, has_kernel: bool = True, cpu_package: str | None = None) -> KernelPath:
     """Pick the path for op ``op`` on ``device`` (see the module invariants); ``cpu_package`` is the
     package whose C library holds the op's CPU kernel (None: the op has none)."""
     forced = requested_path()
@@ -89,8 +88,7 @@ def select_path(op: str, device: torch.device, has_kernel: bool = True,
     if forced == "cpu":
         reason = cpu_reason()
         if reason is not None:
-            raise ConfigError(f"{KERNELS_ENV}=cpu but kernel {op} has no CPU kernel that runs here: "
-                              f"{reason}")
+            raise ConfigError(f"{KERNELS_ENV}=cpu but kernel {op} has no CPU kernel that runs here: {reason}")
         return "cpu"
     if forced == "native":
         if cuda_reason is None or cpu_kernel_here:
@@ -139,8 +137,7 @@ class CustomOp:
         self.cpu_kernel: Any = None
         if self.path == "cuda":
             assert self.kernel_package is not None and self.kernel_file is not None  # select_path: has_kernel
-            self._module = load_raw_module(self.kernel_package, self.kernel_file,
-                                           tuple(self.kernel_options))
+            self._module = load_raw_module(self.kernel_package, self.kernel_file, tuple(self.kernel_options))
             self._impl = self.forward_cuda
         elif self.path == "cpu":
             assert cpu_package is not None  # select_path picks "cpu" only for an op with a C package

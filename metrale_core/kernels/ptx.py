@@ -23,8 +23,15 @@ from attrs import frozen
 from metrale_core.errors import ConfigError, MetraleError
 from metrale_core.kernels.cuda import KERNEL_INCLUDE_DIRS, expand_includes, kernel_path
 
-__all__ = ["KernelCompileError", "RuntimeBuild", "compile_ptx", "compile_runtime_source",
-           "find_cu_files", "nvcc_path", "ptx_entries"]
+__all__ = [
+    "KernelCompileError",
+    "RuntimeBuild",
+    "compile_ptx",
+    "compile_runtime_source",
+    "find_cu_files",
+    "nvcc_path",
+    "ptx_entries",
+]
 
 
 class KernelCompileError(MetraleError):
@@ -51,13 +58,13 @@ def find_cu_files(package_or_root: str | Path) -> list[Path]:
     """Every ``.cu`` file under a directory, or under an importable package's directory."""
     candidate = Path(package_or_root)
     roots = [candidate] if candidate.is_dir() else _package_roots(str(package_or_root))
-    found = {p.resolve() for root in roots for p in root.rglob("*.cu")
-             if not any(part.startswith(".") for part in p.parts)}
+    found = {
+        p.resolve() for root in roots for p in root.rglob("*.cu") if not any(part.startswith(".") for part in p.parts)
+    }
     return sorted(found)
 
 
-def compile_ptx(cu_path: str | Path, out_dir: str | Path, arch: str = "sm_90",
-                options: tuple[str, ...] = ()) -> Path:
+def compile_ptx(cu_path: str | Path, out_dir: str | Path, arch: str = "sm_90", options: tuple[str, ...] = ()) -> Path:
     """Compile ``cu_path`` to ``out_dir/<stem>.ptx`` with ``nvcc --ptx``; return the PTX path.
 
     Quoted includes resolve beside ``cu_path``, then in ``KERNEL_INCLUDE_DIRS`` (``-I``)."""
@@ -73,7 +80,8 @@ def compile_ptx(cu_path: str | Path, out_dir: str | Path, arch: str = "sm_90",
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not target.is_file():
         raise KernelCompileError(
-            f"nvcc failed on {cu} (exit {proc.returncode}):\n{proc.stderr.strip() or proc.stdout.strip()}")
+            f"nvcc failed on {cu} (exit {proc.returncode}):\n{proc.stderr.strip() or proc.stdout.strip()}"
+        )
     return target
 
 
@@ -97,8 +105,13 @@ class RuntimeBuild:
         return ptx_entries(self.ptx)
 
 
-def compile_runtime_source(package: str, filename: str, out_dir: str | Path, arch: str = "sm_90",
-                           options: tuple[str, ...] = ("-Werror", "all-warnings")) -> RuntimeBuild:
+def compile_runtime_source(
+    package: str,
+    filename: str,
+    out_dir: str | Path,
+    arch: str = "sm_90",
+    options: tuple[str, ...] = ("-Werror", "all-warnings"),
+) -> RuntimeBuild:
     """Compile exactly what NVRTC gets at run time: ``package``'s kernel ``filename`` with its
     quoted includes inlined (as ``load_raw_module`` does), warning-free by default."""
     source = expand_includes(kernel_path(package, filename))

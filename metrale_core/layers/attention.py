@@ -27,12 +27,22 @@ from attrs import frozen
 
 from metrale_core.model_api import ForwardBatch, PagedKVCache
 
-__all__ = ["AttentionPlan", "DecodeGather", "attend_decode", "attend_decode_gathered", "attend_prefill",
-           "decode_attention", "paged_attention", "prefill_attention", "write_kv"]
+__all__ = [
+    "AttentionPlan",
+    "DecodeGather",
+    "attend_decode",
+    "attend_decode_gathered",
+    "attend_prefill",
+    "decode_attention",
+    "paged_attention",
+    "prefill_attention",
+    "write_kv",
+]
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Store ``k``/``v`` ``[T, Hk, d]`` at flat slots ``[T]`` of ``[blocks, bs, Hk, d]`` caches."""
     hk, d = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, hk, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
@@ -46,9 +56,15 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor, num_blocks: int, dtype: t
     return gathered.reshape(shape).to(dtype)
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                     max_context: int) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    max_context: int,
+) -> torch.Tensor:
     """One query row per sequence: ``q`` ``[B, Hq, d]`` -> ``[B, Hq, d]``, batched over B."""
     num_blocks = -(-max_context // k_cache.shape[1])
     k = _gather(k_cache, block_tables, num_blocks, torch.float32)  # [B, L, Hk, d]
@@ -56,8 +72,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return attend_decode(q, k, v, context_lens, scale)
 
 
-def attend_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_lens: torch.Tensor,
-                  scale: float) -> torch.Tensor:
+def attend_decode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_lens: torch.Tensor, scale: float
+) -> torch.Tensor:
     """``q`` ``[B, Hq, d]`` over gathered float32 ``k``/``v`` ``[B, L, Hk, d]`` (``L`` >= context)."""
     bsz, hq, d = q.shape
     hk = k.shape[2]
@@ -70,8 +87,14 @@ def attend_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len
     return out.reshape(bsz, hq, d).to(q.dtype)
 
 
-def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      block_table: torch.Tensor, context_len: int, scale: float) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_len: int,
+    scale: float,
+) -> torch.Tensor:
     """Rows ``q`` ``[n, Hq, d]`` of one sequence, the last ``n`` of its ``context_len`` positions."""
     num_blocks = -(-context_len // k_cache.shape[1])
     k = _gather(k_cache, block_table, num_blocks, q.dtype)
@@ -79,8 +102,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return attend_prefill(q, k, v, context_len, scale)
 
 
-def attend_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int,
-                   scale: float) -> torch.Tensor:
+def attend_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, scale: float) -> torch.Tensor:
     """Causal rows ``q`` ``[n, Hq, d]`` over gathered ``k``/``v`` ``[>= context_len, Hk, d]``."""
     n = q.shape[0]
     k, v = k[:context_len], v[:context_len]  # [c, Hk, d]
@@ -88,8 +110,13 @@ def attend_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_le
     keys = torch.arange(context_len, device=q.device)
     allowed = keys[None, :] <= rows[:, None]  # [n, c] causal over prefix + this chunk
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-        v.transpose(0, 1).unsqueeze(0), attn_mask=allowed, scale=scale, enable_gqa=True)
+        q.transpose(0, 1).unsqueeze(0),
+        k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0),
+        attn_mask=allowed,
+        scale=scale,
+        enable_gqa=True,
+    )
     return out[0].transpose(0, 1)
 
 
@@ -106,16 +133,16 @@ class DecodeGather:
     length: int
 
     @classmethod
-    def build(cls, tables: torch.Tensor, context: torch.Tensor, max_context: int,
-              block_size: int) -> DecodeGather:
+    def build(cls, tables: torch.Tensor, context: torch.Tensor, max_context: int, block_size: int) -> DecodeGather:
         pos = torch.arange(max_context, device=tables.device)
         slots = tables[:, pos // block_size] * block_size + pos % block_size  # [B, L]
         mask = (pos[None, :] < context[:, None])[:, None, None, :]
         return cls(slots.reshape(-1), mask, max_context)
 
 
-def attend_decode_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           gather: DecodeGather, scale: float) -> torch.Tensor:
+def attend_decode_gathered(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, gather: DecodeGather, scale: float
+) -> torch.Tensor:
     """``q`` ``[B, Hq, d]`` over plain ``[blocks, bs, Hk, d]`` caches read at ``gather.slots``."""
     hk, d = k_cache.shape[2], k_cache.shape[3]
     shape = (q.shape[0], gather.length, hk, d)
@@ -124,14 +151,14 @@ def attend_decode_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return _attend_masked(q, k.to(q.dtype), v.to(q.dtype), gather.mask, scale)
 
 
-def _attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                   scale: float) -> torch.Tensor:
+def _attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """``q`` ``[B, Hq, d]`` over ``k``/``v`` ``[B, L, Hk, d]`` where ``mask`` ``[B, 1, 1, L]``.
     The G query heads of a KV head attend as G rows of one "sequence" (no K/V expansion)."""
     bsz, hq, d = q.shape
     hk = k.shape[2]
-    out = F.scaled_dot_product_attention(q.view(bsz, hk, hq // hk, d), k.transpose(1, 2),
-                                         v.transpose(1, 2), attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(
+        q.view(bsz, hk, hq // hk, d), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale
+    )
     return out.reshape(bsz, hq, d)
 
 
@@ -171,10 +198,22 @@ class AttentionPlan:
         cpu = gather and batch.input_ids.device.type == "cpu"
         if batch.is_pure_decode:
             max_context = max(clens, default=0)
-            decode_gather = (DecodeGather.build(batch.block_tables, batch.context_lens, max_context,
-                                                batch.block_size) if cpu and clens else None)
-            return cls(scale, True, None, batch.block_tables, batch.context_lens, max_context, (),
-                       batch.block_tables, decode_gather)
+            decode_gather = (
+                DecodeGather.build(batch.block_tables, batch.context_lens, max_context, batch.block_size)
+                if cpu and clens
+                else None
+            )
+            return cls(
+                scale,
+                True,
+                None,
+                batch.block_tables,
+                batch.context_lens,
+                max_context,
+                (),
+                batch.block_tables,
+                decode_gather,
+            )
         decode_seqs, decode_rows, multi = [], [], []
         start = 0
         for i, (n, c) in enumerate(zip(qlens, clens)):
@@ -190,13 +229,21 @@ class AttentionPlan:
             tables, context = batch.block_tables[seqs], batch.context_lens[seqs]
             max_context = max(clens[i] for i in decode_seqs)
             decode_gather = DecodeGather.build(tables, context, max_context, batch.block_size) if cpu else None
-            return cls(scale, False, torch.tensor(decode_rows, dtype=torch.int64, device=device),
-                       tables, context, max_context, tuple(multi), batch.block_tables, decode_gather)
+            return cls(
+                scale,
+                False,
+                torch.tensor(decode_rows, dtype=torch.int64, device=device),
+                tables,
+                context,
+                max_context,
+                tuple(multi),
+                batch.block_tables,
+                decode_gather,
+            )
         return cls(scale, False, None, None, None, 0, tuple(multi), batch.block_tables)
 
 
-def _decode(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan,
-            decode_op) -> torch.Tensor:
+def _decode(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan, decode_op) -> torch.Tensor:
     """The decode rows ``q`` through the plain kernel, the codec's fused kernel, or a gather.
     A codec without a fused kernel (FP8 before its scales freeze) is attended with the same maths
     as a plain cache on every path, so its rows read back as a plain cache's would."""
@@ -222,8 +269,9 @@ def _decode(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan,
     return attend_decode(q, k, v, context, plan.scale)
 
 
-def paged_attention(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan,
-                    decode_op, prefill_op=None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan, decode_op, prefill_op=None
+) -> torch.Tensor:
     """Attend every row of ``q`` ``[T, Hq, d]`` over ``layer`` of ``kv``; ``decode_op`` is the
     batched decode kernel op over plain caches, ``prefill_op`` (CPU models) the one for the
     multi-row segments over plain caches."""

@@ -32,8 +32,18 @@ from loguru import logger
 from metrale_core.kernels import cpu_library, select_path
 from metrale_core.kernels.cpu import cpu_flags, cpu_isa
 
-__all__ = ["PACKAGE", "bf16_kernel", "kernel", "pack", "pack_bf16", "qmatmul", "qmatmul_bf16",
-           "quantize_activations", "reference", "set_amx"]
+__all__ = [
+    "PACKAGE",
+    "bf16_kernel",
+    "kernel",
+    "pack",
+    "pack_bf16",
+    "qmatmul",
+    "qmatmul_bf16",
+    "quantize_activations",
+    "reference",
+    "set_amx",
+]
 
 PACKAGE = "metrale_core.layers"
 QK = 32
@@ -53,8 +63,11 @@ def kernel() -> ctypes.CDLL | None:
         _amx_asked.add(lib)
         amx = set_amx(lib, True)
         isa = cpu_isa(PACKAGE)
-        path = ("AMX-INT8 (calls of 12+ rows) and AVX512-VNNI" if amx else "AVX512-VNNI") if isa == "avx512" \
+        path = (
+            ("AMX-INT8 (calls of 12+ rows) and AVX512-VNNI" if amx else "AVX512-VNNI")
+            if isa == "avx512"
             else "AVX2 (no AVX512-VNNI on this CPU, or METRALE_CPU_ISA=avx2)"
+        )
         logger.info("BlockQuantLinear runs the C kernel: {}", path)
     return lib
 
@@ -86,8 +99,8 @@ def pack(codes: np.ndarray, d: np.ndarray, m: np.ndarray, bits: int) -> torch.Te
     n, k = codes.shape
     if bits not in _RECORD or n % TILE or k % QK:
         raise ValueError(f"cannot pack [{n}, {k}] at {bits} bits: needs N % {TILE} == 0 and K % {QK} == 0")
-    if codes.min() < 0 or codes.max() >= 2 ** bits:
-        raise ValueError(f"codes outside 0..{2 ** bits - 1}")
+    if codes.min() < 0 or codes.max() >= 2**bits:
+        raise ValueError(f"codes outside 0..{2**bits - 1}")
     scales = []
     for s in (d, m):
         with np.errstate(over="ignore"):
@@ -100,9 +113,14 @@ def pack(codes: np.ndarray, d: np.ndarray, m: np.ndarray, bits: int) -> torch.Te
     # 8-bit codes are stored signed (q - 128): the B operand of the AMX path
     c = c[:, :, :4] | (c[:, :, 4:] << 4) if bits == 4 else c ^ np.uint8(0x80)
     t, nb = n // TILE, k // QK
-    records = np.concatenate([np.ascontiguousarray(c).reshape(t, nb, -1),
-                              np.ascontiguousarray(scales[0]).view(np.uint8).reshape(t, nb, -1),
-                              np.ascontiguousarray(scales[1]).view(np.uint8).reshape(t, nb, -1)], axis=-1)
+    records = np.concatenate(
+        [
+            np.ascontiguousarray(c).reshape(t, nb, -1),
+            np.ascontiguousarray(scales[0]).view(np.uint8).reshape(t, nb, -1),
+            np.ascontiguousarray(scales[1]).view(np.uint8).reshape(t, nb, -1),
+        ],
+        axis=-1,
+    )
     assert records.shape[-1] == _RECORD[bits]
     return torch.from_numpy(np.ascontiguousarray(records).reshape(-1))
 
@@ -119,14 +137,24 @@ def _scratch(nbytes: int) -> int:
     return buf.data_ptr()
 
 
-def qmatmul(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_features: int, bits: int,
-            threads: int | None = None) -> torch.Tensor:
+def qmatmul(
+    lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_features: int, bits: int, threads: int | None = None
+) -> torch.Tensor:
     """``x [R, K] (float32) @ W.T`` for ``packed = pack(...)`` of ``W [out_features, K]``."""
     x = x.contiguous()
     rows, k = x.shape
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    rc = lib.mq_linear(x.data_ptr(), rows, k, packed.data_ptr(), out_features, bits, y.data_ptr(),
-                       _scratch(lib.mq_scratch_bytes(rows, k)), threads or torch.get_num_threads())
+    rc = lib.mq_linear(
+        x.data_ptr(),
+        rows,
+        k,
+        packed.data_ptr(),
+        out_features,
+        bits,
+        y.data_ptr(),
+        _scratch(lib.mq_scratch_bytes(rows, k)),
+        threads or torch.get_num_threads(),
+    )
     if rc != 0:
         raise ValueError(f"qmatmul cannot take x {list(x.shape)} with {out_features} outputs at {bits} bits")
     return y
@@ -143,14 +171,23 @@ def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
     return w.transpose(1, 2).contiguous().reshape(-1)
 
 
-def qmatmul_bf16(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_features: int,
-                 threads: int | None = None) -> torch.Tensor:
+def qmatmul_bf16(
+    lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_features: int, threads: int | None = None
+) -> torch.Tensor:
     """``bf16(x) [R, K] @ W.T`` in float32 for ``packed = pack_bf16(W)`` (needs :func:`bf16_kernel`)."""
     x = x.contiguous()
     rows, k = x.shape
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    rc = lib.mq_linear_bf16(x.data_ptr(), rows, k, packed.data_ptr(), out_features, y.data_ptr(),
-                            _scratch(lib.mq_bf16_scratch_bytes(rows, k)), threads or torch.get_num_threads())
+    rc = lib.mq_linear_bf16(
+        x.data_ptr(),
+        rows,
+        k,
+        packed.data_ptr(),
+        out_features,
+        y.data_ptr(),
+        _scratch(lib.mq_bf16_scratch_bytes(rows, k)),
+        threads or torch.get_num_threads(),
+    )
     if rc != 0:
         raise ValueError(f"qmatmul_bf16 cannot take x {list(x.shape)} with {out_features} outputs")
     return y

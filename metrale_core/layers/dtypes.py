@@ -14,8 +14,7 @@ from metrale_core.errors import ConfigError
 
 __all__ = ["DTYPES", "torch_dtype"]
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
-                                  "float16": torch.float16}
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def torch_dtype(name: str) -> torch.dtype:

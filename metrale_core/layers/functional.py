@@ -29,8 +29,14 @@ from metrale_core.errors import ConfigError
 __all__ = ["apply_rope", "geglu", "rms_norm", "rope_cos_sin", "rope_inv_freq", "signed_sin", "swiglu"]
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
-             cast: Literal["input", "weight"] = "input", unit_offset: bool = False) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    cast: Literal["input", "weight"] = "input",
+    unit_offset: bool = False,
+) -> torch.Tensor:
     """``weight * cast(x32 * rsqrt(mean(x32^2) + eps), x.dtype)`` over the last dimension
     (``cast="weight"``: cast to ``weight.dtype`` instead; see the module invariants).
 
@@ -74,16 +80,18 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping | None = None) -
     raise ConfigError(f"rope type {kind!r} is not supported (supported: default, linear, llama3)")
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``[T, head_dim]`` cos and sin in ``dtype`` for int positions ``[T]`` (halves identical)."""
     freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               sin_signed: torch.Tensor | None = None) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sin_signed: torch.Tensor | None = None
+) -> torch.Tensor:
     """Rotate ``x`` ``[T, H, d]`` by ``cos``/``sin`` ``[T, d]``: ``x*cos + rotate_half(x)*sin``.
 
     Computed as ``x*cos + roll(x, d/2) * signed_sin(sin)`` (the sign moved from ``x`` onto

@@ -125,8 +125,10 @@ def resolve_weight_format(options: Any = None) -> str:
     fmt = getattr(options, "weight_format", None) or os.environ.get(WEIGHT_FORMAT_ENV) or DEFAULT_WEIGHT_FORMAT
     fmt = str(fmt).lower()
     if fmt not in WEIGHT_FORMATS:
-        raise ConfigError(f"weight format {fmt!r} is not supported; use one of {', '.join(WEIGHT_FORMATS)} "
-                          f"(set by --weight-format or ${WEIGHT_FORMAT_ENV})")
+        raise ConfigError(
+            f"weight format {fmt!r} is not supported; use one of {', '.join(WEIGHT_FORMATS)} "
+            f"(set by --weight-format or ${WEIGHT_FORMAT_ENV})"
+        )
     return fmt
 
 
@@ -138,9 +140,11 @@ def require_weight_format(options: Any, supported: Sequence[str], model: str) ->
     if fmt == "auto" and "auto" not in supported:
         return "exact"  # the checkpoint's own precision, as far as this loader keeps formats
     if fmt not in supported:
-        raise ConfigError(f"the {model} loader cannot keep weights in format {fmt!r} (it supports "
-                          f"{', '.join(supported)}); drop --weight-format / ${WEIGHT_FORMAT_ENV} or use "
-                          f"one of those")
+        raise ConfigError(
+            f"the {model} loader cannot keep weights in format {fmt!r} (it supports "
+            f"{', '.join(supported)}); drop --weight-format / ${WEIGHT_FORMAT_ENV} or use "
+            f"one of those"
+        )
     return fmt
 
 
@@ -273,10 +277,17 @@ def _int8_planes(q: np.ndarray, d: np.ndarray, zero: np.ndarray) -> tuple[np.nda
     return codes, np.concatenate([16 * d, d], axis=1), zeros
 
 
-def _pack(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, planes: int,
-          bias: torch.Tensor | None, dense: torch.Tensor | None = None) -> Int4Linear:
+def _pack(
+    codes: np.ndarray,
+    scale: np.ndarray,
+    zero: np.ndarray,
+    planes: int,
+    bias: torch.Tensor | None,
+    dense: torch.Tensor | None = None,
+) -> Int4Linear:
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-        torch.from_numpy(np.ascontiguousarray(codes, dtype=np.int32)), 1)
+        torch.from_numpy(np.ascontiguousarray(codes, dtype=np.int32)), 1
+    )
     sz = torch.from_numpy(np.stack([scale.T, zero.T], axis=-1)).to(QUANT_ACT_DTYPE).contiguous()
     return Int4Linear(packed, sz, _GROUP, bias, planes=planes, dense=_batch_copy(dense))
 
@@ -286,9 +297,14 @@ def _batch_copy(dense: torch.Tensor | None) -> torch.Tensor | None:
     return None if dense is None else dense.to(QUANT_ACT_DTYPE).contiguous()
 
 
-def block_linear(codes: np.ndarray, d: np.ndarray, m: np.ndarray, bits: int,
-                 bias: torch.Tensor | None = None,
-                 dense: torch.Tensor | None = None) -> BlockQuantLinear | Int4Linear:
+def block_linear(
+    codes: np.ndarray,
+    d: np.ndarray,
+    m: np.ndarray,
+    bits: int,
+    bias: torch.Tensor | None = None,
+    dense: torch.Tensor | None = None,
+) -> BlockQuantLinear | Int4Linear:
     """The projection ``W = d * codes + m`` per block of 32 (unsigned ``bits``-bit codes ``[N, K]``,
     ``d``/``m`` ``[N, K/32]``): :class:`BlockQuantLinear` where the C kernel runs and takes the
     scales, else torch's packed int4 kernel (:class:`Int4Linear`); ``dense`` becomes the batch copy."""
@@ -302,12 +318,14 @@ def block_linear(codes: np.ndarray, d: np.ndarray, m: np.ndarray, bits: int,
             return BlockQuantLinear(packed, int(codes.shape[0]), bits, kernel, bias, _batch_copy(dense))
     if bits == 4:
         return _pack(codes, d, m + np.float32(8.0) * d, 1, bias, dense)
-    return _pack(*_int8_planes(codes.astype(np.int32) - 128, d, m + np.float32(128.0) * d),
-                 planes=2, bias=bias, dense=dense)
+    return _pack(
+        *_int8_planes(codes.astype(np.int32) - 128, d, m + np.float32(128.0) * d), planes=2, bias=bias, dense=dense
+    )
 
 
-def quantize_int8(weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  batch_copy: bool = False) -> BlockQuantLinear | Int4Linear | Int8Linear:
+def quantize_int8(
+    weight: torch.Tensor, bias: torch.Tensor | None = None, *, batch_copy: bool = False
+) -> BlockQuantLinear | Int4Linear | Int8Linear:
     """Symmetric int8 of a float matrix per block of 32 (``d = max|block| / 127`` rounded to fp16,
     as Q8_0); a shape that is not whole blocks and tiles gets one scale per row
     (:class:`Int8Linear`).  With ``batch_copy`` the result also keeps ``weight`` in bfloat16 for
@@ -317,7 +335,7 @@ def quantize_int8(weight: torch.Tensor, bias: torch.Tensor | None = None, *,
     n, k = w.shape
     if n % 16 == 0 and k % _GROUP == 0:
         blocks = w.reshape(n, k // _GROUP, _GROUP)
-        d = (blocks.abs().amax(-1) / 127.0).clamp_min(2.0 ** -24).half().float()
+        d = (blocks.abs().amax(-1) / 127.0).clamp_min(2.0**-24).half().float()
         q = torch.round(blocks / d[..., None]).clamp_(-127, 127).reshape(n, k)
         d_np = d.numpy()
         codes = (q + 128).to(torch.int32).numpy()
@@ -341,15 +359,16 @@ def gguf_blocks(raw: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         m = blocks[..., 2:4].copy().view("<f2")[..., 0].astype(np.float32)
     else:
         m = np.float32(-8.0) * d
-    qs = blocks[..., type_size - 16:]
+    qs = blocks[..., type_size - 16 :]
     codes = np.empty((n, k // _GROUP, _GROUP), dtype=np.int32)
     codes[..., :16] = qs & 0x0F
     codes[..., 16:] = qs >> 4
     return codes.reshape(n, k), d, m, 4
 
 
-def int4_from_gguf(raws: Sequence[Any], bias: torch.Tensor | None = None,
-                   dense: torch.Tensor | None = None) -> BlockQuantLinear | Int4Linear:
+def int4_from_gguf(
+    raws: Sequence[Any], bias: torch.Tensor | None = None, dense: torch.Tensor | None = None
+) -> BlockQuantLinear | Int4Linear:
     """The projection holding the codes of GGUF Q4_0/Q4_1/Q8_0 tensors (fused along rows; all parts
     of one GGML type); ``dense`` (the dequantized matrix) becomes the batch copy."""
     parts = [gguf_blocks(r) for r in raws]
@@ -365,10 +384,18 @@ def _int4_ready(store: Any, names: Sequence[str], out_features: int, in_features
     return len(types) == 1 and types <= set(_GGUF_BLOCK_BYTES)
 
 
-def build_linear(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, int]], fmt: str,
-                 dtype: torch.dtype, device: torch.device | str,
-                 bias: torch.Tensor | None = None,
-                 dense: torch.Tensor | None = None, *, output_head: bool = False) -> Linear:
+def build_linear(
+    store: Any,
+    names: Sequence[str],
+    shapes: Sequence[tuple[int, int]],
+    fmt: str,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    bias: torch.Tensor | None = None,
+    dense: torch.Tensor | None = None,
+    *,
+    output_head: bool = False,
+) -> Linear:
     """The projection stacking tensors ``names`` (with their expected ``shapes``) in format ``fmt``.
 
     ``dense`` is the already-loaded fused matrix in ``dtype`` when the caller has it (the tied
@@ -386,8 +413,10 @@ def build_linear(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, i
     if int4:
         for name, shape in zip(names, shapes):
             if tuple(store.shape(name)) != tuple(shape):
-                raise ShapeMismatch(f"tensor {name!r} has shape {list(store.shape(name))} but the model "
-                                    f"expects {list(shape)}; the checkpoint does not match its config")
+                raise ShapeMismatch(
+                    f"tensor {name!r} has shape {list(store.shape(name))} but the model "
+                    f"expects {list(shape)}; the checkpoint does not match its config"
+                )
     if dense is None:
         parts = [store.get(n, dtype=dtype, shape=s).to(device) for n, s in zip(names, shapes)]
         dense = parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -426,13 +455,22 @@ class StackedLinear:
 def _check_shapes(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, int]]) -> None:
     for name, shape in zip(names, shapes, strict=True):
         if tuple(store.shape(name)) != tuple(shape):
-            raise ShapeMismatch(f"tensor {name!r} has shape {list(store.shape(name))} but the model "
-                                f"expects {list(shape)}; the checkpoint does not match its config")
+            raise ShapeMismatch(
+                f"tensor {name!r} has shape {list(store.shape(name))} but the model "
+                f"expects {list(shape)}; the checkpoint does not match its config"
+            )
 
 
-def _auto_part(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, int]], quant_type: str,
-               dtype: torch.dtype, device: torch.device | str, bias: torch.Tensor | None,
-               output_head: bool) -> Linear:
+def _auto_part(
+    store: Any,
+    names: Sequence[str],
+    shapes: Sequence[tuple[int, int]],
+    quant_type: str,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    bias: torch.Tensor | None,
+    output_head: bool,
+) -> Linear:
     """One run of same-typed parts of a projection in format ``auto``."""
     if store.format == "gguf" and gguf_linear.kind_of(quant_type) is not None:
         return gguf_linear.gguf_linear([store.get_raw(n) for n in names], bias)
@@ -445,9 +483,16 @@ def _auto_part(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, int
     return DenseLinear(dense.to(dtype).contiguous(), bias)
 
 
-def _build_auto(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, int]], dtype: torch.dtype,
-                device: torch.device | str, bias: torch.Tensor | None, dense: torch.Tensor | None,
-                output_head: bool) -> Linear:
+def _build_auto(
+    store: Any,
+    names: Sequence[str],
+    shapes: Sequence[tuple[int, int]],
+    dtype: torch.dtype,
+    device: torch.device | str,
+    bias: torch.Tensor | None,
+    dense: torch.Tensor | None,
+    output_head: bool,
+) -> Linear:
     """Format ``auto`` (module docstring): each part in its checkpoint's precision class."""
     on_cpu = torch.device(device).type == "cpu"
     if not on_cpu or getattr(store, "format", None) not in ("gguf", "safetensors"):
@@ -467,18 +512,25 @@ def _build_auto(store: Any, names: Sequence[str], shapes: Sequence[tuple[int, in
             runs.append((t, [i]))
     if len(runs) == 1:
         return _auto_part(store, names, shapes, types[0], dtype, device, bias, output_head)
-    stacked = tuple(_auto_part(store, [names[i] for i in idx], [shapes[i] for i in idx], t, dtype, device, None,
-                               output_head) for t, idx in runs)
+    stacked = tuple(
+        _auto_part(store, [names[i] for i in idx], [shapes[i] for i in idx], t, dtype, device, None, output_head)
+        for t, idx in runs
+    )
     return StackedLinear(stacked, bias)
 
 
-def build_embedding(store: Any, name: str, shape: tuple[int, int], fmt: str, dtype: torch.dtype,
-                    device: torch.device | str) -> torch.Tensor | gguf_linear.QuantEmbedding:
+def build_embedding(
+    store: Any, name: str, shape: tuple[int, int], fmt: str, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor | gguf_linear.QuantEmbedding:
     """The token table ``name``: in format ``auto`` a quantized GGUF table on CPU stays in its
     blocks (:class:`~metrale_core.layers.gguf_linear.QuantEmbedding`, rows dequantized on lookup);
     otherwise the dense tensor in ``dtype``.  Look tokens up with :func:`embed_tokens`."""
-    if (fmt == "auto" and torch.device(device).type == "cpu" and getattr(store, "format", None) == "gguf"
-            and gguf_linear.kind_of(store.quant_type(name)) is not None):
+    if (
+        fmt == "auto"
+        and torch.device(device).type == "cpu"
+        and getattr(store, "format", None) == "gguf"
+        and gguf_linear.kind_of(store.quant_type(name)) is not None
+    ):
         _check_shapes(store, [name], [shape])
         return gguf_linear.QuantEmbedding(store.get_raw(name), dtype)
     return store.get(name, dtype=dtype, shape=shape).to(device)

@@ -26,13 +26,22 @@ from metrale_core.kernels.cuda import f32, i32, i64, ptr, torch_stream
 from metrale_core.layers import attention
 from metrale_core.layers import functional as layers
 
-__all__ = ["DecoderOps", "KVCacheWrite", "PagedAttentionDecode", "PagedAttentionPrefill", "QKNormRope",
-           "RMSNorm", "SwiGLU"]
+__all__ = [
+    "DecoderOps",
+    "KVCacheWrite",
+    "PagedAttentionDecode",
+    "PagedAttentionPrefill",
+    "QKNormRope",
+    "RMSNorm",
+    "SwiGLU",
+]
 
 #: The package whose ``kernels/`` (``.cu``) and ``kernels/cpu/`` (``.c``) hold these ops' sources.
 KERNEL_PACKAGE = "metrale_core.layers"
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _THREADS = 256
+
+
 def _cpu_call(op: CustomOp, name: str, *args: Any) -> None:
     """Run entry point ``name`` of ``op``'s C library (its signature comes from
     ``kernels/cpu/decoder_ops.h``, bound when the library loads); a -1 is a caller bug."""
@@ -49,8 +58,13 @@ def _f32(*tensors: torch.Tensor | None) -> bool:
 
 def _cpu_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Plain ``[blocks, bs, Hk, d]`` caches the C kernels read: float32 or bfloat16, contiguous."""
-    return (k_cache.dtype in (torch.float32, torch.bfloat16) and v_cache.dtype == k_cache.dtype
-            and v_cache.shape == k_cache.shape and k_cache.is_contiguous() and v_cache.is_contiguous())
+    return (
+        k_cache.dtype in (torch.float32, torch.bfloat16)
+        and v_cache.dtype == k_cache.dtype
+        and v_cache.shape == k_cache.shape
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+    )
 
 
 def _round_up_32(n: int) -> int:
@@ -73,9 +87,14 @@ def _check_heads(op: str, name: str, t: torch.Tensor, heads: int, head_dim: int)
 def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
     """``[T, Hq + Hk, d]`` view over ``q`` and ``k`` when ``k``'s heads directly follow ``q``'s in
     memory (the split of a fused qkv projection), else None."""
-    if (q.dtype != k.dtype or q.stride() != k.stride() or q.stride(-1) != 1
-            or q.stride(1) != q.shape[2] or q.shape[0] != k.shape[0]
-            or k.data_ptr() != q.data_ptr() + q.shape[1] * q.shape[2] * q.element_size()):
+    if (
+        q.dtype != k.dtype
+        or q.stride() != k.stride()
+        or q.stride(-1) != 1
+        or q.stride(1) != q.shape[2]
+        or q.shape[0] != k.shape[0]
+        or k.data_ptr() != q.data_ptr() + q.shape[1] * q.shape[2] * q.element_size()
+    ):
         return None
     return q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
 
@@ -95,8 +114,18 @@ class RMSNorm(CustomOp):
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
         out = torch.empty(rows.shape[0], dim, dtype=torch.float32)
-        _cpu_call(self, "dop_rms_norm", rows.data_ptr(), rows.stride(0), weight.data_ptr(), out.data_ptr(),
-                  rows.shape[0], dim, eps, torch.get_num_threads())
+        _cpu_call(
+            self,
+            "dop_rms_norm",
+            rows.data_ptr(),
+            rows.stride(0),
+            weight.data_ptr(),
+            out.data_ptr(),
+            rows.shape[0],
+            dim,
+            eps,
+            torch.get_num_threads(),
+        )
         return out if x.dim() == 2 else out.view(x.shape)
 
     def forward_native(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -113,7 +142,8 @@ class RMSNorm(CustomOp):
         if rows:
             with torch_stream(x.device):
                 self.kernel(f"rmsnorm_{_SUFFIX[x.dtype]}")(
-                    (rows,), (_THREADS,), (ptr(x), ptr(weight), ptr(out), i32(rows), i32(dim), f32(eps)))
+                    (rows,), (_THREADS,), (ptr(x), ptr(weight), ptr(out), i32(rows), i32(dim), f32(eps))
+                )
         return out
 
 
@@ -141,19 +171,39 @@ class QKNormRope(CustomOp):
         if self._signed is None or self._signed[0] is not sin:
             self._signed = (sin, layers.signed_sin(sin))
         qk = layers.apply_rope(qk, cos, sin, self._signed[1])  # one rotation for all heads
-        return qk[:, :q.shape[1]], qk[:, q.shape[1]:]
+        return qk[:, : q.shape[1]], qk[:, q.shape[1] :]
 
     def forward_cpu(self, q, k, q_weight, k_weight, cos, sin, eps: float):
         (num_tokens, hq, d), hk = q.shape, k.shape[1]
-        if (not _f32(q, k, q_weight, k_weight, cos, sin) or d % 2 or not _dense_heads(q, k)
-                or cos.shape != (num_tokens, d) or not (cos.is_contiguous() and sin.is_contiguous())
-                or (q_weight is None) != (k_weight is None)):
+        if (
+            not _f32(q, k, q_weight, k_weight, cos, sin)
+            or d % 2
+            or not _dense_heads(q, k)
+            or cos.shape != (num_tokens, d)
+            or not (cos.is_contiguous() and sin.is_contiguous())
+            or (q_weight is None) != (k_weight is None)
+        ):
             return self.forward_native(q, k, q_weight, k_weight, cos, sin, eps)
         qw = None if q_weight is None else q_weight.contiguous().data_ptr()
         kw = None if k_weight is None else k_weight.contiguous().data_ptr()
-        _cpu_call(self, "dop_qk_norm_rope", q.data_ptr(), q.stride(0), hq, k.data_ptr(), k.stride(0), hk,
-                  num_tokens, d, qw, kw, cos.data_ptr(), sin.data_ptr(), eps,
-                  torch.get_num_threads())
+        _cpu_call(
+            self,
+            "dop_qk_norm_rope",
+            q.data_ptr(),
+            q.stride(0),
+            hq,
+            k.data_ptr(),
+            k.stride(0),
+            hk,
+            num_tokens,
+            d,
+            qw,
+            kw,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            eps,
+            torch.get_num_threads(),
+        )
         return q, k
 
     def forward_cuda(self, q, k, q_weight, k_weight, cos, sin, eps: float):
@@ -174,9 +224,25 @@ class QKNormRope(CustomOp):
         kw = k_weight if use_norm else cos
         with torch_stream(q.device):
             self.kernel(f"qk_norm_rope_{_SUFFIX[q.dtype]}")(
-                (num_tokens, hq + hk), (_round_up_32(d // 2),),
-                (ptr(q), ptr(k), ptr(qw), ptr(kw), ptr(cos), ptr(sin), i32(num_tokens), i32(hq),
-                 i32(hk), i32(d), i64(q.stride(0)), i64(k.stride(0)), f32(eps), i32(int(use_norm))))
+                (num_tokens, hq + hk),
+                (_round_up_32(d // 2),),
+                (
+                    ptr(q),
+                    ptr(k),
+                    ptr(qw),
+                    ptr(kw),
+                    ptr(cos),
+                    ptr(sin),
+                    i32(num_tokens),
+                    i32(hq),
+                    i32(hk),
+                    i32(d),
+                    i64(q.stride(0)),
+                    i64(k.stride(0)),
+                    f32(eps),
+                    i32(int(use_norm)),
+                ),
+            )
         return q, k
 
 
@@ -196,8 +262,7 @@ class SwiGLU(CustomOp):
         gate_up = gate_up.contiguous()
         rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty(rows, inter, dtype=torch.float32)
-        _cpu_call(self, "dop_swiglu", gate_up.data_ptr(), out.data_ptr(), rows, inter,
-                  torch.get_num_threads())
+        _cpu_call(self, "dop_swiglu", gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads())
         return out
 
     def forward_cuda(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -212,7 +277,8 @@ class SwiGLU(CustomOp):
             blocks = min((total + _THREADS - 1) // _THREADS, 65535)
             with torch_stream(gate_up.device):
                 self.kernel(f"swiglu_{_SUFFIX[gate_up.dtype]}")(
-                    (blocks,), (_THREADS,), (ptr(gate_up), ptr(out), i64(rows), i32(inter)))
+                    (blocks,), (_THREADS,), (ptr(gate_up), ptr(out), i64(rows), i32(inter))
+                )
         return out
 
 
@@ -229,12 +295,30 @@ class KVCacheWrite(CustomOp):
     def forward_cpu(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         row = k.shape[1] * k.shape[2]
         bf16 = k_cache.dtype == torch.bfloat16
-        if (not _f32(k, v) or not _dense_heads(k, v) or not _cpu_caches(k_cache, v_cache)
-                or k_cache.shape[2:] != k.shape[1:] or (bf16 and row % 16)
-                or slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous()):
+        if (
+            not _f32(k, v)
+            or not _dense_heads(k, v)
+            or not _cpu_caches(k_cache, v_cache)
+            or k_cache.shape[2:] != k.shape[1:]
+            or (bf16 and row % 16)
+            or slot_mapping.dtype != torch.int64
+            or not slot_mapping.is_contiguous()
+        ):
             return self.forward_native(k, v, k_cache, v_cache, slot_mapping)
-        _cpu_call(self, "dop_kv_write", k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-                  k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), k.shape[0], row, bf16)
+        _cpu_call(
+            self,
+            "dop_kv_write",
+            k.data_ptr(),
+            k.stride(0),
+            v.data_ptr(),
+            v.stride(0),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            slot_mapping.data_ptr(),
+            k.shape[0],
+            row,
+            bf16,
+        )
         return None
 
     def forward_cuda(self, k, v, k_cache, v_cache, slot_mapping) -> None:
@@ -249,9 +333,20 @@ class KVCacheWrite(CustomOp):
         if num_tokens:
             with torch_stream(k.device):
                 self.kernel(f"kv_cache_write_{_SUFFIX[k.dtype]}")(
-                    (num_tokens,), (128,),
-                    (ptr(k), ptr(v), ptr(k_cache), ptr(v_cache), ptr(slot_mapping), i32(num_tokens),
-                     i32(hk * d), i64(k.stride(0)), i64(v.stride(0))))
+                    (num_tokens,),
+                    (128,),
+                    (
+                        ptr(k),
+                        ptr(v),
+                        ptr(k_cache),
+                        ptr(v_cache),
+                        ptr(slot_mapping),
+                        i32(num_tokens),
+                        i32(hk * d),
+                        i64(k.stride(0)),
+                        i64(v.stride(0)),
+                    ),
+                )
         return None
 
 
@@ -265,33 +360,58 @@ class PagedAttentionDecode(CustomOp):
     kernel_file = "paged_attention_decode.cu"
     cpu_kernels = True
 
-    def forward_native(self, q, k_cache, v_cache, block_tables, context_lens, scale: float,
-                       max_context: int) -> torch.Tensor:
-        return attention.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
-                                          max_context)
+    def forward_native(
+        self, q, k_cache, v_cache, block_tables, context_lens, scale: float, max_context: int
+    ) -> torch.Tensor:
+        return attention.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, max_context)
 
-    def forward_cpu(self, q, k_cache, v_cache, block_tables, context_lens, scale: float,
-                    max_context: int) -> torch.Tensor:
+    def forward_cpu(
+        self, q, k_cache, v_cache, block_tables, context_lens, scale: float, max_context: int
+    ) -> torch.Tensor:
         bsz, hq, d = q.shape
         hk = k_cache.shape[2]
-        if (not _f32(q) or d % 16 or d > 256 or hq % hk or not _dense_heads(q)
-                or not _cpu_caches(k_cache, v_cache) or block_tables.dtype != torch.int64
-                or context_lens.dtype != torch.int64 or block_tables.stride(-1) != 1
-                or not context_lens.is_contiguous()):
+        if (
+            not _f32(q)
+            or d % 16
+            or d > 256
+            or hq % hk
+            or not _dense_heads(q)
+            or not _cpu_caches(k_cache, v_cache)
+            or block_tables.dtype != torch.int64
+            or context_lens.dtype != torch.int64
+            or block_tables.stride(-1) != 1
+            or not context_lens.is_contiguous()
+        ):
             return self.forward_native(q, k_cache, v_cache, block_tables, context_lens, scale, max_context)
         out = torch.empty(bsz, hq, d, dtype=torch.float32)
-        _cpu_call(self, "dop_paged_decode", out.data_ptr(), q.data_ptr(), q.stride(0), k_cache.data_ptr(),
-                  v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, block_tables.data_ptr(),
-                  block_tables.stride(0), context_lens.data_ptr(), bsz, hq, hk, d, k_cache.shape[1], scale,
-                  torch.get_num_threads())
+        _cpu_call(
+            self,
+            "dop_paged_decode",
+            out.data_ptr(),
+            q.data_ptr(),
+            q.stride(0),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.dtype == torch.bfloat16,
+            block_tables.data_ptr(),
+            block_tables.stride(0),
+            context_lens.data_ptr(),
+            bsz,
+            hq,
+            hk,
+            d,
+            k_cache.shape[1],
+            scale,
+            torch.get_num_threads(),
+        )
         return out
 
-    def forward_cuda(self, q, k_cache, v_cache, block_tables, context_lens, scale: float,
-                     max_context: int) -> torch.Tensor:
+    def forward_cuda(
+        self, q, k_cache, v_cache, block_tables, context_lens, scale: float, max_context: int
+    ) -> torch.Tensor:
         bsz, hq, d = q.shape
         if q.dtype not in _SUFFIX or k_cache.dtype != q.dtype or d > 256 or bsz == 0:
-            return self.forward_native(q, k_cache, v_cache, block_tables, context_lens, scale,
-                                       max_context)
+            return self.forward_native(q, k_cache, v_cache, block_tables, context_lens, scale, max_context)
         hk = k_cache.shape[2]
         if hq % hk:
             raise KernelInputError(f"{self.name}: {hq} query heads are not a multiple of {hk} KV heads")
@@ -303,10 +423,23 @@ class PagedAttentionDecode(CustomOp):
         out = torch.empty_like(q)
         with torch_stream(q.device):
             self.kernel(f"paged_attention_decode_{_SUFFIX[q.dtype]}")(
-                (hq, bsz), (128,),
-                (ptr(out), ptr(q), ptr(k_cache), ptr(v_cache), ptr(block_tables), ptr(context_lens),
-                 f32(scale), i32(hq), i32(hk), i32(d), i32(k_cache.shape[1]),
-                 i32(block_tables.shape[1])))
+                (hq, bsz),
+                (128,),
+                (
+                    ptr(out),
+                    ptr(q),
+                    ptr(k_cache),
+                    ptr(v_cache),
+                    ptr(block_tables),
+                    ptr(context_lens),
+                    f32(scale),
+                    i32(hq),
+                    i32(hk),
+                    i32(d),
+                    i32(k_cache.shape[1]),
+                    i32(block_tables.shape[1]),
+                ),
+            )
         return out
 
 
@@ -329,28 +462,64 @@ class PagedAttentionPrefill(CustomOp):
 
     def forward_native(self, out, q, k_cache, v_cache, block_tables, segments, scale: float) -> None:
         for start, end, seq, context_len in segments:
-            out[start:end] = attention.prefill_attention(q[start:end], k_cache, v_cache, block_tables[seq],
-                                                         context_len, scale)
+            out[start:end] = attention.prefill_attention(
+                q[start:end], k_cache, v_cache, block_tables[seq], context_len, scale
+            )
 
     def forward_cpu(self, out, q, k_cache, v_cache, block_tables, segments, scale: float) -> None:
         d, hq, hk = q.shape[2], q.shape[1], k_cache.shape[2]
         short = tuple(s for s in segments if s[1] - s[0] <= self.C_KERNEL_ROWS)
-        if (not short or not _f32(q, out) or d % 16 or d > 256 or hq % hk or not _dense_heads(q, out)
-                or not _cpu_caches(k_cache, v_cache) or block_tables.dtype != torch.int64
-                or block_tables.stride(-1) != 1):
+        if (
+            not short
+            or not _f32(q, out)
+            or d % 16
+            or d > 256
+            or hq % hk
+            or not _dense_heads(q, out)
+            or not _cpu_caches(k_cache, v_cache)
+            or block_tables.dtype != torch.int64
+            or block_tables.stride(-1) != 1
+        ):
             return self.forward_native(out, q, k_cache, v_cache, block_tables, segments, scale)
         if self._rows is None or self._rows[0] is not segments:
-            table = [(start + i, seq, context_len - (end - start) + i + 1)
-                     for start, end, seq, context_len in short for i in range(end - start)]
+            table = [
+                (start + i, seq, context_len - (end - start) + i + 1)
+                for start, end, seq, context_len in short
+                for i in range(end - start)
+            ]
             self._rows = (segments, torch.tensor(table, dtype=torch.int64))
         rows = self._rows[1]
-        _cpu_call(self, "dop_paged_prefill", out.data_ptr(), out.stride(0), q.data_ptr(), q.stride(0),
-                  k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, block_tables.data_ptr(),
-                  block_tables.stride(0), rows.data_ptr(), rows.shape[0], hq, hk, d, k_cache.shape[1], scale,
-                  torch.get_num_threads())
+        _cpu_call(
+            self,
+            "dop_paged_prefill",
+            out.data_ptr(),
+            out.stride(0),
+            q.data_ptr(),
+            q.stride(0),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.dtype == torch.bfloat16,
+            block_tables.data_ptr(),
+            block_tables.stride(0),
+            rows.data_ptr(),
+            rows.shape[0],
+            hq,
+            hk,
+            d,
+            k_cache.shape[1],
+            scale,
+            torch.get_num_threads(),
+        )
         if len(short) < len(segments):
-            self.forward_native(out, q, k_cache, v_cache, block_tables,
-                                tuple(s for s in segments if s[1] - s[0] > self.C_KERNEL_ROWS), scale)
+            self.forward_native(
+                out,
+                q,
+                k_cache,
+                v_cache,
+                block_tables,
+                tuple(s for s in segments if s[1] - s[0] > self.C_KERNEL_ROWS),
+                scale,
+            )
         return None
 
 
@@ -367,6 +536,12 @@ class DecoderOps:
         self.prefill_attention = PagedAttentionPrefill(device) if torch.device(device).type == "cpu" else None
 
     def __repr__(self) -> str:
-        ops = (self.rms_norm, self.qk_norm_rope, self.swiglu, self.kv_write, self.decode_attention,
-               self.prefill_attention)
+        ops = (
+            self.rms_norm,
+            self.qk_norm_rope,
+            self.swiglu,
+            self.kv_write,
+            self.decode_attention,
+            self.prefill_attention,
+        )
         return "DecoderOps(" + ", ".join(map(repr, filter(None, ops))) + ")"

@@ -37,13 +37,23 @@ if TYPE_CHECKING:
 #: ``metrale_core.sampling.position`` (imported by ``metrale_core.components`` and so by every
 #: plugin at discovery) and ``metrale_core.sampling.params`` do not pull in torch.
 _EXPORTS: dict[str, str] = {
-    "LogitProcessor": "interface", "ProcessorContext": "interface", "RowLike": "interface",
-    "SampleOutput": "interface", "Sampler": "interface", "SamplingError": "interface",
-    "SamplingParams": "params", "apply_penalties_and_bias": "penalties",
-    "DEBUG_OBSERVERS_ENV": "pipeline", "LogitPipeline": "pipeline",
-    "LogitProcessorFailed": "pipeline", "ObserverWroteLogits": "pipeline",
-    "PositionKind": "position", "DefaultSampler": "sampler", "truncate": "sampler",
-    "StructuredOutput": "structured", "StructuredOutputError": "structured",
+    "LogitProcessor": "interface",
+    "ProcessorContext": "interface",
+    "RowLike": "interface",
+    "SampleOutput": "interface",
+    "Sampler": "interface",
+    "SamplingError": "interface",
+    "SamplingParams": "params",
+    "apply_penalties_and_bias": "penalties",
+    "DEBUG_OBSERVERS_ENV": "pipeline",
+    "LogitPipeline": "pipeline",
+    "LogitProcessorFailed": "pipeline",
+    "ObserverWroteLogits": "pipeline",
+    "PositionKind": "position",
+    "DefaultSampler": "sampler",
+    "truncate": "sampler",
+    "StructuredOutput": "structured",
+    "StructuredOutputError": "structured",
 }
 
 

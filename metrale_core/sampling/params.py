@@ -68,7 +68,8 @@ class SamplingParams:
     #: Output constraint (JSON Schema, regex, grammar, forced tool calls), enforced by the logit
     #: processor that handles structured output; None = unconstrained.
     structured: StructuredOutput | None = field(
-        default=None, validator=validators.optional(validators.instance_of(StructuredOutput)))
+        default=None, validator=validators.optional(validators.instance_of(StructuredOutput))
+    )
 
     @property
     def is_greedy(self) -> bool:

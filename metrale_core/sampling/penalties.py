@@ -120,9 +120,7 @@ def _bias(sub: torch.Tensor, rows: Sequence[RowLike]) -> torch.Tensor:
                     f"[0, {vocab}); remove it from the request"
                 )
     ids = _padded([[t for t, _ in r.params.logit_bias] for r in rows], vocab, sub.device)
-    values = _padded(
-        [[b for _, b in r.params.logit_bias] for r in rows], 0.0, sub.device, dtype=sub.dtype
-    )
+    values = _padded([[b for _, b in r.params.logit_bias] for r in rows], 0.0, sub.device, dtype=sub.dtype)
     table = torch.zeros(sub.shape[0], vocab + 1, dtype=sub.dtype, device=sub.device)
     table.scatter_add_(1, ids, values)
     return sub + table[:, :vocab]

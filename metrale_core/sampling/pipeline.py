@@ -87,9 +87,10 @@ class LogitPipeline:
                 )
         self._stages = sorted(processors, key=lambda pair: pair[0].order)
         self._wants = [getattr(instance, "wants_row", None) for _, instance in self._stages]
-        self._draft_checks = [(getattr(instance, "valid_draft_prefix", None), wants)
-                              for (_, instance), wants in zip(self._stages, self._wants,
-                                                              strict=True)]
+        self._draft_checks = [
+            (getattr(instance, "valid_draft_prefix", None), wants)
+            for (_, instance), wants in zip(self._stages, self._wants, strict=True)
+        ]
         self.sampler = sampler
         if debug_observers is None:
             debug_observers = os.environ.get(DEBUG_OBSERVERS_ENV, "") not in ("", "0")
@@ -123,7 +124,9 @@ class LogitPipeline:
             raise StructuredOutputError(
                 f"{structured.field or 'response_format'}: constrained decoding ({structured.kind}) "
                 "needs a structured-output plugin, and none is installed (pip install "
-                "metrale-structured)", param=structured.field or "response_format")
+                "metrale-structured)",
+                param=structured.field or "response_format",
+            )
         for _, instance in self._stages:
             check = getattr(instance, "validate_params", None)
             if check is not None:
@@ -158,12 +161,11 @@ class LogitPipeline:
             try:
                 start(ctx)
             except Exception as exc:  # a hint only; __call__ does the work
-                logger.warning("logit processor {!r}: prepare failed ({!r}); the step computes "
-                               "without it", spec.name, exc)
+                logger.warning(
+                    "logit processor {!r}: prepare failed ({!r}); the step computes without it", spec.name, exc
+                )
 
-    def sample(
-        self, logits: torch.Tensor, rows: Sequence[RowLike], kinds: Sequence[PositionKind]
-    ) -> SampleOutput:
+    def sample(self, logits: torch.Tensor, rows: Sequence[RowLike], kinds: Sequence[PositionKind]) -> SampleOutput:
         """Run every stage and pick one token per row; ``logits`` is not modified."""
         return self.sampler.sample(self.adjusted_logits(logits, rows, kinds), rows)
 
@@ -224,12 +226,10 @@ class _Work:
 
 def _context(spec: LogitProcessorSpec, wants, rows, kinds) -> ProcessorContext | None:
     """The rows of a step ``spec``'s processor runs on (its kinds, those it wants); None if none."""
-    selected = [i for i, kind in enumerate(kinds) if kind in spec.kinds
-                and (wants is None or wants(rows[i]))]
+    selected = [i for i, kind in enumerate(kinds) if kind in spec.kinds and (wants is None or wants(rows[i]))]
     if not selected:
         return None
-    return ProcessorContext(indices=selected, rows=[rows[i] for i in selected],
-                            kinds=[kinds[i] for i in selected])
+    return ProcessorContext(indices=selected, rows=[rows[i] for i in selected], kinds=[kinds[i] for i in selected])
 
 
 def _rows_of(logits: torch.Tensor, ctx: ProcessorContext) -> torch.Tensor:

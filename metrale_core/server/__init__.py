@@ -11,5 +11,4 @@ from metrale_core.server.app import create_app
 from metrale_core.server.host import EngineHost, ServedModel, ServerConfig
 from metrale_core.server.runner import RunningServer, serve_in_thread
 
-__all__ = ["EngineHost", "RunningServer", "ServedModel", "ServerConfig", "create_app",
-           "serve_in_thread"]
+__all__ = ["EngineHost", "RunningServer", "ServedModel", "ServerConfig", "create_app", "serve_in_thread"]

@@ -53,19 +53,38 @@ if TYPE_CHECKING:
 __all__ = ["create_app"]
 
 #: OpenAI routes this server does not implement (answered 501).
-UNSUPPORTED = ("audio", "images", "moderations", "files", "batches",
-               "fine_tuning", "assistants", "threads", "vector_stores", "uploads", "realtime",
-               "conversations", "evals", "containers")
+UNSUPPORTED = (
+    "audio",
+    "images",
+    "moderations",
+    "files",
+    "batches",
+    "fine_tuning",
+    "assistants",
+    "threads",
+    "vector_stores",
+    "uploads",
+    "realtime",
+    "conversations",
+    "evals",
+    "containers",
+)
 
 
-@route([f"/v1/{name}" for name in UNSUPPORTED] + [f"/v1/{name}/{{rest:path}}" for name in UNSUPPORTED],
-       http_method=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False,
-       sync_to_thread=False)
+@route(
+    [f"/v1/{name}" for name in UNSUPPORTED] + [f"/v1/{name}/{{rest:path}}" for name in UNSUPPORTED],
+    http_method=["GET", "POST", "PUT", "PATCH", "DELETE"],
+    include_in_schema=False,
+    sync_to_thread=False,
+)
 def not_implemented(request: Request) -> None:
-    raise APIError(501, f"{request.method} {request.url.path} is not implemented by this server "
-                        f"(it serves chat completions, completions, responses, embeddings, "
-                        f"models, tokenize, and Anthropic messages)",
-                   code="not_implemented")
+    raise APIError(
+        501,
+        f"{request.method} {request.url.path} is not implemented by this server "
+        f"(it serves chat completions, completions, responses, embeddings, "
+        f"models, tokenize, and Anthropic messages)",
+        code="not_implemented",
+    )
 
 
 def _access_log(app: ASGIApp) -> ASGIApp:
@@ -87,17 +106,20 @@ def _access_log(app: ASGIApp) -> ASGIApp:
         finally:
             client = scope.get("client") or ("-", 0)
             elapsed = time.perf_counter() - start
-            logger.info("{} {} {} {} {:.1f}ms", client[0], scope["method"], scope["path"],
-                        status or "-", elapsed * 1000)
+            logger.info(
+                "{} {} {} {} {:.1f}ms", client[0], scope["method"], scope["path"], status or "-", elapsed * 1000
+            )
             route = scope.get("path_template")
             metrics = getattr(scope.get("litestar_app"), "state", {}).get("metrics")
             if route and metrics is not None:
                 metrics.http_request(route, scope["method"], status or 500, elapsed)
+
     return middleware
 
 
-def create_app(config: ServerConfig, loader: Callable[[], ServedModel], registry: Registry | None = None,
-               *, openapi: bool = True) -> Litestar:
+def create_app(
+    config: ServerConfig, loader: Callable[[], ServedModel], registry: Registry | None = None, *, openapi: bool = True
+) -> Litestar:
     """The server app; ``loader()`` runs on a worker thread at startup and returns the model."""
     host = EngineHost(config=config, registry=registry)
     host.metrics = metrics = ServerMetrics(host, config.served_model_name)
@@ -113,19 +135,30 @@ def create_app(config: ServerConfig, loader: Callable[[], ServedModel], registry
                 await asyncio.wait([loading])
             await host.shutdown()
 
-    api = Router(path="/", guards=[api_key_guard], route_handlers=[
-        chat_completions, completions, *response_handlers, create_embeddings, list_models,
-        get_model, tokenize, detokenize, load_lora_adapter, unload_lora_adapter, not_implemented])
+    api = Router(
+        path="/",
+        guards=[api_key_guard],
+        route_handlers=[
+            chat_completions,
+            completions,
+            *response_handlers,
+            create_embeddings,
+            list_models,
+            get_model,
+            tokenize,
+            detokenize,
+            load_lora_adapter,
+            unload_lora_adapter,
+            not_implemented,
+        ],
+    )
     return Litestar(
         route_handlers=[api, messages_router(), health, live, metrics_route],
         lifespan=[lifespan],
         exception_handlers=exception_handlers(),
         middleware=[_access_log],
         request_max_body_size=config.max_body_bytes,
-        state=State({"host": host, "metrics": metrics,
-                     "responses": ResponseStore(config.responses_store_size)}),
-        openapi_config=OpenAPIConfig(title="Metrale", version="1", path="/schema")
-        if openapi else None,
+        state=State({"host": host, "metrics": metrics, "responses": ResponseStore(config.responses_store_size)}),
+        openapi_config=OpenAPIConfig(title="Metrale", version="1", path="/schema") if openapi else None,
         debug=False,
     )
-

@@ -35,5 +35,9 @@ def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     if key is None:
         return
     if not key_matches(connection.headers.get("authorization"), key):
-        raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        raise APIError(
+            401,
+            "invalid or missing API key (send 'Authorization: Bearer <key>')",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )

@@ -50,8 +50,7 @@ def engine_failure(out: Any) -> APIError | None:
     if reason == "error":
         return APIError(500, f"generation failed: {out.error}", type="server_error")
     if reason == "abort":
-        return APIError(503, "the request was cancelled because the server is shutting down",
-                        code="shutting_down")
+        return APIError(503, "the request was cancelled because the server is shutting down", code="shutting_down")
     return None
 
 
@@ -101,8 +100,10 @@ class _Choice:
         fn: dict[str, Any] = {}
         if call is None:
             call = self.calls[p.tool_call_index] = {
-                "id": p.tool_call_id or new_id("call"), "type": "function",
-                "function": {"name": p.name or "", "arguments": ""}}
+                "id": p.tool_call_id or new_id("call"),
+                "type": "function",
+                "function": {"name": p.name or "", "arguments": ""},
+            }
             piece.update(id=call["id"], type="function")
             fn["name"] = call["function"]["name"]
         elif p.name and not call["function"]["name"]:
@@ -117,8 +118,7 @@ class _Choice:
 
     def message(self) -> dict[str, Any]:
         content = "".join(self.content)
-        msg: dict[str, Any] = {"role": "assistant", "content": content if content or not self.calls
-                               else None}
+        msg: dict[str, Any] = {"role": "assistant", "content": content if content or not self.calls else None}
         if self.reasoning:
             msg["reasoning_content"] = "".join(self.reasoning)
         if self.calls:
@@ -126,9 +126,14 @@ class _Choice:
         return msg
 
 
-@post("/v1/chat/completions", operation_id="createChatCompletion", tags=["openai"],
-      summary="Create a chat completion (OpenAI-compatible)", status_code=200,
-      operation_class=body_operation(ChatCompletionRequest, stream=True))
+@post(
+    "/v1/chat/completions",
+    operation_id="createChatCompletion",
+    tags=["openai"],
+    summary="Create a chat completion (OpenAI-compatible)",
+    status_code=200,
+    operation_class=body_operation(ChatCompletionRequest, stream=True),
+)
 async def chat_completions(request: Request) -> Response:
     host = request.app.state.host
     req = await read_request(request, ChatCompletionRequest)
@@ -136,14 +141,14 @@ async def chat_completions(request: Request) -> Response:
     served = host.ready()
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs")
-    prompt, prompt_text = await off_loop(chat_prompt, served.tokenizer, req,
-                                         served.engine.max_model_len)
+    prompt, prompt_text = await off_loop(chat_prompt, served.tokenizer, req, served.engine.max_model_len)
     extras = parser_factory(host, req, prompt_text)
     structured = chat_structured_output(host, req, prompt_text)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    jobs = plan_jobs(host, req, [prompt], max_tokens=max_tokens, logprobs=logprobs,
-                     extras_factory=extras, structured=structured)
+    jobs = plan_jobs(
+        host, req, [prompt], max_tokens=max_tokens, logprobs=logprobs, extras_factory=extras, structured=structured
+    )
     choices = {job.index: _Choice(job.index, parsed=job.extras is not None) for job in jobs}
     namer = TokenNamer(served.tokenizer) if req.logprobs else None
     meta = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": name}
@@ -161,22 +166,36 @@ async def chat_completions(request: Request) -> Response:
                 raise failure
 
     await while_connected(request, collect())
-    body = {**meta, "object": "chat.completion", "system_fingerprint": None, "choices": [
-        {"index": c.index, "message": c.message(),
-         "logprobs": {"content": c.logprobs} if namer is not None else None,
-         "finish_reason": c.finish_reason} for c in choices.values()],
-        "usage": usage(len(prompt), sum(c.num_output_tokens for c in choices.values()))}
+    body = {
+        **meta,
+        "object": "chat.completion",
+        "system_fingerprint": None,
+        "choices": [
+            {
+                "index": c.index,
+                "message": c.message(),
+                "logprobs": {"content": c.logprobs} if namer is not None else None,
+                "finish_reason": c.finish_reason,
+            }
+            for c in choices.values()
+        ],
+        "usage": usage(len(prompt), sum(c.num_output_tokens for c in choices.values())),
+    }
     return Response(body, media_type="application/json")
 
 
-async def _stream(host: Any, jobs: list, choices: dict[int, _Choice], namer: TokenNamer | None,
-                  meta: dict, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+async def _stream(
+    host: Any, jobs: list, choices: dict[int, _Choice], namer: TokenNamer | None, meta: dict, include_usage: bool
+) -> AsyncIterator[dict[str, Any]]:
     head = {**meta, "object": "chat.completion.chunk", "system_fingerprint": None}
     extra = {"usage": None} if include_usage else {}
 
     def chunk(index: int, delta: dict, logprobs: Any = None, finish: str | None = None) -> dict:
-        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                                     "finish_reason": finish}], **extra}
+        return {
+            **head,
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+            **extra,
+        }
 
     for job in jobs:
         yield chunk(job.index, {"role": "assistant", "content": ""})
@@ -192,5 +211,4 @@ async def _stream(host: Any, jobs: list, choices: dict[int, _Choice], namer: Tok
             yield chunk(index, {}, None, choice.finish_reason)
     if include_usage:
         prompt_tokens = next(iter(choices.values())).num_prompt_tokens
-        yield {**head, "choices": [],
-               "usage": usage(prompt_tokens, sum(c.num_output_tokens for c in choices.values()))}
+        yield {**head, "choices": [], "usage": usage(prompt_tokens, sum(c.num_output_tokens for c in choices.values()))}

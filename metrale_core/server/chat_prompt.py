@@ -26,13 +26,20 @@ from typing import Any
 from metrale_core.server.errors import APIError
 from metrale_core.server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
 
-__all__ = ["chat_prompt", "parser_factory", "reasoning_format", "render_messages",
-           "template_kwargs", "template_messages", "template_tools", "wants_tool_parsing"]
+__all__ = [
+    "chat_prompt",
+    "parser_factory",
+    "reasoning_format",
+    "render_messages",
+    "template_kwargs",
+    "template_messages",
+    "template_tools",
+    "wants_tool_parsing",
+]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 #: Names the renderer itself takes; a ``chat_template_kwargs`` key may not override them.
-_RESERVED = ("messages", "tools", "add_generation_prompt", "template", "self", "time_budget_s",
-             "max_chars")
+_RESERVED = ("messages", "tools", "add_generation_prompt", "template", "self", "time_budget_s", "max_chars")
 
 
 def _text(message: ChatMessage, path: str) -> str | None:
@@ -44,13 +51,18 @@ def _text(message: ChatMessage, path: str) -> str | None:
         if part.type in ("text", "refusal"):
             value = part.text if part.type == "text" else part.refusal
             if value is None:
-                raise APIError(400, f"{path}.content[{j}].{part.type}: required for a "
-                                    f"{part.type!r} content part",
-                               param=f"{path}.content[{j}].{part.type}")
+                raise APIError(
+                    400,
+                    f"{path}.content[{j}].{part.type}: required for a {part.type!r} content part",
+                    param=f"{path}.content[{j}].{part.type}",
+                )
             pieces.append(value)
         else:
-            raise APIError(400, f"{path}.content[{j}].type: only 'text' content parts are "
-                                f"supported, got {part.type!r}", param=f"{path}.content[{j}].type")
+            raise APIError(
+                400,
+                f"{path}.content[{j}].type: only 'text' content parts are supported, got {part.type!r}",
+                param=f"{path}.content[{j}].type",
+            )
     return "".join(pieces)
 
 
@@ -70,24 +82,25 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         path = f"messages[{i}]"
         if m.role not in _ROLES:
-            raise APIError(400, f"{path}.role: must be one of {', '.join(_ROLES)}, got {m.role!r}",
-                           param=f"{path}.role")
+            raise APIError(
+                400, f"{path}.role: must be one of {', '.join(_ROLES)}, got {m.role!r}", param=f"{path}.role"
+            )
         if m.audio is not None or m.function_call is not None:
             field = "audio" if m.audio is not None else "function_call"
-            raise APIError(400, f"{path}.{field}: not supported; use tool_calls",
-                           param=f"{path}.{field}")
+            raise APIError(400, f"{path}.{field}: not supported; use tool_calls", param=f"{path}.{field}")
         if m.tool_calls and m.role != "assistant":
-            raise APIError(400, f"{path}.tool_calls: only assistant messages carry tool calls",
-                           param=f"{path}.tool_calls")
+            raise APIError(
+                400, f"{path}.tool_calls: only assistant messages carry tool calls", param=f"{path}.tool_calls"
+            )
         if m.role == "tool" and not m.tool_call_id:
-            raise APIError(400, f"{path}.tool_call_id: required for a tool message",
-                           param=f"{path}.tool_call_id")
+            raise APIError(400, f"{path}.tool_call_id: required for a tool message", param=f"{path}.tool_call_id")
         content = _text(m, path)
         if content is None and not (m.role == "assistant" and m.tool_calls):
-            raise APIError(400, f"{path}.content: required for a {m.role} message",
-                           param=f"{path}.content")
-        item: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                                "content": content if content is not None else ""}
+            raise APIError(400, f"{path}.content: required for a {m.role} message", param=f"{path}.content")
+        item: dict[str, Any] = {
+            "role": "system" if m.role == "developer" else m.role,
+            "content": content if content is not None else "",
+        }
         if m.name is not None:
             item["name"] = m.name
         if m.tool_call_id is not None:
@@ -96,9 +109,13 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             item["reasoning_content"] = m.reasoning_content
         if m.tool_calls:
             item["tool_calls"] = [
-                {"id": c.id, "type": c.type,
-                 "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
-                for c in m.tool_calls]
+                {
+                    "id": c.id,
+                    "type": c.type,
+                    "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)},
+                }
+                for c in m.tool_calls
+            ]
         out.append(item)
     return out
 
@@ -107,37 +124,45 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     """``tools`` as plain dicts (None when absent); checks ``tool_choice`` against them."""
     if req.functions is not None or req.function_call is not None:
         field = "functions" if req.functions is not None else "function_call"
-        raise APIError(400, f"{field}: the deprecated functions API is not supported; use tools "
-                            f"and tool_choice", param=field)
+        raise APIError(
+            400, f"{field}: the deprecated functions API is not supported; use tools and tool_choice", param=field
+        )
     tools: list[dict[str, Any]] | None = None
     if req.tools:
         tools = []
         for i, tool in enumerate(req.tools):
             if tool.type != "function":
-                raise APIError(400, f"tools[{i}].type: must be 'function', got {tool.type!r}",
-                               param=f"tools[{i}].type")
+                raise APIError(400, f"tools[{i}].type: must be 'function', got {tool.type!r}", param=f"tools[{i}].type")
             fn: dict[str, Any] = {"name": tool.function.name}
             if tool.function.description is not None:
                 fn["description"] = tool.function.description
             fn["parameters"] = tool.function.parameters or {"type": "object", "properties": {}}
             props = fn["parameters"].get("properties")
             if props is not None and not isinstance(props, dict):
-                raise APIError(400, f"tools[{i}].function.parameters.properties: must be an "
-                                    f"object (a JSON schema), got {type(props).__name__}",
-                               param=f"tools[{i}].function.parameters.properties")
+                raise APIError(
+                    400,
+                    f"tools[{i}].function.parameters.properties: must be an "
+                    f"object (a JSON schema), got {type(props).__name__}",
+                    param=f"tools[{i}].function.parameters.properties",
+                )
             tools.append({"type": "function", "function": fn})
     choice = req.tool_choice
     if isinstance(choice, str) and choice not in ("none", "auto", "required"):
-        raise APIError(400, f"tool_choice: must be 'none', 'auto', 'required' or a named "
-                            f"function, got {choice!r}", param="tool_choice")
+        raise APIError(
+            400,
+            f"tool_choice: must be 'none', 'auto', 'required' or a named function, got {choice!r}",
+            param="tool_choice",
+        )
     if choice is not None and choice != "none" and not tools:
         raise APIError(400, "tool_choice: needs tools", param="tool_choice")
     if isinstance(choice, NamedToolChoice):
         names = [t["function"]["name"] for t in tools or ()]
         if choice.type != "function" or choice.function.name not in names:
-            raise APIError(400, f"tool_choice.function.name: {choice.function.name!r} is not one "
-                                f"of the tools ({', '.join(names)})",
-                           param="tool_choice.function.name")
+            raise APIError(
+                400,
+                f"tool_choice.function.name: {choice.function.name!r} is not one of the tools ({', '.join(names)})",
+                param="tool_choice.function.name",
+            )
     return tools
 
 
@@ -145,8 +170,7 @@ def wants_tool_parsing(req: ChatCompletionRequest) -> bool:
     return bool(req.tools) and req.tool_choice != "none"
 
 
-def chat_prompt(tokenizer: Any, req: ChatCompletionRequest,
-                max_model_len: int = 1 << 30) -> tuple[list[int], str]:
+def chat_prompt(tokenizer: Any, req: ChatCompletionRequest, max_model_len: int = 1 << 30) -> tuple[list[int], str]:
     """Render the conversation with the model's chat template: ``(prompt ids, prompt text)``.
 
     CPU work (template, tokenizer): the routes run it off the event loop (``offload``)."""
@@ -157,10 +181,14 @@ def chat_prompt(tokenizer: Any, req: ChatCompletionRequest,
         raise APIError(400, "modalities: only 'text' output is supported", param="modalities")
     messages = template_messages(req.messages)
     tools = template_tools(req)
-    text = render_messages(tokenizer, messages, tools=tools,
-                           add_generation_prompt=req.add_generation_prompt,
-                           chat_template_kwargs=req.chat_template_kwargs,
-                           max_model_len=max_model_len)
+    text = render_messages(
+        tokenizer,
+        messages,
+        tools=tools,
+        add_generation_prompt=req.add_generation_prompt,
+        chat_template_kwargs=req.chat_template_kwargs,
+        max_model_len=max_model_len,
+    )
     return tokenizer.encode(text, add_special_tokens=False), text
 
 
@@ -169,10 +197,12 @@ def template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
     kwargs = dict(kwargs or {})
     for reserved in _RESERVED:
         if reserved in kwargs:
-            hint = "set it as a request field" if reserved in (
-                "messages", "tools", "add_generation_prompt") else "reserved by the server"
-            raise APIError(400, f"chat_template_kwargs.{reserved}: {hint}",
-                           param=f"chat_template_kwargs.{reserved}")
+            hint = (
+                "set it as a request field"
+                if reserved in ("messages", "tools", "add_generation_prompt")
+                else "reserved by the server"
+            )
+            raise APIError(400, f"chat_template_kwargs.{reserved}: {hint}", param=f"chat_template_kwargs.{reserved}")
     return kwargs
 
 
@@ -186,9 +216,15 @@ def _chars(value: Any) -> int:
     return 0
 
 
-def render_messages(tokenizer: Any, messages: list[dict[str, Any]], *,
-                    tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
-                    chat_template_kwargs: dict[str, Any] | None, max_model_len: int) -> str:
+def render_messages(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None,
+    add_generation_prompt: bool,
+    chat_template_kwargs: dict[str, Any] | None,
+    max_model_len: int,
+) -> str:
     """The rendered prompt text; 400 before rendering when the conversation cannot fit the
     context, and the render bounded to what the context can hold (``guards``)."""
     from metrale_core.server.guards import check_prompt_chars, max_prompt_chars
@@ -196,8 +232,12 @@ def render_messages(tokenizer: Any, messages: list[dict[str, Any]], *,
     kwargs = template_kwargs(chat_template_kwargs)
     check_prompt_chars(_chars(messages), tokenizer, max_model_len, "messages")
     text = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tools=tools,
-        max_chars=max_prompt_chars(tokenizer, max_model_len) + (1 << 20), **kwargs)
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        tools=tools,
+        max_chars=max_prompt_chars(tokenizer, max_model_len) + (1 << 20),
+        **kwargs,
+    )
     check_prompt_chars(len(text), tokenizer, max_model_len, "messages")
     return text
 
@@ -214,8 +254,7 @@ def reasoning_format(host: Any) -> str | None:
     return name
 
 
-def parser_factory(host: Any, req: ChatCompletionRequest,
-                   prompt_text: str) -> Callable[[], dict] | None:
+def parser_factory(host: Any, req: ChatCompletionRequest, prompt_text: str) -> Callable[[], dict] | None:
     """A factory of per-sequence extras holding a fresh stream parser, or None when not needed.
 
     A parser is attached when the request's tools are to be parsed (``--tool-call-parser``, else
@@ -231,15 +270,23 @@ def parser_factory(host: Any, req: ChatCompletionRequest,
     tools = template_tools(req) if wants_tool_parsing(req) else None
     if tools is None and reasoning is None:
         return None
-    tool_parser = (host.config.tool_call_parser if tools is not None else "none")
+    tool_parser = host.config.tool_call_parser if tools is not None else "none"
     model_type = host.served.model_type if host.served is not None else None
     starts_in_reasoning = reasoning is not None and prompt_text.rstrip().endswith("<think>")
     registry = host.registry
     chat_template = served_chat_template(host)
 
     def make() -> dict:
-        return {"stream_parser": make_stream_parser(
-            registry, tool_parser=tool_parser, reasoning=reasoning, tools=tools,
-            model_type=model_type, starts_in_reasoning=starts_in_reasoning,
-            chat_template=chat_template)}
+        return {
+            "stream_parser": make_stream_parser(
+                registry,
+                tool_parser=tool_parser,
+                reasoning=reasoning,
+                tools=tools,
+                model_type=model_type,
+                starts_in_reasoning=starts_in_reasoning,
+                chat_template=chat_template,
+            )
+        }
+
     return make

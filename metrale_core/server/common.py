@@ -33,8 +33,9 @@ async def read_request(request: Request, cls: type) -> Any:
     """The body of ``request`` as a validated ``cls``."""
     media = (request.headers.get("content-type") or "").split(";", 1)[0].strip().lower()
     if media != "application/json":
-        raise APIError(415, f"the request body must be JSON (Content-Type: application/json), "
-                            f"got {media or 'no Content-Type'}")
+        raise APIError(
+            415, f"the request body must be JSON (Content-Type: application/json), got {media or 'no Content-Type'}"
+        )
     return await off_loop(_parse, await request.body(), cls)
 
 
@@ -51,8 +52,9 @@ class ClientGone(APIError):
     """The client disconnected before a whole (non-streaming) response was ready."""
 
     def __init__(self) -> None:
-        super().__init__(499, "the client closed the connection", code="client_closed_request",
-                         type="invalid_request_error")
+        super().__init__(
+            499, "the client closed the connection", code="client_closed_request", type="invalid_request_error"
+        )
 
 
 async def _disconnected(request: Request) -> None:
@@ -96,8 +98,12 @@ def check_model(host: Any, model: str | None) -> str:
         bank = lora_bank(host)
         if bank is not None and bank.key_for(model) is not None:
             return model
-        raise APIError(404, f"the model {model!r} does not exist; this server serves {name!r}",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"the model {model!r} does not exist; this server serves {name!r}",
+            param="model",
+            code="model_not_found",
+        )
     return name
 
 
@@ -110,8 +116,7 @@ def adapter_extras(host: Any, model: str | None) -> dict[str, str]:
     key = None if bank is None else bank.key_for(model)
     if key is None:
         check_model(host, model)  # raises the 404
-        raise APIError(404, f"the LoRA adapter {model!r} is not loaded", param="model",
-                       code="model_not_found")
+        raise APIError(404, f"the LoRA adapter {model!r} is not loaded", param="model", code="model_not_found")
     from metrale_core.engine.adapter_key import ADAPTER_EXTRA
 
     return {ADAPTER_EXTRA: key}
@@ -122,5 +127,8 @@ def new_id(prefix: str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

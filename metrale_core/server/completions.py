@@ -42,13 +42,17 @@ def _prompts(tokenizer: Any, prompt: Any, max_model_len: int) -> list[list[int]]
         return [tokenizer.encode(prompt, add_special_tokens=True)]
     if all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
-    return [tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p)
-            for p in prompt]
+    return [tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p) for p in prompt]
 
 
-@post("/v1/completions", operation_id="createCompletion", tags=["openai"],
-      summary="Create a completion (legacy OpenAI API)", status_code=200,
-      operation_class=body_operation(CompletionRequest, stream=True))
+@post(
+    "/v1/completions",
+    operation_id="createCompletion",
+    tags=["openai"],
+    summary="Create a completion (legacy OpenAI API)",
+    status_code=200,
+    operation_class=body_operation(CompletionRequest, stream=True),
+)
 async def completions(request: Request) -> Response:
     host = request.app.state.host
     req = await read_request(request, CompletionRequest)
@@ -59,15 +63,19 @@ async def completions(request: Request) -> Response:
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of: only best_of == n is supported", param="best_of")
     if req.echo and req.logprobs is not None:
-        raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)",
-                       param="echo")
+        raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)", param="echo")
     prompts = await off_loop(_prompts, served.tokenizer, req.prompt, served.engine.max_model_len)
-    jobs = plan_jobs(host, req, prompts, max_tokens=req.max_tokens if req.max_tokens is not None
-                     else 16, logprobs=req.logprobs, structured=structured_output(req))
+    jobs = plan_jobs(
+        host,
+        req,
+        prompts,
+        max_tokens=req.max_tokens if req.max_tokens is not None else 16,
+        logprobs=req.logprobs,
+        structured=structured_output(req),
+    )
     namer = TokenNamer(served.tokenizer) if req.logprobs is not None else None
     echo = {job.index: served.tokenizer.decode(job.prompt_ids) if req.echo else "" for job in jobs}
-    meta = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()),
-            "model": name}
+    meta = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": name}
     prompt_tokens = sum(len(p) for p in prompts)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -87,23 +95,43 @@ async def completions(request: Request) -> Response:
                 finals[index] = out
 
     await while_connected(request, collect())
-    choices = [{"index": i, "text": "".join(texts[i]),
-                "logprobs": completion_logprobs(namer, lps[i], len(echo[i])) if namer else None,
-                "finish_reason": finals[i].finish_reason} for i in sorted(finals)]
-    body = {**meta, "system_fingerprint": None, "choices": choices,
-            "usage": usage(prompt_tokens, sum(o.num_output_tokens for o in finals.values()))}
+    choices = [
+        {
+            "index": i,
+            "text": "".join(texts[i]),
+            "logprobs": completion_logprobs(namer, lps[i], len(echo[i])) if namer else None,
+            "finish_reason": finals[i].finish_reason,
+        }
+        for i in sorted(finals)
+    ]
+    body = {
+        **meta,
+        "system_fingerprint": None,
+        "choices": choices,
+        "usage": usage(prompt_tokens, sum(o.num_output_tokens for o in finals.values())),
+    }
     return Response(body, media_type="application/json")
 
 
-async def _stream(host: Any, jobs: list, namer: TokenNamer | None, echo: dict[int, str],
-                  meta: dict, prompt_tokens: int, include_usage: bool) -> AsyncIterator[dict]:
+async def _stream(
+    host: Any,
+    jobs: list,
+    namer: TokenNamer | None,
+    echo: dict[int, str],
+    meta: dict,
+    prompt_tokens: int,
+    include_usage: bool,
+) -> AsyncIterator[dict]:
     extra = {"usage": None} if include_usage else {}
     offsets = {index: len(text) for index, text in echo.items()}
     generated = 0
 
     def chunk(index: int, text: str, logprobs: Any, finish: str | None) -> dict:
-        return {**meta, "choices": [{"index": index, "text": text, "logprobs": logprobs,
-                                     "finish_reason": finish}], **extra}
+        return {
+            **meta,
+            "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+            **extra,
+        }
 
     for index, text in echo.items():
         if text:

@@ -69,24 +69,34 @@ def _encode(vector: Any, fmt: str) -> Any:
     return vector.tolist()
 
 
-@post("/v1/embeddings", operation_id="createEmbedding", tags=["openai"], status_code=200,
-      summary="Create embeddings (OpenAI-compatible)",
-      operation_class=body_operation(EmbeddingRequest))
+@post(
+    "/v1/embeddings",
+    operation_id="createEmbedding",
+    tags=["openai"],
+    status_code=200,
+    summary="Create embeddings (OpenAI-compatible)",
+    operation_class=body_operation(EmbeddingRequest),
+)
 async def create_embeddings(request: Request) -> Response:
     host = request.app.state.host
     req = await read_request(request, EmbeddingRequest)
     name = check_model(host, req.model)
     served = host.ready()
     if req.encoding_format not in ("float", "base64"):
-        raise APIError(400, f"encoding_format: must be 'float' or 'base64', got "
-                            f"{req.encoding_format!r}", param="encoding_format")
+        raise APIError(
+            400, f"encoding_format: must be 'float' or 'base64', got {req.encoding_format!r}", param="encoding_format"
+        )
     if req.dimensions is not None:
-        raise APIError(400, "dimensions: not supported; this model's embeddings have a fixed "
-                            "size and cannot be shortened", param="dimensions")
+        raise APIError(
+            400,
+            "dimensions: not supported; this model's embeddings have a fixed size and cannot be shortened",
+            param="dimensions",
+        )
     engine = served.engine
     if not can_pool(engine.model):
-        raise APIError(400, f"model: {name!r} cannot produce embeddings (its model has no "
-                            f"hidden-state output)", param="model")
+        raise APIError(
+            400, f"model: {name!r} cannot produce embeddings (its model has no hidden-state output)", param="model"
+        )
     mode = host.config.pooling or default_pooling(engine.model)
     prompts = _inputs(served.tokenizer, req.input)
     host.check_capacity(len(prompts))
@@ -96,23 +106,24 @@ async def create_embeddings(request: Request) -> Response:
         try:
             ids = engine.validate_request("validate", prompt, params)
         except RequestError as exc:
-            raise APIError(400, f"input[{i}]: " + str(exc).replace("request 'validate': ", ""),
-                           param=f"input[{i}]") from None
-        jobs.append(Job(index=i, prompt_ids=ids, params=params,
-                        extras={"pooling": Pooling(mode)}))
+            raise APIError(
+                400, f"input[{i}]: " + str(exc).replace("request 'validate': ", ""), param=f"input[{i}]"
+            ) from None
+        jobs.append(Job(index=i, prompt_ids=ids, params=params, extras={"pooling": Pooling(mode)}))
     vectors: dict[int, Any] = {}
     async for index, out in run_jobs(host, jobs):
         if out.finished:
             if (failure := engine_failure(out)) is not None:
                 raise failure
             if out.embedding is None:
-                raise APIError(500, "the engine finished an embedding request without a vector",
-                               type="server_error")
+                raise APIError(500, "the engine finished an embedding request without a vector", type="server_error")
             vectors[index] = out.embedding
     tokens = sum(len(p) for p in prompts)
-    data = [{"object": "embedding", "index": i, "embedding": _encode(vectors[i], req.encoding_format)}
-            for i in range(len(prompts))]
-    return Response({"object": "list", "data": data, "model": name,
-                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
-                    media_type="application/json")
-
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encode(vectors[i], req.encoding_format)}
+        for i in range(len(prompts))
+    ]
+    return Response(
+        {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
+        media_type="application/json",
+    )

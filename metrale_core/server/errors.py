@@ -23,10 +23,18 @@ __all__ = ["APIError", "error_body", "error_response", "exception_handlers"]
 
 #: HTTP status -> OpenAI error ``type``.
 _TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error",
-    413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
-    429: "rate_limit_error", 501: "not_implemented_error", 503: "service_unavailable_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    501: "not_implemented_error",
+    503: "service_unavailable_error",
     504: "timeout_error",
 }
 
@@ -34,31 +42,35 @@ _TYPES = {
 class APIError(MetraleError):
     """An error answered to the client with ``status`` and an OpenAI-shaped body."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, type: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
-        self.type = type or _TYPES.get(status, "server_error" if status >= 500 else
-                                        "invalid_request_error")
+        self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def error_body(message: str, type: str, param: str | None = None,
-               code: str | int | None = None) -> dict[str, Any]:
+def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict[str, Any]:
     """The OpenAI error object."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 def error_response(err: APIError) -> Response:
-    return Response(err.body(), status_code=err.status, headers=err.headers,
-                    media_type="application/json")
+    return Response(err.body(), status_code=err.status, headers=err.headers, media_type="application/json")
 
 
 def _api_error(_: Request, exc: APIError) -> Response:
@@ -84,11 +96,9 @@ def _http_error(request: Request, exc: HTTPException) -> Response:
 
 def _unexpected(request: Request, exc: Exception) -> Response:
     logger.opt(exception=exc).error("unhandled error on {} {}", request.method, request.url.path)
-    return error_response(APIError(500, f"internal server error ({type(exc).__name__})",
-                                   type="server_error"))
+    return error_response(APIError(500, f"internal server error ({type(exc).__name__})", type="server_error"))
 
 
 def exception_handlers() -> dict:
     """The handlers to pass to ``Litestar(exception_handlers=...)``."""
-    return {APIError: _api_error, RequestError: _request_error, HTTPException: _http_error,
-            Exception: _unexpected}
+    return {APIError: _api_error, RequestError: _request_error, HTTPException: _http_error, Exception: _unexpected}

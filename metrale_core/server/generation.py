@@ -62,8 +62,9 @@ def stop_lists(stop: str | list[str] | None) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
-                    seed_offset: int = 0, structured: Any = None) -> SamplingParams:
+def sampling_params(
+    req: Any, *, max_tokens: int, logprobs: int | None, seed_offset: int = 0, structured: Any = None
+) -> SamplingParams:
     """The engine's ``SamplingParams`` for one choice of ``req`` (chat or completion request)."""
     seed = None if req.seed is None else (req.seed + seed_offset) & ((1 << 64) - 1)
     top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
@@ -71,13 +72,21 @@ def sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
     try:
         return SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k,
-            min_p=req.min_p or 0.0, presence_penalty=req.presence_penalty or 0.0,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=top_k,
+            min_p=req.min_p or 0.0,
+            presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
-            repetition_penalty=req.repetition_penalty or 1.0, logit_bias=bias, seed=seed,
-            max_tokens=max_tokens, stop=stop_lists(req.stop),
-            stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
-            logprobs=logprobs, structured=structured)
+            repetition_penalty=req.repetition_penalty or 1.0,
+            logit_bias=bias,
+            seed=seed,
+            max_tokens=max_tokens,
+            stop=stop_lists(req.stop),
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            structured=structured,
+        )
     except (TypeError, ValueError) as exc:
         raise APIError(400, f"bad sampling parameter: {exc}") from None
 
@@ -85,21 +94,38 @@ def sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
 def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:
     room = max_model_len - prompt_len
     if room < 1:
-        raise APIError(400, f"the prompt has {prompt_len} tokens, which leaves no room for output "
-                            f"in this model's context of {max_model_len} tokens; shorten it",
-                       param="messages", code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"the prompt has {prompt_len} tokens, which leaves no room for output "
+            f"in this model's context of {max_model_len} tokens; shorten it",
+            param="messages",
+            code="context_length_exceeded",
+        )
     if requested is None:
         return room
     if requested > room:
-        raise APIError(400, f"this model's maximum context length is {max_model_len} tokens; "
-                            f"the prompt has {prompt_len} tokens and max_tokens is {requested} "
-                            f"({prompt_len + requested} in all); lower max_tokens or shorten the "
-                            f"prompt", param="max_tokens", code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"this model's maximum context length is {max_model_len} tokens; "
+            f"the prompt has {prompt_len} tokens and max_tokens is {requested} "
+            f"({prompt_len + requested} in all); lower max_tokens or shorten the "
+            f"prompt",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
     return requested
 
 
-def plan_jobs(host: Any, req: Any, prompts: Sequence[list[int]], *, max_tokens: int | None,
-              logprobs: int | None, extras_factory=None, structured: Any = None) -> list[Job]:
+def plan_jobs(
+    host: Any,
+    req: Any,
+    prompts: Sequence[list[int]],
+    *,
+    max_tokens: int | None,
+    logprobs: int | None,
+    extras_factory=None,
+    structured: Any = None,
+) -> list[Job]:
     """One job per (prompt, choice), validated against the engine; raises 4xx / 503.
 
     ``structured``: the request's ``StructuredOutput`` (``server.structured``), or None."""
@@ -111,13 +137,13 @@ def plan_jobs(host: Any, req: Any, prompts: Sequence[list[int]], *, max_tokens: 
     for p, prompt in enumerate(prompts):
         limit = _max_tokens(max_tokens, len(prompt), engine.max_model_len)
         for i in range(req.n):
-            params = sampling_params(req, max_tokens=limit, logprobs=logprobs, seed_offset=i,
-                                     structured=structured)
+            params = sampling_params(req, max_tokens=limit, logprobs=logprobs, seed_offset=i, structured=structured)
             try:
                 ids = engine.validate_request("validate", prompt, params)
             except InvalidRequest as exc:
-                raise APIError(400, str(exc).replace("request 'validate': ", ""),
-                               param=getattr(exc, "param", None) or "prompt") from None
+                raise APIError(
+                    400, str(exc).replace("request 'validate': ", ""), param=getattr(exc, "param", None) or "prompt"
+                ) from None
             extras = extras_factory() if extras_factory is not None else None
             if adapter:
                 extras = {**(extras or {}), **adapter}
@@ -169,11 +195,9 @@ async def _timed(host: Any, job: Job, request_id: str) -> AsyncGenerator[Any, No
         host.running_ids.discard(request_id)
         end = time.perf_counter() - start
         if final is not None:
-            metrics.finished(final.finish_reason, final.num_prompt_tokens,
-                             final.num_output_tokens, end)
+            metrics.finished(final.finish_reason, final.num_prompt_tokens, final.num_output_tokens, end)
         else:
-            metrics.finished("abort", len(job.prompt_ids),
-                             latest.num_output_tokens if latest is not None else 0, end)
+            metrics.finished("abort", len(job.prompt_ids), latest.num_output_tokens if latest is not None else 0, end)
 
 
 @contextmanager

@@ -22,8 +22,16 @@ from typing import Any
 
 from metrale_core.server.errors import APIError
 
-__all__ = ["MAX_JSON_DEPTH", "MAX_LOGIT_BIAS", "MAX_STOP", "MAX_STOP_CHARS", "check_bias_vocab",
-           "check_json", "check_prompt_chars", "max_prompt_chars"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_LOGIT_BIAS",
+    "MAX_STOP",
+    "MAX_STOP_CHARS",
+    "check_bias_vocab",
+    "check_json",
+    "check_prompt_chars",
+    "max_prompt_chars",
+]
 
 #: Deepest nesting of arrays/objects accepted in a request body.
 MAX_JSON_DEPTH = 64
@@ -57,21 +65,25 @@ def check_json(data: Any) -> None:
         value, path, depth = stack.pop()
         if isinstance(value, str):
             if _bad_unicode(value):
-                raise APIError(400, f"{path or 'body'}: contains a lone UTF-16 surrogate "
-                                    f"(e.g. \\ud800), which is not valid Unicode text",
-                               param=path or None)
+                raise APIError(
+                    400,
+                    f"{path or 'body'}: contains a lone UTF-16 surrogate "
+                    f"(e.g. \\ud800), which is not valid Unicode text",
+                    param=path or None,
+                )
             continue
         if not isinstance(value, (dict, list)):
             continue
         if depth >= MAX_JSON_DEPTH:
-            raise APIError(400, f"{path or 'body'}: nested deeper than {MAX_JSON_DEPTH} levels",
-                           param=path or None)
+            raise APIError(400, f"{path or 'body'}: nested deeper than {MAX_JSON_DEPTH} levels", param=path or None)
         if isinstance(value, dict):
             for key, item in value.items():
                 if _bad_unicode(key):
-                    raise APIError(400, f"{path or 'body'}: a key contains a lone UTF-16 "
-                                        f"surrogate, which is not valid Unicode text",
-                                   param=path or None)
+                    raise APIError(
+                        400,
+                        f"{path or 'body'}: a key contains a lone UTF-16 surrogate, which is not valid Unicode text",
+                        param=path or None,
+                    )
                 stack.append((item, _join(path, key), depth + 1))
         else:
             stack.extend((item, _join(path, i), depth + 1) for i, item in enumerate(value))
@@ -82,8 +94,11 @@ def check_bias_vocab(logit_bias: dict[str, float] | None, vocab_size: int) -> No
     for key in logit_bias or {}:
         token = int(key)
         if not 0 <= token < vocab_size:
-            raise APIError(400, f"logit_bias.{key}: token id {token} is outside the model's "
-                                f"vocabulary [0, {vocab_size})", param=f"logit_bias.{key}")
+            raise APIError(
+                400,
+                f"logit_bias.{key}: token id {token} is outside the model's vocabulary [0, {vocab_size})",
+                param=f"logit_bias.{key}",
+            )
 
 
 _MAX_TOKEN_CHARS: dict[int, tuple[Any, int]] = {}
@@ -115,7 +130,11 @@ def check_prompt_chars(chars: int, tokenizer: Any, max_model_len: int, param: st
     """400 before tokenizing when ``chars`` characters cannot fit the context."""
     limit = max_prompt_chars(tokenizer, max_model_len)
     if chars > limit:
-        raise APIError(400, f"{param}: the prompt has {chars} characters, more than this model's "
-                            f"context of {max_model_len} tokens can hold (at most {limit} "
-                            f"characters); shorten it", param=param,
-                       code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"{param}: the prompt has {chars} characters, more than this model's "
+            f"context of {max_model_len} tokens can hold (at most {limit} "
+            f"characters); shorten it",
+            param=param,
+            code="context_length_exceeded",
+        )

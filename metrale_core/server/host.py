@@ -163,8 +163,7 @@ class EngineHost:
             async_engine.shutdown()
             return
         self.served, self.async_engine, self.status = served, async_engine, "ready"
-        logger.info("model {!r} ready in {:.1f}s", self.config.served_model_name,
-                    time.monotonic() - started)
+        logger.info("model {!r} ready in {:.1f}s", self.config.served_model_name, time.monotonic() - started)
 
     async def shutdown(self) -> None:
         """Stop admitting, give in-flight requests the grace period, then stop the engine."""
@@ -178,12 +177,14 @@ class EngineHost:
         if self.status == "ready" and self.served is not None:
             return self.served
         if self.status == "failed":
-            raise APIError(503, f"the model failed to load ({self.error}); see the server log",
-                           code="model_load_failed")
+            raise APIError(
+                503, f"the model failed to load ({self.error}); see the server log", code="model_load_failed"
+            )
         if self.status == "stopping":
             raise APIError(503, "the server is shutting down", code="shutting_down")
-        raise APIError(503, "the model is still loading; retry shortly", code="model_not_loaded",
-                       headers={"Retry-After": "5"})
+        raise APIError(
+            503, "the model is still loading; retry shortly", code="model_not_loaded", headers={"Retry-After": "5"}
+        )
 
     @property
     def replicated(self) -> bool:
@@ -200,14 +201,22 @@ class EngineHost:
         """503 with Retry-After when ``n`` more engine requests would overflow the queue; 400
         when ``n`` exceeds the whole capacity (it could never be admitted)."""
         if n > self.capacity:
-            raise APIError(400, f"this request needs {n} engine requests (prompts x n), more "
-                                f"than this server ever admits at once ({self.capacity} = "
-                                f"--max-num-seqs + --max-waiting); lower n or send fewer "
-                                f"prompts", param="n", code="request_too_large")
+            raise APIError(
+                400,
+                f"this request needs {n} engine requests (prompts x n), more "
+                f"than this server ever admits at once ({self.capacity} = "
+                f"--max-num-seqs + --max-waiting); lower n or send fewer "
+                f"prompts",
+                param="n",
+                code="request_too_large",
+            )
         if self.in_flight + n > self.capacity:
-            raise APIError(503, f"the server is at capacity ({self.in_flight} requests in flight, "
-                                f"limit {self.capacity}); retry later", code="queue_full",
-                           headers={"Retry-After": "1"})
+            raise APIError(
+                503,
+                f"the server is at capacity ({self.in_flight} requests in flight, limit {self.capacity}); retry later",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            )
 
     def admit(self, n: int) -> Admission:
         """Check the capacity and count ``n`` engine requests as in flight until the returned
@@ -240,8 +249,9 @@ class EngineHost:
         self.status = "stopping"
         if not self.in_flight:
             return
-        logger.info("shutdown: waiting up to {}s for {} in-flight request(s)",
-                    self.config.shutdown_grace_s, self.in_flight)
+        logger.info(
+            "shutdown: waiting up to {}s for {} in-flight request(s)", self.config.shutdown_grace_s, self.in_flight
+        )
         try:
             await asyncio.wait_for(self._idle_event().wait(), self.config.shutdown_grace_s)
             return

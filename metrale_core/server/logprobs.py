@@ -82,5 +82,4 @@ def completion_logprobs(namer: TokenNamer, entries: Sequence[tuple], text_offset
         top_logprobs.append({namer(tid)[0]: _finite(lp) for tid, lp in top})
         offsets.append(offset)
         offset += len(text)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-            "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}

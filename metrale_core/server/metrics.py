@@ -40,10 +40,48 @@ if TYPE_CHECKING:
 
 __all__ = ["ServerMetrics", "metrics_route", "plugin_metric_families"]
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                    7.5, 10.0, 20.0, 40.0, 80.0)
-_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                120.0, 240.0, 480.0, 960.0)
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+)
 
 
 def plugin_metric_families(registry: Registry | None, engine: Any, taken: set[str]) -> list[Metric]:
@@ -53,12 +91,13 @@ def plugin_metric_families(registry: Registry | None, engine: Any, taken: set[st
     families: list[Metric] = []
     for plugin_name, result in registry.collect_metrics(engine):
         if isinstance(result, dict):
-            result = [GaugeMetricFamily(str(name), f"{name} (from plugin {plugin_name})",
-                                        value=float(value)) for name, value in result.items()]
+            result = [
+                GaugeMetricFamily(str(name), f"{name} (from plugin {plugin_name})", value=float(value))
+                for name, value in result.items()
+            ]
         for family in result:
             if family.name in taken:
-                logger.warning("plugin {!r} exports metric {!r}, already exported; dropped",
-                               plugin_name, family.name)
+                logger.warning("plugin {!r} exports metric {!r}, already exported; dropped", plugin_name, family.name)
                 continue
             taken.add(family.name)
             families.append(family)
@@ -100,12 +139,9 @@ class _EngineCollector:
             gauge("metrale:num_requests_running", "Requests running on the engine", stats.num_running),
             gauge("metrale:num_requests_waiting", "Requests waiting to be scheduled", stats.num_waiting),
             gauge("metrale:kv_cache_usage_perc", "Fraction of KV blocks in use (0..1)", used),
-            counter("metrale:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
-                    prefix.queries),
-            counter("metrale:prefix_cache_hits", "Prompt tokens served by the prefix cache",
-                    prefix.hits),
-            counter("metrale:num_preemptions", "Sequences preempted (by recompute)",
-                    stats.num_preemptions),
+            counter("metrale:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", prefix.queries),
+            counter("metrale:prefix_cache_hits", "Prompt tokens served by the prefix cache", prefix.hits),
+            counter("metrale:num_preemptions", "Sequences preempted (by recompute)", stats.num_preemptions),
         ]
         if hasattr(front, "metric_families"):  # data parallel: one series per replica
             families += front.metric_families(self.model_name)
@@ -113,10 +149,16 @@ class _EngineCollector:
         return families + plugin_metric_families(self.host.registry, engine, taken)
 
 
-_SERVER_NAMES = {"metrale:time_to_first_token_seconds", "metrale:inter_token_latency_seconds",
-                 "metrale:e2e_request_latency_seconds", "metrale:prompt_tokens",
-                 "metrale:generation_tokens", "metrale:request_success", "metrale:http_requests",
-                 "metrale:http_request_duration_seconds"}
+_SERVER_NAMES = {
+    "metrale:time_to_first_token_seconds",
+    "metrale:inter_token_latency_seconds",
+    "metrale:e2e_request_latency_seconds",
+    "metrale:prompt_tokens",
+    "metrale:generation_tokens",
+    "metrale:request_success",
+    "metrale:http_requests",
+    "metrale:http_request_duration_seconds",
+}
 
 
 class ServerMetrics:
@@ -127,24 +169,48 @@ class ServerMetrics:
         self.model_name = model_name
         labels = ["model_name"]
         r = self.registry
-        self.ttft = Histogram("metrale:time_to_first_token_seconds", "Time to first token",
-                              labels, buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)
-        self.itl = Histogram("metrale:inter_token_latency_seconds", "Time between output tokens",
-                             labels, buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)
-        self.e2e = Histogram("metrale:e2e_request_latency_seconds", "Request latency, end to end",
-                             labels, buckets=_E2E_BUCKETS, registry=r).labels(model_name)
-        self.prompt_tokens = Counter("metrale:prompt_tokens", "Prompt tokens processed",
-                                     labels, registry=r).labels(model_name)
-        self.generation_tokens = Counter("metrale:generation_tokens", "Tokens generated",
-                                         labels, registry=r).labels(model_name)
-        self._success = Counter("metrale:request_success", "Finished requests by finish reason",
-                                ["model_name", "finished_reason"], registry=r)
-        self._http = Counter("metrale:http_requests", "HTTP requests by route, method and status",
-                             ["model_name", "route", "method", "status"], registry=r)
-        self._http_seconds = Histogram("metrale:http_request_duration_seconds",
-                                       "HTTP request duration by route", ["model_name", "route",
-                                                                          "method"],
-                                       buckets=_E2E_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "metrale:time_to_first_token_seconds", "Time to first token", labels, buckets=_LATENCY_BUCKETS, registry=r
+        ).labels(model_name)
+        self.itl = Histogram(
+            "metrale:inter_token_latency_seconds",
+            "Time between output tokens",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.e2e = Histogram(
+            "metrale:e2e_request_latency_seconds",
+            "Request latency, end to end",
+            labels,
+            buckets=_E2E_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.prompt_tokens = Counter("metrale:prompt_tokens", "Prompt tokens processed", labels, registry=r).labels(
+            model_name
+        )
+        self.generation_tokens = Counter("metrale:generation_tokens", "Tokens generated", labels, registry=r).labels(
+            model_name
+        )
+        self._success = Counter(
+            "metrale:request_success",
+            "Finished requests by finish reason",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
+        self._http = Counter(
+            "metrale:http_requests",
+            "HTTP requests by route, method and status",
+            ["model_name", "route", "method", "status"],
+            registry=r,
+        )
+        self._http_seconds = Histogram(
+            "metrale:http_request_duration_seconds",
+            "HTTP request duration by route",
+            ["model_name", "route", "method"],
+            buckets=_E2E_BUCKETS,
+            registry=r,
+        )
         r.register(_EngineCollector(host, model_name))
 
     def http_request(self, route: str, method: str, status: int, seconds: float) -> None:
@@ -152,8 +218,7 @@ class ServerMetrics:
         self._http.labels(self.model_name, route, method, str(status)).inc()
         self._http_seconds.labels(self.model_name, route, method).observe(seconds)
 
-    def finished(self, reason: str | None, prompt_tokens: int, output_tokens: int,
-                 e2e_s: float) -> None:
+    def finished(self, reason: str | None, prompt_tokens: int, output_tokens: int, e2e_s: float) -> None:
         """Record one finished engine request."""
         self._success.labels(self.model_name, reason or "unknown").inc()
         self.prompt_tokens.inc(prompt_tokens)

@@ -19,16 +19,25 @@ __all__ = ["get_model", "list_models"]
 
 
 def _card(host: Any) -> dict[str, Any]:
-    card = {"id": host.config.served_model_name, "object": "model",
-            "created": host.config.created, "owned_by": "metrale"}
+    card = {
+        "id": host.config.served_model_name,
+        "object": "model",
+        "created": host.config.created,
+        "owned_by": "metrale",
+    }
     if host.served is not None:
         card["max_model_len"] = host.served.engine.max_model_len
     return card
 
 
 def _adapter_card(host: Any, name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": host.config.created, "owned_by": "metrale",
-            "parent": host.config.served_model_name}
+    return {
+        "id": name,
+        "object": "model",
+        "created": host.config.created,
+        "owned_by": "metrale",
+        "parent": host.config.served_model_name,
+    }
 
 
 def _adapter_names(host: Any) -> list[str]:
@@ -36,17 +45,26 @@ def _adapter_names(host: Any) -> list[str]:
     return [] if bank is None else bank.names()
 
 
-@get("/v1/models", operation_id="listModels", tags=["openai"], sync_to_thread=False,
-     operation_class=documented(None, (401, 500)))
+@get(
+    "/v1/models",
+    operation_id="listModels",
+    tags=["openai"],
+    sync_to_thread=False,
+    operation_class=documented(None, (401, 500)),
+)
 def list_models(request: Request) -> dict[str, Any]:
     """List the served model and its LoRA adapters."""
     host = request.app.state.host
-    return {"object": "list",
-            "data": [_card(host)] + [_adapter_card(host, n) for n in _adapter_names(host)]}
+    return {"object": "list", "data": [_card(host)] + [_adapter_card(host, n) for n in _adapter_names(host)]}
 
 
-@get("/v1/models/{model:path}", operation_id="retrieveModel", tags=["openai"],
-     sync_to_thread=False, operation_class=documented(None, (401, 404, 500)))
+@get(
+    "/v1/models/{model:path}",
+    operation_id="retrieveModel",
+    tags=["openai"],
+    sync_to_thread=False,
+    operation_class=documented(None, (401, 404, 500)),
+)
 def get_model(request: Request, model: Annotated[str, PathParameter()]) -> dict[str, Any]:
     """Describe one model (404 unless it is the served one)."""
     host = request.app.state.host

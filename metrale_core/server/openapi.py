@@ -28,8 +28,7 @@ from litestar.openapi.spec.enums import OpenAPIType
 
 __all__ = ["ERROR_SCHEMA", "ERROR_STATUSES", "body_operation", "documented", "json_schema"]
 
-_SCALARS = {str: OpenAPIType.STRING, int: OpenAPIType.INTEGER, float: OpenAPIType.NUMBER,
-            bool: OpenAPIType.BOOLEAN}
+_SCALARS = {str: OpenAPIType.STRING, int: OpenAPIType.INTEGER, float: OpenAPIType.NUMBER, bool: OpenAPIType.BOOLEAN}
 
 
 def json_schema(tp: Any) -> Schema:
@@ -55,8 +54,13 @@ def json_schema(tp: Any) -> Schema:
             props[f.name] = _constrained(json_schema(hints[f.name]), f)
             if f.default is attrs.NOTHING:
                 required.append(f.name)
-        return Schema(type=OpenAPIType.OBJECT, title=tp.__name__, properties=props,
-                      required=required or None, description=(tp.__doc__ or "").strip() or None)
+        return Schema(
+            type=OpenAPIType.OBJECT,
+            title=tp.__name__,
+            properties=props,
+            required=required or None,
+            description=(tp.__doc__ or "").strip() or None,
+        )
     return Schema()
 
 
@@ -89,33 +93,55 @@ def _constrained(schema: Schema, f: Any) -> Schema:
 
 #: OpenAI's error object.
 ERROR_SCHEMA = Schema(
-    type=OpenAPIType.OBJECT, title="ErrorResponse", required=["error"], properties={
-        "error": Schema(type=OpenAPIType.OBJECT, required=["message", "type", "param", "code"],
-                        properties={
-                            "message": Schema(type=OpenAPIType.STRING),
-                            "type": Schema(type=OpenAPIType.STRING),
-                            "param": Schema(one_of=[Schema(type=OpenAPIType.STRING),
-                                                    Schema(type=OpenAPIType.NULL)]),
-                            "code": Schema(one_of=[Schema(type=OpenAPIType.STRING),
-                                                   Schema(type=OpenAPIType.INTEGER),
-                                                   Schema(type=OpenAPIType.NULL)])})})
+    type=OpenAPIType.OBJECT,
+    title="ErrorResponse",
+    required=["error"],
+    properties={
+        "error": Schema(
+            type=OpenAPIType.OBJECT,
+            required=["message", "type", "param", "code"],
+            properties={
+                "message": Schema(type=OpenAPIType.STRING),
+                "type": Schema(type=OpenAPIType.STRING),
+                "param": Schema(one_of=[Schema(type=OpenAPIType.STRING), Schema(type=OpenAPIType.NULL)]),
+                "code": Schema(
+                    one_of=[
+                        Schema(type=OpenAPIType.STRING),
+                        Schema(type=OpenAPIType.INTEGER),
+                        Schema(type=OpenAPIType.NULL),
+                    ]
+                ),
+            },
+        )
+    },
+)
 
 #: Anthropic's error object (the Messages API's routes answer errors in this shape).
 ANTHROPIC_ERROR_SCHEMA = Schema(
-    type=OpenAPIType.OBJECT, title="AnthropicErrorResponse", required=["type", "error"],
+    type=OpenAPIType.OBJECT,
+    title="AnthropicErrorResponse",
+    required=["type", "error"],
     properties={
         "type": Schema(type=OpenAPIType.STRING, enum=["error"]),
-        "error": Schema(type=OpenAPIType.OBJECT, required=["type", "message"], properties={
-            "type": Schema(type=OpenAPIType.STRING),
-            "message": Schema(type=OpenAPIType.STRING)})})
+        "error": Schema(
+            type=OpenAPIType.OBJECT,
+            required=["type", "message"],
+            properties={"type": Schema(type=OpenAPIType.STRING), "message": Schema(type=OpenAPIType.STRING)},
+        ),
+    },
+)
 
 #: Error shapes by API.
 _ERROR_SCHEMAS = {"openai": ERROR_SCHEMA, "anthropic": ANTHROPIC_ERROR_SCHEMA}
 
 _DESCRIPTIONS = {
-    400: "Invalid request (the message names the field)", 401: "Missing or wrong API key",
-    404: "Unknown model", 405: "Method not allowed", 413: "Request body too large",
-    415: "The body is not JSON", 500: "Server fault (never bad input)",
+    400: "Invalid request (the message names the field)",
+    401: "Missing or wrong API key",
+    404: "Unknown model",
+    405: "Method not allowed",
+    413: "Request body too large",
+    415: "The body is not JSON",
+    500: "Server fault (never bad input)",
     501: "Not implemented by this server",
     503: "Loading, shutting down, or at capacity (Retry-After)",
 }
@@ -125,13 +151,16 @@ ERROR_STATUSES = (400, 401, 404, 413, 415, 500, 503)
 
 
 def _error_response(status: int, errors: str = "openai") -> OpenAPIResponse:
-    return OpenAPIResponse(description=_DESCRIPTIONS.get(status, "Error"), content={
-        "application/json": OpenAPIMediaType(schema=_ERROR_SCHEMAS[errors])})
+    return OpenAPIResponse(
+        description=_DESCRIPTIONS.get(status, "Error"),
+        content={"application/json": OpenAPIMediaType(schema=_ERROR_SCHEMAS[errors])},
+    )
 
 
 @cache
-def documented(model: type | None = None, statuses: tuple[int, ...] = ERROR_STATUSES,
-               stream: bool = False, errors: str = "openai") -> type[Operation]:
+def documented(
+    model: type | None = None, statuses: tuple[int, ...] = ERROR_STATUSES, stream: bool = False, errors: str = "openai"
+) -> type[Operation]:
     """An ``Operation`` class documenting a JSON request body of type ``model`` (if any) and
     exactly the error ``statuses`` the route can answer (plus its 200), with error bodies in
     the ``errors`` API's shape (``"openai"`` or ``"anthropic"``)."""
@@ -141,16 +170,18 @@ def documented(model: type | None = None, statuses: tuple[int, ...] = ERROR_STAT
         def __post_init__(self) -> None:
             if model is not None:
                 self.request_body = RequestBody(
-                    required=True,
-                    content={"application/json": OpenAPIMediaType(schema=json_schema(model))})
+                    required=True, content={"application/json": OpenAPIMediaType(schema=json_schema(model))}
+                )
             ok = (self.responses or {}).get("200") or OpenAPIResponse(description="OK")
             if stream:
-                ok = OpenAPIResponse(description="The whole response, or server-sent events "
-                                                 "with \"stream\": true", content={
-                    "application/json": OpenAPIMediaType(schema=Schema(type=OpenAPIType.OBJECT)),
-                    "text/event-stream": OpenAPIMediaType(schema=Schema(type=OpenAPIType.STRING))})
-            self.responses = {"200": ok,
-                              **{str(s): _error_response(s, errors) for s in statuses}}
+                ok = OpenAPIResponse(
+                    description='The whole response, or server-sent events with "stream": true',
+                    content={
+                        "application/json": OpenAPIMediaType(schema=Schema(type=OpenAPIType.OBJECT)),
+                        "text/event-stream": OpenAPIMediaType(schema=Schema(type=OpenAPIType.STRING)),
+                    },
+                )
+            self.responses = {"200": ok, **{str(s): _error_response(s, errors) for s in statuses}}
 
     DocumentedOperation.__name__ = f"{getattr(model, '__name__', 'Route')}Operation"
     return DocumentedOperation

@@ -28,9 +28,16 @@ __all__ = ["RunningServer", "serve_forever", "serve_in_thread", "uvicorn_config"
 
 
 def uvicorn_config(app, host: str, port: int, grace_s: float) -> uvicorn.Config:
-    return uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False,
-                          log_level="warning", timeout_graceful_shutdown=5,
-                          timeout_keep_alive=5)
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=5,
+    )
 
 
 class _Server(uvicorn.Server):
@@ -70,16 +77,16 @@ class RunningServer:
         self.thread.join(timeout)
 
 
-def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, grace_s: float = 5.0,
-                    startup_timeout: float = 30.0) -> RunningServer:
+def serve_in_thread(
+    app, host: str = "127.0.0.1", port: int = 0, grace_s: float = 5.0, startup_timeout: float = 30.0
+) -> RunningServer:
     """Start ``app`` on ``host:port`` in a daemon thread; returns when it accepts connections."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     port = sock.getsockname()[1]
     server = _Server(uvicorn_config(app, host, port, grace_s))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                              name="metrale-uvicorn", daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="metrale-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + startup_timeout
     while not server.started:

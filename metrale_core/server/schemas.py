@@ -276,19 +276,29 @@ def _strict(check: Callable[[Any], bool], what: str, convert: Callable = lambda 
         if not check(value):
             raise TypeError(f"must be {what}, got {_kind(value)}")
         return convert(value)
+
     return hook
 
 
 def _union_hook(conv: cattrs.Converter, arms: dict[str, Any], what: str):
     """Structure a union by the JSON kind of the value: arms maps 'str'|'list'|'dict' to a type."""
+
     def hook(value: Any, _type: Any) -> Any:
         if value is None and "null" in arms:
             return None
-        kind = ("str" if isinstance(value, str) else "list" if isinstance(value, list)
-                else "dict" if isinstance(value, dict) else None)
+        kind = (
+            "str"
+            if isinstance(value, str)
+            else "list"
+            if isinstance(value, list)
+            else "dict"
+            if isinstance(value, dict)
+            else None
+        )
         if kind not in arms:
             raise TypeError(f"must be {what}, got {_kind(value)}")
         return conv.structure(value, arms[kind])
+
     return hook
 
 
@@ -311,11 +321,11 @@ def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
     conv.register_structure_hook(str, _strict(lambda v: isinstance(v, str), "a string"))
     conv.register_structure_hook(int, _strict(_is_int, "an integer"))
-    conv.register_structure_hook(
-        float, _strict(lambda v: _is_int(v) or isinstance(v, float), "a number", float))
+    conv.register_structure_hook(float, _strict(lambda v: _is_int(v) or isinstance(v, float), "a number", float))
     conv.register_structure_hook(bool, _strict(lambda v: isinstance(v, bool), "true or false"))
     conv.register_structure_hook_func(
-        lambda t: t == dict[str, Any], _strict(lambda v: isinstance(v, dict), "an object", dict))
+        lambda t: t == dict[str, Any], _strict(lambda v: isinstance(v, dict), "an object", dict)
+    )
 
     def dict_of_float(value: Any, _type: Any) -> dict[str, float]:
         if not isinstance(value, dict):
@@ -336,10 +346,10 @@ def _make_converter() -> cattrs.Converter:
             if not isinstance(value, list):
                 raise TypeError(f"must be an array, got {_kind(value)}")
             return base(value, _t)
+
         return hook
 
-    conv.register_structure_hook_factory(
-        lambda t: getattr(t, "__origin__", None) is list, strict_list)
+    conv.register_structure_hook_factory(lambda t: getattr(t, "__origin__", None) is list, strict_list)
 
     def strict_record(type_: Any) -> Callable:
         base = make_dict_structure_fn(type_, conv)
@@ -348,19 +358,31 @@ def _make_converter() -> cattrs.Converter:
             if not isinstance(value, dict):
                 raise TypeError(f"must be an object, got {_kind(value)}")
             return base(value, _t)
+
         return hook
 
     conv.register_structure_hook_factory(attrs_has, strict_record)
-    conv.register_structure_hook(Content, _union_hook(
-        conv, {"null": None, "str": str, "list": list[ContentPart]},
-        "a string or an array of content parts"))
-    conv.register_structure_hook(Stop, _union_hook(
-        conv, {"null": None, "str": str, "list": list[str]}, "a string or an array of strings"))
-    conv.register_structure_hook(ToolChoice, _union_hook(
-        conv, {"null": None, "str": str, "dict": NamedToolChoice},
-        "'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}"))
-    conv.register_structure_hook(str | dict[str, Any] | None, _union_hook(
-        conv, {"null": None, "str": str, "dict": dict[str, Any]}, "a string or an object"))
+    conv.register_structure_hook(
+        Content,
+        _union_hook(
+            conv, {"null": None, "str": str, "list": list[ContentPart]}, "a string or an array of content parts"
+        ),
+    )
+    conv.register_structure_hook(
+        Stop, _union_hook(conv, {"null": None, "str": str, "list": list[str]}, "a string or an array of strings")
+    )
+    conv.register_structure_hook(
+        ToolChoice,
+        _union_hook(
+            conv,
+            {"null": None, "str": str, "dict": NamedToolChoice},
+            '\'none\', \'auto\', \'required\' or {"type": "function", "function": {"name": ...}}',
+        ),
+    )
+    conv.register_structure_hook(
+        str | dict[str, Any] | None,
+        _union_hook(conv, {"null": None, "str": str, "dict": dict[str, Any]}, "a string or an object"),
+    )
     conv.register_structure_hook(Prompt, _prompt_hook)
     return conv
 
@@ -413,8 +435,7 @@ def parse_body(body: bytes, cls: type) -> Any:
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
-        raise APIError(400, f"the request body is nested deeper than {MAX_JSON_DEPTH} "
-                            f"levels") from None
+        raise APIError(400, f"the request body is nested deeper than {MAX_JSON_DEPTH} levels") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, got {_kind(data)}")
     check_json(data)
@@ -427,6 +448,7 @@ def parse_body(body: bytes, cls: type) -> Any:
 
 
 # --- ranges ----------------------------------------------------------------------------------
+
 
 @frozen
 class Bound:
@@ -478,8 +500,7 @@ def check_ranges(request: Any) -> None:
             problems.append((f.name, f"{bound.text}, got {value!r}"))
     logit_bias = getattr(request, "logit_bias", None) or {}
     if len(logit_bias) > MAX_LOGIT_BIAS:
-        problems.append(("logit_bias", f"at most {MAX_LOGIT_BIAS} entries, got "
-                                       f"{len(logit_bias)}"))
+        problems.append(("logit_bias", f"at most {MAX_LOGIT_BIAS} entries, got {len(logit_bias)}"))
         logit_bias = {}
     stop = getattr(request, "stop", None)
     stops = [stop] if isinstance(stop, str) else list(stop or ())
@@ -487,8 +508,12 @@ def check_ranges(request: Any) -> None:
         problems.append(("stop", f"at most {MAX_STOP} stop strings, got {len(stops)}"))
     for i, text in enumerate(stops[:MAX_STOP]):
         if len(text) > MAX_STOP_CHARS:
-            problems.append((f"stop[{i}]" if not isinstance(stop, str) else "stop",
-                             f"at most {MAX_STOP_CHARS} characters, got {len(text)}"))
+            problems.append(
+                (
+                    f"stop[{i}]" if not isinstance(stop, str) else "stop",
+                    f"at most {MAX_STOP_CHARS} characters, got {len(text)}",
+                )
+            )
     for key, bias in logit_bias.items():
         if not key.lstrip("-").isdigit():
             problems.append((f"logit_bias.{key}", "keys must be token ids (integers as strings)"))

@@ -43,12 +43,14 @@ async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]
         yield sse_event(error_body(str(exc), "invalid_request_error"))
     except Exception as exc:
         logger.opt(exception=exc).error("stream failed")
-        yield sse_event(error_body(f"internal server error ({type(exc).__name__})",
-                                   "server_error"))
+        yield sse_event(error_body(f"internal server error ({type(exc).__name__})", "server_error"))
     yield DONE
 
 
 def sse_response(chunks: AsyncIterator[dict[str, Any]]) -> Stream:
     """A ``text/event-stream`` response streaming ``chunks`` then ``[DONE]``."""
-    return Stream(_events(chunks), media_type="text/event-stream",
-                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return Stream(
+        _events(chunks),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

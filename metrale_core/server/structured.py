@@ -54,12 +54,21 @@ def _response_format(rf: Any) -> tuple[str, str, str] | None:
     if rf.type == "json_schema":
         spec = rf.json_schema
         if not isinstance(spec, dict) or "schema" not in spec:
-            raise APIError(400, "response_format.json_schema.schema: required for type "
-                                "'json_schema'", param="response_format.json_schema.schema")
-        return ("json_schema", _schema_text(spec["schema"], "response_format.json_schema.schema"),
-                "response_format.json_schema")
-    raise APIError(400, f"response_format.type: must be 'text', 'json_object' or 'json_schema', "
-                        f"got {rf.type!r}", param="response_format.type")
+            raise APIError(
+                400,
+                "response_format.json_schema.schema: required for type 'json_schema'",
+                param="response_format.json_schema.schema",
+            )
+        return (
+            "json_schema",
+            _schema_text(spec["schema"], "response_format.json_schema.schema"),
+            "response_format.json_schema",
+        )
+    raise APIError(
+        400,
+        f"response_format.type: must be 'text', 'json_object' or 'json_schema', got {rf.type!r}",
+        param="response_format.type",
+    )
 
 
 def _vllm(so: dict[str, Any] | None) -> tuple[str, str, str] | None:
@@ -68,12 +77,17 @@ def _vllm(so: dict[str, Any] | None) -> tuple[str, str, str] | None:
     given = [k for k in so if so[k] is not None and so[k] is not False]
     for key in given:
         if key not in _VLLM_KEYS:
-            raise APIError(400, f"structured_outputs.{key}: not supported (supported: "
-                                f"{', '.join(_VLLM_KEYS)})", param=f"structured_outputs.{key}")
+            raise APIError(
+                400,
+                f"structured_outputs.{key}: not supported (supported: {', '.join(_VLLM_KEYS)})",
+                param=f"structured_outputs.{key}",
+            )
     if len(given) != 1:
-        raise APIError(400, "structured_outputs: give exactly one of "
-                            f"{', '.join(_VLLM_KEYS)} (got {', '.join(given) or 'none'})",
-                       param="structured_outputs")
+        raise APIError(
+            400,
+            f"structured_outputs: give exactly one of {', '.join(_VLLM_KEYS)} (got {', '.join(given) or 'none'})",
+            param="structured_outputs",
+        )
     key = given[0]
     field, value = f"structured_outputs.{key}", so[key]
     if key == "json":
@@ -92,8 +106,7 @@ def _vllm(so: dict[str, Any] | None) -> tuple[str, str, str] | None:
 def _llama_cpp(req: Any) -> tuple[str, str, str] | None:
     schema, grammar = getattr(req, "json_schema", None), getattr(req, "grammar", None)
     if schema is not None and grammar is not None:
-        raise APIError(400, "json_schema, grammar: Cannot use both json_schema and grammar",
-                       param="grammar")
+        raise APIError(400, "json_schema, grammar: Cannot use both json_schema and grammar", param="grammar")
     if schema is not None:
         return "json_schema", _schema_text(schema, "json_schema"), "json_schema"
     if grammar is not None:
@@ -136,38 +149,53 @@ def _forced_tools(req: Any, tools: list[dict] | None, fmt: str | None) -> tuple[
     if not tools or choice is None or choice in ("none", "auto"):
         return None
     chosen = tools if choice == "required" else [t for t in tools if t["function"]["name"] == choice.function.name]
-    value = {"format": fmt or "hermes",
-             "tools": [{"name": t["function"]["name"], "parameters": t["function"]["parameters"]}
-                       for t in chosen],
-             # a named function is called once; "required" allows several unless parallel is off
-             "parallel": choice == "required" and getattr(req, "parallel_tool_calls", None)
-             is not False}
+    value = {
+        "format": fmt or "hermes",
+        "tools": [{"name": t["function"]["name"], "parameters": t["function"]["parameters"]} for t in chosen],
+        # a named function is called once; "required" allows several unless parallel is off
+        "parallel": choice == "required" and getattr(req, "parallel_tool_calls", None) is not False,
+    }
     return "tool_calls", json.dumps(value), "tool_choice"
 
 
-def structured_output(req: Any, *, tools: list[dict] | None = None, tool_fmt: str | None = None,
-                      reasoning: bool = False, starts_in_reasoning: bool = False
-                      ) -> StructuredOutput | None:
+def structured_output(
+    req: Any,
+    *,
+    tools: list[dict] | None = None,
+    tool_fmt: str | None = None,
+    reasoning: bool = False,
+    starts_in_reasoning: bool = False,
+) -> StructuredOutput | None:
     """The request's constraint, or None; a 400 naming the field for a malformed one.
 
     ``tools`` are the request's template tools and ``tool_fmt`` the tool-call format (chat only);
     ``reasoning``: a reasoning format applies, so the constraint starts after ``</think>``
     (``starts_in_reasoning``: the prompt already opened ``<think>``).
     """
-    sources = [(s[2], s) for s in (_response_format(getattr(req, "response_format", None)),
-                                   _vllm(getattr(req, "structured_outputs", None)),
-                                   _llama_cpp(req), _forced_tools(req, tools, tool_fmt)) if s]
+    sources = [
+        (s[2], s)
+        for s in (
+            _response_format(getattr(req, "response_format", None)),
+            _vllm(getattr(req, "structured_outputs", None)),
+            _llama_cpp(req),
+            _forced_tools(req, tools, tool_fmt),
+        )
+        if s
+    ]
     if not sources:
         return None
     if len(sources) > 1:
         names = " and ".join(name for name, _ in sources)
-        raise APIError(400, f"{names}: give one output constraint per request",
-                       param=sources[1][0])
+        raise APIError(400, f"{names}: give one output constraint per request", param=sources[1][0])
     kind, value, field = sources[0][1]
-    return StructuredOutput(kind=kind, value=value, field=field,
-                            reasoning_end="</think>" if reasoning else None,
-                            starts_in_reasoning=reasoning and starts_in_reasoning,
-                            reasoning_start="<think>" if reasoning else None)
+    return StructuredOutput(
+        kind=kind,
+        value=value,
+        field=field,
+        reasoning_end="</think>" if reasoning else None,
+        starts_in_reasoning=reasoning and starts_in_reasoning,
+        reasoning_start="<think>" if reasoning else None,
+    )
 
 
 def chat_structured_output(host: Any, req: Any, prompt_text: str) -> StructuredOutput | None:
@@ -181,6 +209,10 @@ def chat_structured_output(host: Any, req: Any, prompt_text: str) -> StructuredO
     if tools and not getattr(pipeline, "handles_structured_output", False):
         tools = None
     thinking = reasoning_format(host) is not None and not prompt_text.rstrip().endswith("</think>")
-    return structured_output(req, tools=tools, tool_fmt=tool_format(host) if tools else None,
-                             reasoning=thinking,
-                             starts_in_reasoning=prompt_text.rstrip().endswith("<think>"))
+    return structured_output(
+        req,
+        tools=tools,
+        tool_fmt=tool_format(host) if tools else None,
+        reasoning=thinking,
+        starts_in_reasoning=prompt_text.rstrip().endswith("<think>"),
+    )

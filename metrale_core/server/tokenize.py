@@ -22,8 +22,7 @@ from metrale_core.server.schemas import DetokenizeRequest, TokenizeRequest
 __all__ = ["detokenize", "tokenize"]
 
 
-@post("/tokenize", tags=["tokenizer"], status_code=200,
-      operation_class=body_operation(TokenizeRequest))
+@post("/tokenize", tags=["tokenizer"], status_code=200, operation_class=body_operation(TokenizeRequest))
 async def tokenize(request: Request) -> dict[str, Any]:
     """Token ids of a prompt or a conversation."""
     host = request.app.state.host
@@ -39,18 +38,21 @@ async def tokenize(request: Request) -> dict[str, Any]:
 
 def _tokens(tok: Any, req: TokenizeRequest, max_model_len: int) -> list[int]:
     if req.messages is not None:
-        text = render_messages(tok, template_messages(req.messages), tools=None,
-                               add_generation_prompt=req.add_generation_prompt,
-                               chat_template_kwargs=req.chat_template_kwargs,
-                               max_model_len=max_model_len)
+        text = render_messages(
+            tok,
+            template_messages(req.messages),
+            tools=None,
+            add_generation_prompt=req.add_generation_prompt,
+            chat_template_kwargs=req.chat_template_kwargs,
+            max_model_len=max_model_len,
+        )
         return tok.encode(text, add_special_tokens=False)
     assert req.prompt is not None  # validated: exactly one of prompt / messages
     check_prompt_chars(len(req.prompt), tok, max_model_len, "prompt")
     return tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
 
 
-@post("/detokenize", tags=["tokenizer"], status_code=200,
-      operation_class=body_operation(DetokenizeRequest))
+@post("/detokenize", tags=["tokenizer"], status_code=200, operation_class=body_operation(DetokenizeRequest))
 async def detokenize(request: Request) -> dict[str, Any]:
     """The text of token ids."""
     host = request.app.state.host
@@ -59,6 +61,5 @@ async def detokenize(request: Request) -> dict[str, Any]:
     tok = host.ready().tokenizer
     bad = [t for t in req.tokens if not 0 <= t < tok.vocab_size]
     if bad:
-        raise APIError(400, f"tokens: id {bad[0]} is outside the vocabulary [0, {tok.vocab_size})",
-                       param="tokens")
+        raise APIError(400, f"tokens: id {bad[0]} is outside the vocabulary [0, {tok.vocab_size})", param="tokens")
     return {"prompt": tok.decode(req.tokens)}

@@ -84,8 +84,9 @@ async def start_chat(host: Any, req: Any, *, max_tokens: int | None) -> ChatRun:
     prompt, prompt_text = await off_loop(chat_prompt, served.tokenizer, req, served.engine.max_model_len)
     extras = parser_factory(host, req, prompt_text)
     structured = chat_structured_output(host, req, prompt_text)
-    jobs = plan_jobs(host, req, [prompt], max_tokens=max_tokens, logprobs=None,
-                     extras_factory=extras, structured=structured)
+    jobs = plan_jobs(
+        host, req, [prompt], max_tokens=max_tokens, logprobs=None, extras_factory=extras, structured=structured
+    )
     return ChatRun(host=host, jobs=jobs, prompt_tokens=len(prompt))
 
 
@@ -104,7 +105,10 @@ def pieces(run: ChatRun, out: Any) -> Iterator[Piece]:
             call = run.calls.get(p.tool_call_index)
             if call is None:
                 call = run.calls[p.tool_call_index] = {
-                    "id": p.tool_call_id or new_id("call"), "name": p.name or "", "arguments": ""}
+                    "id": p.tool_call_id or new_id("call"),
+                    "name": p.name or "",
+                    "arguments": "",
+                }
                 yield Piece("call", index=p.tool_call_index, call_id=call["id"], name=call["name"])
             if p.arguments:
                 call["arguments"] += p.arguments
@@ -116,6 +120,12 @@ def renamed(exc: APIError, chat_field: str, api_field: str) -> APIError:
     (``text.format.type``), so an error names what the client sent; other errors unchanged."""
     if not (exc.param and exc.param.startswith(chat_field)):
         return exc
-    path = api_field + exc.param[len(chat_field):]
-    return APIError(exc.status, exc.message.replace(exc.param, path, 1), param=path,
-                    code=exc.code, type=exc.type, headers=exc.headers)
+    path = api_field + exc.param[len(chat_field) :]
+    return APIError(
+        exc.status,
+        exc.message.replace(exc.param, path, 1),
+        param=path,
+        code=exc.code,
+        type=exc.type,
+        headers=exc.headers,
+    )

@@ -183,7 +183,7 @@ class TagParserBase:
     # --- public ------------------------------------------------------------------------------
     def feed(self, text: str) -> list[ParsedDelta]:
         if text:
-            self._buf = self._buf[self._pos:] + text
+            self._buf = self._buf[self._pos :] + text
             self._pos = 0
             self._drive(final=False)
         return self._take()
@@ -215,7 +215,7 @@ class TagParserBase:
 
     def _consume(self, end: int) -> str:
         """Consume ``buf[pos:end]``; inside a call it is kept as raw text for a fallback."""
-        piece = self._buf[self._pos:end]
+        piece = self._buf[self._pos : end]
         self._pos = end
         if self.inside_tool_call and piece:
             self._raw.append(piece)
@@ -237,7 +237,7 @@ class TagParserBase:
         """
         if not self._skip_ws():
             return None
-        rest = self._buf[self._pos:self._pos + max(map(len, tags))]
+        rest = self._buf[self._pos : self._pos + max(map(len, tags))]
         for tag in tags:
             if rest.startswith(tag):
                 self._consume(self._pos + len(tag))
@@ -265,7 +265,7 @@ class TagParserBase:
             self._pending_ws += text
             return
         self._out.append(ParsedDelta(content=self._pending_ws + core))
-        self._pending_ws = text[len(core):]
+        self._pending_ws = text[len(core) :]
 
     # --- call bookkeeping --------------------------------------------------------------------
     def _reset_call(self) -> None:
@@ -350,8 +350,11 @@ class TagParserBase:
         raw = "".join(self._raw)
         if self._why and self._why not in why:
             why = f"{self._why}; {why}"
-        logger.info("tool call {} not parsed ({}); returned as content",
-                    f"#{self._index}" if self._index is not None else "", why)
+        logger.info(
+            "tool call {} not parsed ({}); returned as content",
+            f"#{self._index}" if self._index is not None else "",
+            why,
+        )
         self._reset_call()
         self._state = "out"
         self._content(raw)

@@ -77,8 +77,11 @@ class Glm47Parser(TagParserBase):
             return False
         key = "".join(self._parts).strip()
         if tag != KEY_CLOSE or not key:
-            self._malformed(f"<arg_key>{''.join(self._parts)} is not closed by </arg_key>"
-                            if tag != KEY_CLOSE else "empty <arg_key>")
+            self._malformed(
+                f"<arg_key>{''.join(self._parts)} is not closed by </arg_key>"
+                if tag != KEY_CLOSE
+                else "empty <arg_key>"
+            )
             self._fallback_if_closed(tag)
             return True
         self._key = key

@@ -84,7 +84,7 @@ class HermesParser(TagParserBase):
             if not in_args and self._streaming_args():
                 seg = i
             elif in_args and not self._streaming_args():
-                self._send_args(buf[seg:i + 1])
+                self._send_args(buf[seg : i + 1])
                 seg = -1
             i += 1
         if seg >= 0:  # up to the failing character, so the result is the same for any chunking

@@ -43,12 +43,12 @@ __all__ = [
 #: Built-in parsers: name -> (factory target, default model types).  ``builtins.py`` registers
 #: them through the hook; :func:`make_stream_parser` falls back to this table without a registry.
 BUILTIN_TOOL_PARSERS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "hermes": ("metrale_core.streamparse.hermes:HermesParser",
-               ("qwen3", "qwen2", "qwen3_moe", "qwen2_moe", "qwen3_next")),
-    "qwen3_coder": ("metrale_core.streamparse.qwen3_coder:Qwen3CoderParser",
-                    ("qwen3_coder", "qwen3_5", "qwen3_5_moe")),
-    "glm47": ("metrale_core.streamparse.glm47:Glm47Parser",
-              ("glm5_next", "glm_moe_dsa", "glm4_moe")),
+    "hermes": (
+        "metrale_core.streamparse.hermes:HermesParser",
+        ("qwen3", "qwen2", "qwen3_moe", "qwen2_moe", "qwen3_next"),
+    ),
+    "qwen3_coder": ("metrale_core.streamparse.qwen3_coder:Qwen3CoderParser", ("qwen3_coder", "qwen3_5", "qwen3_5_moe")),
+    "glm47": ("metrale_core.streamparse.glm47:Glm47Parser", ("glm5_next", "glm_moe_dsa", "glm4_moe")),
 }
 #: ``tool_parser="none"`` turns tool-call parsing off (content and reasoning only).
 NO_TOOL_PARSER = "none"
@@ -66,9 +66,12 @@ def new_tool_call_id() -> str:
 class StreamParser:
     """One sequence's streaming parser: reasoning first, then tool calls."""
 
-    def __init__(self, tool_parser: ToolCallParser | None = None,
-                 reasoning: ReasoningSplitter | None = None,
-                 id_factory: Callable[[], str] = new_tool_call_id) -> None:
+    def __init__(
+        self,
+        tool_parser: ToolCallParser | None = None,
+        reasoning: ReasoningSplitter | None = None,
+        id_factory: Callable[[], str] = new_tool_call_id,
+    ) -> None:
         self.tool_parser = tool_parser
         self.reasoning = reasoning
         self.id_factory = id_factory
@@ -99,14 +102,15 @@ class StreamParser:
         """Completed well-formed calls so far: ``[{"id", "name", "arguments"}]`` (arguments: JSON)."""
         if self.tool_parser is None:
             return []
-        return [{"id": self._id(c.index), "name": c.name, "arguments": c.arguments}
-                for c in self.tool_parser.completed_calls]
+        return [
+            {"id": self._id(c.index), "name": c.name, "arguments": c.arguments}
+            for c in self.tool_parser.completed_calls
+        ]
 
     # --- streaming ---------------------------------------------------------------------------
     def feed(self, text: str) -> list[ParsedDelta]:
         if self._closed:
-            raise StreamParserClosed("StreamParser.feed() after finish(); build a new parser "
-                                     "for each sequence")
+            raise StreamParserClosed("StreamParser.feed() after finish(); build a new parser for each sequence")
         if not text:
             return []
         if self.reasoning is None:
@@ -147,15 +151,22 @@ class StreamParser:
         for d in deltas:
             if d.name is not None and d.tool_call_id is None:
                 assert d.tool_call_index is not None  # a delta with a name is a call's header
-                d = ParsedDelta(tool_call_index=d.tool_call_index, tool_call_id=self._id(d.tool_call_index),
-                                name=d.name, arguments=d.arguments)
+                d = ParsedDelta(
+                    tool_call_index=d.tool_call_index,
+                    tool_call_id=self._id(d.tool_call_index),
+                    name=d.name,
+                    arguments=d.arguments,
+                )
             last = out[-1] if out else None
             if last is not None and _mergeable(last, d):
-                out[-1] = ParsedDelta(content=last.content + d.content,
-                                      reasoning=last.reasoning + d.reasoning,
-                                      tool_call_index=last.tool_call_index,
-                                      tool_call_id=last.tool_call_id, name=last.name,
-                                      arguments=last.arguments + d.arguments)
+                out[-1] = ParsedDelta(
+                    content=last.content + d.content,
+                    reasoning=last.reasoning + d.reasoning,
+                    tool_call_index=last.tool_call_index,
+                    tool_call_id=last.tool_call_id,
+                    name=last.name,
+                    arguments=last.arguments + d.arguments,
+                )
             elif d.content or d.reasoning or d.arguments or d.name is not None:
                 out.append(d)
         return out
@@ -180,8 +191,9 @@ def default_reasoning(model_type: str | None) -> str | None:
     return None
 
 
-def default_tool_parser(types: dict[str, tuple[str, ...]], model_type: str | None,
-                        chat_template: str | None = None) -> str:
+def default_tool_parser(
+    types: dict[str, tuple[str, ...]], model_type: str | None, chat_template: str | None = None
+) -> str:
     """The tool-call parser when none is configured: the format the chat template asks for
     (when that parser is installed), else the parser whose ``model_types`` lists
     ``model_type``, else ``hermes``.  ``types``: installed parser name -> its model types."""
@@ -193,8 +205,9 @@ def default_tool_parser(types: dict[str, tuple[str, ...]], model_type: str | Non
     return next((n for n, t in sorted(types.items()) if model_type in t), "hermes")
 
 
-def _tool_factory(registry: Registry | None, name: str | None, model_type: str | None,
-                  chat_template: str | None = None) -> Callable | None:
+def _tool_factory(
+    registry: Registry | None, name: str | None, model_type: str | None, chat_template: str | None = None
+) -> Callable | None:
     if registry is not None:
         specs = {n: (s.factory, tuple(s.model_types)) for n, s in registry.tool_call_parsers.items()}
     else:
@@ -207,16 +220,24 @@ def _tool_factory(registry: Registry | None, name: str | None, model_type: str |
         name = default_tool_parser({n: t for n, (_, t) in specs.items()}, model_type, chat_template)
     if name not in specs:
         known = ", ".join(sorted(specs)) or "none"
-        raise ConfigError(f"no tool-call parser named {name!r} is installed (installed: {known}; "
-                          f"'{NO_TOOL_PARSER}' turns tool-call parsing off)")
+        raise ConfigError(
+            f"no tool-call parser named {name!r} is installed (installed: {known}; "
+            f"'{NO_TOOL_PARSER}' turns tool-call parsing off)"
+        )
     return specs[name][0]
 
 
-def make_stream_parser(registry: Registry | None = None, *, tool_parser: str | None = None,
-                       reasoning: str | None = None, tools: list[dict] | None = None,
-                       model_type: str | None = None, starts_in_reasoning: bool = False,
-                       id_factory: Callable[[], str] = new_tool_call_id,
-                       chat_template: str | None = None) -> StreamParser:
+def make_stream_parser(
+    registry: Registry | None = None,
+    *,
+    tool_parser: str | None = None,
+    reasoning: str | None = None,
+    tools: list[dict] | None = None,
+    model_type: str | None = None,
+    starts_in_reasoning: bool = False,
+    id_factory: Callable[[], str] = new_tool_call_id,
+    chat_template: str | None = None,
+) -> StreamParser:
     """Build one sequence's :class:`StreamParser`.
 
     ``tool_parser``: a registered parser name, ``"none"``, or None to pick the format
@@ -233,8 +254,9 @@ def make_stream_parser(registry: Registry | None = None, *, tool_parser: str | N
     if reasoning is not None:
         fmt = REASONING_FORMATS.get(reasoning)
         if fmt is None:
-            raise ConfigError(f"unknown reasoning format {reasoning!r} (known: "
-                              f"{', '.join(sorted(REASONING_FORMATS))}, auto, or none)")
+            raise ConfigError(
+                f"unknown reasoning format {reasoning!r} (known: {', '.join(sorted(REASONING_FORMATS))}, auto, or none)"
+            )
         splitter = ReasoningSplitter(fmt, starts_in_reasoning=starts_in_reasoning)
     factory = _tool_factory(registry, tool_parser, model_type, chat_template)
     parser = factory(tools=tools) if factory is not None else None

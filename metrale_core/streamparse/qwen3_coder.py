@@ -33,8 +33,7 @@ FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
 PARAM_OPEN = "<parameter="
 PARAM_CLOSE = "</parameter>"
-_VALUE_ENDS = tuple(t for tag in (PARAM_CLOSE, PARAM_OPEN, FUNCTION_CLOSE, CALL_CLOSE)
-                    for t in ("\n" + tag, tag))
+_VALUE_ENDS = tuple(t for tag in (PARAM_CLOSE, PARAM_OPEN, FUNCTION_CLOSE, CALL_CLOSE) for t in ("\n" + tag, tag))
 _NAME_RUN = re.compile(r"[^>\n<]*")
 #: What a function or parameter name may be.
 NAME = re.compile(r"[\w.\-:/]+")

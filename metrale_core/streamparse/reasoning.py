@@ -93,7 +93,7 @@ class ReasoningSplitter:
                 self._buf = self._buf[i:]
                 return out
             self._state = "content"
-            self._buf = self._buf[i + len(tag):] if tag in self.format.close_tags else self._buf[i:]
+            self._buf = self._buf[i + len(tag) :] if tag in self.format.close_tags else self._buf[i:]
         if self._state == "content" and self._buf:
             out.append(("content", self._buf))
             self._buf = ""
@@ -104,7 +104,7 @@ class ReasoningSplitter:
         if len(self._buf) - len(body) > MAX_LEADING_WS:
             self._state = "content"
         elif body.startswith(THINK_OPEN):
-            self._buf = body[len(THINK_OPEN):]
+            self._buf = body[len(THINK_OPEN) :]
             self._state = "reasoning"
         elif final or not THINK_OPEN.startswith(body):
             self._state = "content"

@@ -32,7 +32,24 @@ from metrale_core.testing.scenario import (
 )
 
 __all__ = [
-    "EOS", "GARBAGE", "LOGIT_HIGH", "Abort", "Advance", "Arrive", "ClientStream", "FakeClock",
-    "ForwardCall", "GoldenMismatch", "GoldenStore", "RecordingModel", "RecurrentTracker", "Scenario",
-    "ScenarioResult", "SeqCall", "SeqScript", "StatePool", "run_scenario", "scripts_of",
+    "EOS",
+    "GARBAGE",
+    "LOGIT_HIGH",
+    "Abort",
+    "Advance",
+    "Arrive",
+    "ClientStream",
+    "FakeClock",
+    "ForwardCall",
+    "GoldenMismatch",
+    "GoldenStore",
+    "RecordingModel",
+    "RecurrentTracker",
+    "Scenario",
+    "ScenarioResult",
+    "SeqCall",
+    "SeqScript",
+    "StatePool",
+    "run_scenario",
+    "scripts_of",
 ]

@@ -39,7 +39,6 @@ class ForwardSpy:
         positions = batch.positions.tolist()
         for j, r in enumerate(batch.logits_rows.tolist()):
             table = tables[row_to_seq[r]]
-            history = tuple(self.slot_tokens[table[q // bs] * bs + q % bs]
-                            for q in range(positions[r] + 1))
+            history = tuple(self.slot_tokens[table[q // bs] * bs + q % bs] for q in range(positions[r] + 1))
             self.rows.append((history, logits[j].detach().clone()))
         return logits

@@ -46,12 +46,22 @@ class GoldenStore:
                 path.write_text(text)
             return
         if not path.exists():
-            raise GoldenMismatch(f"golden trace {path} does not exist; run pytest with "
-                                 "--update-goldens to create it, then read and check it in")
+            raise GoldenMismatch(
+                f"golden trace {path} does not exist; run pytest with "
+                "--update-goldens to create it, then read and check it in"
+            )
         expected = path.read_text()
         if expected == text:
             return
-        diff = "".join(difflib.unified_diff(expected.splitlines(keepends=True), text.splitlines(keepends=True),
-                                            fromfile=str(path), tofile=f"{name} (this run)"))
-        raise GoldenMismatch(f"trace differs from golden {path} (if the change is intended, rerun with "
-                             f"--update-goldens and review the diff):\n{diff}")
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                fromfile=str(path),
+                tofile=f"{name} (this run)",
+            )
+        )
+        raise GoldenMismatch(
+            f"trace differs from golden {path} (if the change is intended, rerun with "
+            f"--update-goldens and review the diff):\n{diff}"
+        )

@@ -31,8 +31,11 @@ TINY_ENGINE_DEFAULTS = dict(block_size=4, num_kv_blocks=64, max_prefill_tokens=6
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "metrale_needs_file(path, hint): the test needs this file; skipped "
-                            "where it is absent, FAILED under CI=true (metrale_core.testing.requires.needs_file)")
+    config.addinivalue_line(
+        "markers",
+        "metrale_needs_file(path, hint): the test needs this file; skipped "
+        "where it is absent, FAILED under CI=true (metrale_core.testing.requires.needs_file)",
+    )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -44,8 +47,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("metrale")
-    group.addoption("--update-goldens", action="store_true", default=False,
-                    help="write golden traces (tests/golden/*.trace) instead of comparing with them")
+    group.addoption(
+        "--update-goldens",
+        action="store_true",
+        default=False,
+        help="write golden traces (tests/golden/*.trace) instead of comparing with them",
+    )
 
 
 @pytest.fixture
@@ -57,6 +64,7 @@ def fake_clock() -> FakeClock:
 def recording_model_factory():
     def factory(scripts, **options) -> RecordingModel:
         return RecordingModel(scripts, **options)
+
     return factory
 
 
@@ -68,6 +76,7 @@ def tiny_engine(fake_clock: FakeClock):
     def factory(model, **config):
         settings = {**TINY_ENGINE_DEFAULTS, "clock": fake_clock, **config}
         return LLMEngine(model, EngineConfig(**settings))
+
     return factory
 
 

@@ -64,8 +64,7 @@ from metrale_core.errors import KVCacheExhausted
 from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache, RecurrentLayout
 from metrale_core.testing.recurrent_state import RecurrentTracker
 
-__all__ = ["EOS", "GARBAGE", "LOGIT_HIGH", "ForwardCall", "RecordingModel", "SeqCall", "SeqScript",
-           "StatePool"]
+__all__ = ["EOS", "GARBAGE", "LOGIT_HIGH", "ForwardCall", "RecordingModel", "SeqCall", "SeqScript", "StatePool"]
 
 #: The token a sequence answers once its state (KV readback or recurrent) is wrong.
 GARBAGE = 1
@@ -164,18 +163,28 @@ class RecordingModel:
     #: key -> (start, rows) of its verify chunk awaiting ``commit_verify``.
     _verifying: dict[int, tuple[int, int]] = field(factory=dict)
 
-    def __init__(self, scripts: Mapping[int, SeqScript] | Iterable[SeqScript], *, vocab_size: int = 64,
-                 eos_token_id: int = EOS, past_end: int | None = None,
-                 fail_kv_at_steps: Iterable[int] = (), recurrent_fed_rows: bool = False,
-                 max_position: int = 4096, window: int | None = None) -> None:
+    def __init__(
+        self,
+        scripts: Mapping[int, SeqScript] | Iterable[SeqScript],
+        *,
+        vocab_size: int = 64,
+        eos_token_id: int = EOS,
+        past_end: int | None = None,
+        fail_kv_at_steps: Iterable[int] = (),
+        recurrent_fed_rows: bool = False,
+        max_position: int = 4096,
+        window: int | None = None,
+    ) -> None:
         items = list(scripts.values()) if isinstance(scripts, Mapping) else list(scripts)
         by_key: dict[int, SeqScript] = {}
         for script in items:
             if by_key.get(script.key) == script:
                 continue  # the same request again (a prefix-cache hit): one script
             if script.key in by_key:
-                raise ValueError(f"two scripts share the first prompt token {script.key}; "
-                                 "the recording model keys sequences by it, so make them distinct")
+                raise ValueError(
+                    f"two scripts share the first prompt token {script.key}; "
+                    "the recording model keys sequences by it, so make them distinct"
+                )
             by_key[script.key] = script
         if isinstance(scripts, Mapping):
             for key, script in scripts.items():
@@ -185,16 +194,27 @@ class RecordingModel:
         if any(not 0 <= t < vocab_size for t in tokens):
             raise ValueError(f"script tokens must lie in [0, {vocab_size})")
         info = ModelInfo(
-            architecture="recording-fake", vocab_size=vocab_size, max_position=max_position,
-            kv=KVLayout(num_layers=1 if window is None else 2, num_kv_heads=1, head_dim=1,
-                        dtype=torch.float32, windows=() if window is None else (None, window)),
+            architecture="recording-fake",
+            vocab_size=vocab_size,
+            max_position=max_position,
+            kv=KVLayout(
+                num_layers=1 if window is None else 2,
+                num_kv_heads=1,
+                head_dim=1,
+                dtype=torch.float32,
+                windows=() if window is None else (None, window),
+            ),
             recurrent=RecurrentLayout(num_layers=1, bytes_per_sequence=64) if recurrent_fed_rows else None,
             eos_token_ids=(eos_token_id,),
         )
-        self.__attrs_init__(scripts=by_key, info=info,
-                            past_end=eos_token_id if past_end is None else past_end,
-                            fail_kv_at_steps=frozenset(fail_kv_at_steps),
-                            recurrent_fed_rows=recurrent_fed_rows, window=window)
+        self.__attrs_init__(
+            scripts=by_key,
+            info=info,
+            past_end=eos_token_id if past_end is None else past_end,
+            fail_kv_at_steps=frozenset(fail_kv_at_steps),
+            recurrent_fed_rows=recurrent_fed_rows,
+            window=window,
+        )
         self._tracker = RecurrentTracker(enabled=recurrent_fed_rows, record=self._pending.append)
 
     # -- CausalLM ----------------------------------------------------------------------------
@@ -245,10 +265,18 @@ class RecordingModel:
             rows = [r for r in wanted if lo <= r < hi]
             script = self.scripts.get(key)
             for r in rows:
-                answer_of_row[r] = (script.token_at(positions[r] + 1, self.past_end) if clean and script is not None
-                                    else GARBAGE)
-            seqs.append(SeqCall(key=key, start=start, num_rows=hi - lo, fresh=fresh_flags[i],
-                                answers=tuple(answer_of_row[r] for r in rows)))
+                answer_of_row[r] = (
+                    script.token_at(positions[r] + 1, self.past_end) if clean and script is not None else GARBAGE
+                )
+            seqs.append(
+                SeqCall(
+                    key=key,
+                    start=start,
+                    num_rows=hi - lo,
+                    fresh=fresh_flags[i],
+                    answers=tuple(answer_of_row[r] for r in rows),
+                )
+            )
         call = ForwardCall(index=index, seqs=tuple(seqs))
         self.calls.append(call)
         self.lines.append(call.render())
@@ -278,8 +306,13 @@ class RecordingModel:
         return found
 
     @staticmethod
-    def _write_kv(kv: PagedKVCache, ids: list[int], positions: list[int], slot_mapping: list[int],
-                  layers: Sequence[int] | None = None) -> None:
+    def _write_kv(
+        kv: PagedKVCache,
+        ids: list[int],
+        positions: list[int],
+        slot_mapping: list[int],
+        layers: Sequence[int] | None = None,
+    ) -> None:
         bs = kv.block_size
         chosen = range(len(kv.k)) if layers is None else layers
         for token, pos, slot in zip(ids, positions, slot_mapping):
@@ -297,8 +330,16 @@ class RecordingModel:
         k, v = kv.k[layer], kv.v[layer]
         return int(k[block, position % bs, 0, 0]), int(v[block, position % bs, 0, 0]), block
 
-    def _check_window(self, key: int, start: int, ctx: int, table: Sequence[int], kv: PagedKVCache,
-                      pending: list[str], fed: Sequence[int] = ()) -> bool:
+    def _check_window(
+        self,
+        key: int,
+        start: int,
+        ctx: int,
+        table: Sequence[int],
+        kv: PagedKVCache,
+        pending: list[str],
+        fed: Sequence[int] = (),
+    ) -> bool:
         """Windowed mode: layer 1 holds what the chunk's first row (at ``start``) can see onward."""
         script = self.scripts.get(key)
         if script is None or self.window is None:
@@ -308,13 +349,16 @@ class RecordingModel:
             want = fed[q - first_draft + 1] if fed and q >= first_draft else script.token_at(q, self.past_end)
             token, pos, block = self._read(kv, table, q, layer=1)
             if (token, pos) != (want, q):
-                pending.append(f"error: s{key} window KV readback at position {q} (block {block}) holds "
-                               f"token {token}@{pos}, expected {want}@{q}")
+                pending.append(
+                    f"error: s{key} window KV readback at position {q} (block {block}) holds "
+                    f"token {token}@{pos}, expected {want}@{q}"
+                )
                 return False
         return True
 
-    def _render_tables(self, key: int, start: int, full: Sequence[int], window: Sequence[int], ctx: int,
-                       block_size: int) -> str:
+    def _render_tables(
+        self, key: int, start: int, full: Sequence[int], window: Sequence[int], ctx: int, block_size: int
+    ) -> str:
         """``blocks s<key> full=[..] window=[..]`` over the blocks holding ``0 .. ctx - 1``."""
         n = -(-ctx // block_size)
         first = max(0, start - (self.window or 0) + 1) // block_size
@@ -334,9 +378,19 @@ class RecordingModel:
             self._tracker.rollback(key, start + kept)
             self.lines.append(f"commit_verify s{key} keep {kept}/{rows}")
 
-    def _check_sequence(self, i: int, key: int, lo: int, hi: int, ctx: int, positions: list[int],
-                        table: Sequence[int], kv: PagedKVCache, pending: list[str],
-                        fed: Sequence[int] = ()) -> bool:
+    def _check_sequence(
+        self,
+        i: int,
+        key: int,
+        lo: int,
+        hi: int,
+        ctx: int,
+        positions: list[int],
+        table: Sequence[int],
+        kv: PagedKVCache,
+        pending: list[str],
+        fed: Sequence[int] = (),
+    ) -> bool:
         """Layout and KV readback of sequence ``i``; appends error lines, returns clean.
         ``fed`` (a verify chunk's rows) is what its positions must hold past the first row."""
         script = self.scripts.get(key)
@@ -345,21 +399,26 @@ class RecordingModel:
             return False
         expected_positions = list(range(ctx - (hi - lo), ctx))
         if positions[lo:hi] != expected_positions:
-            pending.append(f"error: s{key} rows at positions {positions[lo:hi]}, expected "
-                           f"{expected_positions[0]}..{expected_positions[-1]} (context_len {ctx})")
+            pending.append(
+                f"error: s{key} rows at positions {positions[lo:hi]}, expected "
+                f"{expected_positions[0]}..{expected_positions[-1]} (context_len {ctx})"
+            )
             return False
         first_draft = ctx - len(fed) + 1
         for q in range(ctx):
             want = fed[q - first_draft + 1] if fed and q >= first_draft else script.token_at(q, self.past_end)
             token, pos, block = self._read(kv, table, q)
             if (token, pos) != (want, q):
-                pending.append(f"error: s{key} KV readback at position {q} (block {block}) holds "
-                               f"token {token}@{pos}, expected {want}@{q}")
+                pending.append(
+                    f"error: s{key} KV readback at position {q} (block {block}) holds "
+                    f"token {token}@{pos}, expected {want}@{q}"
+                )
                 return False
         return True
 
-    def _check_state(self, key: int, start: int, fresh: bool, slot: int, state: object | None,
-                     pending: list[str]) -> bool:
+    def _check_state(
+        self, key: int, start: int, fresh: bool, slot: int, state: object | None, pending: list[str]
+    ) -> bool:
         """Recurrent-mode contract: state_fresh exactly at 0, a valid slot that holds this key."""
         if not self.recurrent_fed_rows:
             return True
@@ -374,8 +433,9 @@ class RecordingModel:
         if fresh:
             state.owners[slot] = key
         elif state.owners[slot] != key:
-            pending.append(f"error: s{key} continues in state slot {slot}, which holds the state of "
-                           f"s{state.owners[slot]}")
+            pending.append(
+                f"error: s{key} continues in state slot {slot}, which holds the state of s{state.owners[slot]}"
+            )
             self._tracker.corrupt(key)
             return False
         return True

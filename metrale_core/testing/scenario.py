@@ -26,8 +26,7 @@ from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.clock import FakeClock
 from metrale_core.testing.recording_model import GARBAGE, RecordingModel, SeqScript
 
-__all__ = ["Abort", "Advance", "Arrive", "ClientStream", "Scenario", "ScenarioResult", "run_scenario",
-           "scripts_of"]
+__all__ = ["Abort", "Advance", "Arrive", "ClientStream", "Scenario", "ScenarioResult", "run_scenario", "scripts_of"]
 
 
 def _ids(values) -> tuple[int, ...]:
@@ -138,8 +137,10 @@ def _render_output(out) -> str:
 
 
 def _render_stats(stats) -> str:
-    return (f"~ running={stats.num_running} waiting={stats.num_waiting} "
-            f"free_blocks={stats.num_free_blocks}/{stats.num_blocks}")
+    return (
+        f"~ running={stats.num_running} waiting={stats.num_waiting} "
+        f"free_blocks={stats.num_free_blocks}/{stats.num_blocks}"
+    )
 
 
 def run_scenario(scenario: Scenario, registry=None) -> ScenarioResult:
@@ -153,8 +154,12 @@ def run_scenario(scenario: Scenario, registry=None) -> ScenarioResult:
 
     model = RecordingModel(scripts_of(scenario.events), **scenario.model)
     clock = FakeClock()
-    engine = LLMEngine(model, EngineConfig(clock=clock, **_defaults(scenario.engine)),
-                       registry=registry, speculator=scenario.speculator)
+    engine = LLMEngine(
+        model,
+        EngineConfig(clock=clock, **_defaults(scenario.engine)),
+        registry=registry,
+        speculator=scenario.speculator,
+    )
     lines = [f"# scenario {scenario.name}"]
     streams: dict[str, ClientStream] = {}
     seen = 0
@@ -196,8 +201,7 @@ def run_scenario(scenario: Scenario, registry=None) -> ScenarioResult:
     return ScenarioResult(trace="\n".join(lines) + "\n", streams=streams, model=model, steps=step)
 
 
-def _apply(engine, clock: FakeClock, event: Event, streams: dict[str, ClientStream],
-           lines: list[str]) -> None:
+def _apply(engine, clock: FakeClock, event: Event, streams: dict[str, ClientStream], lines: list[str]) -> None:
     if isinstance(event, Advance):
         clock.advance(event.seconds)
     elif isinstance(event, Abort):

@@ -39,8 +39,7 @@ from metrale_core.tui.status import ServerStatus
 __all__ = ["KEYS", "TABS", "MetraleApp"]
 
 #: (tab id, title), in key order 1..5.
-TABS = (("overview", "Overview"), ("stats", "Stats"), ("logs", "Logs"), ("chat", "Chat"),
-        ("help", "Help"))
+TABS = (("overview", "Overview"), ("stats", "Stats"), ("logs", "Logs"), ("chat", "Chat"), ("help", "Help"))
 
 #: (keys, what they do) — the help tab lists exactly these.
 KEYS = (
@@ -71,8 +70,7 @@ class MetraleApp(App):
     #help-body { padding: 1 2; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        *(Binding(str(i + 1), f"show_tab('{tab}')", title, show=False)
-          for i, (tab, title) in enumerate(TABS)),
+        *(Binding(str(i + 1), f"show_tab('{tab}')", title, show=False) for i, (tab, title) in enumerate(TABS)),
         Binding("question_mark", "show_tab('help')", "Help"),
         Binding("f", "toggle_follow", "Follow/pause logs"),
         Binding("slash", "focus_filter", "Filter logs", show=False),
@@ -82,11 +80,16 @@ class MetraleApp(App):
         Binding("ctrl+c", "quit_server", "Quit", show=False, priority=True),
     ]
 
-    def __init__(self, status: ServerStatus, logs: LogRing | None = None, *,
-                 refresh_s: float = 0.5,
-                 chat_client_factory: Callable[[ServerStatus], ChatClient] | None = None,
-                 chat_max_tokens: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        status: ServerStatus,
+        logs: LogRing | None = None,
+        *,
+        refresh_s: float = 0.5,
+        chat_client_factory: Callable[[ServerStatus], ChatClient] | None = None,
+        chat_max_tokens: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__()
         self.status = status
         self.logs = logs if logs is not None else LogRing()

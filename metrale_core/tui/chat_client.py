@@ -56,24 +56,33 @@ def _delta(payload: dict[str, Any]) -> ChatDelta | None:
         return None
     choice = choices[0]
     delta = choice.get("delta") or {}
-    return ChatDelta(content=delta.get("content") or "",
-                     reasoning=delta.get("reasoning_content") or delta.get("reasoning") or "",
-                     finish_reason=choice.get("finish_reason"))
+    return ChatDelta(
+        content=delta.get("content") or "",
+        reasoning=delta.get("reasoning_content") or delta.get("reasoning") or "",
+        finish_reason=choice.get("finish_reason"),
+    )
 
 
 class ChatClient:
     """Streams chat completions from ``base_url`` (``http://host:port``)."""
 
-    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
-                 timeout_s: float = 300.0, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.transport = transport
 
-    async def stream(self, messages: list[dict[str, str]], *, max_tokens: int | None = None,
-                     temperature: float = 0.0) -> AsyncIterator[ChatDelta]:
+    async def stream(
+        self, messages: list[dict[str, str]], *, max_tokens: int | None = None, temperature: float = 0.0
+    ) -> AsyncIterator[ChatDelta]:
         """Stream one reply; ``max_tokens`` None lets the server fill the context."""
         body: dict[str, Any] = {"messages": messages, "stream": True, "temperature": temperature}
         if max_tokens is not None:
@@ -87,16 +96,16 @@ class ChatClient:
                 httpx.AsyncClient(timeout=self.timeout_s, transport=self.transport) as http,
                 http.stream("POST", url, json=body, headers=headers) as response,
             ):
-                    if response.status_code != 200:
-                        await response.aread()
-                        raise ChatError(f"HTTP {response.status_code}: {_message(response)}")
-                    async for line in response.aiter_lines():
-                        payload = parse_sse_line(line)
-                        if payload is None:
-                            continue
-                        delta = _delta(payload)
-                        if delta is not None:
-                            yield delta
+                if response.status_code != 200:
+                    await response.aread()
+                    raise ChatError(f"HTTP {response.status_code}: {_message(response)}")
+                async for line in response.aiter_lines():
+                    payload = parse_sse_line(line)
+                    if payload is None:
+                        continue
+                    delta = _delta(payload)
+                    if delta is not None:
+                        yield delta
         except httpx.HTTPError as exc:
             raise ChatError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from exc
 

@@ -25,8 +25,7 @@ from metrale_core.tui.status import ServerStatus
 __all__ = ["ChatPane", "assistant_text"]
 
 
-def assistant_text(reasoning: str, answer: str, error: str | None = None,
-                   done: bool = False) -> Text:
+def assistant_text(reasoning: str, answer: str, error: str | None = None, done: bool = False) -> Text:
     text = Text()
     if reasoning:
         text.append("thinking\n", style="bold dim")
@@ -46,9 +45,13 @@ class ChatPane(Vertical):
     ChatPane #chat-input { dock: bottom; }
     """
 
-    def __init__(self, status: ServerStatus,
-                 client_factory: Callable[[ServerStatus], ChatClient] | None = None,
-                 max_tokens: int | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        status: ServerStatus,
+        client_factory: Callable[[ServerStatus], ChatClient] | None = None,
+        max_tokens: int | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         self.status = status
         # called only while serving, when base_url is set (see on_input_submitted)
@@ -58,9 +61,12 @@ class ChatPane(Vertical):
         self.busy = False
 
     def compose(self):
-        yield VerticalScroll(Static(Text("Type a message and press Enter. The chat talks to the "
-                                         "server over its HTTP API.", style="dim")),
-                             id="chat-log")
+        yield VerticalScroll(
+            Static(
+                Text("Type a message and press Enter. The chat talks to the server over its HTTP API.", style="dim")
+            ),
+            id="chat-log",
+        )
         yield Input(placeholder="message (Enter to send)", id="chat-input")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -75,8 +81,14 @@ class ChatPane(Vertical):
             log.mount(Static(Text("still answering the last message…", style="yellow")))
             return
         if self.status.state != "serving" or not self.status.base_url:
-            log.mount(Static(Text(f"the server is not serving yet ({self.status.pill}); "
-                                  f"try again when the pill says SERVING", style="yellow")))
+            log.mount(
+                Static(
+                    Text(
+                        f"the server is not serving yet ({self.status.pill}); try again when the pill says SERVING",
+                        style="yellow",
+                    )
+                )
+            )
             return
         event.input.value = ""
         user = Text("you ", style="bold cyan")

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["TTFT_BUCKETS", "bar", "duration", "histogram", "human_bytes", "percent", "sparkline",
-           "ttft_ms", "uptime"]
+__all__ = ["TTFT_BUCKETS", "bar", "duration", "histogram", "human_bytes", "percent", "sparkline", "ttft_ms", "uptime"]
 
 DASH = "—"
 _SPARK = "▁▂▃▄▅▆▇█"

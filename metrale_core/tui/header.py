@@ -19,8 +19,10 @@ from metrale_core.tui.status import ServerStatus
 __all__ = ["HeaderBar", "header_text"]
 
 _PILL_STYLE = {
-    "SERVING": "bold black on green", "LOADING": "bold black on yellow",
-    "NO MODEL": "bold white on grey37", "FAILED": "bold white on red",
+    "SERVING": "bold black on green",
+    "LOADING": "bold black on yellow",
+    "NO MODEL": "bold white on grey37",
+    "FAILED": "bold white on red",
     "STOPPING": "bold black on dark_orange",
 }
 

@@ -39,9 +39,19 @@ from loguru import logger
 from metrale_core.tui.logring import LogRing
 from metrale_core.tui.status import ServerStatus
 
-__all__ = ["PHASES", "STOP_SIGNALS", "StopSignals", "dashboard_logging", "follow_host",
-           "observe_loader", "run_dashboard", "serve_with_dashboard", "stop_on_signals",
-           "use_dashboard", "watch_stop"]
+__all__ = [
+    "PHASES",
+    "STOP_SIGNALS",
+    "StopSignals",
+    "dashboard_logging",
+    "follow_host",
+    "observe_loader",
+    "run_dashboard",
+    "serve_with_dashboard",
+    "stop_on_signals",
+    "use_dashboard",
+    "watch_stop",
+]
 
 #: The start-up checklist of ``met serve``.
 PHASES = ("HTTP server", "load model", "start engine")
@@ -49,12 +59,12 @@ PHASES = ("HTTP server", "load model", "start engine")
 #: Signals that stop ``met serve`` the way quitting the dashboard does (not SIGHUP: see above).
 STOP_SIGNALS = (signal.SIGTERM,)
 
-_HOST_STATES = {"loading": "loading", "ready": "serving", "failed": "failed",
-                "stopping": "stopping"}
+_HOST_STATES = {"loading": "loading", "ready": "serving", "failed": "failed", "stopping": "stopping"}
 
 
-def use_dashboard(no_tui: bool = False, stream: TextIO | None = None,
-                  env: Mapping[str, str] | None = None) -> tuple[bool, str]:
+def use_dashboard(
+    no_tui: bool = False, stream: TextIO | None = None, env: Mapping[str, str] | None = None
+) -> tuple[bool, str]:
     """``(True, "")`` when the dashboard should run, else ``(False, why not)``."""
     env = os.environ if env is None else env
     stream = sys.stdout if stream is None else stream
@@ -78,14 +88,18 @@ def use_dashboard(no_tui: bool = False, stream: TextIO | None = None,
 def dashboard_logging(ring: LogRing, level: str) -> Iterator[None]:
     """Route loguru to ``ring`` for the duration (the caller's stderr sink is put back after)."""
     logger.remove()
-    handler = logger.add(ring.sink, level=level.upper(), format="{message}", diagnose=False,
-                         backtrace=False)
+    handler = logger.add(ring.sink, level=level.upper(), format="{message}", diagnose=False, backtrace=False)
     try:
         yield
     finally:
         logger.remove(handler)
-        logger.add(sys.stderr, level=level.upper(), diagnose=False, backtrace=False,
-                   format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
+        logger.add(
+            sys.stderr,
+            level=level.upper(),
+            diagnose=False,
+            backtrace=False,
+            format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}",
+        )
 
 
 def follow_host(status: ServerStatus, host: Any) -> None:
@@ -100,12 +114,10 @@ def follow_host(status: ServerStatus, host: Any) -> None:
             if s.kv_dtype is None:
                 wanted = getattr(served.engine.config, "kv_cache_dtype", None)
                 kv = served.engine.model.info.kv
-                s.kv_dtype = wanted or (str(kv.dtype).removeprefix("torch.") if kv is not None
-                                        else "none")
+                s.kv_dtype = wanted or (str(kv.dtype).removeprefix("torch.") if kv is not None else "none")
             if s.scheduler is None:
                 s.scheduler = served.engine.config.scheduler
-        if state == "serving" and any(p.name == "start engine" and p.state == "running"
-                                      for p in s.phases):
+        if state == "serving" and any(p.name == "start engine" and p.state == "running" for p in s.phases):
             s.end_phase("start engine")
         if state == "failed" and s.state != "failed":
             s.set_failed(host.error or "the model failed to load")
@@ -148,8 +160,9 @@ def stop_on_signals(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[StopSig
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-def watch_stop(app: Any, status: ServerStatus, server_alive: Callable[[], bool] | None = None,
-               signals: StopSignals | None = None) -> None:
+def watch_stop(
+    app: Any, status: ServerStatus, server_alive: Callable[[], bool] | None = None, signals: StopSignals | None = None
+) -> None:
     """On every poll: quit ``app`` as its quit key does once a stop signal arrived, or just exit
     it once the server stopped on its own."""
 
@@ -164,9 +177,13 @@ def watch_stop(app: Any, status: ServerStatus, server_alive: Callable[[], bool] 
     status.add_poll_hook(watch)
 
 
-def run_dashboard(status: ServerStatus, logs: LogRing,
-                  server_alive: Callable[[], bool] | None = None, refresh_s: float = 0.5,
-                  signals: StopSignals | None = None) -> None:
+def run_dashboard(
+    status: ServerStatus,
+    logs: LogRing,
+    server_alive: Callable[[], bool] | None = None,
+    refresh_s: float = 0.5,
+    signals: StopSignals | None = None,
+) -> None:
     """Run the dashboard in this (the main) thread until the user quits, a stop signal arrives
     (``signals``) or the server stops."""
     from metrale_core.tui.app import MetraleApp
@@ -192,9 +209,16 @@ def observe_loader(status: ServerStatus, loader: Callable[[], Any]) -> Callable[
     return load
 
 
-def serve_with_dashboard(app: Any, status: ServerStatus, *, host: str, port: int,
-                         grace_s: float, log_level: str = "info",
-                         refresh_s: float = 0.5) -> int:
+def serve_with_dashboard(
+    app: Any,
+    status: ServerStatus,
+    *,
+    host: str,
+    port: int,
+    grace_s: float,
+    log_level: str = "info",
+    refresh_s: float = 0.5,
+) -> int:
     """Serve ``app`` (the server's ASGI app) on a thread with the dashboard in this thread.
 
     Quitting the dashboard or SIGTERM stop uvicorn gracefully (in-flight requests get
@@ -215,8 +239,7 @@ def serve_with_dashboard(app: Any, status: ServerStatus, *, host: str, port: int
         follow_host(status, app.state.host)
         status.on_stop(lambda: setattr(server.server, "should_exit", True))
         try:
-            run_dashboard(status, logs, server_alive=server.thread.is_alive, refresh_s=refresh_s,
-                          signals=signals)
+            run_dashboard(status, logs, server_alive=server.thread.is_alive, refresh_s=refresh_s, signals=signals)
         finally:
             status.request_stop()
             server.stop(timeout=grace_s + 30)

@@ -21,8 +21,15 @@ from metrale_core.tui.logring import LogRecord, LogRing
 
 __all__ = ["LogsPane"]
 
-_LEVEL_STYLE = {"ERROR": "bold red", "CRITICAL": "bold red", "WARNING": "yellow",
-                "SUCCESS": "green", "INFO": "", "DEBUG": "dim", "TRACE": "dim"}
+_LEVEL_STYLE = {
+    "ERROR": "bold red",
+    "CRITICAL": "bold red",
+    "WARNING": "yellow",
+    "SUCCESS": "green",
+    "INFO": "",
+    "DEBUG": "dim",
+    "TRACE": "dim",
+}
 
 
 def _line(record: LogRecord) -> Text:

@@ -53,8 +53,7 @@ def weights_text(status: ServerStatus) -> Text:
     if load.tensors_total == 0:
         text.append("  waiting for the checkpoint…\n", style="dim")
         return text
-    text.append(f"  {fmt.bar(load.fraction, BAR_WIDTH)} {fmt.percent(load.fraction)}\n",
-                style="cyan")
+    text.append(f"  {fmt.bar(load.fraction, BAR_WIDTH)} {fmt.percent(load.fraction)}\n", style="cyan")
     text.append(f"  tensors {load.tensors_done}/{load.tensors_total}")
     text.append(f"  ·  read {fmt.human_bytes(load.bytes_done)}")
     if load.checkpoint_bytes:

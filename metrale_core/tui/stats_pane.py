@@ -79,8 +79,7 @@ def stats_texts(snap: EngineSnapshot | None, rates: RateTracker) -> dict[str, Te
         return {"requests": waiting}
     out: dict[str, Text] = {}
     t = _tile("REQUESTS")
-    t.append(f"total {snap.requests_total}  active {snap.num_running}  "
-             f"waiting {snap.num_waiting}\n")
+    t.append(f"total {snap.requests_total}  active {snap.num_running}  waiting {snap.num_waiting}\n")
     t.append(f"finished {snap.requests_finished}")
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(snap.finish_reasons.items()))
     if reasons:
@@ -92,13 +91,14 @@ def stats_texts(snap: EngineSnapshot | None, rates: RateTracker) -> dict[str, Te
     t.append(fmt.sparkline(rates.gen, SPARK_WIDTH), style="green")
     t.append(f"\nprompt {rates.prompt_rate:8.1f} tok/s  ")
     t.append(fmt.sparkline(rates.prompt, SPARK_WIDTH), style="cyan")
-    t.append(f"\ntokens: {snap.generation_tokens_total} generated, "
-             f"{snap.prompt_tokens_total} prompt", style="dim")
+    t.append(f"\ntokens: {snap.generation_tokens_total} generated, {snap.prompt_tokens_total} prompt", style="dim")
     out["throughput"] = t
 
     t = _tile("TTFT")
-    t.append(f"p50 {fmt.ttft_ms(snap.ttft_percentile(50))}   "
-             f"p90 {fmt.ttft_ms(snap.ttft_percentile(90))}   n={snap.ttft_count}\n")
+    t.append(
+        f"p50 {fmt.ttft_ms(snap.ttft_percentile(50))}   "
+        f"p90 {fmt.ttft_ms(snap.ttft_percentile(90))}   n={snap.ttft_count}\n"
+    )
     buckets = fmt.histogram(snap.ttft_samples)
     top = max((c for _, c in buckets), default=0)
     for i, (label, count) in enumerate(buckets):
@@ -115,17 +115,18 @@ def stats_texts(snap: EngineSnapshot | None, rates: RateTracker) -> dict[str, Te
     t.append(fmt.bar(frac, HIST_WIDTH), style="cyan")
     t.append(f" {fmt.percent(frac)}\n")
     if snap.num_state_slots:
-        t.append(f"state slots used {snap.num_state_slots - snap.num_free_state_slots} / "
-                 f"{snap.num_state_slots}\n")
+        t.append(f"state slots used {snap.num_state_slots - snap.num_free_state_slots} / {snap.num_state_slots}\n")
     else:
         t.append("state slots: none (no recurrent state)\n", style="dim")
     t.append(f"prefilling {snap.num_prefilling}  preemptions {snap.num_preemptions}")
     out["memory"] = t
 
     t = _tile("CACHE & PLUGINS")
-    t.append(f"prefix-cache hit rate {fmt.percent(snap.prefix_cache_hit_rate)}"
-             f"  ({snap.prefix_cache_hits}/{snap.prefix_cache_queries} tokens, "
-             f"{snap.num_cached_blocks} cached blocks)\n")
+    t.append(
+        f"prefix-cache hit rate {fmt.percent(snap.prefix_cache_hit_rate)}"
+        f"  ({snap.prefix_cache_hits}/{snap.prefix_cache_queries} tokens, "
+        f"{snap.num_cached_blocks} cached blocks)\n"
+    )
     for label, value in describe_extras(snap):
         t.append(f"{label}: {value}\n")
     out["plugins"] = t

@@ -27,8 +27,13 @@ __all__ = ["STATES", "LoadProgress", "Phase", "ServerStatus"]
 
 #: Server states, in the order a healthy start goes through them.
 STATES = ("loading", "serving", "no_model", "failed", "stopping")
-_PILLS = {"loading": "LOADING", "serving": "SERVING", "no_model": "NO MODEL",
-          "failed": "FAILED", "stopping": "STOPPING"}
+_PILLS = {
+    "loading": "LOADING",
+    "serving": "SERVING",
+    "no_model": "NO MODEL",
+    "failed": "FAILED",
+    "stopping": "STOPPING",
+}
 
 
 @frozen
@@ -183,9 +188,14 @@ class ServerStatus:
         """``load_model(on_tensor=status.tensor_loaded)``."""
         load = self.load
         started = load.started if load.started is not None else self.clock()
-        self.load = evolve(load, tensors_done=done, tensors_total=total,
-                           bytes_done=load.bytes_done + nbytes, started=started,
-                           updated=self.clock())
+        self.load = evolve(
+            load,
+            tensors_done=done,
+            tensors_total=total,
+            bytes_done=load.bytes_done + nbytes,
+            started=started,
+            updated=self.clock(),
+        )
 
     # --- lifecycle ---------------------------------------------------------------------------
     def set_serving(self, listen: str | None = None) -> None:

@@ -61,7 +61,9 @@ class GGUFStore(WeightStore):
             logger.warning(
                 "{}: GGUF architecture {!r} is not one of {}; tensor names are mapped with the llama table "
                 "and Q/K rows are left as stored",
-                path, self._arch, sorted(ARCHITECTURES),
+                path,
+                self._arch,
+                sorted(ARCHITECTURES),
             )
         self._by_name: dict[str, Any] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}

@@ -22,9 +22,16 @@ from metrale_core.weights import open_weights
 def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3")
     config = transformers.Qwen3Config(
-        vocab_size=128, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
-        max_position_embeddings=256)
+        vocab_size=128,
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=True,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     transformers.Qwen3ForCausalLM(config).save_pretrained(path)
     store = open_weights(path)
@@ -35,10 +42,12 @@ def _requests(sampled: bool):
     g = torch.Generator().manual_seed(7)
     out = []
     for i in range(16):
-        prompt = torch.randint(3, 128, (int(torch.randint(3, 30, (1,), generator=g)),),
-                               generator=g).tolist()
-        params = (SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=12, ignore_eos=True)
-                  if sampled else SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+        prompt = torch.randint(3, 128, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g).tolist()
+        params = (
+            SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=12, ignore_eos=True)
+            if sampled
+            else SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        )
         out.append((f"r{i}", prompt, params, i // 2))  # two arrive each step
     return out
 

@@ -26,17 +26,33 @@ NEW_TOKENS = 32
 
 def _qwen3(kv_heads, tie, head_dim):
     return transformers.Qwen3ForCausalLM, transformers.Qwen3Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=head_dim,
-        tie_word_embeddings=tie, max_position_embeddings=256, rope_theta=10000.0,
-        rms_norm_eps=1e-6)
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        tie_word_embeddings=tie,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+    )
 
 
 def _llama(kv_heads, tie):
     return transformers.LlamaForCausalLM, transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=kv_heads, tie_word_embeddings=tie,
-        max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-5)
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        tie_word_embeddings=tie,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+    )
 
 
 CASES = {
@@ -71,8 +87,11 @@ def test_engine_logits_and_greedy_match_hf(case, tmp_path):
     registry = load_registry()
     spec = registry.find_model_loader(store.config)
     spy = ForwardSpy(spec.factory(store, LoadOptions()))
-    engine = LLMEngine(spy, EngineConfig(block_size=4, num_kv_blocks=96, max_prefill_tokens=12,
-                                         enable_prefix_caching=True), registry=registry)
+    engine = LLMEngine(
+        spy,
+        EngineConfig(block_size=4, num_kv_blocks=96, max_prefill_tokens=12, enable_prefix_caching=True),
+        registry=registry,
+    )
     prompts = _prompts(seed=len(case))
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     # r0's 21-token prompt prefills in two chunks of 12 and 9 before the others join
@@ -95,17 +114,25 @@ def test_engine_logits_and_greedy_match_hf(case, tmp_path):
 
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
-            gen = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                              min_new_tokens=NEW_TOKENS, pad_token_id=0)
-        assert outputs[i] == gen[0, len(prompt):].tolist(), f"r{i} greedy tokens differ"
+            gen = hf.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                min_new_tokens=NEW_TOKENS,
+                pad_token_id=0,
+            )
+        assert outputs[i] == gen[0, len(prompt) :].tolist(), f"r{i} greedy tokens differ"
 
 
 def _spied_engine(path, caching, max_prefill):
     store = open_weights(path)
     registry = load_registry()
     spy = ForwardSpy(registry.find_model_loader(store.config).factory(store, LoadOptions()))
-    engine = LLMEngine(spy, EngineConfig(block_size=4, num_kv_blocks=64, max_prefill_tokens=max_prefill,
-                                         enable_prefix_caching=caching), registry=registry)
+    engine = LLMEngine(
+        spy,
+        EngineConfig(block_size=4, num_kv_blocks=64, max_prefill_tokens=max_prefill, enable_prefix_caching=caching),
+        registry=registry,
+    )
     return engine, spy
 
 

@@ -9,9 +9,45 @@ import torch
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.sampling.params import SamplingParams
 
-CHAT_PROMPT_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28,
-                   7018, 411, 407, 19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282,
-                   4649, 47, 2, 198, 1, 520, 9531, 198]
+CHAT_PROMPT_IDS = [
+    1,
+    9690,
+    198,
+    2683,
+    359,
+    253,
+    5356,
+    5646,
+    11173,
+    3365,
+    3511,
+    308,
+    34519,
+    28,
+    7018,
+    411,
+    407,
+    19712,
+    8182,
+    2,
+    198,
+    1,
+    4093,
+    198,
+    1780,
+    314,
+    260,
+    3575,
+    282,
+    4649,
+    47,
+    2,
+    198,
+    1,
+    520,
+    9531,
+    198,
+]
 CHAT_NEW_IDS = [504, 3575, 282, 4649, 314, 7042, 30, 2]
 
 
@@ -38,14 +74,16 @@ def _run(loaded, prompts, params, **cfg):
 
 def test_chat_prompt_ids_match_reference(smollm2):
     tok = smollm2.tokenizer
-    rendered = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                       add_generation_prompt=True)
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
+    )
     assert tok.encode(rendered, add_special_tokens=False) == CHAT_PROMPT_IDS
 
 
 def test_greedy_chat_reproduces_reference_ids(smollm2):
-    outs, texts = _run(smollm2, [CHAT_PROMPT_IDS], SamplingParams(temperature=0.0, max_tokens=32),
-                       block_size=16, num_kv_blocks=16)
+    outs, texts = _run(
+        smollm2, [CHAT_PROMPT_IDS], SamplingParams(temperature=0.0, max_tokens=32), block_size=16, num_kv_blocks=16
+    )
     assert outs["r0"] == CHAT_NEW_IDS
     assert texts["r0"] == "The capital of France is Paris."
 
@@ -76,8 +114,9 @@ def test_once_upon_a_time_next_token_logits(smollm2):
 
 def test_batched_chunked_generation_equals_alone(smollm2):
     tok = smollm2.tokenizer
-    prompts = [tok.encode(t) for t in ("Once upon a time", "The three primary colors are",
-                                        "def fibonacci(n):", "Paris is")]
+    prompts = [
+        tok.encode(t) for t in ("Once upon a time", "The three primary colors are", "def fibonacci(n):", "Paris is")
+    ]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     together, _ = _run(smollm2, prompts, params, block_size=8, num_kv_blocks=64, max_prefill_tokens=5)
     for i, ids in enumerate(prompts):

@@ -30,10 +30,13 @@ class ToyLM:
 
     def __init__(self, recurrent: bool = False, eos: tuple[int, ...] = (), max_position: int = 512):
         self.info = ModelInfo(
-            architecture="toy", vocab_size=VOCAB, max_position=max_position,
+            architecture="toy",
+            vocab_size=VOCAB,
+            max_position=max_position,
             kv=KVLayout(num_layers=1, num_kv_heads=1, head_dim=DIM),
             recurrent=RecurrentLayout(num_layers=1, bytes_per_sequence=16) if recurrent else None,
-            eos_token_ids=eos)
+            eos_token_ids=eos,
+        )
         self.calls: list[ForwardBatch] = []
 
     def make_state_pool(self, num_slots: int):
@@ -54,15 +57,14 @@ class ToyLM:
         accs = {}
         for i in range(batch.num_seqs):
             start = batch.context_lens_host[i] - batch.query_lens_host[i]
-            assert pos[qs[i]:qs[i + 1]] == list(range(start, batch.context_lens_host[i]))
+            assert pos[qs[i] : qs[i + 1]] == list(range(start, batch.context_lens_host[i]))
             if state is not None:
                 slot = int(batch.state_slots[i])
                 assert slot >= 0
                 if bool(batch.state_fresh[i]):
                     state["next"][slot], state["acc"][slot] = 0, 0
                 if state["next"][slot] != start:
-                    raise StateCorrupted(f"state of slot {slot} expects {state['next'][slot]}, "
-                                         f"fed from {start}")
+                    raise StateCorrupted(f"state of slot {slot} expects {state['next'][slot]}, fed from {start}")
                 for r in range(qs[i], qs[i + 1]):
                     state["acc"][slot] = (state["acc"][slot] * 31 + ids[r] * 7 + pos[r]) % 1000003
                 state["next"][slot] = batch.context_lens_host[i]
@@ -75,8 +77,7 @@ class ToyLM:
             for p in range(pos[r] + 1):
                 block = int(batch.block_tables[i, p // batch.block_size])
                 total += kv.k[0][block, p % batch.block_size, 0]
-                assert torch.equal(kv.v[0][block, p % batch.block_size, 0],
-                                   2 * kv.k[0][block, p % batch.block_size, 0])
+                assert torch.equal(kv.v[0][block, p % batch.block_size, 0], 2 * kv.k[0][block, p % batch.block_size, 0])
             key = hash((tuple(int(x) for x in total.tolist()), accs.get(i, 0))) & 0x7FFFFFFF
             g = torch.Generator().manual_seed(key)
             rows.append(torch.randn(VOCAB, generator=g) * 3.0)

@@ -51,8 +51,12 @@ def test_streams_the_same_tokens_as_the_sync_engine(async_engine, make_engine, r
     eng = async_engine(max_prefill_tokens=8)
 
     async def main():
-        return await asyncio.gather(*(collect(eng.generate(p, SamplingParams(
-            temperature=0.0, max_tokens=6), request_id=f"r{i}")) for i, p in enumerate(prompts)))
+        return await asyncio.gather(
+            *(
+                collect(eng.generate(p, SamplingParams(temperature=0.0, max_tokens=6), request_id=f"r{i}"))
+                for i, p in enumerate(prompts)
+            )
+        )
 
     results = asyncio.run(main())
     for deltas, want in zip(results, expected):
@@ -78,8 +82,9 @@ def test_aclose_aborts_and_frees_blocks(async_engine):
     engine = eng.engine
 
     async def main():
-        agen = eng.generate([1, 2, 3, 4, 5], SamplingParams(temperature=0.0, max_tokens=10_000,
-                                                            ignore_eos=True), request_id="long")
+        agen = eng.generate(
+            [1, 2, 3, 4, 5], SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True), request_id="long"
+        )
         first = await agen.__anext__()
         assert first.new_token_ids and not first.finished
         await agen.aclose()
@@ -96,8 +101,7 @@ def test_cancelled_consumer_aborts(async_engine):
     seen = []
 
     async def consume():
-        async for d in eng.generate([7, 8], SamplingParams(temperature=0.0, max_tokens=10_000),
-                                    request_id="c"):
+        async for d in eng.generate([7, 8], SamplingParams(temperature=0.0, max_tokens=10_000), request_id="c"):
             seen.append(d)
 
     async def main():
@@ -193,10 +197,22 @@ def test_merge_outputs_concatenates_in_order():
     from metrale_core.engine.output import RequestOutput, merge_outputs
 
     a = RequestOutput("r", (1,), "a", num_output_tokens=1, logprobs=((1, -0.5, ()),), parsed=("p",))
-    b = RequestOutput("r", (2, 3), "bc", finished=True, finish_reason="length",
-                      num_output_tokens=3, logprobs=((2, -1.0, ()), (3, -2.0, ())))
+    b = RequestOutput(
+        "r",
+        (2, 3),
+        "bc",
+        finished=True,
+        finish_reason="length",
+        num_output_tokens=3,
+        logprobs=((2, -1.0, ()), (3, -2.0, ())),
+    )
     m = merge_outputs([a, b])
-    assert (m.new_token_ids, m.text_delta, m.finished, m.finish_reason, m.num_output_tokens) == \
-        ((1, 2, 3), "abc", True, "length", 3)
+    assert (m.new_token_ids, m.text_delta, m.finished, m.finish_reason, m.num_output_tokens) == (
+        (1, 2, 3),
+        "abc",
+        True,
+        "length",
+        3,
+    )
     assert [t for t, *_ in m.logprobs] == [1, 2, 3] and m.parsed == ("p",)
     assert merge_outputs([RequestOutput("r", (1,)), RequestOutput("r", (2,))]).logprobs is None

@@ -55,7 +55,7 @@ def _computed(bm: BlockManager, s: Sequence, n: int) -> None:
 
 def test_prefix_hit_shares_full_blocks_only():
     bm = BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
-    a = seq("a", list(range(1, 11)))            # 2 full blocks + 2 tokens
+    a = seq("a", list(range(1, 11)))  # 2 full blocks + 2 tokens
     bm.allocate(a, bm.match_prefix(a), 10)
     _computed(bm, a, 10)
     assert bm.num_cached_blocks() == 2

@@ -98,12 +98,11 @@ def test_eos_and_stop_token_ids(make_engine, run, tokens, toy_model):
     engine = make_engine(toy_model(eos=(eos,)))
     engine.add_request("a", prompt, SamplingParams(temperature=0.0, max_tokens=6))
     engine.add_request("b", prompt, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
-    engine.add_request("c", prompt, SamplingParams(temperature=0.0, max_tokens=6,
-                                                   stop_token_ids=(free[1],)))
+    engine.add_request("c", prompt, SamplingParams(temperature=0.0, max_tokens=6, stop_token_ids=(free[1],)))
     outs = run(engine)
-    assert tokens(outs["a"]) == free[:first + 1] and outs["a"][-1].finish_reason == "stop"
+    assert tokens(outs["a"]) == free[: first + 1] and outs["a"][-1].finish_reason == "stop"
     assert tokens(outs["b"]) == free and outs["b"][-1].finish_reason == "length"
-    assert tokens(outs["c"]) == free[:free.index(free[1]) + 1]
+    assert tokens(outs["c"]) == free[: free.index(free[1]) + 1]
     assert outs["c"][-1].finish_reason == "stop"
 
 
@@ -125,7 +124,7 @@ def test_text_deltas_and_stop_strings(make_engine, run, tokens):
     outs = run(engine)
     assert "".join(d.text_delta for d in outs["plain"]) == text
     streamed = "".join(d.text_delta for d in outs["stop"])
-    assert streamed == text[:text.index(stop)]
+    assert streamed == text[: text.index(stop)]
     assert outs["stop"][-1].finish_reason == "stop"
     # The first character of the stop string was held back, never emitted then withdrawn.
     assert all(stop not in d.text_delta for d in outs["stop"])
@@ -139,7 +138,7 @@ def test_eos_text_is_not_emitted(make_engine, run, tokens, toy_model):
     engine.add_request("a", prompt, SamplingParams(temperature=0.0, max_tokens=10))
     deltas = run(engine)["a"]
     n = ids.index(eos)
-    assert tokens(deltas) == ids[:n + 1]
+    assert tokens(deltas) == ids[: n + 1]
     assert "".join(d.text_delta for d in deltas) == "".join(chr(97 + t % 26) for t in ids[:n])
 
 
@@ -195,9 +194,11 @@ def test_logprobs_are_reported(make_engine, run):
 class _Registry(_CoreRegistry):
     def __init__(self, calls):
         super().__init__()  # a real (typed) Registry with an empty plugin manager
+
         def observer(config):
             def observe(logits, ctx):
                 calls.append(ctx.kinds)
+
             return observe
 
         self.samplers = {"default": SamplerSpec("default", DefaultSampler)}
@@ -216,6 +217,7 @@ def test_components_come_from_the_registry(toy_model, run, tokens):
     engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=3))
     run(engine)
     from metrale_core.sampling import PositionKind
+
     assert [k for ks in calls for k in ks] == [PositionKind.PREFILL_LAST] + [PositionKind.FINAL_DECODE] * 2
     with pytest.raises(ConfigError, match=r"no sampler named 'fancy'.*default"):
         LLMEngine(toy_model(), EngineConfig(num_kv_blocks=8, sampler="fancy"), registry=_Registry([]))
@@ -236,7 +238,6 @@ def test_failed_step_fails_its_requests(make_engine, toy_model):
     with pytest.raises(RuntimeError, match="device lost"):
         engine.step()
     outs = engine.fail_in_flight("RuntimeError: device lost")
-    assert [(o.request_id, o.finish_reason, o.error) for o in outs] == [
-        ("a", "error", "RuntimeError: device lost")]
+    assert [(o.request_id, o.finish_reason, o.error) for o in outs] == [("a", "error", "RuntimeError: device lost")]
     assert not engine.has_unfinished()
     assert engine.stats().num_free_blocks == engine.stats().num_blocks

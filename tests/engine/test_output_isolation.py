@@ -28,8 +28,7 @@ def test_bad_bias_fails_only_its_own_request(make_engine, tokens):
 
     engine = make_engine()
     engine.add_request("good", prompt, SamplingParams(temperature=0.0, max_tokens=6))
-    engine.add_request("bad", [1, 2], SamplingParams(temperature=0.0, max_tokens=6,
-                                                     logit_bias={10 ** 8: 1.0}))
+    engine.add_request("bad", [1, 2], SamplingParams(temperature=0.0, max_tokens=6, logit_bias={10**8: 1.0}))
     engine.add_request("good2", prompt, SamplingParams(temperature=0.0, max_tokens=6))
     outs = _step_all(engine)  # the step itself must not raise
     bad = outs["bad"][-1]

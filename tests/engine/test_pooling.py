@@ -80,7 +80,7 @@ def test_fold_restarts_at_position_zero_and_checks_its_mode():
     pool = Pooling("mean")
     pool.fold(torch.ones(3, 2), 0)
     pool.fold(torch.full((2, 2), 9.0), 0)  # replay from 0 after a preemption
-    assert pool.count == 2 and torch.allclose(pool.vector(), torch.tensor([1.0, 1.0]) / 2 ** 0.5)
+    assert pool.count == 2 and torch.allclose(pool.vector(), torch.tensor([1.0, 1.0]) / 2**0.5)
     try:
         Pooling("max")
     except ValueError as exc:

@@ -35,8 +35,7 @@ def run_counting(engine):
 
 @pytest.mark.parametrize("sampling", ["greedy", "seeded"])
 @pytest.mark.parametrize("recurrent", [False, True])
-def test_small_pool_preempts_and_changes_nothing(make_engine, run, tokens, toy_model,
-                                                 sampling, recurrent):
+def test_small_pool_preempts_and_changes_nothing(make_engine, run, tokens, toy_model, sampling, recurrent):
     big = make_engine(toy_model(recurrent=recurrent), num_kv_blocks=256)
     for i, p in enumerate(PROMPTS):
         big.add_request(f"r{i}", p, params(i, sampling))
@@ -74,7 +73,7 @@ def test_preempted_sequence_goes_to_the_queue_front(make_engine):
 
 
 def test_sequence_larger_than_the_pool_errors_alone(make_engine, run, tokens):
-    engine = make_engine(num_kv_blocks=8, max_prefill_tokens=8)      # 32 tokens in all
+    engine = make_engine(num_kv_blocks=8, max_prefill_tokens=8)  # 32 tokens in all
     engine.add_request("huge_prompt", list(range(1, 40)), SamplingParams(temperature=0.0))
     engine.add_request("grows", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=100))
     engine.add_request("fine", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=4))

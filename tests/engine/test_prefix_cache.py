@@ -16,7 +16,7 @@ def solo(make_engine, run, tokens, prompt, **kw):
 def test_hit_shares_blocks_with_a_running_sequence(make_engine, run, tokens):
     engine = make_engine()
     engine.add_request("a", PREFIX + [1], SamplingParams(temperature=0.0, max_tokens=5))
-    early = engine.step()                # a's prompt is computed; its 2 full blocks are cached
+    early = engine.step()  # a's prompt is computed; its 2 full blocks are cached
     engine.add_request("b", PREFIX + [2, 3], SamplingParams(temperature=0.0, max_tokens=5))
     early += engine.step()
     a, b = engine.scheduler.seqs["a"], engine.scheduler.seqs["b"]
@@ -24,7 +24,7 @@ def test_hit_shares_blocks_with_a_running_sequence(make_engine, run, tokens):
     assert b.num_cached_tokens == 8 and b.block_ids[:2] == a.block_ids[:2]
     assert [bm.ref_count(x) for x in b.block_ids[:2]] == [2, 2]
     chunk_b = next(c for c in engine.scheduler.last_plan.chunks if c.seq is b)
-    assert (chunk_b.start, chunk_b.num_tokens) == (8, 4)     # only the uncached tail is fed
+    assert (chunk_b.start, chunk_b.num_tokens) == (8, 4)  # only the uncached tail is fed
     outs = run(engine)
     for d in reversed(early):
         outs[d.request_id].insert(0, d)
@@ -36,7 +36,7 @@ def test_hit_shares_blocks_with_a_running_sequence(make_engine, run, tokens):
 def test_full_prompt_hit_recomputes_the_last_block(make_engine, run, tokens, toy_model):
     model = toy_model()
     engine = make_engine(model)
-    prompt = PREFIX[:8]                  # exactly 2 blocks
+    prompt = PREFIX[:8]  # exactly 2 blocks
     engine.add_request("a", prompt, SamplingParams(temperature=0.0, max_tokens=5))
     first = tokens(run(engine)["a"])
     engine.add_request("b", prompt, SamplingParams(temperature=0.0, max_tokens=5))
@@ -51,7 +51,7 @@ def test_generated_tokens_are_cached_too(make_engine, run, tokens):
     engine = make_engine()
     engine.add_request("a", PREFIX, SamplingParams(temperature=0.0, max_tokens=7))
     out_a = tokens(run(engine)["a"])
-    follow = PREFIX + out_a[:6] + [5]    # a chat turn continuing a's answer
+    follow = PREFIX + out_a[:6] + [5]  # a chat turn continuing a's answer
     engine.add_request("b", follow, SamplingParams(temperature=0.0, max_tokens=5))
     early = engine.step()
     assert engine.scheduler.seqs["b"].num_cached_tokens == 16

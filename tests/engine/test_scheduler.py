@@ -36,20 +36,18 @@ def test_budget_is_shared_decodes_first_then_prefills_in_admission_order(make_en
     engine = make_engine(max_prefill_tokens=6)
     params = SamplingParams(temperature=0.0, max_tokens=4)
     engine.add_request("a", [1, 2, 3], params)
-    engine.step()                                    # a prefills 3
+    engine.step()  # a prefills 3
     engine.add_request("b", list(range(1, 11)), params)
     engine.add_request("c", [5, 6], params)
     engine.step()
     assert plan_summary(engine.scheduler.last_plan) == [("a", 3, 1, True), ("b", 0, 6, False)]
     engine.step()
-    assert plan_summary(engine.scheduler.last_plan) == [
-        ("a", 4, 1, True), ("b", 6, 4, True), ("c", 0, 2, True)]
+    assert plan_summary(engine.scheduler.last_plan) == [("a", 4, 1, True), ("b", 6, 4, True), ("c", 0, 2, True)]
     kinds = [c.kind for c in engine.scheduler.last_plan.chunks]
     assert kinds == [PositionKind.FINAL_DECODE, PositionKind.PREFILL_LAST, PositionKind.PREFILL_LAST]
     engine.step()
     # rows: decodes in running order (a, b, c); the forward batch follows the plan exactly
-    assert plan_summary(engine.scheduler.last_plan) == [
-        ("a", 5, 1, True), ("b", 10, 1, True), ("c", 2, 1, True)]
+    assert plan_summary(engine.scheduler.last_plan) == [("a", 5, 1, True), ("b", 10, 1, True), ("c", 2, 1, True)]
 
 
 def test_forward_batch_layout(make_engine, toy_model):
@@ -64,7 +62,7 @@ def test_forward_batch_layout(make_engine, toy_model):
     assert batch.query_lens_host == (1, 5) and batch.context_lens_host == (4, 5)
     assert batch.positions.tolist() == [3, 0, 1, 2, 3, 4]
     assert batch.input_ids.tolist() == [a.output_ids[0], 1, 2, 3, 4, 5]
-    assert batch.logits_rows.tolist() == [0]          # b's chunk does not finish its prompt
+    assert batch.logits_rows.tolist() == [0]  # b's chunk does not finish its prompt
     bs = batch.block_size
     expected_slots = [a.block_ids[0] * bs + 3] + [b.block_ids[p // bs] * bs + p % bs for p in range(5)]
     assert batch.slot_mapping.tolist() == expected_slots

@@ -31,7 +31,7 @@ class Oracle:
         out = []
         for seq, cap in zip(seqs, caps):
             done = len(seq.output_ids)
-            out.append(Draft(SCRIPT.output[done:done + min(2, cap)]))
+            out.append(Draft(SCRIPT.output[done : done + min(2, cap)]))
         return out
 
     def observe(self, report) -> None:
@@ -64,7 +64,7 @@ def test_drafts_reach_the_plan_through_the_draft_source():
     assert verify, "no verify chunk was planned"
     for chunk in verify:  # each verify chunk carries the Draft it verifies
         assert isinstance(chunk.draft, Draft)
-        assert chunk.token_ids[1:] == chunk.draft.token_ids[:chunk.num_tokens - 1]
+        assert chunk.token_ids[1:] == chunk.draft.token_ids[: chunk.num_tokens - 1]
     assert sum(o.num_accepted for r in oracle.reports for o in r.outcomes) > 0
 
 

@@ -11,8 +11,9 @@ from metrale_core.testing import requires
 pytest_plugins = ["pytester"]
 
 
-@pytest.mark.parametrize("value, strict", [("true", True), ("TRUE", True), ("1", True), ("", False),
-                                           ("false", False), ("0", False)])
+@pytest.mark.parametrize(
+    "value, strict", [("true", True), ("TRUE", True), ("1", True), ("", False), ("false", False), ("0", False)]
+)
 def test_strict_follows_ci(monkeypatch, value, strict):
     monkeypatch.setenv("CI", value)
     assert requires.strict() is strict
@@ -46,13 +47,15 @@ def test_a_failed_kernel_build_on_a_capable_cpu_fails_under_ci(monkeypatch):
 
 
 def test_the_needs_file_marker_fails_under_ci(pytester, monkeypatch):
-    pytester.makepyfile(test_x='''
+    pytester.makepyfile(
+        test_x="""
         from metrale_core.testing.requires import needs_file
 
         @needs_file("/nonexistent/model.gguf", "fetch it")
         def test_needs():
             pass
-    ''')
+    """
+    )
     monkeypatch.delenv("CI", raising=False)
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(skipped=1)
     monkeypatch.setenv("CI", "true")

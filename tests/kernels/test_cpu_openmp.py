@@ -76,8 +76,9 @@ def probe_package(tmp_path):
 def test_c_kernels_and_torch_share_one_openmp_runtime_and_its_thread_count(probe_package):
     env = {**os.environ, "OMP_NUM_THREADS": "2", "METRALE_CACHE_DIR": str(probe_package / "cache")}
     env.pop(cpu_mod.CPU_ISA_ENV, None)
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(probe_package / "src")], capture_output=True,
-                          text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(probe_package / "src")], capture_output=True, text=True, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "error" not in result, result

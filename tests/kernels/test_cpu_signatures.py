@@ -25,11 +25,15 @@ from metrale_core.kernels.cpu import CPU_VARIANTS, bind_prototypes, build_cpu_li
 from metrale_core.testing.requires import missing
 
 REPO = Path(__file__).resolve().parents[2]
-KERNEL_DIRS = sorted({p.parent for p in REPO.glob("**/kernels/cpu/*.c")
-                      if ".venv" not in p.parts and ".tox" not in p.parts})
+KERNEL_DIRS = sorted(
+    {p.parent for p in REPO.glob("**/kernels/cpu/*.c") if ".venv" not in p.parts and ".tox" not in p.parts}
+)
 # a top-level, non-static function definition: optional attributes, return type, name, (args) {
-DEFINITION = re.compile(r"^(?:__attribute__\(\(.*?\)\)\s*)?(?P<ret>(?:[A-Za-z_]\w*[\s*]+)+?)(?P<name>[A-Za-z_]\w*)"
-                        r"\((?P<args>[^;{}]*?)\)\s*\{", re.M | re.S)
+DEFINITION = re.compile(
+    r"^(?:__attribute__\(\(.*?\)\)\s*)?(?P<ret>(?:[A-Za-z_]\w*[\s*]+)+?)(?P<name>[A-Za-z_]\w*)"
+    r"\((?P<args>[^;{}]*?)\)\s*\{",
+    re.M | re.S,
+)
 
 
 def _variant_only(header_text: str) -> set[str]:
@@ -62,8 +66,9 @@ def test_every_export_is_declared_and_bound_from_its_header(kernel_dir, isa, cc,
     nm = subprocess.run(["nm", "-D", "--defined-only", str(lib_path)], capture_output=True, text=True, check=True)
     exported = {line.split()[-1] for line in nm.stdout.splitlines() if line.split()[1] == "T"}
     expected = set(declared) - (only_avx512 if isa != "avx512" else set())
-    assert exported == expected, f"{isa}: exported but undeclared {exported - expected}, " \
-                                 f"declared but missing {expected - exported}"
+    assert exported == expected, (
+        f"{isa}: exported but undeclared {exported - expected}, declared but missing {expected - exported}"
+    )
     lib = ctypes.CDLL(str(lib_path))  # loading runs no ISA-specific code
     bind_prototypes(lib, headers)
     for name in exported:

@@ -119,8 +119,10 @@ def test_find_cu_files_by_directory_and_by_package(tmp_path):
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
 def test_compile_ptx_builds_and_reports_nvcc_errors(tmp_path):
     good = tmp_path / "ok.cu"
-    good.write_text('extern "C" __global__ void add_one_f32(float* x, int n) {\n'
-                    "  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }\n")
+    good.write_text(
+        'extern "C" __global__ void add_one_f32(float* x, int n) {\n'
+        "  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }\n"
+    )
     ptx = compile_ptx(good, tmp_path / "out")
     assert ptx == tmp_path / "out" / "ok.ptx" and ".entry add_one_f32" in ptx.read_text()
     bad = tmp_path / "bad.cu"
@@ -131,14 +133,20 @@ def test_compile_ptx_builds_and_reports_nvcc_errors(tmp_path):
 
 def _two_headers_sharing_the_core_one(root):
     """A kernel including two plugin headers that both include the core's metrale_bf16.cuh."""
-    (root / "a.cuh").write_text('#ifndef A_CUH\n#define A_CUH\n#include "metrale_bf16.cuh"\n'
-                                "__device__ float twice(float x) { return 2.0f * x; }\n#endif\n")
-    (root / "b.cuh").write_text('#ifndef B_CUH\n#define B_CUH\n#include "metrale_bf16.cuh"\n'
-                                "__device__ float thrice(float x) { return 3.0f * x; }\n#endif\n")
+    (root / "a.cuh").write_text(
+        '#ifndef A_CUH\n#define A_CUH\n#include "metrale_bf16.cuh"\n'
+        "__device__ float twice(float x) { return 2.0f * x; }\n#endif\n"
+    )
+    (root / "b.cuh").write_text(
+        '#ifndef B_CUH\n#define B_CUH\n#include "metrale_bf16.cuh"\n'
+        "__device__ float thrice(float x) { return 3.0f * x; }\n#endif\n"
+    )
     cu = root / "k.cu"
-    cu.write_text('#include "a.cuh"\n#include "b.cuh"\n'
-                  'extern "C" __global__ void k_bf16(bf16* x) {\n'
-                  "  x[0] = from_float<bf16>(thrice(twice(to_float(x[0])))); }\n")
+    cu.write_text(
+        '#include "a.cuh"\n#include "b.cuh"\n'
+        'extern "C" __global__ void k_bf16(bf16* x) {\n'
+        "  x[0] = from_float<bf16>(thrice(twice(to_float(x[0])))); }\n"
+    )
     return cu
 
 
@@ -173,6 +181,7 @@ def test_nvcc_on_the_raw_source_and_on_the_inlined_one_agree(tmp_path):
 
 # --- the C CPU path ---------------------------------------------------------------------------
 
+
 class Doubler(CustomOp):
     """An op whose CPU kernel lives in the C library of ``kernel_package``."""
 
@@ -196,7 +205,8 @@ def fake_cpu_package(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("")
     (pkg / "kernels" / "cpu" / "twice.c").write_text(
         '#include "metrale_cpu_math.h"\n'
-        "void twice(const float *x, float *y, long n) { for (long i = 0; i < n; i++) y[i] = 2 * x[i]; }\n")
+        "void twice(const float *x, float *y, long n) { for (long i = 0; i < n; i++) y[i] = 2 * x[i]; }\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path / "src"))
     monkeypatch.setenv("METRALE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv(cpu_mod.CPU_ISA_ENV, raising=False)
@@ -219,8 +229,7 @@ def needs_cpu_build():
         missing("no C compiler on a CPU that runs the C kernels")
 
 
-def test_cpu_ops_build_their_package_library_once_and_dispatch_to_it(fake_cpu_package, tmp_path,
-                                                                      needs_cpu_build):
+def test_cpu_ops_build_their_package_library_once_and_dispatch_to_it(fake_cpu_package, tmp_path, needs_cpu_build):
     op = Doubler("cpu")
     assert op.path == "cpu" and "path=cpu" in repr(op)
     assert torch.equal(op(torch.arange(5.0)), torch.arange(5.0) * 2)
@@ -265,8 +274,10 @@ def test_the_best_variant_the_cpu_runs_is_chosen_and_can_be_forced(monkeypatch):
     isa, why = cpu_mod.selected_isa()
     assert isa == "avx2" and "not AVX512-VNNI" in why
     monkeypatch.setenv(cpu_mod.CPU_ISA_ENV, "avx512")
-    assert cpu_mod.selected_isa() == (None, f"{cpu_mod.CPU_ISA_ENV}=avx512 but the CPU lacks avx512f, avx512bw, "
-                                            "avx512vl, avx512dq, avx512_vnni")
+    assert cpu_mod.selected_isa() == (
+        None,
+        f"{cpu_mod.CPU_ISA_ENV}=avx512 but the CPU lacks avx512f, avx512bw, avx512vl, avx512dq, avx512_vnni",
+    )
     monkeypatch.setenv(cpu_mod.CPU_ISA_ENV, "neon")
     assert "is not one of avx512, avx2" in cpu_mod.selected_isa()[1]
     monkeypatch.setattr(cpu_mod.platform, "machine", lambda: "aarch64")

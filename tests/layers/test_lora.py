@@ -175,8 +175,10 @@ def test_an_adapter_adds_its_exact_delta_on_every_weight_format(fmt, tmp_path):
     """Whatever the base's weight format, an adapter row is the quantized base's output plus the
     float LoRA delta, and a base row is exactly the quantized base's output."""
     gen = torch.Generator().manual_seed(3)
-    tensors = {"m.q_proj.weight": 0.1 * torch.randn(32, 64, generator=gen),
-               "m.v_proj.weight": 0.1 * torch.randn(16, 64, generator=gen)}
+    tensors = {
+        "m.q_proj.weight": 0.1 * torch.randn(32, 64, generator=gen),
+        "m.v_proj.weight": 0.1 * torch.randn(16, 64, generator=gen),
+    }
     names, shapes = list(tensors), [(32, 64), (16, 64)]
     if fmt == "gguf":
         store = _gguf_store(tmp_path, tensors)
@@ -188,8 +190,10 @@ def test_an_adapter_adds_its_exact_delta_on_every_weight_format(fmt, tmp_path):
     assert not isinstance(layer.qkv, DenseLinear) or fmt == "bf16"
     targets = attach_lora(layer, num_slots=2, max_rank=4, dtype=torch.float32, device="cpu")
     modules = sorted(targets)
-    adapter = {m: (torch.randn(4, 64, generator=gen), torch.randn(n, 4, generator=gen), 0.25)
-               for m, n in zip(modules, (32, 16), strict=True)}
+    adapter = {
+        m: (torch.randn(4, 64, generator=gen), torch.randn(n, 4, generator=gen), 0.25)
+        for m, n in zip(modules, (32, 16), strict=True)
+    }
     layer.qkv.set_slot(1, adapter)
     x = torch.randn(5, 64, generator=gen)
     base = layer.qkv(x)

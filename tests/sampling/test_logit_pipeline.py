@@ -21,9 +21,7 @@ PK = PositionKind
 
 
 def _spec(name, order=100, kinds=frozenset(PositionKind), read_only=False):
-    return LogitProcessorSpec(
-        name=name, factory=lambda cfg: None, order=order, kinds=kinds, read_only=read_only
-    )
+    return LogitProcessorSpec(name=name, factory=lambda cfg: None, order=order, kinds=kinds, read_only=read_only)
 
 
 class Recorder:
@@ -61,7 +59,7 @@ def test_kind_filtering_final_decode_only_never_sees_verify(make_row):
     rows = [make_row() for _ in range(4)]
     kinds = [PK.VERIFY, PK.FINAL_DECODE, PK.VERIFY, PK.PREFILL_LAST]
     pipe.sample(logits, rows, kinds)
-    (ctx, seen), = rec.calls
+    ((ctx, seen),) = rec.calls
     assert ctx.indices == (1,) and ctx.kinds == (PK.FINAL_DECODE,) and ctx.rows == (rows[1],)
     assert torch.equal(seen, logits[1:2])
     rec.calls.clear()
@@ -101,7 +99,7 @@ def test_observer_sees_masked_logits_before_penalties_and_bias(make_row):
     logits = torch.tensor([[2.0, -1.0, 3.0, 0.5, 1.0]])
     row = make_row(prompt=[0, 1], repetition_penalty=2.0, logit_bias={4: 5.0})
     adjusted = pipe.adjusted_logits(logits, [row], [PK.FINAL_DECODE])
-    (_, seen), = observer.calls
+    ((_, seen),) = observer.calls
     assert seen.tolist() == [[2.0, -1.0, -math.inf, 0.5, 1.0]]
     assert adjusted.tolist() == [[1.0, -2.0, -math.inf, -math.inf, 6.0]]
 
@@ -144,13 +142,13 @@ def test_debug_mode_catches_writes_past_the_version_counter(make_row, monkeypatc
 
 
 def test_sample_never_modifies_input(make_row):
-    pipe = _pipeline(
-        (_spec("mask", order=5), Recorder(mask_token=1)), (_spec("obs", read_only=True), Recorder())
-    )
+    pipe = _pipeline((_spec("mask", order=5), Recorder(mask_token=1)), (_spec("obs", read_only=True), Recorder()))
     logits = torch.randn(2, 6)
     before = logits.clone()
-    rows = [make_row(prompt=[0], output=[2], repetition_penalty=1.5, logit_bias={3: 2.0}, logprobs=2),
-            make_row(temperature=0.0)]
+    rows = [
+        make_row(prompt=[0], output=[2], repetition_penalty=1.5, logit_bias={3: 2.0}, logprobs=2),
+        make_row(temperature=0.0),
+    ]
     out = pipe.sample(logits, rows, [PK.FINAL_DECODE, PK.VERIFY])
     pipe.processed_logits(logits, rows, [PK.FINAL_DECODE, PK.VERIFY])
     assert torch.equal(logits, before)
@@ -161,8 +159,11 @@ def test_processed_logits_is_sampler_process_of_adjusted(make_row):
     pipe = _pipeline((_spec("mask", kinds={PK.VERIFY}), Recorder(mask_token=0)))
     torch.manual_seed(1)
     logits = torch.randn(3, 10)
-    rows = [make_row(top_k=4, temperature=0.7, presence_penalty=1.0, output=[3]),
-            make_row(top_p=0.8), make_row(temperature=0.0)]
+    rows = [
+        make_row(top_k=4, temperature=0.7, presence_penalty=1.0, output=[3]),
+        make_row(top_p=0.8),
+        make_row(temperature=0.0),
+    ]
     kinds = [PK.VERIFY, PK.FINAL_DECODE, PK.VERIFY]
     processed = pipe.processed_logits(logits, rows, kinds)
     expected = DefaultSampler().process(pipe.adjusted_logits(logits, rows, kinds), rows)

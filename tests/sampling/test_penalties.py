@@ -101,8 +101,14 @@ def test_no_penalties_returns_input_object(make_row):
 
 def test_masked_tokens_stay_masked(make_row):
     logits = torch.tensor([[-math.inf, 1.0, -math.inf]])
-    row = make_row(prompt=[0], output=[0, 2], repetition_penalty=1.5, frequency_penalty=1.0,
-                   presence_penalty=0.5, logit_bias={0: 2.0})
+    row = make_row(
+        prompt=[0],
+        output=[0, 2],
+        repetition_penalty=1.5,
+        frequency_penalty=1.0,
+        presence_penalty=0.5,
+        logit_bias={0: 2.0},
+    )
     out = _apply([row], logits)
     assert torch.isneginf(out[0, [0, 2]]).all() and out[0, 1].item() == 1.0
 

@@ -14,8 +14,20 @@ import torch
 from metrale_core.sampling import DefaultSampler, LogitPipeline, PositionKind
 
 #: chi-square critical values at alpha = 0.001, by degrees of freedom.
-CHI2_CRIT_001 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322,
-                 8: 26.124, 9: 27.877, 10: 29.588, 11: 31.264, 12: 32.909}
+CHI2_CRIT_001 = {
+    1: 10.828,
+    2: 13.816,
+    3: 16.266,
+    4: 18.467,
+    5: 20.515,
+    6: 22.458,
+    7: 24.322,
+    8: 26.124,
+    9: 27.877,
+    10: 29.588,
+    11: 31.264,
+    12: 32.909,
+}
 
 LOGITS = torch.tensor([1.2, -0.3, 0.8, 2.0, -1.5, 0.1, 1.7, -0.7, 0.4, 1.0, -2.2, 0.9])
 PARAMS = dict(temperature=0.8, top_k=8, top_p=0.9, min_p=0.05)
@@ -59,11 +71,12 @@ def _generate(pipe, steps, seed, batch_mates, make_row, shuffle_seed):
         batch = [target, *others]
         shuffler.shuffle(batch)
         # logits depend on the row's history only, as a model's would
-        logits = torch.stack([
-            torch.sin(torch.arange(vocab, dtype=torch.float32) * (1 + len(r.output_ids)) + r.prompt_ids[0])
-            * 3.0
-            for r in batch
-        ])
+        logits = torch.stack(
+            [
+                torch.sin(torch.arange(vocab, dtype=torch.float32) * (1 + len(r.output_ids)) + r.prompt_ids[0]) * 3.0
+                for r in batch
+            ]
+        )
         kinds = [PositionKind.FINAL_DECODE] * len(batch)
         out = pipe.sample(logits, batch, kinds)
         for r, token in zip(batch, out.token_ids):

@@ -15,7 +15,7 @@ def test_golden_store_compares_writes_and_diffs(tmp_path):
         store("demo", "a\nb\n")
     GoldenStore(tmp_path, update=True)("demo", "a\nb")
     assert (tmp_path / "demo.trace").read_text() == "a\nb\n"
-    store("demo", "a\nb\n")                       # equal after newline normalisation
+    store("demo", "a\nb\n")  # equal after newline normalisation
     with pytest.raises(GoldenMismatch) as info:
         store("demo", "a\nc\n")
     assert "-b\n+c" in str(info.value) and "demo.trace" in str(info.value)
@@ -24,12 +24,14 @@ def test_golden_store_compares_writes_and_diffs(tmp_path):
 
 
 def test_plugin_fixture_and_update_option(pytester):
-    pytester.makepyfile(test_g="""
+    pytester.makepyfile(
+        test_g="""
         def test_trace(golden, fake_clock, recording_model_factory):
             fake_clock.advance(1.5)
             model = recording_model_factory([])
             golden("demo", f"clock={fake_clock()} vocab={model.info.vocab_size}")
-    """)
+    """
+    )
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(failed=1)
     pytester.runpytest("-p", "no:cacheprovider", "--update-goldens").assert_outcomes(passed=1)
     assert (pytester.path / "tests" / "golden" / "demo.trace").read_text() == "clock=1.5 vocab=64\n"

@@ -27,73 +27,127 @@ def prompt(first: int, n: int) -> list[int]:
     return [first + i for i in range(n)]
 
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
-    Scenario("plain_decode", [
-        Arrive(0, "r10", prompt(10, 5), [40, 41, 42, 43]),            # ends with EOS -> stop
-        Arrive(0, "r30", prompt(30, 3), [50, 51, 52, 53, 54], max_tokens=3),   # -> length
-    ]),
-    Scenario("chunked_prefill", [
-        Arrive(0, "r10", prompt(10, 10), [40, 41, 42]),
-    ], engine=dict(max_prefill_tokens=4)),
-    Scenario("mixed_prefill_decode", [
-        Arrive(0, "r10", prompt(10, 3), [40, 41, 42, 43, 44, 45]),
-        Arrive(2, "r20", prompt(20, 9), [50, 51]),
-    ], engine=dict(max_prefill_tokens=4)),
-    Scenario("batched_prefill_waves", [
-        Arrive(0, "r10", prompt(10, 3), [40, 41]),
-        Arrive(0, "r20", prompt(20, 3), [42, 43]),
-        Arrive(0, "r30", prompt(30, 3), [44, 45]),
-        Arrive(0, "r50", prompt(50, 3), [46, 47]),
-    ], engine=dict(max_prefill_tokens=7)),
-    Scenario("preempt_requeue", [
-        Arrive(0, "r10", prompt(10, 6), prompt(40, 10), max_tokens=10, ignore_eos=True),
-        Arrive(0, "r20", prompt(20, 6), prompt(50, 10), max_tokens=10, ignore_eos=True),
-    ], engine=dict(num_kv_blocks=6)),
-    Scenario("cancel_mid_stream", [
-        Arrive(0, "r10", prompt(10, 4), prompt(40, 8)),
-        Arrive(0, "r20", prompt(20, 4), prompt(50, 5)),
-        Abort(3, "r10"),
-    ]),
-    Scenario("request_timeout", [
-        Arrive(0, "r10", prompt(10, 4), prompt(40, 8), timeout_s=5.0),
-        Arrive(0, "r20", prompt(20, 4), prompt(50, 5)),
-        Advance(2, 3.0),
-        Advance(4, 3.0),
-    ]),
-    Scenario("kv_exhausted_single_sequence", [
-        Arrive(0, "r10", prompt(10, 20), [40]),                      # never fits 4 blocks
-        Arrive(0, "r20", prompt(20, 6), prompt(40, 14), max_tokens=14, ignore_eos=True),
-        Arrive(0, "r30", prompt(30, 3), [55, 56]),
-    ], engine=dict(num_kv_blocks=4)),
-    Scenario("model_kv_exhausted", [
-        Arrive(0, "r10", prompt(10, 4), prompt(40, 5)),
-        Arrive(0, "r20", prompt(20, 4), prompt(50, 5)),
-        Arrive(1, "r30", prompt(30, 4), prompt(56, 3)),             # waits: max_num_seqs=2
-    ], engine=dict(max_num_seqs=2), model=dict(fail_kv_at_steps={2})),
-    Scenario("recurrent_preempt_chunked", [
-        Arrive(0, "r10", prompt(10, 7), prompt(40, 9), max_tokens=9, ignore_eos=True),
-        Arrive(0, "r20", prompt(20, 6), prompt(50, 8), max_tokens=8, ignore_eos=True),
-        Arrive(1, "r30", prompt(30, 5), [58, 59, 60]),
-    ], engine=dict(num_kv_blocks=7, max_prefill_tokens=4), model=dict(recurrent_fed_rows=True)),
-    # windowed mode: a global layer and a layer with a window of 6 positions (two KV groups)
-    Scenario("window_long_decode", [
-        Arrive(0, "r10", prompt(10, 5), prompt(20, 30), max_tokens=30, ignore_eos=True),
-    ], model={"window": WINDOW}),
-    Scenario("window_preempt_resume", [
-        Arrive(0, "r10", prompt(10, 6), prompt(40, 14), max_tokens=14, ignore_eos=True),
-        Arrive(0, "r20", prompt(20, 6), prompt(50, 14), max_tokens=14, ignore_eos=True),
-    ], engine={"num_kv_blocks": 12}, model={"window": WINDOW}),
-    Scenario("window_prefix_hit", [
-        Arrive(0, "r10", prompt(10, 13), prompt(30, 12), max_tokens=12, ignore_eos=True),
-        Arrive(14, "r10b", prompt(10, 13), prompt(30, 12), max_tokens=12, ignore_eos=True),
-    ], model={"window": WINDOW}),
-]}
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        Scenario(
+            "plain_decode",
+            [
+                Arrive(0, "r10", prompt(10, 5), [40, 41, 42, 43]),  # ends with EOS -> stop
+                Arrive(0, "r30", prompt(30, 3), [50, 51, 52, 53, 54], max_tokens=3),  # -> length
+            ],
+        ),
+        Scenario(
+            "chunked_prefill",
+            [
+                Arrive(0, "r10", prompt(10, 10), [40, 41, 42]),
+            ],
+            engine=dict(max_prefill_tokens=4),
+        ),
+        Scenario(
+            "mixed_prefill_decode",
+            [
+                Arrive(0, "r10", prompt(10, 3), [40, 41, 42, 43, 44, 45]),
+                Arrive(2, "r20", prompt(20, 9), [50, 51]),
+            ],
+            engine=dict(max_prefill_tokens=4),
+        ),
+        Scenario(
+            "batched_prefill_waves",
+            [
+                Arrive(0, "r10", prompt(10, 3), [40, 41]),
+                Arrive(0, "r20", prompt(20, 3), [42, 43]),
+                Arrive(0, "r30", prompt(30, 3), [44, 45]),
+                Arrive(0, "r50", prompt(50, 3), [46, 47]),
+            ],
+            engine=dict(max_prefill_tokens=7),
+        ),
+        Scenario(
+            "preempt_requeue",
+            [
+                Arrive(0, "r10", prompt(10, 6), prompt(40, 10), max_tokens=10, ignore_eos=True),
+                Arrive(0, "r20", prompt(20, 6), prompt(50, 10), max_tokens=10, ignore_eos=True),
+            ],
+            engine=dict(num_kv_blocks=6),
+        ),
+        Scenario(
+            "cancel_mid_stream",
+            [
+                Arrive(0, "r10", prompt(10, 4), prompt(40, 8)),
+                Arrive(0, "r20", prompt(20, 4), prompt(50, 5)),
+                Abort(3, "r10"),
+            ],
+        ),
+        Scenario(
+            "request_timeout",
+            [
+                Arrive(0, "r10", prompt(10, 4), prompt(40, 8), timeout_s=5.0),
+                Arrive(0, "r20", prompt(20, 4), prompt(50, 5)),
+                Advance(2, 3.0),
+                Advance(4, 3.0),
+            ],
+        ),
+        Scenario(
+            "kv_exhausted_single_sequence",
+            [
+                Arrive(0, "r10", prompt(10, 20), [40]),  # never fits 4 blocks
+                Arrive(0, "r20", prompt(20, 6), prompt(40, 14), max_tokens=14, ignore_eos=True),
+                Arrive(0, "r30", prompt(30, 3), [55, 56]),
+            ],
+            engine=dict(num_kv_blocks=4),
+        ),
+        Scenario(
+            "model_kv_exhausted",
+            [
+                Arrive(0, "r10", prompt(10, 4), prompt(40, 5)),
+                Arrive(0, "r20", prompt(20, 4), prompt(50, 5)),
+                Arrive(1, "r30", prompt(30, 4), prompt(56, 3)),  # waits: max_num_seqs=2
+            ],
+            engine=dict(max_num_seqs=2),
+            model=dict(fail_kv_at_steps={2}),
+        ),
+        Scenario(
+            "recurrent_preempt_chunked",
+            [
+                Arrive(0, "r10", prompt(10, 7), prompt(40, 9), max_tokens=9, ignore_eos=True),
+                Arrive(0, "r20", prompt(20, 6), prompt(50, 8), max_tokens=8, ignore_eos=True),
+                Arrive(1, "r30", prompt(30, 5), [58, 59, 60]),
+            ],
+            engine=dict(num_kv_blocks=7, max_prefill_tokens=4),
+            model=dict(recurrent_fed_rows=True),
+        ),
+        # windowed mode: a global layer and a layer with a window of 6 positions (two KV groups)
+        Scenario(
+            "window_long_decode",
+            [
+                Arrive(0, "r10", prompt(10, 5), prompt(20, 30), max_tokens=30, ignore_eos=True),
+            ],
+            model={"window": WINDOW},
+        ),
+        Scenario(
+            "window_preempt_resume",
+            [
+                Arrive(0, "r10", prompt(10, 6), prompt(40, 14), max_tokens=14, ignore_eos=True),
+                Arrive(0, "r20", prompt(20, 6), prompt(50, 14), max_tokens=14, ignore_eos=True),
+            ],
+            engine={"num_kv_blocks": 12},
+            model={"window": WINDOW},
+        ),
+        Scenario(
+            "window_prefix_hit",
+            [
+                Arrive(0, "r10", prompt(10, 13), prompt(30, 12), max_tokens=12, ignore_eos=True),
+                Arrive(14, "r10b", prompt(10, 13), prompt(30, 12), max_tokens=12, ignore_eos=True),
+            ],
+            model={"window": WINDOW},
+        ),
+    ]
+}
 
 
 def script_of(scenario: Scenario, request_id: str) -> list[int]:
     """The stream a request should see: its script, then EOS (which a "stop" stream ends with)."""
-    return next(list(e.output) + [EOS] for e in scenario.events
-                if isinstance(e, Arrive) and e.request_id == request_id)
+    return next(list(e.output) + [EOS] for e in scenario.events if isinstance(e, Arrive) and e.request_id == request_id)
 
 
 def run(name: str, golden) -> ScenarioResult:
@@ -111,7 +165,7 @@ def assert_follows_script(result: ScenarioResult, request_id: str, n: int | None
     scenario = SCENARIOS[result.trace.splitlines()[0].removeprefix("# scenario ")]
     want = script_of(scenario, request_id)
     got = result.streams[request_id].token_ids
-    assert got == want[:len(got)], result.trace
+    assert got == want[: len(got)], result.trace
     if n is not None:
         assert len(got) == n, result.trace
 
@@ -127,7 +181,7 @@ def fed_positions(result: ScenarioResult) -> dict[int, list[tuple[int, int, bool
 
 def test_plain_decode(golden):
     result = run("plain_decode", golden)
-    assert_follows_script(result, "r10", 5)               # 4 script tokens, then EOS
+    assert_follows_script(result, "r10", 5)  # 4 script tokens, then EOS
     assert result.streams["r10"].finish_reason == "stop"
     assert_follows_script(result, "r30", 3)
     assert result.streams["r30"].finish_reason == "length"
@@ -144,8 +198,9 @@ def test_chunked_prefill(golden):
 
 def test_mixed_prefill_decode(golden):
     result = run("mixed_prefill_decode", golden)
-    mixed = [c for c in result.model.calls if {s.key for s in c.seqs} == {10, 20}
-             and any(s.num_rows > 1 for s in c.seqs)]
+    mixed = [
+        c for c in result.model.calls if {s.key for s in c.seqs} == {10, 20} and any(s.num_rows > 1 for s in c.seqs)
+    ]
     assert mixed, "no forward mixed a decode row with a prefill chunk"
     assert all(s.num_rows <= 4 for c in result.model.calls for s in c.seqs if s.key == 20)
     assert_follows_script(result, "r10", 7)
@@ -168,7 +223,7 @@ def test_preempt_requeue(golden):
     fed = fed_positions(result)[20]
     replays = [(a, b) for a, b in itertools.pairwise(fed) if b[0] < a[0] + a[1]]
     assert len(replays) == 1, fed
-    (before, replay), = replays
+    ((before, replay),) = replays
     assert replay[0] % 4 == 0 and replay[0] + replay[1] == before[0] + before[1] + 1
     assert all(c.seqs[0].key == 10 for c in result.model.calls[7:10]), "r10 did not keep running"
     for rid in ("r10", "r20"):
@@ -182,8 +237,9 @@ def test_cancel_mid_stream(golden):
     assert r10.finish_reason == "abort" and 0 < len(r10.token_ids) < 8
     assert_follows_script(result, "r10")
     abort_at = result.trace.splitlines().index("+ abort r10")
-    assert not any(line.startswith("forward") and "s10@" in line
-                   for line in result.trace.splitlines()[abort_at:]), "r10 ran after its abort"
+    assert not any(line.startswith("forward") and "s10@" in line for line in result.trace.splitlines()[abort_at:]), (
+        "r10 ran after its abort"
+    )
     assert_follows_script(result, "r20", 6)
     assert result.streams["r20"].finish_reason == "stop"
 
@@ -205,7 +261,7 @@ def test_kv_exhausted_single_sequence(golden):
     # r20 alone needs 20 tokens = 5 blocks > 4: it fails once it cannot grow, keeping its tokens
     assert r20.finish_reason == "error" and "KV blocks" in r20.error
     assert_follows_script(result, "r20")
-    assert len(r20.token_ids) == 4 * 4 - 6 + 1     # the token sampled at position 15 still counts
+    assert len(r20.token_ids) == 4 * 4 - 6 + 1  # the token sampled at position 15 still counts
     assert "~ running=0 waiting=0 free_blocks=4/4" in result.trace.splitlines()[-5:]
     assert_follows_script(result, "r30", 3)
     assert result.streams["r30"].finish_reason == "stop"
@@ -227,8 +283,9 @@ def test_recurrent_preempt_chunked_never_shows_garbage(golden):
             assert fresh == (start == 0)
             assert start in (0, expected), f"s{key} fed at {start}, state expected {expected}"
             expected = start + rows
-    assert any(fresh for chunks in fed.values() for (_, _, fresh) in chunks[1:]), \
+    assert any(fresh for chunks in fed.values() for (_, _, fresh) in chunks[1:]), (
         "no sequence was preempted and replayed: the scenario lost its point"
+    )
     assert all(rows <= 4 for chunks in fed.values() for (_, rows, _) in chunks)
     assert_follows_script(result, "r10", 9)
     assert_follows_script(result, "r20", 8)
@@ -277,8 +334,8 @@ def test_window_long_decode(golden):
     for full, window in tables[1:]:
         assert len([b for b in window if b != "-"]) <= -(-WINDOW // 4) + 1, result.trace
         assert "-" not in full
-    assert "~ running=1 waiting=0 free_blocks=52/64" in result.trace   # 9 global + 3 window
-    assert result.trace.count("free_blocks=64/64") == 1                 # all free at the end
+    assert "~ running=1 waiting=0 free_blocks=52/64" in result.trace  # 9 global + 3 window
+    assert result.trace.count("free_blocks=64/64") == 1  # all free at the end
     assert_follows_script(result, "r10", 30)
 
 

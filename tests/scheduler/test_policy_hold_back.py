@@ -33,8 +33,7 @@ def registry_with_policy(name: str, factory) -> object:
 
     module = sys.modules.setdefault(MODULE, types.ModuleType(MODULE))
     setattr(module, name.replace("-", "_"), Plugin())
-    ep = importlib.metadata.EntryPoint(name=name, value=f"{MODULE}:{name.replace('-', '_')}",
-                                       group="metrale")
+    ep = importlib.metadata.EntryPoint(name=name, value=f"{MODULE}:{name.replace('-', '_')}", group="metrale")
     return load_registry(entry_points=[ep])
 
 
@@ -104,22 +103,26 @@ HOLD_EVENTS = [
 
 def test_none_stops_admission_while_running_sequences_continue():
     fcfs = run_scenario(Scenario("hold_fcfs", HOLD_EVENTS))
-    assert fcfs.model.first_prefill() == {10: 0, 20: 1, 30: 1}    # admitted as they arrive
+    assert fcfs.model.first_prefill() == {10: 0, 20: 1, 30: 1}  # admitted as they arrive
 
-    result = run_scenario(Scenario("hold", HOLD_EVENTS, engine=dict(scheduler="hold")),
-                          registry=registry_with_policy("hold", HoldWhileDecoding))
+    result = run_scenario(
+        Scenario("hold", HOLD_EVENTS, engine=dict(scheduler="hold")),
+        registry=registry_with_policy("hold", HoldWhileDecoding),
+    )
     assert_streams_complete(result, HOLD_EVENTS)
     # r10 decodes at forwards 1..3 (its EOS at #3): r20/r30 wait, then go in together at #4
     assert result.model.first_prefill() == {10: 0, 20: 4, 30: 4}
     r10_rows = [s.num_rows for call in result.model.calls[:4] for s in call.seqs if s.key == 10]
-    assert r10_rows == [3, 1, 1, 1]                        # the hold-back never touched r10
+    assert r10_rows == [3, 1, 1, 1]  # the hold-back never touched r10
     assert "~ running=1 waiting=2" in result.trace
 
 
 def test_none_with_nothing_running_admits_the_queue_front():
     events = [Arrive(0, f"r{k}", prompt(k, 3), [40 + k // 10]) for k in (10, 20, 30)]
-    result = run_scenario(Scenario("always_hold", events, engine=dict(scheduler="always-hold")),
-                          registry=registry_with_policy("always-hold", AlwaysHold))
+    result = run_scenario(
+        Scenario("always_hold", events, engine=dict(scheduler="always-hold")),
+        registry=registry_with_policy("always-hold", AlwaysHold),
+    )
     assert_streams_complete(result, events)
     # each step with nothing running admits the queue front, then the policy's None stops it:
     # one sequence at a time, in arrival order (prefill, then the EOS decode)
@@ -135,8 +138,10 @@ def test_policy_taking_step_sees_the_step_and_schedules_like_fcfs():
     ]
     engine = dict(max_prefill_tokens=6)
     fcfs = run_scenario(Scenario("same", events, engine=engine))
-    result = run_scenario(Scenario("same", events, engine={**engine, "scheduler": "fcfs-step"}),
-                          registry=registry_with_policy("fcfs-step", FcfsWithStep))
+    result = run_scenario(
+        Scenario("same", events, engine={**engine, "scheduler": "fcfs-step"}),
+        registry=registry_with_policy("fcfs-step", FcfsWithStep),
+    )
     assert result.trace == fcfs.trace
     assert FcfsWithStep.seen[:3] == [
         # step 0: nothing scheduled yet

@@ -34,15 +34,19 @@ def make_batch(*seqs, block_size=BS) -> ForwardBatch:
     width = max(len(s["table"]) for s in seqs)
     t = lambda v: torch.tensor(v, dtype=torch.int64)
     return ForwardBatch(
-        input_ids=t(ids), positions=t(pos), query_start=t(qs),
+        input_ids=t(ids),
+        positions=t(pos),
+        query_start=t(qs),
         context_lens=t([s["start"] + len(s["tokens"]) for s in seqs]),
         block_tables=t([s["table"] + [0] * (width - len(s["table"])) for s in seqs]),
-        slot_mapping=t(slots), logits_rows=t(wanted),
+        slot_mapping=t(slots),
+        logits_rows=t(wanted),
         state_slots=t([s["slot"] for s in seqs]),
         state_fresh=torch.tensor([s["start"] == 0 for s in seqs], dtype=torch.bool),
         query_lens_host=tuple(len(s["tokens"]) for s in seqs),
         context_lens_host=tuple(s["start"] + len(s["tokens"]) for s in seqs),
-        block_size=block_size)
+        block_size=block_size,
+    )
 
 
 def new_cache(model: RecordingModel, blocks=16) -> PagedKVCache:
@@ -64,7 +68,7 @@ def test_is_a_causal_lm_and_answers_its_script_then_eos():
     out = model.forward(make_batch(seq([1, 2], 5, [20]), seq([5], 3, [40])), kv)
     assert answers(out) == [21, 41]
     out = model.forward(make_batch(seq([1, 2], 6, [21]), seq([5, 6], 4, [41])), kv)
-    assert answers(out) == [22, EOS]          # B's script is over: EOS
+    assert answers(out) == [22, EOS]  # B's script is over: EOS
     assert model.lines[0] == "forward #0: s10@0+5 fresh -> 20 | s30@0+3 fresh -> 40"
     assert model.lines[2] == "forward #2: s10@6+1 -> 22 | s30@4+1 -> 2"
     assert model.errors == []
@@ -187,7 +191,7 @@ def test_recurrent_contract_checks_fresh_flag_and_slot_owner():
     pool = model.make_state_pool(2)
     kv = new_cache(model)
     model.forward(make_batch(seq([1, 2], 0, A.prompt, slot=0), seq([3], 0, B.prompt, slot=1)), kv, pool)
-    out = model.forward(make_batch(seq([1, 2], 5, [20], slot=1)), kv, pool)   # A continues in B's slot
+    out = model.forward(make_batch(seq([1, 2], 5, [20], slot=1)), kv, pool)  # A continues in B's slot
     assert answers(out) == [GARBAGE]
     assert "s10 continues in state slot 1, which holds the state of s30" in model.errors[-1]
     assert answers(model.forward(make_batch(seq([3], 3, [40], slot=-1)), kv, pool)) == [GARBAGE]

@@ -18,9 +18,9 @@ def parse_sse(text: str) -> list[tuple[str | None, dict]]:
         name, data = None, None
         for line in block.split("\n"):
             if line.startswith("event: "):
-                name = line[len("event: "):]
+                name = line[len("event: ") :]
             elif line.startswith("data: "):
-                data = line[len("data: "):]
+                data = line[len("data: ") :]
         if data is not None and data != "[DONE]":
             events.append((name, json.loads(data)))
     return events
@@ -55,8 +55,7 @@ def check_messages_stream(events: list[tuple[str | None, dict]]) -> list[dict]:
         elif name == "content_block_delta":
             assert data["index"] == open_index, f"delta for block {data['index']} not open"
             block, delta = blocks[open_index], data["delta"]
-            kind = {"text_delta": "text", "thinking_delta": "thinking",
-                    "input_json_delta": "tool_use"}[delta["type"]]
+            kind = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "tool_use"}[delta["type"]]
             assert block["type"] == kind, f"{delta['type']} in a {block['type']} block"
             if kind == "tool_use":
                 block["_json"] += delta["partial_json"]
@@ -83,8 +82,9 @@ def check_responses_stream(events: list[tuple[str | None, dict]]) -> dict:
     """Assert the Responses order; returns the final response object."""
     assert events, "no events"
     types = [data["type"] for _, data in events]
-    assert [data["sequence_number"] for _, data in events] == list(range(len(events))), \
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events))), (
         "sequence_number is not 0, 1, 2, ..."
+    )
     assert types[0] == "response.created", f"first event is {types[0]}"
     assert types[1] == "response.in_progress", f"second event is {types[1]}"
     assert types[-1] in ("response.completed", "response.incomplete"), f"last event is {types[-1]}"
@@ -102,10 +102,11 @@ def check_responses_stream(events: list[tuple[str | None, dict]]) -> dict:
             assert index == len(added), f"output_index {index} out of order or repeated"
             added[index] = data["item"]
             open_index = index
-            owed = {"message": ["response.output_text.done", "response.content_part.done"],
-                    "reasoning": ["response.reasoning_text.done", "response.content_part.done"],
-                    "function_call": ["response.function_call_arguments.done"]}[
-                        data["item"]["type"]]
+            owed = {
+                "message": ["response.output_text.done", "response.content_part.done"],
+                "reasoning": ["response.reasoning_text.done", "response.content_part.done"],
+                "function_call": ["response.function_call_arguments.done"],
+            }[data["item"]["type"]]
             continue
         index = data["output_index"]
         assert index == open_index, f"{kind} for output_index {index}, open is {open_index}"
@@ -114,8 +115,9 @@ def check_responses_stream(events: list[tuple[str | None, dict]]) -> dict:
             assert owed and owed[0] == kind, f"{kind} out of order (expected {owed[:1]})"
             owed.pop(0)
         elif kind != "response.output_item.done":
-            assert len(owed) == {"function_call": 1}.get(item["type"], 2), \
+            assert len(owed) == {"function_call": 1}.get(item["type"], 2), (
                 f"{kind} after the item's closing events began"
+            )
         if kind == "response.content_part.added":
             assert item["type"] in ("message", "reasoning") and index not in parts
             parts[index] = ""

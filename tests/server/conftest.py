@@ -82,9 +82,16 @@ def tiny_qwen3(tmp_path_factory):
 
     vocab = Tokenizer.from_dir(path).vocab_size
     config = transformers.Qwen3Config(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
-        tie_word_embeddings=True)
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     transformers.Qwen3ForCausalLM(config).save_pretrained(path)
     return path

@@ -32,7 +32,7 @@ CHATML = (
     "{% if m.role == 'system' and loop.first %}"
     "{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}"
     "{% for c in m.tool_calls or [] %}<tool_call>\n"
-    "{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}"
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}'
     "\n</tool_call>{% endfor %}<|im_end|>\n"
     "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
     "</tool_response><|im_end|>\n"
@@ -74,8 +74,7 @@ def write_tokenizer(directory: Path) -> Path:
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
     tok.save(str(directory / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
-              "chat_template": CHATML}
+    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None, "chat_template": CHATML}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return directory
 
@@ -86,11 +85,13 @@ class ScriptedLM:
     def __init__(self, tokenizer, max_position: int = 4096):
         self.tokenizer = tokenizer
         self.eos = tokenizer.token_to_id("<|im_end|>")
-        self.info = ModelInfo(architecture="scripted", vocab_size=tokenizer.vocab_size,
-                              max_position=max_position,
-                              kv=KVLayout(num_layers=1, num_kv_heads=1, head_dim=1,
-                                          dtype=torch.float32),
-                              eos_token_ids=(self.eos,))
+        self.info = ModelInfo(
+            architecture="scripted",
+            vocab_size=tokenizer.vocab_size,
+            max_position=max_position,
+            kv=KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32),
+            eos_token_ids=(self.eos,),
+        )
         self.header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
         self.user = tokenizer.encode("<|im_start|>user\n", add_special_tokens=False)
         #: What a template renders after the header when thinking is off (skipped by the script).
@@ -133,9 +134,9 @@ class ScriptedLM:
         n = len(self.header)
         start = None
         for at in range(len(history) - n, -1, -1):
-            if history[at:at + n] == self.header:
+            if history[at : at + n] == self.header:
                 start = at + n
-                if history[start:start + len(self.no_think)] == self.no_think:
+                if history[start : start + len(self.no_think)] == self.no_think:
                     start += len(self.no_think)
                 break
         if start is None:
@@ -175,8 +176,12 @@ def scripted_served(tokenizer, engine_options=None, registry=None):
         registry = load_registry()
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = Tokenizer.from_dir(tokenizer)
-    engine = LLMEngine(ScriptedLM(tokenizer), EngineConfig(**{**SCRIPTED_ENGINE, **(engine_options or {})}),
-                       tokenizer=tokenizer, registry=registry)
+    engine = LLMEngine(
+        ScriptedLM(tokenizer),
+        EngineConfig(**{**SCRIPTED_ENGINE, **(engine_options or {})}),
+        tokenizer=tokenizer,
+        registry=registry,
+    )
     return ServedModel(engine=engine, tokenizer=tokenizer, model_type="qwen3")
 
 
@@ -204,6 +209,7 @@ def wait_ready(url: str, timeout: float = 30.0) -> None:
 
 def checkpoint_loader(path, registry, **engine):
     """A server loader for an HF checkpoint directory through the registry's model loader."""
+
     def load():
         from metrale_core.components import LoadOptions
         from metrale_core.engine import EngineConfig, LLMEngine
@@ -216,8 +222,12 @@ def checkpoint_loader(path, registry, **engine):
         tok = Tokenizer.from_dir(path)
         cfg = dict(block_size=4, num_kv_blocks=256, max_num_seqs=16, max_prefill_tokens=16)
         cfg.update(engine)
-        return ServedModel(engine=LLMEngine(model, EngineConfig(**cfg), tokenizer=tok,
-                                            registry=registry), tokenizer=tok, model_type="qwen3")
+        return ServedModel(
+            engine=LLMEngine(model, EngineConfig(**cfg), tokenizer=tok, registry=registry),
+            tokenizer=tok,
+            model_type="qwen3",
+        )
+
     return load
 
 

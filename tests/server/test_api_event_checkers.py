@@ -12,8 +12,11 @@ import httpx
 import pytest
 from api_events import check_messages_stream, check_responses_stream, parse_sse
 
-TOOL = {"type": "function", "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
 ATOOL = {"name": "get_weather", "input_schema": TOOL["parameters"]}
 
 
@@ -29,10 +32,9 @@ def _mutations(events):
     """Drop each event (but pings), swap each adjacent pair of different types."""
     for i in range(len(events)):
         if events[i][0] != "ping":
-            yield f"drop {events[i][1]['type']}", events[:i] + events[i + 1:]
+            yield f"drop {events[i][1]['type']}", events[:i] + events[i + 1 :]
     for i in range(len(events) - 1):
-        if events[i][1]["type"] != events[i + 1][1]["type"] and "ping" not in (
-                events[i][0], events[i + 1][0]):
+        if events[i][1]["type"] != events[i + 1][1]["type"] and "ping" not in (events[i][0], events[i + 1][0]):
             swapped = list(events)
             swapped[i], swapped[i + 1] = swapped[i + 1], swapped[i]
             yield f"swap {events[i][1]['type']}/{events[i + 1][1]['type']}", swapped
@@ -44,8 +46,11 @@ def _renumber(events):
 
 @pytest.mark.parametrize("prompt", ["What is the weather in Paris?", "Please ponder 2+2."])
 def test_responses_checker_rejects_every_mutation(base_url, prompt):
-    raw = httpx.post(base_url + "/v1/responses", json={
-        "model": "scripted", "input": prompt, "stream": True, "tools": [TOOL]}, timeout=60).text
+    raw = httpx.post(
+        base_url + "/v1/responses",
+        json={"model": "scripted", "input": prompt, "stream": True, "tools": [TOOL]},
+        timeout=60,
+    ).text
     events = parse_sse(raw)
     check_responses_stream(events)
     for label, mutated in _mutations(events):
@@ -62,9 +67,11 @@ def test_openai_stream_helper_rejects_a_content_event_before_its_item(base_url):
     from openai.lib.streaming.responses._responses import ResponseStreamState
     from openai.types.responses import ResponseStreamEvent
 
-    raw = httpx.post(base_url + "/v1/responses", json={
-        "model": "scripted", "input": "What is the capital of France?", "stream": True},
-        timeout=60).text
+    raw = httpx.post(
+        base_url + "/v1/responses",
+        json={"model": "scripted", "input": "What is the capital of France?", "stream": True},
+        timeout=60,
+    ).text
     events = [d for _, d in parse_sse(raw)]
 
     def replay(seq):
@@ -75,17 +82,25 @@ def test_openai_stream_helper_rejects_a_content_event_before_its_item(base_url):
 
     replay(events)
     added = next(i for i, d in enumerate(events) if d["type"] == "response.output_item.added")
-    broken = events[:added] + events[added + 1:]
+    broken = events[:added] + events[added + 1 :]
     with pytest.raises(RuntimeError):
         replay(broken)
 
 
 @pytest.mark.parametrize("prompt", ["What is the weather in Paris?", "Please ponder 2+2."])
 def test_messages_checker_rejects_every_mutation(base_url, prompt):
-    raw = httpx.post(base_url + "/v1/messages", json={
-        "model": "scripted", "max_tokens": 128, "stream": True, "tools": [ATOOL],
-        "thinking": {"type": "enabled", "budget_tokens": 64},
-        "messages": [{"role": "user", "content": prompt}]}, timeout=60).text
+    raw = httpx.post(
+        base_url + "/v1/messages",
+        json={
+            "model": "scripted",
+            "max_tokens": 128,
+            "stream": True,
+            "tools": [ATOOL],
+            "thinking": {"type": "enabled", "budget_tokens": 64},
+            "messages": [{"role": "user", "content": prompt}],
+        },
+        timeout=60,
+    ).text
     events = parse_sse(raw)
     blocks = check_messages_stream(events)
     for label, mutated in _mutations(events):
@@ -100,20 +115,31 @@ def test_messages_checker_rejects_every_mutation(base_url, prompt):
 def test_anthropic_client_sees_nothing_without_event_lines(base_url):
     """Why the ``event:`` lines matter: the client silently drops events without them."""
     import anthropic
+
     httpx2 = pytest.importorskip("httpx2")  # the transport of anthropic >= 2
 
-    raw = httpx.post(base_url + "/v1/messages", json={
-        "model": "scripted", "max_tokens": 64, "stream": True,
-        "messages": [{"role": "user", "content": "capital"}]}, timeout=60).text
+    raw = httpx.post(
+        base_url + "/v1/messages",
+        json={
+            "model": "scripted",
+            "max_tokens": 64,
+            "stream": True,
+            "messages": [{"role": "user", "content": "capital"}],
+        },
+        timeout=60,
+    ).text
     events = parse_sse(raw)
 
     def client_events(text):
-        transport = httpx2.MockTransport(lambda req: httpx2.Response(
-            200, content=text.encode(), headers={"content-type": "text/event-stream"}))
-        c = anthropic.Anthropic(base_url="http://mock", api_key="x", max_retries=0,
-                                http_client=httpx2.Client(transport=transport))
-        with c.messages.create(model="m", max_tokens=8, stream=True,
-                               messages=[{"role": "user", "content": "x"}]) as stream:
+        transport = httpx2.MockTransport(
+            lambda req: httpx2.Response(200, content=text.encode(), headers={"content-type": "text/event-stream"})
+        )
+        c = anthropic.Anthropic(
+            base_url="http://mock", api_key="x", max_retries=0, http_client=httpx2.Client(transport=transport)
+        )
+        with c.messages.create(
+            model="m", max_tokens=8, stream=True, messages=[{"role": "user", "content": "x"}]
+        ) as stream:
             return [e.type for e in stream]
 
     assert client_events(_render(events))[0] == "message_start"

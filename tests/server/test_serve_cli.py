@@ -28,9 +28,27 @@ def _start(model, log, *flags: str):
     port = _free_port()
     env = {**os.environ, "METRALE_API_KEY": API_KEY}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "metrale_core", "serve", str(model), "--port", str(port),
-         "--served-model-name", "tiny", "--kv-cache-memory", "8M", "--shutdown-grace", "2", *flags],
-        env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        [
+            sys.executable,
+            "-m",
+            "metrale_core",
+            "serve",
+            str(model),
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+            "--kv-cache-memory",
+            "8M",
+            "--shutdown-grace",
+            "2",
+            *flags,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -63,8 +81,9 @@ def test_met_serve_answers_the_openai_client(met_serve):
     assert [m.id for m in client.models.list().data] == ["tiny"]
     resp = client.completions.create(model="tiny", prompt="hello", max_tokens=6, temperature=0)
     assert resp.usage.completion_tokens == 6 and resp.choices[0].finish_reason == "length"
-    chat = client.chat.completions.create(model="tiny", max_tokens=4, temperature=0,
-                                          messages=[{"role": "user", "content": "hi"}])
+    chat = client.chat.completions.create(
+        model="tiny", max_tokens=4, temperature=0, messages=[{"role": "user", "content": "hi"}]
+    )
     assert chat.usage.completion_tokens <= 4
     assert httpx.get(url + "/v1/models").status_code == 401  # METRALE_API_KEY is honoured
     metrics = httpx.get(url + "/metrics").text
@@ -74,18 +93,42 @@ def test_met_serve_answers_the_openai_client(met_serve):
 def test_met_chat_streams_a_reply(met_serve):
     _, url = met_serve
     client = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
-    expected = client.chat.completions.create(
-        model="tiny", max_tokens=3, temperature=0,
-        messages=[{"role": "user", "content": "hi"}]).choices[0].message.content
+    expected = (
+        client.chat.completions.create(
+            model="tiny", max_tokens=3, temperature=0, messages=[{"role": "user", "content": "hi"}]
+        )
+        .choices[0]
+        .message.content
+    )
     out = subprocess.run(
-        [sys.executable, "-m", "metrale_core", "chat", "--url", url, "--api-key", API_KEY,
-         "-p", "hi", "--max-tokens", "3", "--temperature", "0"],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "metrale_core",
+            "chat",
+            "--url",
+            url,
+            "--api-key",
+            API_KEY,
+            "-p",
+            "hi",
+            "--max-tokens",
+            "3",
+            "--temperature",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout == expected + "\n"  # the streamed reply, then one newline
     bad = subprocess.run(
         [sys.executable, "-m", "metrale_core", "chat", "--url", url, "-p", "hi"],
-        capture_output=True, text=True, timeout=60)
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "HTTP 401" in bad.stderr
 
 
@@ -112,8 +155,12 @@ def test_met_serve_data_parallel_answers_and_leaves_no_replica_on_sigterm(tiny_q
             assert sum("spawn_main" in " ".join(p.cmdline()) for p in children) == 2
             assert httpx.get(url + "/health").json()["replicas"] == {"0": "up", "1": "up"}
             client = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
-            texts = {client.completions.create(model="tiny", prompt=f"hello {i}", max_tokens=6,
-                                               temperature=0).choices[0].text for i in (0, 0, 0)}
+            texts = {
+                client.completions.create(model="tiny", prompt=f"hello {i}", max_tokens=6, temperature=0)
+                .choices[0]
+                .text
+                for i in (0, 0, 0)
+            }
             assert len(texts) == 1  # whichever replica served it, the same greedy tokens
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises it when done

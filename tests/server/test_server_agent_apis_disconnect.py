@@ -16,12 +16,21 @@ def _aborts(url: str) -> float:
     return 0.0
 
 
-@pytest.mark.parametrize("route,body", [
-    ("/v1/responses", {"model": "scripted", "input": "tell me a story", "stream": True,
-                       "max_output_tokens": 3000}),
-    ("/v1/messages", {"model": "scripted", "max_tokens": 3000, "stream": True,
-                      "messages": [{"role": "user", "content": "tell me a story"}]}),
-])
+@pytest.mark.parametrize(
+    "route,body",
+    [
+        ("/v1/responses", {"model": "scripted", "input": "tell me a story", "stream": True, "max_output_tokens": 3000}),
+        (
+            "/v1/messages",
+            {
+                "model": "scripted",
+                "max_tokens": 3000,
+                "stream": True,
+                "messages": [{"role": "user", "content": "tell me a story"}],
+            },
+        ),
+    ],
+)
 def test_leaving_a_stream_aborts_and_frees_blocks(start_server, route, body):
     server, host = start_server()
     engine = host.served.engine

@@ -19,28 +19,49 @@ WRONG = [None, 0, -1, 2.5, "x", "", True, [], [1], {}, {"type": "x"}]
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}
 RESPONSES = {
-    "model": "fz", "instructions": "Be brief.", "max_output_tokens": 3, "temperature": 0.5,
-    "top_p": 0.9, "tool_choice": "auto", "reasoning": {"effort": "low"},
+    "model": "fz",
+    "instructions": "Be brief.",
+    "max_output_tokens": 3,
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "tool_choice": "auto",
+    "reasoning": {"effort": "low"},
     "text": {"format": {"type": "text"}},
     "tools": [{"type": "function", "name": "f", "description": "d", "parameters": PARAMS}],
-    "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
-              {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
-              {"type": "function_call_output", "call_id": "c1", "output": "ok"},
-              {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text",
-                                                                "text": "hm"}]},
-              {"role": "assistant", "content": "fine"}, {"role": "user", "content": "go"}],
+    "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+        {"role": "assistant", "content": "fine"},
+        {"role": "user", "content": "go"},
+    ],
 }
 MESSAGES = {
-    "model": "fz", "max_tokens": 3, "system": [{"type": "text", "text": "Be brief."}],
-    "temperature": 0.5, "top_p": 0.9, "top_k": 5, "stop_sequences": ["zz"],
-    "tool_choice": {"type": "auto"}, "thinking": {"type": "enabled", "budget_tokens": 16},
+    "model": "fz",
+    "max_tokens": 3,
+    "system": [{"type": "text", "text": "Be brief."}],
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "top_k": 5,
+    "stop_sequences": ["zz"],
+    "tool_choice": {"type": "auto"},
+    "thinking": {"type": "enabled", "budget_tokens": 16},
     "tools": [{"name": "f", "description": "d", "input_schema": PARAMS}],
-    "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                 {"role": "assistant", "content": [
-                     {"type": "thinking", "thinking": "hm", "signature": ""},
-                     {"type": "tool_use", "id": "t1", "name": "f", "input": {"city": "P"}}]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
-                                               "content": [{"type": "text", "text": "ok"}]}]}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "hm", "signature": ""},
+                {"type": "tool_use", "id": "t1", "name": "f", "input": {"city": "P"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "ok"}]}],
+        },
+    ],
 }
 EMBEDDINGS = {"model": "fz", "input": ["hi there", "bye"], "encoding_format": "float"}
 
@@ -88,25 +109,41 @@ def fuzz_server(tmp_path_factory, start_server):
     path = tmp_path_factory.mktemp("fuzz-qwen3")
     write_tokenizer(path)
     config = transformers.Qwen3Config(
-        vocab_size=Tokenizer.from_dir(path).vocab_size, hidden_size=32, intermediate_size=64,
-        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-        max_position_embeddings=1024, tie_word_embeddings=True)
+        vocab_size=Tokenizer.from_dir(path).vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     transformers.Qwen3ForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    server, _ = start_server(loader=checkpoint_loader(path, load_registry(), block_size=16,
-                                                      max_prefill_tokens=512),
-                             served_model_name="fz")
+    server, _ = start_server(
+        loader=checkpoint_loader(path, load_registry(), block_size=16, max_prefill_tokens=512), served_model_name="fz"
+    )
     return server.url
 
 
-@pytest.mark.parametrize("route,body,shape", [
-    ("/v1/responses", RESPONSES, "openai"),
-    ("/v1/messages", MESSAGES, "anthropic"),
-    ("/v1/messages/count_tokens", {k: v for k, v in MESSAGES.items()
-                                   if k in ("model", "system", "tools", "tool_choice",
-                                            "thinking", "messages")}, "anthropic"),
-    ("/v1/embeddings", EMBEDDINGS, "openai"),
-])
+@pytest.mark.parametrize(
+    "route,body,shape",
+    [
+        ("/v1/responses", RESPONSES, "openai"),
+        ("/v1/messages", MESSAGES, "anthropic"),
+        (
+            "/v1/messages/count_tokens",
+            {
+                k: v
+                for k, v in MESSAGES.items()
+                if k in ("model", "system", "tools", "tool_choice", "thinking", "messages")
+            },
+            "anthropic",
+        ),
+        ("/v1/embeddings", EMBEDDINGS, "openai"),
+    ],
+)
 def test_no_malformed_body_is_a_5xx(fuzz_server, route, body, shape):
     with httpx.Client(base_url=fuzz_server, timeout=60) as http:
         assert http.post(route, json=body).status_code == 200, "the valid body must pass"

@@ -22,8 +22,7 @@ def test_disconnects_abort_and_free_blocks(start_server):
     server, host = start_server()
     url = server.url
     engine = host.served.engine
-    aborted_before = _metric(httpx.get(url + "/metrics").text, "metrale:request_success_total",
-                             finished_reason="abort")
+    aborted_before = _metric(httpx.get(url + "/metrics").text, "metrale:request_success_total", finished_reason="abort")
 
     async def run() -> tuple[list, float]:
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
@@ -33,8 +32,7 @@ def test_disconnects_abort_and_free_blocks(start_server):
             async with httpx.AsyncClient() as http:
                 while True:
                     text = (await http.get(url + "/metrics")).text
-                    aborted = _metric(text, "metrale:request_success_total",
-                                      finished_reason="abort") - aborted_before
+                    aborted = _metric(text, "metrale:request_success_total", finished_reason="abort") - aborted_before
                     running = _metric(text, "metrale:num_requests_running")
                     if aborted == 4 and running > 0:
                         aborts_seen_while_running.set()
@@ -44,8 +42,13 @@ def test_disconnects_abort_and_free_blocks(start_server):
         async def one(i: int) -> tuple[int, str, str | None]:
             leaver = i % 4 == 0
             stream = await client.completions.create(
-                model="scripted", prompt=f"prompt number {i}", max_tokens=400, temperature=0,
-                stream=True, extra_body={"ignore_eos": True})
+                model="scripted",
+                prompt=f"prompt number {i}",
+                max_tokens=400,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
             text, finish, n = "", None, 0
             async for chunk in stream:
                 text += chunk.choices[0].text

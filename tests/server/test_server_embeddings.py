@@ -28,9 +28,17 @@ def qwen3_dir(tmp_path_factory):
     from metrale_core.tokenizer import Tokenizer
 
     config = transformers.Qwen3Config(
-        vocab_size=Tokenizer.from_dir(path).vocab_size, hidden_size=64, intermediate_size=96,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=512, tie_word_embeddings=True, rms_norm_eps=1e-6)
+        vocab_size=Tokenizer.from_dir(path).vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+    )
     torch.manual_seed(0)
     hf = transformers.Qwen3ForCausalLM(config).eval()
     hf.save_pretrained(path, safe_serialization=True)
@@ -42,8 +50,7 @@ def served(qwen3_dir, start_server):
     from metrale_core.plugins import load_registry
 
     path, hf = qwen3_dir
-    server, host = start_server(loader=checkpoint_loader(path, load_registry()),
-                                served_model_name="tiny")
+    server, host = start_server(loader=checkpoint_loader(path, load_registry()), served_model_name="tiny")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
     return server, host, client, hf
 
@@ -77,8 +84,7 @@ def test_batched_equals_single_and_base64_equals_float(served):
     batched = client.embeddings.create(model="tiny", input=TEXTS)  # the client's default: base64
     for i, text in enumerate(TEXTS):
         single = client.embeddings.create(model="tiny", input=text, encoding_format="float")
-        assert np.abs(np.asarray(batched.data[i].embedding)
-                      - np.asarray(single.data[0].embedding)).max() <= 1e-5
+        assert np.abs(np.asarray(batched.data[i].embedding) - np.asarray(single.data[0].embedding)).max() <= 1e-5
 
 
 def test_token_id_inputs(served):
@@ -87,8 +93,9 @@ def test_token_id_inputs(served):
     r = client.embeddings.create(model="tiny", input=ids, encoding_format="float")
     for got, want in zip(r.data, _hf_vectors(hf, ids)):
         assert np.abs(np.asarray(got.embedding) - want).max() <= 1e-5
-    raw = httpx.post(server.url + "/v1/embeddings", json={
-        "model": "tiny", "input": ids[0], "encoding_format": "base64"}).json()
+    raw = httpx.post(
+        server.url + "/v1/embeddings", json={"model": "tiny", "input": ids[0], "encoding_format": "base64"}
+    ).json()
     vec = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
     assert np.abs(vec - _hf_vectors(hf, ids[:1])[0]).max() <= 1e-5
     assert raw["usage"] == {"prompt_tokens": 7, "total_tokens": 7} and raw["object"] == "list"
@@ -113,13 +120,13 @@ def test_embeddings_batch_with_generation_and_keep_no_kv(served):
     ids = [[7, 8, 9, 10, 11, 12]] * 3
 
     def generate():
-        return client.completions.create(model="tiny", prompt="hello world", max_tokens=24,
-                                         temperature=0)
+        return client.completions.create(model="tiny", prompt="hello world", max_tokens=24, temperature=0)
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         gen = pool.submit(generate)
-        embs = [pool.submit(client.embeddings.create, model="tiny", input=ids,
-                            encoding_format="float") for _ in range(2)]
+        embs = [
+            pool.submit(client.embeddings.create, model="tiny", input=ids, encoding_format="float") for _ in range(2)
+        ]
         results = [e.result() for e in embs]
         assert gen.result().usage.completion_tokens == 24
     want = _hf_vectors(hf, ids[:1])[0]
@@ -134,28 +141,30 @@ def test_last_token_pooling_flag(qwen3_dir, start_server):
     from metrale_core.plugins import load_registry
 
     path, hf = qwen3_dir
-    server, _ = start_server(loader=checkpoint_loader(path, load_registry()),
-                             served_model_name="tiny", pooling="last")
+    server, _ = start_server(loader=checkpoint_loader(path, load_registry()), served_model_name="tiny", pooling="last")
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
     ids = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
     got = c.embeddings.create(model="tiny", input=ids, encoding_format="float").data[0].embedding
     assert np.abs(np.asarray(got) - _hf_vectors(hf, ids, mode="last")[0]).max() <= 1e-5
 
 
-@pytest.mark.parametrize("body,field", [
-    ({"input": ""}, "input[0]"),
-    ({"input": []}, "input"),
-    ({"input": [1, "a"]}, "input"),
-    ({"input": 5}, "input"),
-    ({"input": [[1, 2], []]}, "input"),
-    ({"input": [10 ** 9]}, "input[0]"),
-    ({"input": "hi", "dimensions": 32}, "dimensions"),
-    ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
-    ({"input": "hi", "bogus": True}, "bogus"),
-    ({"input": "hi", "model": "other"}, "model"),
-    ({"input": "word " * 600}, "input[0]"),
-    ({}, "input"),
-])
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ({"input": ""}, "input[0]"),
+        ({"input": []}, "input"),
+        ({"input": [1, "a"]}, "input"),
+        ({"input": 5}, "input"),
+        ({"input": [[1, 2], []]}, "input"),
+        ({"input": [10**9]}, "input[0]"),
+        ({"input": "hi", "dimensions": 32}, "dimensions"),
+        ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "hi", "bogus": True}, "bogus"),
+        ({"input": "hi", "model": "other"}, "model"),
+        ({"input": "word " * 600}, "input[0]"),
+        ({}, "input"),
+    ],
+)
 def test_bad_input_is_a_4xx_naming_the_field(served, body, field):
     server = served[0]
     r = httpx.post(server.url + "/v1/embeddings", json={"model": "tiny", **body}, timeout=30)

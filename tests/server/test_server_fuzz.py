@@ -50,26 +50,42 @@ def test_generated_requests_get_documented_answers(api_schema, fuzz_url):
     from hypothesis import given
 
     operations = _operations(api_schema)
-    assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/completions",
-                                              "/tokenize", "/detokenize", "/v1/models"}
+    assert {op.path for op in operations} >= {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/tokenize",
+        "/detokenize",
+        "/v1/models",
+    }
     seen: dict[int, int] = {}
     checked: dict[str, set[int]] = {}
     mismatches: list[str] = []
     for operation in operations:
+
         @given(case=operation.as_strategy())
-        @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck), database=None)
+        @settings(
+            max_examples=MAX_EXAMPLES,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        )
         def run(case):
             response = case.call(base_url=fuzz_url, timeout=60)
             seen[response.status_code] = seen.get(response.status_code, 0) + 1
             try:
-                case.validate_response(response, checks=[
-                    not_a_server_error, status_code_conformance, content_type_conformance,
-                    response_schema_conformance])
+                case.validate_response(
+                    response,
+                    checks=[
+                        not_a_server_error,
+                        status_code_conformance,
+                        content_type_conformance,
+                        response_schema_conformance,
+                    ],
+                )
             except (Exception, FailureGroup) as exc:  # collect all, report together
                 first = str(exc).strip().splitlines()
-                mismatches.append(f"{case.method} {case.path} -> {response.status_code}: "
-                                  f"{' | '.join(first[:6])}")
+                mismatches.append(f"{case.method} {case.path} -> {response.status_code}: {' | '.join(first[:6])}")
             checked.setdefault(f"{case.method} {case.path}", set()).add(response.status_code)
 
         run()
@@ -78,6 +94,5 @@ def test_generated_requests_get_documented_answers(api_schema, fuzz_url):
     assert seen.get(200, 0) > 0 and seen.get(400, 0) > 0, seen
     assert all(status < 500 for status in seen), seen
     # bodies were checked on every generating API
-    for route in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
-                  "/v1/embeddings"):
+    for route in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/embeddings"):
         assert checked.get(f"POST {route}"), (route, checked)

@@ -31,8 +31,7 @@ HOSTILE = (
 
 
 def _chat(content: str, **extra) -> dict:
-    return {"model": "scripted", "messages": [{"role": "user", "content": content}],
-            "temperature": 0, **extra}
+    return {"model": "scripted", "messages": [{"role": "user", "content": content}], "temperature": 0, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +43,11 @@ def hostile(start_server, byte_tokenizer):
     tok = attrs.evolve(byte_tokenizer, chat_template=HOSTILE)
 
     def load():
-        engine = LLMEngine(ScriptedLM(tok), EngineConfig(
-            block_size=16, num_kv_blocks=512, max_num_seqs=32, max_prefill_tokens=2048),
-            tokenizer=tok)
+        engine = LLMEngine(
+            ScriptedLM(tok),
+            EngineConfig(block_size=16, num_kv_blocks=512, max_num_seqs=32, max_prefill_tokens=2048),
+            tokenizer=tok,
+        )
         return ServedModel(engine=engine, tokenizer=tok, model_type="qwen3")
 
     return start_server(loader=load, shutdown_grace_s=1.0, max_waiting=64)
@@ -69,16 +70,17 @@ def _wait(predicate, timeout: float = 10.0) -> bool:
 
 # --- 1: logit_bias ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("key", ["99999999", "-1"])
 def test_logit_bias_outside_the_vocabulary_is_400(base_url, key):
-    resp = httpx.post(base_url + "/v1/chat/completions", json=_chat("hi", logit_bias={key: 1}),
-                      timeout=30)
+    resp = httpx.post(base_url + "/v1/chat/completions", json=_chat("hi", logit_bias={key: 1}), timeout=30)
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == f"logit_bias.{key}" and "vocabulary" in error["message"]
 
 
 # --- 2: CPU work off the loop, early reject, bounded templates --------------------------------
+
 
 def test_huge_prompt_is_refused_before_tokenizing_and_health_stays_fast(start_server):
     server, _ = start_server()
@@ -88,8 +90,9 @@ def test_huge_prompt_is_refused_before_tokenizing_and_health_stays_fast(start_se
 
     def send():
         t0 = time.perf_counter()
-        result["resp"] = httpx.post(url + "/v1/chat/completions", content=body, timeout=60,
-                                    headers={"content-type": "application/json"})
+        result["resp"] = httpx.post(
+            url + "/v1/chat/completions", content=body, timeout=60, headers={"content-type": "application/json"}
+        )
         result["s"] = time.perf_counter() - t0
 
     thread = threading.Thread(target=send)
@@ -103,17 +106,25 @@ def test_huge_prompt_is_refused_before_tokenizing_and_health_stays_fast(start_se
     assert worst < 1000
 
 
-@pytest.mark.parametrize("switch, words", [
-    ("spin", ("time budget",)), ("flood", ("output cap", "time budget")),
-    ("big", ("output cap",)), ("huge", ("range",)),
-])
+@pytest.mark.parametrize(
+    "switch, words",
+    [
+        ("spin", ("time budget",)),
+        ("flood", ("output cap", "time budget")),
+        ("big", ("output cap",)),
+        ("huge", ("range",)),
+    ],
+)
 def test_runaway_template_is_400_and_the_server_stays_healthy(hostile, switch, words):
     url = hostile[0].url
     result = {}
 
     def send():
-        result["resp"] = httpx.post(url + "/v1/chat/completions", timeout=30, json=_chat(
-            "hi", max_tokens=2, chat_template_kwargs={switch: True}))
+        result["resp"] = httpx.post(
+            url + "/v1/chat/completions",
+            timeout=30,
+            json=_chat("hi", max_tokens=2, chat_template_kwargs={switch: True}),
+        )
 
     thread = threading.Thread(target=send)
     thread.start()
@@ -131,20 +142,22 @@ def test_runaway_template_is_400_and_the_server_stays_healthy(hostile, switch, w
 
 # --- 3: admission counts streams at once ------------------------------------------------------
 
+
 def test_streams_are_counted_at_admission(start_server):
     server, host = start_server(max_waiting=1, engine_options={"max_num_seqs": 1})
     body = {"prompt": "abc", "max_tokens": 2000, "ignore_eos": True, "stream": True}
 
     async def burst() -> list[int]:
         async with httpx.AsyncClient(timeout=60) as client:
+
             async def one() -> int:
-                async with client.stream("POST", server.url + "/v1/completions",
-                                         json=body) as resp:
+                async with client.stream("POST", server.url + "/v1/completions", json=body) as resp:
                     status = resp.status_code
                     if status == 200:
                         async for _ in resp.aiter_lines():
                             break
                     return status
+
             return await asyncio.gather(*[one() for _ in range(40)])
 
     statuses = asyncio.run(burst())
@@ -155,11 +168,13 @@ def test_streams_are_counted_at_admission(start_server):
 
 # --- 4: a non-streaming request is aborted when its client goes -------------------------------
 
+
 def test_non_streaming_request_is_aborted_on_disconnect(start_server):
     server, host = start_server()
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(server.url + "/v1/completions", timeout=0.5,
-                   json={"prompt": "abc", "max_tokens": 4000, "ignore_eos": True})
+        httpx.post(
+            server.url + "/v1/completions", timeout=0.5, json={"prompt": "abc", "max_tokens": 4000, "ignore_eos": True}
+        )
     assert _wait(lambda: host.in_flight == 0, timeout=3.0), host.in_flight
     engine = host.served.engine
     assert _wait(lambda: not engine.scheduler.running and not engine.scheduler.waiting, 3.0)
@@ -167,16 +182,18 @@ def test_non_streaming_request_is_aborted_on_disconnect(start_server):
 
 # --- 6: streams that outlive the grace period end with an error event and [DONE] -------------
 
+
 def test_streams_past_the_grace_end_with_an_error_event(start_server):
     server, _host = start_server(shutdown_grace_s=0.3)
     rest = stream_while_stopping(server, max_tokens=4000)
     assert rest[-1] == "data: [DONE]"
-    error = json.loads(rest[-2][len("data: "):])["error"]
+    error = json.loads(rest[-2][len("data: ") :])["error"]
     assert error["code"] == "shutting_down" and "shutting down" in error["message"]
     assert not server.thread.is_alive()
 
 
 # --- 8: a request that can never fit is a 400 naming the limit --------------------------------
+
 
 def test_request_beyond_the_whole_capacity_is_400(start_server):
     server, _ = start_server(max_waiting=4, engine_options={"max_num_seqs": 4})
@@ -189,6 +206,7 @@ def test_request_beyond_the_whole_capacity_is_400(start_server):
 
 # --- 9: timeout is partial text with finish_reason "timeout" ----------------------------------
 
+
 def test_timeout_returns_partial_text_with_finish_reason(start_server):
     server, _ = start_server(engine_options={"request_timeout_s": 0.3})
     body = {"prompt": "abc", "max_tokens": 4000, "ignore_eos": True}
@@ -197,14 +215,14 @@ def test_timeout_returns_partial_text_with_finish_reason(start_server):
     choice = resp.json()["choices"][0]
     assert choice["finish_reason"] == "timeout"
     assert 0 < resp.json()["usage"]["completion_tokens"] < 4000
-    with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
-                      json={**body, "stream": True}) as stream:
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=60, json={**body, "stream": True}) as stream:
         events = [line for line in stream.iter_lines() if line]
     assert events[-1] == "data: [DONE]"
     assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "timeout"
 
 
 # --- 10: no secrets in the log or on /health --------------------------------------------------
+
 
 def test_failed_load_does_not_show_the_path_on_health():
     from metrale_core.server import ServerConfig, create_app, serve_in_thread
@@ -214,8 +232,7 @@ def test_failed_load_does_not_show_the_path_on_health():
 
     server = serve_in_thread(create_app(ServerConfig(served_model_name="x"), broken))
     try:
-        assert _wait(lambda: httpx.get(server.url + "/health").json()["error"]["code"]
-                     == "model_load_failed")
+        assert _wait(lambda: httpx.get(server.url + "/health").json()["error"]["code"] == "model_load_failed")
         message = httpx.get(server.url + "/health").json()["error"]["message"]
         assert "FileNotFoundError" in message and "/home/alice" not in message
     finally:
@@ -248,8 +265,7 @@ def test_production_logging_prints_no_local_variables(tmp_path):
 
     script = tmp_path / "log_failure.py"  # a file: loguru's diagnose needs the source
     script.write_text(_LOGGING_SCRIPT)
-    err = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120).stderr
+    err = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120).stderr
     assert "boom" in err and "Traceback" in err
     assert "SECRET-PROMPT-TEXT" not in err and "41107" not in err
 
@@ -265,8 +281,15 @@ POISON = [
     ("spin-template", _chat("hi", chat_template_kwargs={"spin": True})),
     ("flood-template", _chat("hi", chat_template_kwargs={"flood": True})),
     ("kwarg-collision", _chat("hi", chat_template_kwargs={"template": "x"})),
-    ("tools-properties-list", _chat("hi", tools=[{"type": "function", "function": {
-        "name": "f", "parameters": {"type": "object", "properties": ["a"]}}}])),
+    (
+        "tools-properties-list",
+        _chat(
+            "hi",
+            tools=[
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": ["a"]}}}
+            ],
+        ),
+    ),
     ("n-too-big", _chat("hi", n=128, max_tokens=2)),
     ("bias-too-many", _chat("hi", logit_bias={str(i): 1 for i in range(301)})),
     ("stop-too-long", _chat("hi", stop=["z" * 100_000])),
@@ -282,8 +305,7 @@ def _metric(text: str, name: str) -> float:
 
 def test_chaos_good_streams_keep_their_solo_output(hostile):
     url = hostile[0].url
-    goods = [_chat(word, max_tokens=40, stream=True)
-             for word in ("count", "capital", "café", "ponder") * 2]
+    goods = [_chat(word, max_tokens=40, stream=True) for word in ("count", "capital", "café", "ponder") * 2]
 
     def stream_text(client: httpx.Client, body: dict) -> str:
         pieces, finish = [], None
@@ -296,8 +318,7 @@ def test_chaos_good_streams_keep_their_solo_output(hostile):
                 assert "error" not in event, event
                 for choice in event["choices"]:
                     delta = choice["delta"]
-                    pieces.append((delta.get("content") or "")
-                                  + (delta.get("reasoning_content") or ""))
+                    pieces.append((delta.get("content") or "") + (delta.get("reasoning_content") or ""))
                     finish = choice["finish_reason"] or finish
         return "".join(pieces) + f"|{finish}"
 
@@ -314,8 +335,9 @@ def test_chaos_good_streams_keep_their_solo_output(hostile):
         with httpx.Client(timeout=60) as client:
             for name, body in POISON:
                 if isinstance(body, bytes):
-                    resp = client.post(url + "/v1/chat/completions", content=body,
-                                       headers={"content-type": "application/json"})
+                    resp = client.post(
+                        url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+                    )
                 else:
                     resp = client.post(url + "/v1/chat/completions", json=body)
                 poisoned[name] = resp.status_code
@@ -328,13 +350,14 @@ def test_chaos_good_streams_keep_their_solo_output(hostile):
         t.join(120)
     assert results == dict(enumerate(solo))
     assert all(400 <= status < 500 for status in poisoned.values()), [
-        (k, v) for k, v in poisoned.items() if not 400 <= v < 500]
+        (k, v) for k, v in poisoned.items() if not 400 <= v < 500
+    ]
     assert len(poisoned) == len(POISON)
     assert httpx.get(url + "/health").status_code == 200
 
     def idle() -> bool:
         text = httpx.get(url + "/metrics").text
-        return (_metric(text, "metrale:num_requests_running") == 0
-                and _metric(text, "metrale:num_requests_waiting") == 0)
+        return _metric(text, "metrale:num_requests_running") == 0 and _metric(text, "metrale:num_requests_waiting") == 0
+
     assert _wait(idle)
     assert hostile[1].in_flight == 0

@@ -10,9 +10,11 @@ import pytest
 from api_events import check_messages_stream, parse_sse
 from server_testlib import API_KEY
 
-WEATHER_TOOL = {"name": "get_weather", "description": "Weather of a city",
-                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
-                                 "required": ["city"]}}
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Weather of a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +27,7 @@ def _ask(text: str) -> list[dict]:
 
 
 def test_create_text(aclient):
-    msg = aclient.messages.create(model="scripted", max_tokens=64,
-                                  messages=_ask("What is the capital of France?"))
+    msg = aclient.messages.create(model="scripted", max_tokens=64, messages=_ask("What is the capital of France?"))
     assert msg.type == "message" and msg.role == "assistant"
     assert [b.type for b in msg.content] == ["text"]
     assert msg.content[0].text == "The capital of France is Paris."
@@ -36,23 +37,35 @@ def test_create_text(aclient):
 
 
 def test_system_blocks_and_count_tokens_agree_with_usage(aclient):
-    kwargs = dict(model="scripted", system=[{"type": "text", "text": "Be brief."}],
-                  messages=_ask("What is the capital of France?"), tools=[WEATHER_TOOL])
+    kwargs = dict(
+        model="scripted",
+        system=[{"type": "text", "text": "Be brief."}],
+        messages=_ask("What is the capital of France?"),
+        tools=[WEATHER_TOOL],
+    )
     counted = aclient.messages.count_tokens(**kwargs)
     msg = aclient.messages.create(max_tokens=64, **kwargs)
     assert counted.input_tokens == msg.usage.input_tokens > 0
 
 
 def test_stream_text_and_event_order(aclient, base_url):
-    with aclient.messages.stream(model="scripted", max_tokens=64,
-                                 messages=_ask("What is the capital of France?")) as stream:
+    with aclient.messages.stream(
+        model="scripted", max_tokens=64, messages=_ask("What is the capital of France?")
+    ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text == final.content[0].text == "The capital of France is Paris."
     assert final.stop_reason == "end_turn" and final.usage.input_tokens > 0
-    raw = httpx.post(base_url + "/v1/messages", json={
-        "model": "scripted", "max_tokens": 64, "stream": True,
-        "messages": _ask("What is the capital of France?")}, timeout=60)
+    raw = httpx.post(
+        base_url + "/v1/messages",
+        json={
+            "model": "scripted",
+            "max_tokens": 64,
+            "stream": True,
+            "messages": _ask("What is the capital of France?"),
+        },
+        timeout=60,
+    )
     events = parse_sse(raw.text)
     assert [n for n, _ in events][:2] == ["message_start", "ping"]
     blocks = check_messages_stream(events)
@@ -63,8 +76,9 @@ def test_stream_text_and_event_order(aclient, base_url):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_round_trip(aclient, stream):
-    kwargs = dict(model="scripted", max_tokens=128, tools=[WEATHER_TOOL],
-                  messages=_ask("What is the weather in Paris?"))
+    kwargs = dict(
+        model="scripted", max_tokens=128, tools=[WEATHER_TOOL], messages=_ask("What is the weather in Paris?")
+    )
     if stream:
         with aclient.messages.stream(**kwargs) as s:
             msg = s.get_final_message()
@@ -74,33 +88,45 @@ def test_tool_round_trip(aclient, stream):
     (call,) = [b for b in msg.content if b.type == "tool_use"]
     assert call.name == "get_weather" and call.input == {"city": "Paris"}
     assert not any(b.type == "text" and "tool_call" in b.text for b in msg.content)
-    follow = aclient.messages.create(model="scripted", max_tokens=128, tools=[WEATHER_TOOL],
-                                     messages=[*kwargs["messages"],
-                                               {"role": "assistant", "content": msg.content},
-                                               {"role": "user", "content": [
-                                                   {"type": "tool_result", "tool_use_id": call.id,
-                                                    "content": "sunny, 24C"}]}])
+    follow = aclient.messages.create(
+        model="scripted",
+        max_tokens=128,
+        tools=[WEATHER_TOOL],
+        messages=[
+            *kwargs["messages"],
+            {"role": "assistant", "content": msg.content},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny, 24C"}]},
+        ],
+    )
     assert follow.content[0].text == "It is sunny in Paris." and follow.stop_reason == "end_turn"
 
 
 def test_tool_use_streams_input_json_deltas(base_url):
-    raw = httpx.post(base_url + "/v1/messages", json={
-        "model": "scripted", "max_tokens": 128, "stream": True, "tools": [WEATHER_TOOL],
-        "messages": _ask("What is the weather in Paris?")}, timeout=60)
+    raw = httpx.post(
+        base_url + "/v1/messages",
+        json={
+            "model": "scripted",
+            "max_tokens": 128,
+            "stream": True,
+            "tools": [WEATHER_TOOL],
+            "messages": _ask("What is the weather in Paris?"),
+        },
+        timeout=60,
+    )
     events = parse_sse(raw.text)
     blocks = check_messages_stream(events)
     assert [b["type"] for b in blocks] == ["tool_use"]
     assert blocks[0]["input"] == {"city": "Paris"}
-    json_deltas = [d for n, d in events if n == "content_block_delta"
-                   and d["delta"]["type"] == "input_json_delta"]
+    json_deltas = [d for n, d in events if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta"]
     assert len(json_deltas) > 1  # streamed as fragments
     assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_stop_sequence(aclient, stream):
-    kwargs = dict(model="scripted", max_tokens=128, stop_sequences=["five", "four"],
-                  messages=_ask("Please count to ten."))
+    kwargs = dict(
+        model="scripted", max_tokens=128, stop_sequences=["five", "four"], messages=_ask("Please count to ten.")
+    )
     if stream:
         with aclient.messages.stream(**kwargs) as s:
             msg = s.get_final_message()
@@ -118,8 +144,12 @@ def test_max_tokens_stop_reason(aclient):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_thinking_blocks(aclient, stream):
-    kwargs = dict(model="scripted", max_tokens=128, thinking={"type": "enabled", "budget_tokens": 64},
-                  messages=_ask("Please ponder 2+2."))
+    kwargs = dict(
+        model="scripted",
+        max_tokens=128,
+        thinking={"type": "enabled", "budget_tokens": 64},
+        messages=_ask("Please ponder 2+2."),
+    )
     if stream:
         with aclient.messages.stream(**kwargs) as s:
             msg = s.get_final_message()
@@ -131,8 +161,12 @@ def test_thinking_blocks(aclient, stream):
 
 
 def test_sampling_fields_via_extra_body(aclient):
-    msg = aclient.messages.create(model="scripted", max_tokens=8, messages=_ask("hello there"),
-                                  extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 5})
+    msg = aclient.messages.create(
+        model="scripted",
+        max_tokens=8,
+        messages=_ask("hello there"),
+        extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 5},
+    )
     assert msg.usage.output_tokens == 8 and msg.stop_reason == "max_tokens"
 
 
@@ -162,14 +196,13 @@ BAD = [
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-     "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
-    ({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
-     "messages[0].content[0].tool_use_id"),
-    ({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f",
-                                                      "input": "x"}]}]},
-     "messages[0].content[0].input"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, "messages[0].content[0].tool_use_id"),
+    (
+        {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": "x"}]}]},
+        "messages[0].content[0].input",
+    ),
     ({"system": 3}, "system"),
     ({"system": [{"type": "image"}]}, "system[0].type"),
     ({"temperature": 1.5}, "temperature"),
@@ -181,9 +214,17 @@ BAD = [
     ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
     ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "maybe"}}, "tool_choice.type"),
     ({"thinking": {"type": "sometimes"}}, "thinking.type"),
-    ({"output_config": {"format": {"type": "json_schema",
-                                   "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}},
-     "output_config.format"),
+    (
+        {
+            "output_config": {
+                "format": {
+                    "type": "json_schema",
+                    "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}},
+                }
+            }
+        },
+        "output_config.format",
+    ),
     ({"output_config": {"format": {"type": "yaml"}}}, "output_config.format"),
     ({"bogus": 1}, "bogus"),
     ({"model": "other"}, "model"),
@@ -208,10 +249,8 @@ def test_bad_input_is_a_4xx_in_anthropic_shape(base_url, change, field):
 
 
 def test_malformed_json_and_client_error_class(base_url, aclient):
-    r = httpx.post(base_url + "/v1/messages", content=b"{nope",
-                   headers={"content-type": "application/json"})
+    r = httpx.post(base_url + "/v1/messages", content=b"{nope", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     with pytest.raises(anthropic.BadRequestError) as info:
-        aclient.messages.create(model="scripted", max_tokens=16,
-                                messages=[{"role": "robot", "content": "x"}])
+        aclient.messages.create(model="scripted", max_tokens=16, messages=[{"role": "robot", "content": "x"}])
     assert "messages[0].role" in str(info.value)

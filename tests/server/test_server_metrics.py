@@ -15,32 +15,40 @@ def _samples(url: str) -> dict[str, float]:
     out = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            key = sample.name + "".join(f"|{k}={v}" for k, v in sorted(sample.labels.items())
-                                        if k != "model_name")
+            key = sample.name + "".join(f"|{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name")
             out[key] = sample.value
     return out
 
 
 def test_metric_names_and_counts_follow_requests(server, base_url):
     before = _samples(base_url)
-    for name in ("metrale:num_requests_running", "metrale:num_requests_waiting",
-                 "metrale:kv_cache_usage_perc", "metrale:prefix_cache_queries_total",
-                 "metrale:prefix_cache_hits_total", "metrale:num_preemptions_total",
-                 "metrale:prompt_tokens_total", "metrale:generation_tokens_total",
-                 "metrale:time_to_first_token_seconds_count",
-                 "metrale:inter_token_latency_seconds_count",
-                 "metrale:e2e_request_latency_seconds_count"):
+    for name in (
+        "metrale:num_requests_running",
+        "metrale:num_requests_waiting",
+        "metrale:kv_cache_usage_perc",
+        "metrale:prefix_cache_queries_total",
+        "metrale:prefix_cache_hits_total",
+        "metrale:num_preemptions_total",
+        "metrale:prompt_tokens_total",
+        "metrale:generation_tokens_total",
+        "metrale:time_to_first_token_seconds_count",
+        "metrale:inter_token_latency_seconds_count",
+        "metrale:e2e_request_latency_seconds_count",
+    ):
         assert name in before, name
-    resp = httpx.post(base_url + "/v1/completions",
-                      json={"prompt": "metrics!", "max_tokens": 5, "ignore_eos": True}).json()
+    resp = httpx.post(
+        base_url + "/v1/completions", json={"prompt": "metrics!", "max_tokens": 5, "ignore_eos": True}
+    ).json()
     after = _samples(base_url)
     assert after["metrale:prompt_tokens_total"] - before["metrale:prompt_tokens_total"] == 8
     assert after["metrale:generation_tokens_total"] - before["metrale:generation_tokens_total"] == 5
     assert resp["usage"]["completion_tokens"] == 5
-    assert (after["metrale:time_to_first_token_seconds_count"]
-            - before["metrale:time_to_first_token_seconds_count"]) == 1
-    assert (after["metrale:inter_token_latency_seconds_count"]
-            - before["metrale:inter_token_latency_seconds_count"]) == 4
+    assert (
+        after["metrale:time_to_first_token_seconds_count"] - before["metrale:time_to_first_token_seconds_count"]
+    ) == 1
+    assert (
+        after["metrale:inter_token_latency_seconds_count"] - before["metrale:inter_token_latency_seconds_count"]
+    ) == 4
     key = "metrale:request_success_total|finished_reason=length"
     assert after[key] - before.get(key, 0) == 1
     assert after["metrale:prefix_cache_queries_total"] >= before["metrale:prefix_cache_queries_total"] + 8

@@ -10,9 +10,12 @@ import openai
 import pytest
 from api_events import check_responses_stream, parse_sse
 
-WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weather of a city",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                               "required": ["city"]}}
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 def test_create_text(client):
@@ -26,8 +29,11 @@ def test_create_text(client):
 
 
 def test_instructions_and_message_items(client):
-    r = client.responses.create(model="scripted", instructions="Be brief.", input=[
-        {"role": "user", "content": [{"type": "input_text", "text": "What is the capital?"}]}])
+    r = client.responses.create(
+        model="scripted",
+        instructions="Be brief.",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "What is the capital?"}]}],
+    )
     assert r.output_text == "The capital of France is Paris."
 
 
@@ -38,26 +44,31 @@ def test_max_output_tokens_is_incomplete(client):
 
 
 def test_tool_round_trip_with_function_call_output(client):
-    first = client.responses.create(model="scripted", tools=[WEATHER_TOOL],
-                                    input="What is the weather in Paris?")
+    first = client.responses.create(model="scripted", tools=[WEATHER_TOOL], input="What is the weather in Paris?")
     (call,) = [i for i in first.output if i.type == "function_call"]
     assert call.name == "get_weather" and call.arguments.replace(" ", "") == '{"city":"Paris"}'
     assert call.call_id and first.output_text == ""
-    follow = client.responses.create(model="scripted", tools=[WEATHER_TOOL], input=[
-        {"role": "user", "content": "What is the weather in Paris?"},
-        {"type": "function_call", "call_id": call.call_id, "name": call.name,
-         "arguments": call.arguments},
-        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 24C"}])
+    follow = client.responses.create(
+        model="scripted",
+        tools=[WEATHER_TOOL],
+        input=[
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 24C"},
+        ],
+    )
     assert follow.output_text == "It is sunny in Paris."
 
 
 def test_previous_response_id_continues_the_conversation(client):
-    first = client.responses.create(model="scripted", tools=[WEATHER_TOOL],
-                                    input="What is the weather in Paris?")
+    first = client.responses.create(model="scripted", tools=[WEATHER_TOOL], input="What is the weather in Paris?")
     (call,) = [i for i in first.output if i.type == "function_call"]
     follow = client.responses.create(
-        model="scripted", tools=[WEATHER_TOOL], previous_response_id=first.id,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+        model="scripted",
+        tools=[WEATHER_TOOL],
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+    )
     assert follow.output_text == "It is sunny in Paris."
     assert follow.previous_response_id == first.id
     # the prompt grew by the stored conversation
@@ -76,8 +87,7 @@ def test_stream_helper_collects_the_final_response(client):
 
 
 def test_stream_helper_with_tools(client):
-    with client.responses.stream(model="scripted", input="What is the weather in Paris?",
-                                 tools=[WEATHER_TOOL]) as s:
+    with client.responses.stream(model="scripted", input="What is the weather in Paris?", tools=[WEATHER_TOOL]) as s:
         events = list(s)
         arg_deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
         text_deltas = [e for e in events if e.type == "response.output_text.delta"]
@@ -87,14 +97,20 @@ def test_stream_helper_with_tools(client):
     assert not text_deltas  # arguments never travel as text
 
 
-@pytest.mark.parametrize("prompt,kinds", [
-    ("What is the capital of France?", ["message"]),
-    ("What is the weather in Paris?", ["function_call"]),
-    ("Please ponder 2+2.", ["reasoning", "message"]),
-])
+@pytest.mark.parametrize(
+    "prompt,kinds",
+    [
+        ("What is the capital of France?", ["message"]),
+        ("What is the weather in Paris?", ["function_call"]),
+        ("Please ponder 2+2.", ["reasoning", "message"]),
+    ],
+)
 def test_raw_event_order(base_url, prompt, kinds):
-    raw = httpx.post(base_url + "/v1/responses", json={
-        "model": "scripted", "input": prompt, "stream": True, "tools": [WEATHER_TOOL]}, timeout=60)
+    raw = httpx.post(
+        base_url + "/v1/responses",
+        json={"model": "scripted", "input": prompt, "stream": True, "tools": [WEATHER_TOOL]},
+        timeout=60,
+    )
     assert raw.status_code == 200
     events = parse_sse(raw.text)
     assert all(name == data["type"] for name, data in events)
@@ -104,8 +120,7 @@ def test_raw_event_order(base_url, prompt, kinds):
 
 
 def test_reasoning_items(client):
-    r = client.responses.create(model="scripted", input="Please ponder 2+2.",
-                                reasoning={"effort": "low"})
+    r = client.responses.create(model="scripted", input="Please ponder 2+2.", reasoning={"effort": "low"})
     assert [i.type for i in r.output] == ["reasoning", "message"]
     assert r.output[0].content[0].text.strip() == "Two and two make four."
     assert r.output_text.strip() == "The answer is 4."
@@ -155,8 +170,7 @@ BAD = [
     ({"input": 5}, "input"),
     ({"input": []}, "input"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
@@ -165,11 +179,19 @@ BAD = [
     ({"tools": [{"type": "function", "name": "f", "function": {}}]}, "tools[0].function"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "file_search"}}, "tool_choice.type"),
-    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "name": "nope"}},
-     "tool_choice.name"),
-    ({"text": {"format": {"type": "json_schema", "name": "x",
-                          "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}},
-     "text.format"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
+    (
+        {
+            "text": {
+                "format": {
+                    "type": "json_schema",
+                    "name": "x",
+                    "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}},
+                }
+            }
+        },
+        "text.format",
+    ),
     ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"reasoning": {"effort": "huge"}}, "reasoning.effort"),
     ({"max_output_tokens": 0}, "max_output_tokens"),

@@ -23,8 +23,7 @@ def smollm2_server(start_server):
 
     def load():
         loaded = load_model(path, progress=False)
-        engine = LLMEngine(loaded.model, EngineConfig(kv_cache_memory=64 << 20),
-                           tokenizer=loaded.tokenizer)
+        engine = LLMEngine(loaded.model, EngineConfig(kv_cache_memory=64 << 20), tokenizer=loaded.tokenizer)
         return ServedModel(engine=engine, tokenizer=loaded.tokenizer, model_type="llama")
 
     return start_server(loader=load, served_model_name="SmolLM2-135M-Instruct")
@@ -36,16 +35,22 @@ def test_capital_of_france_round_trip(smollm2_server):
     server, _ = smollm2_server
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
     resp = client.chat.completions.create(
-        model="SmolLM2-135M-Instruct", temperature=0, max_tokens=32,
-        messages=[{"role": "user", "content": "What is the capital of France?"}])
+        model="SmolLM2-135M-Instruct",
+        temperature=0,
+        max_tokens=32,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
     assert resp.choices[0].message.content == "The capital of France is Paris."
     assert resp.choices[0].finish_reason == "stop"
     assert resp.usage.prompt_tokens == 37 and resp.usage.completion_tokens == 8
     stream = client.chat.completions.create(
-        model="SmolLM2-135M-Instruct", temperature=0, max_tokens=32, stream=True,
-        messages=[{"role": "user", "content": "What is the capital of France?"}])
-    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
-        "The capital of France is Paris."
+        model="SmolLM2-135M-Instruct",
+        temperature=0,
+        max_tokens=32,
+        stream=True,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "The capital of France is Paris."
 
 
 def test_responses_messages_and_embeddings_on_the_embedded_model(smollm2_server):
@@ -58,27 +63,38 @@ def test_responses_messages_and_embeddings_on_the_embedded_model(smollm2_server)
     server, _ = smollm2_server
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
     question = "What is the capital of France?"
-    r = client.responses.create(model="SmolLM2-135M-Instruct", input=question, temperature=0,
-                                max_output_tokens=32)
+    r = client.responses.create(model="SmolLM2-135M-Instruct", input=question, temperature=0, max_output_tokens=32)
     assert r.output_text == "The capital of France is Paris." and r.status == "completed"
     assert r.usage.input_tokens == 37 and r.usage.output_tokens == 8
-    with client.responses.stream(model="SmolLM2-135M-Instruct", input=question, temperature=0,
-                                 max_output_tokens=32) as s:
+    with client.responses.stream(
+        model="SmolLM2-135M-Instruct", input=question, temperature=0, max_output_tokens=32
+    ) as s:
         assert s.get_final_response().output_text == "The capital of France is Paris."
     a = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=120)
-    msg = a.messages.create(model="SmolLM2-135M-Instruct", max_tokens=32,
-                            messages=[{"role": "user", "content": question}],
-                            extra_body={"temperature": 0})
+    msg = a.messages.create(
+        model="SmolLM2-135M-Instruct",
+        max_tokens=32,
+        messages=[{"role": "user", "content": question}],
+        extra_body={"temperature": 0},
+    )
     assert msg.content[0].text == "The capital of France is Paris."
     assert msg.stop_reason == "end_turn" and msg.usage.input_tokens == 37
-    with a.messages.stream(model="SmolLM2-135M-Instruct", max_tokens=32,
-                           messages=[{"role": "user", "content": question}],
-                           stop_sequences=[" Paris"], extra_body={"temperature": 0}) as s:
+    with a.messages.stream(
+        model="SmolLM2-135M-Instruct",
+        max_tokens=32,
+        messages=[{"role": "user", "content": question}],
+        stop_sequences=[" Paris"],
+        extra_body={"temperature": 0},
+    ) as s:
         final = s.get_final_message()
     assert final.content[0].text == "The capital of France is"
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == " Paris"
-    assert a.messages.count_tokens(model="SmolLM2-135M-Instruct", messages=[
-        {"role": "user", "content": question}]).input_tokens == 37
+    assert (
+        a.messages.count_tokens(
+            model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": question}]
+        ).input_tokens
+        == 37
+    )
     texts = ["Paris is the capital of France.", "Bananas are yellow."]
     batched = client.embeddings.create(model="SmolLM2-135M-Instruct", input=texts)
     for i, text in enumerate(texts):

@@ -8,16 +8,21 @@ import json
 import openai
 import pytest
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 def test_tool_call_non_streaming(client):
-    resp = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS,
-                                          temperature=0)
+    resp = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, temperature=0)
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
@@ -28,8 +33,7 @@ def test_tool_call_non_streaming(client):
 
 
 def test_tool_call_streaming_fragments_concatenate_to_the_same_call(client):
-    stream = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS,
-                                            temperature=0, stream=True)
+    stream = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, temperature=0, stream=True)
     names, args, ids, finish, content = [], [], set(), None, ""
     for chunk in stream:
         delta = chunk.choices[0].delta
@@ -50,23 +54,31 @@ def test_tool_call_streaming_fragments_concatenate_to_the_same_call(client):
 
 
 def test_tool_result_round_trip(client):
-    first = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS,
-                                           temperature=0)
+    first = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, temperature=0)
     call = first.choices[0].message.tool_calls[0]
     messages = ASK + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call.id, "type": "function",
-             "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
-        {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny"}'}]
-    resp = client.chat.completions.create(model="scripted", messages=messages, tools=TOOLS,
-                                          temperature=0)
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": call.function.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny"}'},
+    ]
+    resp = client.chat.completions.create(model="scripted", messages=messages, tools=TOOLS, temperature=0)
     assert resp.choices[0].message.content == "It is sunny in Paris."
     assert resp.choices[0].finish_reason == "stop"
 
 
 def test_tool_choice_none_leaves_the_text_alone(client):
-    resp = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS,
-                                          tool_choice="none", temperature=0)
+    resp = client.chat.completions.create(
+        model="scripted", messages=ASK, tools=TOOLS, tool_choice="none", temperature=0
+    )
     msg = resp.choices[0].message
     assert not msg.tool_calls and resp.choices[0].finish_reason == "stop"
     assert '"name": "get_weather"' in msg.content
@@ -74,16 +86,16 @@ def test_tool_choice_none_leaves_the_text_alone(client):
 
 def test_named_and_required_tool_choice(client):
     named = {"type": "function", "function": {"name": "get_weather"}}
-    resp = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS,
-                                          tool_choice=named, temperature=0)
+    resp = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS, tool_choice=named, temperature=0)
     assert resp.choices[0].message.tool_calls[0].function.name == "get_weather"
-    resp = client.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS,
-                                          tool_choice="required", temperature=0)
+    resp = client.chat.completions.create(
+        model="scripted", messages=ASK, tools=TOOLS, tool_choice="required", temperature=0
+    )
     assert resp.choices[0].finish_reason == "tool_calls"
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            model="scripted", messages=ASK, tools=TOOLS,
-            tool_choice={"type": "function", "function": {"name": "nope"}})
+            model="scripted", messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}
+        )
     assert "tool_choice.function.name" in info.value.body["message"]
 
 
@@ -93,8 +105,7 @@ def test_reasoning_is_split_into_reasoning_content(client, base_url):
     msg = resp.choices[0].message
     assert msg.content.strip() == "The answer is 4."
     assert msg.model_extra["reasoning_content"].strip() == "Two and two make four."
-    stream = client.chat.completions.create(model="scripted", messages=ask, temperature=0,
-                                            stream=True)
+    stream = client.chat.completions.create(model="scripted", messages=ask, temperature=0, stream=True)
     reasoning = content = ""
     for chunk in stream:
         delta = chunk.choices[0].delta

@@ -48,8 +48,7 @@ def collect(deltas, parser=None) -> Collected:
             assert ID.fullmatch(tc["id"])
             tool_calls.append((tc["name"], tc["arguments"]))
         assert len({tc["id"] for tc in parser.tool_calls}) == len(parser.tool_calls)
-    return Collected("".join(content), "".join(reasoning),
-                     {i: tuple(v) for i, v in calls.items()}, tool_calls)
+    return Collected("".join(content), "".join(reasoning), {i: tuple(v) for i, v in calls.items()}, tool_calls)
 
 
 def random_pieces(text: str, rng: random.Random) -> list[str]:
@@ -57,7 +56,7 @@ def random_pieces(text: str, rng: random.Random) -> list[str]:
     pieces, i = [], 0
     while i < len(text):
         n = rng.choice((1, 1, 1, 2, 3, 4, 5, 7, 12, 40))
-        pieces.append(text[i:i + n])
+        pieces.append(text[i : i + n])
         i += n
     return pieces
 

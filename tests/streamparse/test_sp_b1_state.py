@@ -31,15 +31,22 @@ GLM47 = (
     "<arg_key>days</arg_key><arg_value>⟦5⟧</arg_value>†</tool_call>⦄"
     "<tool_call>⦃noop</tool_call>⦄"
 )
-GLM45 = ("<tool_call>⦃get_weather\n<arg_key>city</arg_key>\n<arg_value>⟦Par\nis⟧</arg_value>†\n"
-         "</tool_call>⦄")
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"},
-                                     "days": {"type": "integer"}}}}}]
+GLM45 = "<tool_call>⦃get_weather\n<arg_key>city</arg_key>\n<arg_value>⟦Par\nis⟧</arg_value>†\n</tool_call>⦄"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "n": {"type": "integer"}, "days": {"type": "integer"}},
+            },
+        },
+    }
+]
 
 CASES = [
-    ("hermes", HERMES, {"city": 'Pa"ris', "days": 12, "opts": {"unit": "c", "n": [1, 2]},
-                        "ok": True, "x": -500.0}),
+    ("hermes", HERMES, {"city": 'Pa"ris', "days": 12, "opts": {"unit": "c", "n": [1, 2]}, "ok": True, "x": -500.0}),
     ("hermes", HERMES_STRING_ARGS, {"a": 1}),
     ("qwen3_coder", QWEN3_CODER, {"city": "New York", "n": 42, "m": "x"}),
     ("glm47", GLM47, {"city": "Paris", "days": 5}),
@@ -110,11 +117,14 @@ def test_glm_partial_close_tag_inside_value():
     assert parser.tool_calls[0]["arguments"] == '{"k": "12</arg_x"}'
 
 
-@pytest.mark.parametrize("fmt, call", [
-    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": "x"}}\n</tool_call>'),
-    ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n</function>\n</tool_call>"),
-    ("glm47", "<tool_call>f<arg_key>a</arg_key><arg_value>x</arg_value></tool_call>"),
-])
+@pytest.mark.parametrize(
+    "fmt, call",
+    [
+        ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": "x"}}\n</tool_call>'),
+        ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n</function>\n</tool_call>"),
+        ("glm47", "<tool_call>f<arg_key>a</arg_key><arg_value>x</arg_value></tool_call>"),
+    ],
+)
 def test_reasoning_is_never_a_body(fmt, call):
     reasoning = "glm45" if fmt == "glm47" else "qwen3"
     # glm ends reasoning at <tool_call>, so its reasoning text holds the tool-call-like text

@@ -21,15 +21,53 @@ from metrale_core.sampling import DefaultSampler, PositionKind, SamplingParams
 from metrale_core.streamparse import StreamParser, make_stream_parser
 from metrale_core.testing.recording_model import EOS, RecordingModel, SeqScript
 
-PIECES = ["", "", "", "<think>", "plan", "</think>", "\n\n", "<tool_call>", "\n<function=", "get",
-          ">\n", "<parameter=", "city", "Pa", "ris", "\n</para", "meter>\n", "</function>\n",
-          "</tool_call>", "Done", "."]
+PIECES = [
+    "",
+    "",
+    "",
+    "<think>",
+    "plan",
+    "</think>",
+    "\n\n",
+    "<tool_call>",
+    "\n<function=",
+    "get",
+    ">\n",
+    "<parameter=",
+    "city",
+    "Pa",
+    "ris",
+    "\n</para",
+    "meter>\n",
+    "</function>\n",
+    "</tool_call>",
+    "Done",
+    ".",
+]
 TOKEN = {piece: i for i, piece in enumerate(PIECES) if i >= 3}
-OUTPUT = [TOKEN[p] for p in ["<think>", "plan", "</think>", "\n\n", "<tool_call>", "\n<function=", "get",
-                             ">\n", "<parameter=", "city", ">\n", "Pa", "ris", "\n</para", "meter>\n",
-                             "</function>\n", "</tool_call>"]]
-TOOLS = [{"type": "function", "function": {"name": "get", "parameters": {"properties": {
-    "city": {"type": "string"}}}}}]
+OUTPUT = [
+    TOKEN[p]
+    for p in [
+        "<think>",
+        "plan",
+        "</think>",
+        "\n\n",
+        "<tool_call>",
+        "\n<function=",
+        "get",
+        ">\n",
+        "<parameter=",
+        "city",
+        ">\n",
+        "Pa",
+        "ris",
+        "\n</para",
+        "meter>\n",
+        "</function>\n",
+        "</tool_call>",
+    ]
+]
+TOOLS = [{"type": "function", "function": {"name": "get", "parameters": {"properties": {"city": {"type": "string"}}}}}]
 
 
 class PieceTokenizer:
@@ -46,13 +84,22 @@ class Registry(_CoreRegistry):
 
     def __init__(self, seen: list):
         super().__init__()  # a real (typed) Registry with an empty plugin manager
+
         def watch(config):
             def observe(logits, ctx):
                 for row, kind in zip(ctx.rows, ctx.kinds):
                     parser = row.extras.get("stream_parser")
                     if isinstance(parser, StreamParser):
-                        seen.append((kind, parser.inside_tool_call, parser.inside_parameter_body,
-                                     parser.param_body_chars_emitted, len(row.output_ids)))
+                        seen.append(
+                            (
+                                kind,
+                                parser.inside_tool_call,
+                                parser.inside_parameter_body,
+                                parser.param_body_chars_emitted,
+                                len(row.output_ids),
+                            )
+                        )
+
             return observe
 
         self.samplers = {"default": SamplerSpec("default", DefaultSampler)}
@@ -103,15 +150,15 @@ def test_parsed_deltas_and_the_state_seen_at_each_position():
     assert all(k is PositionKind.FINAL_DECODE for k, *_ in seen[1:])
     text_before = {t: "".join(PIECES[i] for i in OUTPUT[:t]) for t in range(len(OUTPUT) + 1)}
     assert text_before[12].endswith("<parameter=city>\nPa")
-    assert by_pos[11] == (True, True, 0)        # after "<parameter=city>\n": body open, nothing yet
-    assert by_pos[12] == (True, True, 2)        # "Pa"
-    assert by_pos[13] == (True, True, 5)        # "Paris"
-    assert by_pos[14] == (True, True, 5)        # "\n</para" held back: still in the body
-    assert by_pos[15] == (True, False, 0)       # "meter>\n" closed it
-    assert by_pos[17] == (False, False, 0)      # "</tool_call>": the call is over
-    assert by_pos[4] == (False, False, 0)       # "<think>plan</think>\n\n": not in a call yet
-    assert by_pos[5] == (True, False, 0)        # "<tool_call>" committed
-    assert by_pos[2] == (False, False, 0)       # reasoning "plan" is never a body
+    assert by_pos[11] == (True, True, 0)  # after "<parameter=city>\n": body open, nothing yet
+    assert by_pos[12] == (True, True, 2)  # "Pa"
+    assert by_pos[13] == (True, True, 5)  # "Paris"
+    assert by_pos[14] == (True, True, 5)  # "\n</para" held back: still in the body
+    assert by_pos[15] == (True, False, 0)  # "meter>\n" closed it
+    assert by_pos[17] == (False, False, 0)  # "</tool_call>": the call is over
+    assert by_pos[4] == (False, False, 0)  # "<think>plan</think>\n\n": not in a call yet
+    assert by_pos[5] == (True, False, 0)  # "<tool_call>" committed
+    assert by_pos[2] == (False, False, 0)  # reasoning "plan" is never a body
 
 
 def test_stop_string_text_is_never_fed():
@@ -143,8 +190,9 @@ class Exploding:
 
 
 def test_a_failing_parser_is_dropped_and_the_text_still_arrives():
-    engine = engine_with([SeqScript([40], [TOKEN["Done"], TOKEN["."], TOKEN["Done"]]),
-                          SeqScript([41], [TOKEN["Done"]])])
+    engine = engine_with(
+        [SeqScript([40], [TOKEN["Done"], TOKEN["."], TOKEN["Done"]]), SeqScript([41], [TOKEN["Done"]])]
+    )
     bad = Exploding()
     engine.add_request("bad", [40], GREEDY, extras={"stream_parser": bad})
     engine.add_request("good", [41], GREEDY, extras={"stream_parser": make_stream_parser()})

@@ -8,27 +8,73 @@ import random
 import pytest
 from streamparse_helpers import parse, random_pieces
 
-COMMON = ["<tool_call>", "</tool_call>", "<think>", "</think>", "\n", " ", "x", "<", ">", "/", "1",
-          "<tool_", "call>", "\"", "{", "}"]
+COMMON = [
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "\n",
+    " ",
+    "x",
+    "<",
+    ">",
+    "/",
+    "1",
+    "<tool_",
+    "call>",
+    '"',
+    "{",
+    "}",
+]
 ATOMS = {
-    "hermes": COMMON + ['{"name": "f", "arguments": {', '"a": ', '"s"', "[1, 2]", ", ", "}}", "\\", "\\n",
-                        '"name"', ':', "true", "-0.5", '"arguments"'],
-    "qwen3_coder": COMMON + ["<function=f>", "<parameter=a>", "</parameter>", "</function>", "<parameter=",
-                             "<function=", "n>", "</para", "meter>", "42", "null"],
-    "glm47": COMMON + ["f", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<arg_", "key>",
-                       "value>", "k", "3"],
+    "hermes": COMMON
+    + [
+        '{"name": "f", "arguments": {',
+        '"a": ',
+        '"s"',
+        "[1, 2]",
+        ", ",
+        "}}",
+        "\\",
+        "\\n",
+        '"name"',
+        ":",
+        "true",
+        "-0.5",
+        '"arguments"',
+    ],
+    "qwen3_coder": COMMON
+    + [
+        "<function=f>",
+        "<parameter=a>",
+        "</parameter>",
+        "</function>",
+        "<parameter=",
+        "<function=",
+        "n>",
+        "</para",
+        "meter>",
+        "42",
+        "null",
+    ],
+    "glm47": COMMON
+    + ["f", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<arg_", "key>", "value>", "k", "3"],
 }
 VALID = {
     "hermes": 'Hi <tool_call>\n{"name": "f", "arguments": {"a": 1, "n": {"s": "x\\"y"}}}\n</tool_call>\n'
-              '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>',
+    '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>',
     "qwen3_coder": "Hi <tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=n>\n"
-                   '{"s": 1}\n</parameter>\n<parameter=t>\nfree text\n</parameter>\n</function>\n'
-                   "</tool_call><tool_call>\n<function=g>\n</function>\n</tool_call>",
+    '{"s": 1}\n</parameter>\n<parameter=t>\nfree text\n</parameter>\n</function>\n'
+    "</tool_call><tool_call>\n<function=g>\n</function>\n</tool_call>",
     "glm47": "Hi <tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value><arg_key>t</arg_key>"
-             "<arg_value>free text</arg_value></tool_call><tool_call>g</tool_call>",
+    "<arg_value>free text</arg_value></tool_call><tool_call>g</tool_call>",
 }
-TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {
-    "a": {"type": "integer"}, "n": {"type": "object"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"properties": {"a": {"type": "integer"}, "n": {"type": "object"}}}},
+    }
+]
 
 
 @pytest.mark.parametrize("fmt", sorted(ATOMS))
@@ -42,7 +88,7 @@ def test_random_output_never_raises_and_is_chunking_invariant(fmt):
                 i, j = sorted(rng.randrange(len(text) + 1) for _ in range(2))
                 edit = rng.choice(("delete", "insert", "cut"))
                 if edit == "delete":
-                    text = text[:i] + text[i + rng.randint(1, 3):]
+                    text = text[:i] + text[i + rng.randint(1, 3) :]
                 elif edit == "insert":
                     text = text[:i] + rng.choice(ATOMS[fmt]) + text[i:]
                 else:

@@ -10,16 +10,14 @@ import pytest
 import metrale_core.streamparse.base as base
 from metrale_core.streamparse import held_back_len
 
-MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "\n</parameter>",
-           "</parameter>")
+MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "\n</parameter>", "</parameter>")
 
 
 def _reference(text: str, markers: tuple[str, ...], start: int = 0) -> int:
     """The contract spelled out: the longest suffix of text[start:] that is a proper prefix of
     a marker."""
     tail = text[start:]
-    return max((k for k in range(1, len(tail) + 1) for m in markers
-                if k < len(m) and tail.endswith(m[:k])), default=0)
+    return max((k for k in range(1, len(tail) + 1) for m in markers if k < len(m) and tail.endswith(m[:k])), default=0)
 
 
 def test_is_exported_publicly():
@@ -56,8 +54,19 @@ def test_several_markers_the_longest_suffix_wins():
     assert held_back_len("x<a", ("<a",)) == 0
 
 
-@pytest.mark.parametrize("text", ["plain text", "a <tool_call> b", "[TOOL_CALLS]x", "</tool_call>",
-                                  "[ARGS ]", "</parameter >", "tool_call>", "<tool_call>>"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain text",
+        "a <tool_call> b",
+        "[TOOL_CALLS]x",
+        "</tool_call>",
+        "[ARGS ]",
+        "</parameter >",
+        "tool_call>",
+        "<tool_call>>",
+    ],
+)
 def test_no_marker_prefix_at_the_end(text):
     assert held_back_len(text, MARKERS) == 0
 

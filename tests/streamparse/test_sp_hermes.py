@@ -10,12 +10,21 @@ from streamparse_helpers import assert_chunking_invariant, collect, parse
 
 from metrale_core.streamparse import make_stream_parser
 
-ARGS = {"city": "Zürich \"old town\"\n", "days": [1, 2.5, -3e2], "opts": {"deep": {"x": None}},
-        "flag": False, "emoji": "🙂", "tag": "</tool_call> inside a string"}
-TEXT = ("I'll check both.\n\n<tool_call>\n"
-        + json.dumps({"name": "get_weather", "arguments": ARGS}, ensure_ascii=False)
-        + "\n</tool_call>\n<tool_call>\n"
-        + json.dumps({"name": "get_time", "arguments": {}}) + "\n</tool_call>")
+ARGS = {
+    "city": 'Zürich "old town"\n',
+    "days": [1, 2.5, -3e2],
+    "opts": {"deep": {"x": None}},
+    "flag": False,
+    "emoji": "🙂",
+    "tag": "</tool_call> inside a string",
+}
+TEXT = (
+    "I'll check both.\n\n<tool_call>\n"
+    + json.dumps({"name": "get_weather", "arguments": ARGS}, ensure_ascii=False)
+    + "\n</tool_call>\n<tool_call>\n"
+    + json.dumps({"name": "get_time", "arguments": {}})
+    + "\n</tool_call>"
+)
 
 
 def test_parallel_calls_stream_with_indices_and_valid_arguments():
@@ -44,14 +53,17 @@ def test_the_id_is_on_the_first_piece_only_and_stable():
     assert parser.tool_calls == [{"id": "call_" + "a" * 16, "name": "f", "arguments": '{"x": 1}'}]
 
 
-@pytest.mark.parametrize("body, name, args", [
-    ('{"name": "noop", "arguments": {}}', "noop", {}),
-    ('{"name": "noop"}', "noop", {}),                       # no arguments key: none were given
-    ('{"arguments": {"a": [1]}, "name": "late"}', "late", {"a": [1]}),
-    ('{"name": "p", "parameters": {"a": 1}}', "p", {"a": 1}),
-    ('{"name": "s", "arguments": "{\\"a\\": 2}"}', "s", {"a": 2}),
-    ('  {"name":"tight","arguments":{"a":1}}  ', "tight", {"a": 1}),
-])
+@pytest.mark.parametrize(
+    "body, name, args",
+    [
+        ('{"name": "noop", "arguments": {}}', "noop", {}),
+        ('{"name": "noop"}', "noop", {}),  # no arguments key: none were given
+        ('{"arguments": {"a": [1]}, "name": "late"}', "late", {"a": [1]}),
+        ('{"name": "p", "parameters": {"a": 1}}', "p", {"a": 1}),
+        ('{"name": "s", "arguments": "{\\"a\\": 2}"}', "s", {"a": 2}),
+        ('  {"name":"tight","arguments":{"a":1}}  ', "tight", {"a": 1}),
+    ],
+)
 def test_accepted_variants(body, name, args):
     got = assert_chunking_invariant(f"<tool_call>{body}</tool_call>", trials=40, tool_parser="hermes")
     assert got.content == ""
@@ -72,18 +84,18 @@ def test_plain_content_is_untouched():
 
 
 MALFORMED = [
-    '<tool_call>\n{"name": "f", "arguments": {"a": 1',                      # unterminated JSON
-    '<tool_call>\n{"name": "f", "arguments": {"a": 1}\n</tool_call>',        # a brace short
-    '<tool_call>\n{"name": "f", "arguments": {"a": tru}}\n</tool_call>',     # invalid literal
-    '<tool_call>\n{"name": "f", "args": {"a": 1}}\n</tool_call>',            # unknown key
-    '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>',            # not an object
-    '<tool_call>\n{"name": 3, "arguments": {}}\n</tool_call>',               # name not a string
-    '<tool_call>\n{"arguments": {"a": 1}}\n</tool_call>',                    # no name
-    '<tool_call>\n{"name": "f", "arguments": {}} trailing\n</tool_call>',    # garbage after
-    '<tool_call>get_weather(city="Paris")</tool_call>',                      # not JSON at all
-    '<tool_call>\n{"name": "f", "arguments": "not json"}\n</tool_call>',     # string, no object
+    '<tool_call>\n{"name": "f", "arguments": {"a": 1',  # unterminated JSON
+    '<tool_call>\n{"name": "f", "arguments": {"a": 1}\n</tool_call>',  # a brace short
+    '<tool_call>\n{"name": "f", "arguments": {"a": tru}}\n</tool_call>',  # invalid literal
+    '<tool_call>\n{"name": "f", "args": {"a": 1}}\n</tool_call>',  # unknown key
+    '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>',  # not an object
+    '<tool_call>\n{"name": 3, "arguments": {}}\n</tool_call>',  # name not a string
+    '<tool_call>\n{"arguments": {"a": 1}}\n</tool_call>',  # no name
+    '<tool_call>\n{"name": "f", "arguments": {}} trailing\n</tool_call>',  # garbage after
+    '<tool_call>get_weather(city="Paris")</tool_call>',  # not JSON at all
+    '<tool_call>\n{"name": "f", "arguments": "not json"}\n</tool_call>',  # string, no object
     '<tool_call>\n{"name": "f", "arguments": {"a": "x\ny"}}\n</tool_call>',  # raw control char
-    '<tool_call>',                                                           # tag only
+    "<tool_call>",  # tag only
 ]
 
 
@@ -91,17 +103,18 @@ MALFORMED = [
 def test_malformed_calls_come_back_as_content(call):
     text = "Before. " + call + " After."
     got = assert_chunking_invariant(text, trials=40, tool_parser="hermes")
-    assert got.tool_calls == []                       # never a call with made-up arguments
-    assert call in got.content                        # the model's text, tags included
-    assert (got.content.startswith("Before.") and got.content.endswith(" After.")) or \
-        got.content.endswith(call)
-    for _name, args in got.calls.values():            # a header streamed before it broke
+    assert got.tool_calls == []  # never a call with made-up arguments
+    assert call in got.content  # the model's text, tags included
+    assert (got.content.startswith("Before.") and got.content.endswith(" After.")) or got.content.endswith(call)
+    for _name, args in got.calls.values():  # a header streamed before it broke
         assert args != "{}" or '"arguments": {}' in call
 
 
 def test_a_broken_call_does_not_swallow_the_next_one():
-    text = ('<tool_call>{"name": "a", "arguments": {"x": oops}}</tool_call>\n'
-            '<tool_call>{"name": "b", "arguments": {"y": 2}}</tool_call>')
+    text = (
+        '<tool_call>{"name": "a", "arguments": {"x": oops}}</tool_call>\n'
+        '<tool_call>{"name": "b", "arguments": {"y": 2}}</tool_call>'
+    )
     got = assert_chunking_invariant(text, trials=40, tool_parser="hermes")
     assert got.tool_calls == [("b", '{"y": 2}')]
     assert got.content == '<tool_call>{"name": "a", "arguments": {"x": oops}}</tool_call>'
@@ -122,7 +135,7 @@ def test_linear_time_on_long_arguments():
     parser = make_stream_parser(tool_parser="hermes")
     deltas = []
     for i in range(0, len(text), 3):
-        deltas += parser.feed(text[i:i + 3])
+        deltas += parser.feed(text[i : i + 3])
     deltas += parser.finish()
     assert time.perf_counter() - start < 10.0
     got = collect(deltas, parser)

@@ -10,10 +10,27 @@ from streamparse_helpers import assert_chunking_invariant
 
 from metrale_core.streamparse import make_stream_parser
 
-TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {
-    "code": {"type": "string"}, "n": {"type": "integer"}, "ratio": {"type": "number"},
-    "on": {"type": "boolean"}, "cfg": {"type": "object"}, "items": {"type": "array"},
-    "maybe": {"type": ["integer", "null"]}, "mode": {"enum": ["a", "b"]}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "code": {"type": "string"},
+                    "n": {"type": "integer"},
+                    "ratio": {"type": "number"},
+                    "on": {"type": "boolean"},
+                    "cfg": {"type": "object"},
+                    "items": {"type": "array"},
+                    "maybe": {"type": ["integer", "null"]},
+                    "mode": {"enum": ["a", "b"]},
+                },
+            },
+        },
+    }
+]
 
 
 def call(name, params, nl=True):
@@ -23,17 +40,37 @@ def call(name, params, nl=True):
 
 
 def test_values_are_converted_by_schema_type():
-    text = "Running it.\n" + call("run", [
-        ("code", 'print("hi")\nx = {"a": 1}  # 2 < 3'), ("n", "42"), ("ratio", "0.5"), ("on", "True"),
-        ("cfg", '{"k": [1, 2]}'), ("items", "['a', 'b']"), ("maybe", "null"), ("mode", "a"),
-        ("extra", "7"), ("code2", "null")])
+    text = "Running it.\n" + call(
+        "run",
+        [
+            ("code", 'print("hi")\nx = {"a": 1}  # 2 < 3'),
+            ("n", "42"),
+            ("ratio", "0.5"),
+            ("on", "True"),
+            ("cfg", '{"k": [1, 2]}'),
+            ("items", "['a', 'b']"),
+            ("maybe", "null"),
+            ("mode", "a"),
+            ("extra", "7"),
+            ("code2", "null"),
+        ],
+    )
     got = assert_chunking_invariant(text, tool_parser="qwen3_coder", tools=TOOLS)
     assert got.content == "Running it."
-    (name, args), = got.calls.values()
+    ((name, args),) = got.calls.values()
     assert name == "run" and got.tool_calls == [(name, args)]
-    assert json.loads(args) == {"code": 'print("hi")\nx = {"a": 1}  # 2 < 3', "n": 42, "ratio": 0.5,
-                                "on": True, "cfg": {"k": [1, 2]}, "items": ["a", "b"],
-                                "maybe": None, "mode": "a", "extra": "7", "code2": None}
+    assert json.loads(args) == {
+        "code": 'print("hi")\nx = {"a": 1}  # 2 < 3',
+        "n": 42,
+        "ratio": 0.5,
+        "on": True,
+        "cfg": {"k": [1, 2]},
+        "items": ["a", "b"],
+        "maybe": None,
+        "mode": "a",
+        "extra": "7",
+        "code2": None,
+    }
 
 
 def test_values_that_do_not_convert_are_kept_as_strings():
@@ -66,21 +103,23 @@ def test_zero_argument_and_parallel_calls():
 
 
 def test_missing_closing_tags_that_vllm_tolerates():
-    text = ("<tool_call>\n<function=run>\n<parameter=n>\n1\n<parameter=code>\nx\n</function>\n</tool_call>"
-            "<tool_call>\n<function=run>\n<parameter=n>\n2\n</parameter>\n</tool_call>"
-            "<tool_call>\n<function=run>\n<parameter=n>\n3\n</parameter>\n</function>")
+    text = (
+        "<tool_call>\n<function=run>\n<parameter=n>\n1\n<parameter=code>\nx\n</function>\n</tool_call>"
+        "<tool_call>\n<function=run>\n<parameter=n>\n2\n</parameter>\n</tool_call>"
+        "<tool_call>\n<function=run>\n<parameter=n>\n3\n</parameter>\n</function>"
+    )
     got = assert_chunking_invariant(text, tool_parser="qwen3_coder", tools=TOOLS)
     assert [json.loads(a) for _, a in got.tool_calls] == [{"n": 1, "code": "x"}, {"n": 2}, {"n": 3}]
 
 
 MALFORMED = [
-    "<tool_call>\n<function=run>\n<parameter=code>\nunterminated",           # stream ends in a value
-    "<tool_call>\n<function=run>\n<parameter=code>\nx\n</parameter>\n",       # ends before </function>
-    "<tool_call>\n<function=run name>\n</function>\n</tool_call>",             # bad function name
+    "<tool_call>\n<function=run>\n<parameter=code>\nunterminated",  # stream ends in a value
+    "<tool_call>\n<function=run>\n<parameter=code>\nx\n</parameter>\n",  # ends before </function>
+    "<tool_call>\n<function=run name>\n</function>\n</tool_call>",  # bad function name
     "<tool_call>\n<function=run>\n<parameter=a b>\n1\n</parameter>\n</function>\n</tool_call>",
-    "<tool_call>\nrun(n=1)\n</tool_call>",                                     # no <function=
+    "<tool_call>\nrun(n=1)\n</tool_call>",  # no <function=
     "<tool_call>\n<function=run>\ngarbage<parameter=n>1</parameter></function></tool_call>",
-    "<tool_call>\n<function=run",                                               # cut in the name
+    "<tool_call>\n<function=run",  # cut in the name
 ]
 
 

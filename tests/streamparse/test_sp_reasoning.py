@@ -22,18 +22,21 @@ from metrale_core.streamparse.reasoning import MAX_LEADING_WS
 CALL = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
 
 
-@pytest.mark.parametrize("text, reasoning, content, starts", [
-    ("<think>\nstep 1\n</think>\n\nAnswer.", "\nstep 1\n", "\n\nAnswer.", False),
-    ("  \n<think>r</think>A", "r", "A", False),                        # whitespace before <think>
-    ("Answer <think>not reasoning</think>", "", "Answer <think>not reasoning</think>", False),
-    ("<thinking>is content", "", "<thinking>is content", False),
-    ("already thinking</think>Answer", "already thinking", "Answer", True),
-    ("thinks to the end", "thinks to the end", "", True),
-    ("<think>unclosed", "unclosed", "", False),
-    ("</think>", "", "", True),
-    ("", "", "", False),
-    ("  ", "", "  ", False),
-])
+@pytest.mark.parametrize(
+    "text, reasoning, content, starts",
+    [
+        ("<think>\nstep 1\n</think>\n\nAnswer.", "\nstep 1\n", "\n\nAnswer.", False),
+        ("  \n<think>r</think>A", "r", "A", False),  # whitespace before <think>
+        ("Answer <think>not reasoning</think>", "", "Answer <think>not reasoning</think>", False),
+        ("<thinking>is content", "", "<thinking>is content", False),
+        ("already thinking</think>Answer", "already thinking", "Answer", True),
+        ("thinks to the end", "thinks to the end", "", True),
+        ("<think>unclosed", "unclosed", "", False),
+        ("</think>", "", "", True),
+        ("", "", "", False),
+        ("  ", "", "  ", False),
+    ],
+)
 def test_reasoning_split(text, reasoning, content, starts):
     got = assert_chunking_invariant(text, tool_parser="none", reasoning="qwen3", starts_in_reasoning=starts)
     assert (got.reasoning, got.content) == (reasoning, content)
@@ -73,10 +76,10 @@ def test_parser_choice_by_name_model_type_and_registry():
         assert isinstance(make_stream_parser(registry).tool_parser, HermesParser)
         assert isinstance(make_stream_parser(registry, model_type="qwen3").tool_parser, HermesParser)
         assert isinstance(make_stream_parser(registry, model_type="glm5_next").tool_parser, Glm47Parser)
-        assert isinstance(make_stream_parser(registry, model_type="qwen3_coder").tool_parser,
-                          Qwen3CoderParser)
-        assert isinstance(make_stream_parser(registry, tool_parser="glm47", model_type="qwen3").tool_parser,
-                          Glm47Parser)
+        assert isinstance(make_stream_parser(registry, model_type="qwen3_coder").tool_parser, Qwen3CoderParser)
+        assert isinstance(
+            make_stream_parser(registry, tool_parser="glm47", model_type="qwen3").tool_parser, Glm47Parser
+        )
         assert make_stream_parser(registry, tool_parser="none").tool_parser is None
         with pytest.raises(ConfigError, match=r"no tool-call parser named 'xml'.*glm47, hermes, .*qwen3_coder"):
             make_stream_parser(registry, tool_parser="xml")

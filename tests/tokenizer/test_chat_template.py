@@ -16,27 +16,79 @@ from metrale_core.tokenizer import Tokenizer
 
 SMOL = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 QWEN3 = Path(os.environ.get("METRALE_QWEN3_TOKENIZER_DIR") or Path.home() / ".cache/metrale/tokenizers/qwen3")
-CHAT_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712,
-            8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+CHAT_IDS = [
+    1,
+    9690,
+    198,
+    2683,
+    359,
+    253,
+    5356,
+    5646,
+    11173,
+    3365,
+    3511,
+    308,
+    34519,
+    28,
+    7018,
+    411,
+    407,
+    19712,
+    8182,
+    2,
+    198,
+    1,
+    4093,
+    198,
+    1780,
+    314,
+    260,
+    3575,
+    282,
+    4649,
+    47,
+    2,
+    198,
+    1,
+    520,
+    9531,
+    198,
+]
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi!"}],
-    [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
-     {"role": "user", "content": "and 3+3?"}],
+    [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "and 3+3?"},
+    ],
     [{"role": "user", "content": "Unicode: 日本語 😀 naïve\n\n  indented\ttab"}],
-    [{"role": "system", "content": ""}, {"role": "user", "content": "empty system"},
-     {"role": "assistant", "content": "ok", "tool_calls": None}],
+    [
+        {"role": "system", "content": ""},
+        {"role": "user", "content": "empty system"},
+        {"role": "assistant", "content": "ok", "tool_calls": None},
+    ],
 ]
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather for a city — °C",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city — °C",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 TOOL_CHAT = [
     {"role": "system", "content": "You can call tools."},
     {"role": "user", "content": "Weather in Zürich?"},
-    {"role": "assistant", "content": "", "reasoning_content": "Need the tool.",
-     "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "Need the tool.",
+        "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}}],
+    },
     {"role": "tool", "content": '{"temp": 21}'},
     {"role": "assistant", "content": "21 °C.", "thinking": "Easy."},
     {"role": "user", "content": "Thanks"},
@@ -46,6 +98,7 @@ TOOL_CHAT = [
 @pytest.fixture(scope="module")
 def smol_pair():
     import transformers
+
     if not SMOL.is_file():
         missing(f"{SMOL} absent")
     hf = transformers.AutoTokenizer.from_pretrained(str(SMOL.parent), gguf_file=SMOL.name)
@@ -55,6 +108,7 @@ def smol_pair():
 @pytest.fixture(scope="module")
 def qwen3_pair():
     import transformers
+
     if not (QWEN3 / "tokenizer.json").is_file():
         missing(f"no Qwen3 tokenizer in {QWEN3} (scripts/fetch-test-data.sh)")
     return Tokenizer.from_dir(QWEN3), transformers.AutoTokenizer.from_pretrained(str(QWEN3))
@@ -97,6 +151,7 @@ def test_qwen3_template_rejects_bad_conversation(qwen3_pair):
 
 # ---- the environment itself --------------------------------------------------------------------
 
+
 def _render(template, messages=(), **kwargs):
     return render_chat_template(template, list(messages), **kwargs)
 
@@ -136,11 +191,13 @@ def test_strftime_now_and_kwargs():
 
 
 def test_trim_blocks_loopcontrols_generation_tag_and_none_keys():
-    t = ("{% for m in messages %}\n"
-         "  {% if loop.index > 2 %}{% break %}{% endif %}\n"
-         "{% generation %}{{ m.role }}{% if m.content is defined %}={{ m.content }}{% endif %};{% endgeneration %}\n"
-         "{% endfor %}\n"
-         "{{ tools | length if tools else 'no tools' }}|{{ documents }}|{{ add_generation_prompt }}")
+    t = (
+        "{% for m in messages %}\n"
+        "  {% if loop.index > 2 %}{% break %}{% endif %}\n"
+        "{% generation %}{{ m.role }}{% if m.content is defined %}={{ m.content }}{% endif %};{% endgeneration %}\n"
+        "{% endfor %}\n"
+        "{{ tools | length if tools else 'no tools' }}|{{ documents }}|{{ add_generation_prompt }}"
+    )
     msgs = [{"role": "a", "content": None}, {"role": "b", "content": "x"}, {"role": "c", "content": "y"}]
     assert _render(t, msgs, add_generation_prompt=False) == "a;b=x;no tools|None|False"
     assert _render(t, msgs[:1], tools=[WEATHER_TOOL]).endswith("1|None|True")
@@ -163,15 +220,13 @@ def test_a_loop_with_an_empty_body_stops_at_the_time_budget():
     import threading
     import time
 
-    template = ("{% set xs = range(100000)|list %}"
-                "{% for i in xs %}{% for j in xs %}{% endfor %}{% endfor %}")
+    template = "{% set xs = range(100000)|list %}{% for i in xs %}{% for j in xs %}{% endfor %}{% endfor %}"
     result = {}
 
     def render():
         started = time.monotonic()
         try:
-            render_chat_template(template, [{"role": "user", "content": "hi"}],
-                                 time_budget_s=0.3)
+            render_chat_template(template, [{"role": "user", "content": "hi"}], time_budget_s=0.3)
         except InvalidRequest as exc:
             result["error"] = str(exc)
         result["s"] = time.monotonic() - started
@@ -199,8 +254,9 @@ def test_the_time_budget_counts_the_renders_cpu_time_not_waiting():
 
     sys.settrace(tracer)
     try:
-        text = render_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}",
-                                    [{"role": "user", "content": "hi"}], time_budget_s=0.2)
+        text = render_chat_template(
+            "{% for m in messages %}{{ m.content }}{% endfor %}", [{"role": "user", "content": "hi"}], time_budget_s=0.2
+        )
     finally:
         sys.settrace(None)
     assert slept and text == "hi"
@@ -217,8 +273,9 @@ def test_the_line_check_keeps_a_tracer_already_set():
 
     sys.settrace(tracer)
     try:
-        text = render_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}",
-                                    [{"role": "user", "content": "hi"}])
+        text = render_chat_template(
+            "{% for m in messages %}{{ m.content }}{% endfor %}", [{"role": "user", "content": "hi"}]
+        )
         assert sys.gettrace() is tracer
     finally:
         sys.settrace(None)

@@ -21,11 +21,16 @@ SMOL = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4
 def byte_tok() -> Tokenizer:
     """Ids 0/1 are special, 2..257 are the 256 single bytes (no merges): every UTF-8 byte is a token."""
     tokens = ["<s>", "</s>"] + [_BYTE_CHARS[b] for b in range(256)]
-    return Tokenizer.from_gguf_metadata({
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": [3, 3] + [1] * 256, "tokenizer.ggml.merges": [],
-        "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1,
-    })
+    return Tokenizer.from_gguf_metadata(
+        {
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [3, 3] + [1] * 256,
+            "tokenizer.ggml.merges": [],
+            "tokenizer.ggml.bos_token_id": 0,
+            "tokenizer.ggml.eos_token_id": 1,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +46,8 @@ def _stream(tok, prompt, ids, rng=None, skip_special_tokens=True, oracle=None):
     deltas, i = [], 0
     while i < len(ids):
         k = rng.randrange(1, 4) if rng else 1
-        deltas.append(d.push(ids[i:i + k]))
-        assert oracle.decode(ids[:i + k], skip_special_tokens=skip_special_tokens).startswith(d.text)
+        deltas.append(d.push(ids[i : i + k]))
+        assert oracle.decode(ids[: i + k], skip_special_tokens=skip_special_tokens).startswith(d.text)
         i += k
     return deltas, d
 
@@ -57,7 +62,7 @@ def test_multibyte_characters_come_out_whole(byte_tok):
     assert [x for x in deltas if x] == ["h", "é", " ", "😀", "世", "!"]
     # the emoji's first three bytes emit nothing; the fourth emits the whole emoji
     emoji_at = len("hé ".encode())
-    assert deltas[emoji_at:emoji_at + 4] == ["", "", "", "😀"]
+    assert deltas[emoji_at : emoji_at + 4] == ["", "", "", "😀"]
 
 
 def test_flush_returns_an_unfinished_character(byte_tok):

@@ -14,8 +14,45 @@ from metrale_core.tokenizer import Tokenizer, TokenizerError, read_gguf_metadata
 SMOL = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 needs_smol = needs_file(SMOL, "met pulls it on first use; scripts/fetch-test-data.sh fetches it")
 
-CHAT_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712,
-            8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+CHAT_IDS = [
+    1,
+    9690,
+    198,
+    2683,
+    359,
+    253,
+    5356,
+    5646,
+    11173,
+    3365,
+    3511,
+    308,
+    34519,
+    28,
+    7018,
+    411,
+    407,
+    19712,
+    8182,
+    2,
+    198,
+    1,
+    4093,
+    198,
+    1780,
+    314,
+    260,
+    3575,
+    282,
+    4649,
+    47,
+    2,
+    198,
+    1,
+    520,
+    9531,
+    198,
+]
 
 TEXTS = [
     "Once upon a time",
@@ -61,6 +98,7 @@ def tok() -> Tokenizer:
 @pytest.fixture(scope="module")
 def hf_tok():
     import transformers
+
     if not SMOL.is_file():
         missing(f"{SMOL} absent")
     return transformers.AutoTokenizer.from_pretrained(str(SMOL.parent), gguf_file=SMOL.name)
@@ -85,11 +123,28 @@ def test_reference_ids(tok):
     assert tok.encode("Once upon a time", add_special_tokens=True) == tok.encode("Once upon a time", False)
     ids = tok.encode("In 2024 I had 12345 apples.")
     assert [tok.id_to_token(i) for i in ids] == [
-        "In", "Ġ", "2", "0", "2", "4", "ĠI", "Ġhad", "Ġ", "1", "2", "3", "4", "5", "Ġapples", "."]
+        "In",
+        "Ġ",
+        "2",
+        "0",
+        "2",
+        "4",
+        "ĠI",
+        "Ġhad",
+        "Ġ",
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        "Ġapples",
+        ".",
+    ]
     assert tok.encode_chat([{"role": "user", "content": "What is the capital of France?"}]) == CHAT_IDS
     assert tok.decode([504, 3575, 282, 4649, 314, 7042, 30, 2]) == "The capital of France is Paris."
     assert tok.decode([504, 3575, 282, 4649, 314, 7042, 30, 2], skip_special_tokens=False) == (
-        "The capital of France is Paris.<|im_end|>")
+        "The capital of France is Paris.<|im_end|>"
+    )
 
 
 @needs_smol
@@ -119,6 +174,7 @@ def test_matches_transformers(tok, hf_tok):
 @needs_smol
 def test_from_store_uses_gguf_metadata(tok):
     from metrale_core import weights
+
     store = weights.open_weights(SMOL)
     from_store = Tokenizer.from_store(store)
     assert from_store.encode("Once upon a time") == [6403, 1980, 253, 655]
@@ -133,6 +189,7 @@ def test_read_gguf_metadata_keys():
 
 
 # ---- synthetic metadata ------------------------------------------------------------------------
+
 
 def _meta(**extra):
     # a byte-level vocabulary: the 256 byte characters, two merges, one control and one user token
@@ -156,8 +213,9 @@ def test_synthetic_bos_eos_flags_and_added_tokens():
     plain = Tokenizer.from_gguf_metadata(_meta())
     hel = plain.token_to_id("hel")
     assert plain.encode("hello") == [hel, plain.token_to_id("l"), plain.token_to_id("o")]
-    with_bos = Tokenizer.from_gguf_metadata(_meta(**{"tokenizer.ggml.add_bos_token": True,
-                                                    "tokenizer.ggml.add_eos_token": True}))
+    with_bos = Tokenizer.from_gguf_metadata(
+        _meta(**{"tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True})
+    )
     assert with_bos.encode("hello") == [0, *plain.encode("hello"), 1]
     assert with_bos.encode("hello", add_special_tokens=False) == plain.encode("hello")
     # USER_DEFINED tokens stay whole but are not special: decode keeps them
@@ -201,10 +259,15 @@ def test_control_tokens_outside_the_byte_alphabet_stay_raw():
     from metrale_core.tokenizer import _BYTE_CHARS
 
     tokens = ["<｜begin▁of▁sentence｜>", "<｜User｜>"] + [_BYTE_CHARS[b] for b in range(256)]
-    tok = Tokenizer.from_gguf_metadata({
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": [3, 4] + [1] * 256,
-        "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.add_bos_token": True})
+    tok = Tokenizer.from_gguf_metadata(
+        {
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [3, 4] + [1] * 256,
+            "tokenizer.ggml.bos_token_id": 0,
+            "tokenizer.ggml.add_bos_token": True,
+        }
+    )
     ids = tok.encode("<｜User｜>hé")
     assert ids[:2] == [0, 1] and len(ids) == 5
     assert tok.decode(ids, skip_special_tokens=False) == "<｜begin▁of▁sentence｜><｜User｜>hé"
@@ -217,6 +280,7 @@ def test_metadata_without_tokens():
 
 
 # --- SentencePiece GGUF vocabularies (tokenizer.ggml.model == "llama", Gemma) -----------------------
+
 
 def _spm_reference(text: str, vocab: dict[str, int], scores: list[float], prefix: bool) -> list[int]:
     """llama.cpp's SPM algorithm, written out: merge the best-scoring adjacent pair (leftmost on a
@@ -231,7 +295,7 @@ def _spm_reference(text: str, vocab: dict[str, int], scores: list[float], prefix
                 best = (i, joined)
         if best is None:
             break
-        symbols[best[0]:best[0] + 2] = [best[1]]
+        symbols[best[0] : best[0] + 2] = [best[1]]
     ids = []
     for s in symbols:
         ids += [vocab[s]] if s in vocab else [vocab[f"<0x{b:02X}>"] for b in s.encode()]
@@ -244,10 +308,17 @@ def _spm_meta(prefix: bool) -> dict:
     tokens += [f"<0x{b:02X}>" for b in range(256)] + pieces
     types = [3, 3, 3, 2, 3, 3, 4] + [6] * 256 + [1] * len(pieces)
     scores = [0.0] * (len(tokens) - len(pieces)) + [-float(i) * 1.5 + (3 * i % 7) for i in range(len(pieces))]
-    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
-            "tokenizer.ggml.token_type": types, "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
-            "tokenizer.ggml.unknown_token_id": 3, "tokenizer.ggml.add_bos_token": True,
-            "tokenizer.ggml.add_space_prefix": prefix}
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.unknown_token_id": 3,
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.ggml.add_space_prefix": prefix,
+    }
 
 
 @pytest.mark.parametrize("prefix", [False, True])
@@ -257,8 +328,9 @@ def test_spm_gguf_vocabulary_follows_llama_cpps_algorithm(prefix):
     meta = _spm_meta(prefix)
     tok = Tokenizer.from_gguf_metadata(meta)
     tokens, scores = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"]
-    vocab = {t: i for i, (t, ty) in enumerate(zip(tokens, meta["tokenizer.ggml.token_type"], strict=True))
-             if ty in (1, 6)}
+    vocab = {
+        t: i for i, (t, ty) in enumerate(zip(tokens, meta["tokenizer.ggml.token_type"], strict=True)) if ty in (1, 6)
+    }
     rng = random.Random(0)
     for _ in range(300):
         text = "".join(rng.choice("abc  é") for _ in range(rng.randint(1, 12)))

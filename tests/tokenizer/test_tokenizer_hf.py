@@ -19,10 +19,19 @@ QWEN3 = Path(os.environ.get("METRALE_QWEN3_TOKENIZER_DIR") or Path.home() / ".ca
 needs_qwen3 = needs_file(QWEN3 / "tokenizer.json", "scripts/fetch-test-data.sh fetches it")
 
 TEXTS = [
-    "Hello world", "In 2024 I had 12345 apples.", "  spaces   runs  ", "tab\tnew\nline\r\n",
-    "naïve café — “quotes”", "日本語と中文", "emoji 😀👍🏽👨‍👩‍👧 🇫🇷", "def f(x):\n    return x**2\n",
-    "<|im_start|>user\nhi<|im_end|>", "<think>\nreasoning\n</think>\n\nanswer", "<tool_call>{\"a\": 1}</tool_call>",
-    "", "1,000,000.50 0xFF 3e-7",
+    "Hello world",
+    "In 2024 I had 12345 apples.",
+    "  spaces   runs  ",
+    "tab\tnew\nline\r\n",
+    "naïve café — “quotes”",
+    "日本語と中文",
+    "emoji 😀👍🏽👨‍👩‍👧 🇫🇷",
+    "def f(x):\n    return x**2\n",
+    "<|im_start|>user\nhi<|im_end|>",
+    "<think>\nreasoning\n</think>\n\nanswer",
+    '<tool_call>{"a": 1}</tool_call>',
+    "",
+    "1,000,000.50 0xFF 3e-7",
 ]
 
 
@@ -34,6 +43,7 @@ def qwen3():
 @pytest.fixture(scope="module")
 def hf_qwen3():
     import transformers
+
     return transformers.AutoTokenizer.from_pretrained(str(QWEN3))
 
 
@@ -59,6 +69,7 @@ def test_qwen3_think_tokens_are_single_ids(qwen3):
 
 # ---- synthetic directories ---------------------------------------------------------------------
 
+
 def _backend() -> Backend:
     vocab = {"<s>": 0, "</s>": 1, "<pad>": 2, "a": 3, "b": 4, "c": 5, "ab": 6, "Ġ": 7, "Ġa": 8}
     backend = Backend(models.BPE(vocab=vocab, merges=[("a", "b"), ("Ġ", "a")]))
@@ -69,8 +80,13 @@ def _backend() -> Backend:
     return backend
 
 
-def _write_dir(path: Path, config: dict | None = None, generation: dict | None = None, jinja: str | None = None,
-               backend: Backend | None = None) -> Path:
+def _write_dir(
+    path: Path,
+    config: dict | None = None,
+    generation: dict | None = None,
+    jinja: str | None = None,
+    backend: Backend | None = None,
+) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (backend or _backend()).save(str(path / "tokenizer.json"))
     if config is not None:
@@ -83,9 +99,16 @@ def _write_dir(path: Path, config: dict | None = None, generation: dict | None =
 
 
 def test_special_tokens_in_dict_form_and_generation_eos(tmp_path):
-    d = _write_dir(tmp_path, {"bos_token": {"content": "<s>", "special": True}, "eos_token": "</s>",
-                              "pad_token": "<pad>", "chat_template": "{{ bos_token }}{{ messages[0].content }}"},
-                   generation={"eos_token_id": [1, 2, 1]})
+    d = _write_dir(
+        tmp_path,
+        {
+            "bos_token": {"content": "<s>", "special": True},
+            "eos_token": "</s>",
+            "pad_token": "<pad>",
+            "chat_template": "{{ bos_token }}{{ messages[0].content }}",
+        },
+        generation={"eos_token_id": [1, 2, 1]},
+    )
     tok = Tokenizer.from_dir(d)
     assert (tok.bos_token_id, tok.eos_token_ids, tok.pad_token_id) == (0, (1, 2), 2)
     assert tok.encode("ab a") == [6, 8]
@@ -94,20 +117,23 @@ def test_special_tokens_in_dict_form_and_generation_eos(tmp_path):
 
 
 def test_add_bos_and_eos_flags_rebuild_the_post_processor(tmp_path):
-    tok = Tokenizer.from_dir(_write_dir(tmp_path, {"bos_token": "<s>", "eos_token": "</s>",
-                                                   "add_bos_token": True, "add_eos_token": True}))
+    tok = Tokenizer.from_dir(
+        _write_dir(tmp_path, {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True, "add_eos_token": True})
+    )
     assert tok.encode("ab") == [0, 6, 1]
     assert tok.encode("ab", add_special_tokens=False) == [6]
 
 
 def test_add_bos_false_removes_a_bos_the_post_processor_adds(tmp_path):
     backend = _backend()
-    backend.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                           special_tokens=[("<s>", 0)])
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 0)]
+    )
     with_bos = Tokenizer.from_dir(_write_dir(tmp_path / "a", {"bos_token": "<s>"}, backend=backend))
     assert with_bos.encode("ab") == [0, 6]  # no flag: the post-processor decides
-    without = Tokenizer.from_dir(_write_dir(tmp_path / "b", {"bos_token": "<s>", "add_bos_token": False},
-                                            backend=backend))
+    without = Tokenizer.from_dir(
+        _write_dir(tmp_path / "b", {"bos_token": "<s>", "add_bos_token": False}, backend=backend)
+    )
     assert without.encode("ab") == [6]
 
 
@@ -122,8 +148,12 @@ def test_chat_template_sources_in_priority_order(tmp_path):
 
 
 def test_added_tokens_decoder_entries_are_added(tmp_path):
-    config = {"added_tokens_decoder": {"9": {"content": "<extra>", "special": True},
-                                       "10": {"content": "<tool>", "special": False}}}
+    config = {
+        "added_tokens_decoder": {
+            "9": {"content": "<extra>", "special": True},
+            "10": {"content": "<tool>", "special": False},
+        }
+    }
     tok = Tokenizer.from_dir(_write_dir(tmp_path, config))
     extra, tool = tok.token_to_id("<extra>"), tok.token_to_id("<tool>")
     assert (extra, tool) == (9, 10)

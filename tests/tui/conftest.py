@@ -34,8 +34,7 @@ def served(tiny_llama):
     registry = load_registry()
     status = ServerStatus(model="tiny-llama")
     status.plan_phases("HTTP server", "weights", "engine")
-    app = create_app(ServerConfig(served_model_name="tiny-llama"),
-                     make_loader(status, tiny_llama, registry), registry)
+    app = create_app(ServerConfig(served_model_name="tiny-llama"), make_loader(status, tiny_llama, registry), registry)
     with status.phase("HTTP server"):
         server = serve_in_thread(app)
     status.listen = f"{server.host}:{server.port}"
@@ -49,5 +48,3 @@ def served(tiny_llama):
     assert status.state == "serving" and status.engine is not None
     yield status, server
     server.stop()
-
-

@@ -37,19 +37,23 @@ def main() -> None:
     registry = load_registry()
     status = ServerStatus(version="0.1.0", model="SmolLM2-135M-Instruct", scheduler="fcfs")
     status.plan_phases(*PHASES)
+
     def load():
         from metrale_core.engine import EngineConfig, LLMEngine
         from metrale_core.loading import load_model
         from metrale_core.server import ServedModel
 
         loaded = load_model(SMOL, registry=registry, progress=False, on_tensor=status.tensor_loaded)
-        engine = LLMEngine(loaded.model, EngineConfig(num_kv_blocks=256, max_model_len=2048),
-                           tokenizer=loaded.tokenizer, registry=registry)
+        engine = LLMEngine(
+            loaded.model,
+            EngineConfig(num_kv_blocks=256, max_model_len=2048),
+            tokenizer=loaded.tokenizer,
+            registry=registry,
+        )
         return ServedModel(engine=engine, tokenizer=loaded.tokenizer, model_type="llama")
 
     loader = observe_loader(status, load)
-    app_server = create_app(ServerConfig(served_model_name="SmolLM2-135M-Instruct"), loader,
-                            registry)
+    app_server = create_app(ServerConfig(served_model_name="SmolLM2-135M-Instruct"), loader, registry)
     with status.phase("HTTP server"):
         server = serve_in_thread(app_server)
     status.listen = f"{server.host}:{server.port}"
@@ -60,8 +64,11 @@ def main() -> None:
         status.poll()
     status.poll()
     for prompt in ("Say hello.", "Name a colour.", "Count to five."):
-        httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
-            "messages": [{"role": "user", "content": prompt}], "max_tokens": 24})
+        httpx.post(
+            server.url + "/v1/chat/completions",
+            timeout=120,
+            json={"messages": [{"role": "user", "content": prompt}], "max_tokens": 24},
+        )
 
     async def shoot() -> None:
         app = MetraleApp(status, logs, refresh_s=0.25)

@@ -21,24 +21,30 @@ class _Tty(io.StringIO):
         return True
 
 
-@pytest.mark.parametrize("no_tui, env, stream, expected", [
-    (False, {"TERM": "xterm-256color"}, _Tty(), (True, "")),
-    (True, {"TERM": "xterm-256color"}, _Tty(), (False, "--no-tui")),
-    (False, {"TERM": "xterm", "METRALE_NO_TUI": "1"}, _Tty(), (False, "METRALE_NO_TUI is set")),
-    (False, {"TERM": "xterm", "METRALE_NO_TUI": "0"}, _Tty(), (True, "")),
-    (False, {"TERM": "xterm"}, io.StringIO(), (False, "stdout is not a terminal")),
-    (False, {"TERM": "dumb"}, _Tty(), (False, "TERM is dumb")),
-    (False, {}, _Tty(), (False, "TERM is unset")),
-])
+@pytest.mark.parametrize(
+    "no_tui, env, stream, expected",
+    [
+        (False, {"TERM": "xterm-256color"}, _Tty(), (True, "")),
+        (True, {"TERM": "xterm-256color"}, _Tty(), (False, "--no-tui")),
+        (False, {"TERM": "xterm", "METRALE_NO_TUI": "1"}, _Tty(), (False, "METRALE_NO_TUI is set")),
+        (False, {"TERM": "xterm", "METRALE_NO_TUI": "0"}, _Tty(), (True, "")),
+        (False, {"TERM": "xterm"}, io.StringIO(), (False, "stdout is not a terminal")),
+        (False, {"TERM": "dumb"}, _Tty(), (False, "TERM is dumb")),
+        (False, {}, _Tty(), (False, "TERM is unset")),
+    ],
+)
 def test_use_dashboard(no_tui, env, stream, expected):
     assert use_dashboard(no_tui, stream=stream, env=env) == expected
 
 
 def test_follow_host_maps_the_server_state():
     engine = types.SimpleNamespace(
-        model=types.SimpleNamespace(info=types.SimpleNamespace(kv=types.SimpleNamespace(
-            dtype=__import__("torch").float8_e4m3fn))),
-        config=types.SimpleNamespace(scheduler="fcfs", kv_cache_dtype=None), snapshots=None)
+        model=types.SimpleNamespace(
+            info=types.SimpleNamespace(kv=types.SimpleNamespace(dtype=__import__("torch").float8_e4m3fn))
+        ),
+        config=types.SimpleNamespace(scheduler="fcfs", kv_cache_dtype=None),
+        snapshots=None,
+    )
     host = types.SimpleNamespace(status="loading", served=None, error=None)
     status = ServerStatus()
     follow_host(status, host)
@@ -104,8 +110,14 @@ def test_formatting():
     assert fmt.human_bytes(1_500_000) == "1.5 MB" and fmt.human_bytes(12) == "12 B"
     assert fmt.bar(0.5, 4) == "██░░" and fmt.sparkline([0, 1, 2], 5) == "  ▁▅█"
     assert fmt.histogram([0.01, 0.07, 3.0, 9.0]) == [
-        ("<50ms", 1), ("<100ms", 1), ("<250ms", 0), ("<500ms", 0), ("<1s", 0), ("<2.5s", 0),
-        ("≥2.5s", 2)]
+        ("<50ms", 1),
+        ("<100ms", 1),
+        ("<250ms", 0),
+        ("<500ms", 0),
+        ("<1s", 0),
+        ("<2.5s", 0),
+        ("≥2.5s", 2),
+    ]
 
 
 def test_sigterm_is_recorded_while_inside_and_the_old_handlers_come_back():
@@ -136,14 +148,13 @@ def test_no_handler_is_installed_off_the_main_thread():
     thread = threading.Thread(target=body)
     thread.start()
     thread.join()
-    (stop, during), = found
+    ((stop, during),) = found
     assert isinstance(stop, StopSignals) and during is handler
 
 
 def test_watch_stop_quits_like_the_quit_key_on_a_signal_else_exits_when_the_server_ends():
     calls = []
-    app = types.SimpleNamespace(action_quit_server=lambda: calls.append("quit"),
-                                exit=lambda: calls.append("exit"))
+    app = types.SimpleNamespace(action_quit_server=lambda: calls.append("quit"), exit=lambda: calls.append("exit"))
     alive = [True]
     stop = StopSignals()
     status = ServerStatus(state="serving")

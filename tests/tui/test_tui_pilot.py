@@ -19,8 +19,12 @@ SIZE = (130, 44)
 
 
 def _direct_answer(url: str, text: str, max_tokens: int) -> str:
-    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": text}],
-            "max_tokens": max_tokens, "temperature": 0.0}
+    body = {
+        "model": "tiny-llama",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+    }
     reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=60).json()
     return reply["choices"][0]["message"]["content"]
 
@@ -49,8 +53,7 @@ def test_overview_stats_chat_and_quit_against_a_live_server(served):
             chat = app.query_one("ChatPane")
             await wait_for(pilot, lambda: len(chat.history) == 2, what="the chat answer")
             answer = chat.history[1]["content"]
-            expected = await asyncio.to_thread(_direct_answer, server.url, "hello world",
-                                               chat.max_tokens)
+            expected = await asyncio.to_thread(_direct_answer, server.url, "hello world", chat.max_tokens)
             assert answer == expected and answer.strip()
             text = screen_text(app)
             assert "you hello world" in text
@@ -84,11 +87,17 @@ def test_plugin_extras_show_on_the_stats_tab(served):
     publisher.add_extras_provider("b1_count", lambda: 3)
     # each extra carries the label / formatter its plugin declares (the pane knows no names)
     publisher.set_extra("fp8_scale_source", "checkpoint", label="FP8 scale source")
-    publisher.add_extras_provider("speculative", lambda: {"acceptance_rate": 0.75},
-                                  label="speculative",
-                                  format=lambda v: f"acceptance {100 * v['acceptance_rate']:.1f}%")
-    httpx.post(f"{status.base_url}/v1/completions",
-               json={"model": "tiny-llama", "prompt": "the cat", "max_tokens": 2}, timeout=60)
+    publisher.add_extras_provider(
+        "speculative",
+        lambda: {"acceptance_rate": 0.75},
+        label="speculative",
+        format=lambda v: f"acceptance {100 * v['acceptance_rate']:.1f}%",
+    )
+    httpx.post(
+        f"{status.base_url}/v1/completions",
+        json={"model": "tiny-llama", "prompt": "the cat", "max_tokens": 2},
+        timeout=60,
+    )
 
     async def scenario():
         app = MetraleApp(status, refresh_s=0.1)
@@ -107,6 +116,7 @@ def test_logs_tab_follows_pauses_and_filters():
     ring = LogRing(capacity=50)
     handler = logger.add(ring.sink, level="INFO", format="{message}")
     try:
+
         async def scenario():
             app = MetraleApp(ServerStatus(state="no_model"), ring, refresh_s=0.05)
             async with app.run_test(size=SIZE) as pilot:
@@ -140,8 +150,7 @@ def test_logs_tab_follows_pauses_and_filters():
 
 
 def _sse(*chunks) -> bytes:
-    events = [f"data: {json.dumps({'choices': [{'index': 0, 'delta': d, 'finish_reason': f}]})}\n\n"
-              for d, f in chunks]
+    events = [f"data: {json.dumps({'choices': [{'index': 0, 'delta': d, 'finish_reason': f}]})}\n\n" for d, f in chunks]
     return ("".join(events) + "data: [DONE]\n\n").encode()
 
 
@@ -150,11 +159,14 @@ def test_chat_shows_reasoning_apart_from_the_answer():
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(json.loads(request.content))
-        body = _sse(({"role": "assistant", "content": ""}, None),
-                    ({"reasoning_content": "Two and two "}, None),
-                    ({"reasoning_content": "make four."}, None),
-                    ({"content": "The answer"}, None), ({"content": " is 4."}, None),
-                    ({}, "stop"))
+        body = _sse(
+            ({"role": "assistant", "content": ""}, None),
+            ({"reasoning_content": "Two and two "}, None),
+            ({"reasoning_content": "make four."}, None),
+            ({"content": "The answer"}, None),
+            ({"content": " is 4."}, None),
+            ({}, "stop"),
+        )
         return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
 
     status = ServerStatus(model="scripted", listen="127.0.0.1:9")

@@ -47,17 +47,18 @@ def _wait_pane(session: str, needle: str, timeout: float) -> str:
         time.sleep(0.25)
 
 
-needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed "
-                                "(apt-get install -y tmux)")
+needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)")
 
 
 @needs_tmux
 def test_dashboard_in_tmux_serves_and_chats(tmp_path):
     session = f"metrale-tui-{uuid.uuid4().hex[:8]}"
     exit_file = tmp_path / "exit"
-    command = (f"cd {ROOT} && unset COLUMNS LINES && TERM=xterm-256color {MET} serve --model {SMOL} "
-               f"--port 0 --kv-cache-memory 64M --max-model-len 2048; "
-               f"echo $? > {exit_file}")
+    command = (
+        f"cd {ROOT} && unset COLUMNS LINES && TERM=xterm-256color {MET} serve --model {SMOL} "
+        f"--port 0 --kv-cache-memory 64M --max-model-len 2048; "
+        f"echo $? > {exit_file}"
+    )
     _tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "40", command)
     try:
         screen = _wait_pane(session, "SERVING", timeout=120)
@@ -92,8 +93,7 @@ def _free_port() -> int:
 def _pane_child(session: str) -> int:
     """The pid of the command the pane's shell runs (``met serve``)."""
     shell = _tmux("list-panes", "-t", session, "-F", "#{pane_pid}").split()[0]
-    children = subprocess.run(["ps", "-o", "pid=", "--ppid", shell], capture_output=True,
-                              text=True).stdout.split()
+    children = subprocess.run(["ps", "-o", "pid=", "--ppid", shell], capture_output=True, text=True).stdout.split()
     assert len(children) == 1, children
     return int(children[0])
 
@@ -105,9 +105,11 @@ def test_sigterm_stops_the_dashboard_gracefully(tmp_path):
     exit_file = tmp_path / "exit"
     port = _free_port()
     # the pane stays (sleep) so that what the shell prints after met exits can be read
-    command = (f"cd {ROOT} && unset COLUMNS LINES && TERM=xterm-256color {MET} serve --model {SMOL} "
-               f"--port {port} --kv-cache-memory 64M --max-model-len 2048 "
-               f"--shutdown-grace {grace}; echo $? > {exit_file}; echo met-exited; sleep 60")
+    command = (
+        f"cd {ROOT} && unset COLUMNS LINES && TERM=xterm-256color {MET} serve --model {SMOL} "
+        f"--port {port} --kv-cache-memory 64M --max-model-len 2048 "
+        f"--shutdown-grace {grace}; echo $? > {exit_file}; echo met-exited; sleep 60"
+    )
     _tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "40", command)
     try:
         _wait_pane(session, "SERVING", timeout=120)
@@ -117,11 +119,17 @@ def test_sigterm_stops_the_dashboard_gracefully(tmp_path):
         ended: list[float] = []
 
         def stream() -> None:
-            body = {"model": SMOL.stem, "messages": [{"role": "user", "content": "Count to 100."}],
-                    "max_tokens": 120, "ignore_eos": True, "stream": True}
+            body = {
+                "model": SMOL.stem,
+                "messages": [{"role": "user", "content": "Count to 100."}],
+                "max_tokens": 120,
+                "ignore_eos": True,
+                "stream": True,
+            }
             try:
-                with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions",
-                                  json=body, timeout=60) as reply:
+                with httpx.stream(
+                    "POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60
+                ) as reply:
                     assert reply.status_code == 200
                     for line in reply.iter_lines():
                         if line:
@@ -166,10 +174,25 @@ def test_sigterm_stops_the_dashboard_gracefully(tmp_path):
 def test_plain_logs_when_stdout_is_not_a_tty(tmp_path):
     port = _free_port()
     env = {**os.environ, "TERM": "xterm-256color"}
-    proc = subprocess.Popen([str(MET), "--log-level", "info", "serve", "--model", str(SMOL),
-                             "--port", str(port), "--kv-cache-memory", "64M"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            str(MET),
+            "--log-level",
+            "info",
+            "serve",
+            "--model",
+            str(SMOL),
+            "--port",
+            str(port),
+            "--kv-cache-memory",
+            "64M",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:

@@ -15,8 +15,10 @@ def _engine(tiny_engine, scripts, **config):
 
 
 def test_counters_ttft_and_pools_follow_the_steps(tiny_engine, fake_clock: FakeClock):
-    scripts = [SeqScript(prompt=[10, 11, 12, 13, 14], output=[20, 21, 22]),
-               SeqScript(prompt=[30, 31], output=[40, 41, 42])]
+    scripts = [
+        SeqScript(prompt=[10, 11, 12, 13, 14], output=[20, 21, 22]),
+        SeqScript(prompt=[30, 31], output=[40, 41, 42]),
+    ]
     engine = _engine(tiny_engine, scripts)
     first = engine.snapshots.latest
     assert first.step == 0 and first.requests_total == 0 and first.num_free_blocks == 64
@@ -105,8 +107,7 @@ def test_each_extra_carries_the_label_and_format_its_plugin_declared(tiny_engine
     """The core knows no extra by name: a plugin declares how its value reads."""
     engine = _engine(tiny_engine, [SeqScript(prompt=[5, 6], output=[7])])
     pub = engine.snapshots
-    pub.add_extras_provider("my_rate", lambda: 0.25, label="My rate",
-                            format=lambda v: f"{100 * v:.0f}%")
+    pub.add_extras_provider("my_rate", lambda: 0.25, label="My rate", format=lambda v: f"{100 * v:.0f}%")
     pub.set_extra("plain", 3)
     pub.add_extras_provider("my_rate", lambda: 0.5)  # no label: the declared one is kept
     engine.add_request("x", [5, 6], SamplingParams(max_tokens=1))

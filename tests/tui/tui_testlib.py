@@ -12,14 +12,46 @@ from pathlib import Path
 import torch
 
 WORDS = [
-    "hello", "world", "the", "cat", "sat", "on", "a", "mat", "paris", "is", "capital", "of",
-    "france", "what", "blue", "red", "green", "sky", "sea", "sun", "moon", "day", "night",
-    "one", "two", "three", "yes", "no", "maybe", "good", "bad", "big", "small"
+    "hello",
+    "world",
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "paris",
+    "is",
+    "capital",
+    "of",
+    "france",
+    "what",
+    "blue",
+    "red",
+    "green",
+    "sky",
+    "sea",
+    "sun",
+    "moon",
+    "day",
+    "night",
+    "one",
+    "two",
+    "three",
+    "yes",
+    "no",
+    "maybe",
+    "good",
+    "bad",
+    "big",
+    "small",
 ]
 SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
 HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 32, 2, 4, 2, 64
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>"
-            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant{% endif %}"
+)
 
 
 def _tokenizer_json(path: Path) -> int:
@@ -33,8 +65,9 @@ def _tokenizer_json(path: Path) -> int:
     backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     backend.add_special_tokens(SPECIALS)
     backend.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "<|im_end|>", "unk_token": "<unk>", "chat_template": TEMPLATE}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "unk_token": "<unk>", "chat_template": TEMPLATE})
+    )
     return len(vocab)
 
 
@@ -53,24 +86,40 @@ def build_tiny_llama(path: Path, seed: int = 0) -> Path:
     tensors = {"model.embed_tokens.weight": w(vocab, HIDDEN), "model.norm.weight": torch.ones(HIDDEN)}
     for i in range(LAYERS):
         p = f"model.layers.{i}."
-        tensors.update({
-            p + "input_layernorm.weight": torch.ones(HIDDEN),
-            p + "post_attention_layernorm.weight": torch.ones(HIDDEN),
-            p + "self_attn.q_proj.weight": w(HEADS * head_dim, HIDDEN),
-            p + "self_attn.k_proj.weight": w(KV_HEADS * head_dim, HIDDEN),
-            p + "self_attn.v_proj.weight": w(KV_HEADS * head_dim, HIDDEN),
-            p + "self_attn.o_proj.weight": w(HIDDEN, HEADS * head_dim),
-            p + "mlp.gate_proj.weight": w(FFN, HIDDEN),
-            p + "mlp.up_proj.weight": w(FFN, HIDDEN),
-            p + "mlp.down_proj.weight": w(HIDDEN, FFN),
-        })
+        tensors.update(
+            {
+                p + "input_layernorm.weight": torch.ones(HIDDEN),
+                p + "post_attention_layernorm.weight": torch.ones(HIDDEN),
+                p + "self_attn.q_proj.weight": w(HEADS * head_dim, HIDDEN),
+                p + "self_attn.k_proj.weight": w(KV_HEADS * head_dim, HIDDEN),
+                p + "self_attn.v_proj.weight": w(KV_HEADS * head_dim, HIDDEN),
+                p + "self_attn.o_proj.weight": w(HIDDEN, HEADS * head_dim),
+                p + "mlp.gate_proj.weight": w(FFN, HIDDEN),
+                p + "mlp.up_proj.weight": w(FFN, HIDDEN),
+                p + "mlp.down_proj.weight": w(HIDDEN, FFN),
+            }
+        )
     save_file(tensors, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": vocab,
-        "hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "max_position_embeddings": 256, "tie_word_embeddings": True,
-        "eos_token_id": 2, "bos_token_id": None}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+                "vocab_size": vocab,
+                "hidden_size": HIDDEN,
+                "intermediate_size": FFN,
+                "num_hidden_layers": LAYERS,
+                "num_attention_heads": HEADS,
+                "num_key_value_heads": KV_HEADS,
+                "rms_norm_eps": 1e-5,
+                "rope_theta": 10000.0,
+                "max_position_embeddings": 256,
+                "tie_word_embeddings": True,
+                "eos_token_id": 2,
+                "bos_token_id": None,
+            }
+        )
+    )
     return path
 
 
@@ -87,7 +136,7 @@ def svg_text(svg: str) -> str:
         text = html.unescape(body).replace("\xa0", " ")
         if len(row) < col + len(text):
             row.extend(" " * (col + len(text) - len(row)))
-        row[col:col + len(text)] = list(text)
+        row[col : col + len(text)] = list(text)
     return "\n".join("".join(rows.get(i, [])).rstrip() for i in range(max(rows, default=-1) + 1))
 
 
@@ -104,13 +153,11 @@ def make_loader(status, path: Path, registry, **engine_options):
     def load():
         with status.phase("weights"):
             status.start_load()
-            loaded = load_model(path, registry=registry, progress=False,
-                                on_tensor=status.tensor_loaded)
+            loaded = load_model(path, registry=registry, progress=False, on_tensor=status.tensor_loaded)
         with status.phase("engine"):
             options = dict(block_size=4, num_kv_blocks=128, max_num_seqs=8)
             options.update(engine_options)
-            engine = LLMEngine(loaded.model, EngineConfig(**options), tokenizer=loaded.tokenizer,
-                               registry=registry)
+            engine = LLMEngine(loaded.model, EngineConfig(**options), tokenizer=loaded.tokenizer, registry=registry)
         return ServedModel(engine=engine, tokenizer=loaded.tokenizer, model_type="llama")
 
     return load

@@ -37,8 +37,13 @@ def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model, hp = tiny_hf_model("llama", tie=False)
     state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    hf_to_gguf(path, "llama", hp, state, lambda n, v: gguf.GGMLQuantizationType.Q8_0 if v.ndim == 2 else
-               gguf.GGMLQuantizationType.F32)
+    hf_to_gguf(
+        path,
+        "llama",
+        hp,
+        state,
+        lambda n, v: gguf.GGMLQuantizationType.Q8_0 if v.ndim == 2 else gguf.GGMLQuantizationType.F32,
+    )
     return path
 
 
@@ -185,8 +190,11 @@ def test_shape_mismatch_and_unknown_name(which: str, hf_dir: Path, gguf_file: Pa
     expected_shape = [64, 64] if which == "hf" else [32, 64]
     with pytest.raises(ShapeMismatch, match=rf"'{name}'.*shape {re.escape(str(expected_shape))}.*expects \[4, 4\]"):
         store.get(name, shape=(4, 4))
-    with pytest.raises(WeightsError, match=r"'model\.layers\.0\.self_attn\.kk_proj\.weight' is not in .*"
-                                           r"similar names: model\.layers\.0\.self_attn\.k_proj\.weight"):
+    with pytest.raises(
+        WeightsError,
+        match=r"'model\.layers\.0\.self_attn\.kk_proj\.weight' is not in .*"
+        r"similar names: model\.layers\.0\.self_attn\.k_proj\.weight",
+    ):
         store.get("model.layers.0.self_attn.kk_proj.weight")
     with pytest.raises(WeightsError, match=r"'nope' is not in"):
         store.quant_type("nope")

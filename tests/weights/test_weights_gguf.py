@@ -14,8 +14,17 @@ from metrale_core.weights import GGUFStore, dequantize, open_weights
 from metrale_core.weights.gguf_hf import hf_name, unpermute_rows
 
 Q = gguf.GGMLQuantizationType
-_MIXED = {"q_proj": Q.Q4_1, "k_proj": Q.Q4_0, "v_proj": Q.Q8_0, "o_proj": Q.BF16, "gate_proj": Q.F16,
-          "up_proj": Q.Q4_1, "down_proj": Q.Q8_0, "embed_tokens": Q.Q8_0, "lm_head": Q.Q4_0}
+_MIXED = {
+    "q_proj": Q.Q4_1,
+    "k_proj": Q.Q4_0,
+    "v_proj": Q.Q8_0,
+    "o_proj": Q.BF16,
+    "gate_proj": Q.F16,
+    "up_proj": Q.Q4_1,
+    "down_proj": Q.Q8_0,
+    "embed_tokens": Q.Q8_0,
+    "lm_head": Q.Q4_0,
+}
 _TOL = {Q.F32: 0.0, Q.F16: 1e-3, Q.BF16: 8e-3, Q.Q8_0: 1e-2, Q.Q4_0: 0.16, Q.Q4_1: 0.08}
 
 
@@ -37,8 +46,9 @@ def _write(tmp_path: Path, arch: str, qtypes=_all_f32, *, tie: bool, bias: bool 
     return path, state, written, hp
 
 
-@pytest.mark.parametrize("arch,tie,bias", [("llama", False, True), ("llama", True, False), ("qwen3", True, False),
-                                           ("qwen2", False, True)])
+@pytest.mark.parametrize(
+    "arch,tie,bias", [("llama", False, True), ("llama", True, False), ("qwen3", True, False), ("qwen2", False, True)]
+)
 def test_f32_round_trip_is_exact(tmp_path: Path, arch: str, tie: bool, bias: bool) -> None:
     path, state, _, hp = _write(tmp_path, arch, tie=tie, bias=bias)
     store = open_weights(path)
@@ -50,8 +60,18 @@ def test_f32_round_trip_is_exact(tmp_path: Path, arch: str, tie: bool, bias: boo
     cfg = store.config
     arch_class = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[arch]
     assert cfg["model_type"] == arch and cfg["architectures"] == [arch_class]
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "max_position_embeddings", "rope_theta", "rms_norm_eps"):
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "rope_theta",
+        "rms_norm_eps",
+    ):
         assert cfg[key] == hp[key], key
     assert cfg["tie_word_embeddings"] is tie and cfg["attention_bias"] is bias
     assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (1, 2)
@@ -93,6 +113,7 @@ def test_mixed_quant_types(tmp_path: Path) -> None:
 def test_matches_transformers_own_gguf_loader(tmp_path: Path) -> None:
     """An independent check of names + Q/K un-permutation: HF transformers reads the same file."""
     import transformers
+
     path, _, _, _ = _write(tmp_path, "llama", _mixed, tie=False)
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
     hf_state = hf.state_dict()
@@ -159,10 +180,12 @@ def test_real_smollm2_file(real_gguf: Path) -> None:
     # our Q4_1 / Q8_0 decode equals gguf's own; q_proj additionally un-permuted with 9 heads
     reader = gguf.GGUFReader(real_gguf)
     raw = {t.name: t for t in reader.tensors}
-    for gname, name, heads in (("blk.5.attn_q.weight", "model.layers.5.self_attn.q_proj.weight", 9),
-                               ("blk.5.attn_k.weight", "model.layers.5.self_attn.k_proj.weight", 3),
-                               ("blk.5.ffn_down.weight", "model.layers.5.mlp.down_proj.weight", None),
-                               ("token_embd.weight", "model.embed_tokens.weight", None)):
+    for gname, name, heads in (
+        ("blk.5.attn_q.weight", "model.layers.5.self_attn.q_proj.weight", 9),
+        ("blk.5.attn_k.weight", "model.layers.5.self_attn.k_proj.weight", 3),
+        ("blk.5.ffn_down.weight", "model.layers.5.mlp.down_proj.weight", None),
+        ("token_embd.weight", "model.embed_tokens.weight", None),
+    ):
         t = raw[gname]
         ref = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         if heads is not None:

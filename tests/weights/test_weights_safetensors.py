@@ -101,8 +101,13 @@ def test_normalise_config_derives_keys() -> None:
     assert cfg["head_dim"] == 16 and cfg["num_key_value_heads"] == 4
     assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e6}
     cfg = normalise_config(
-        {"rope_theta": 1e4, "rope_scaling": {"type": "linear", "factor": 2.0}, "num_attention_heads": 2,
-         "num_key_value_heads": 1, "head_dim": 8}
+        {
+            "rope_theta": 1e4,
+            "rope_scaling": {"type": "linear", "factor": 2.0},
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 8,
+        }
     )
     assert cfg["rope_parameters"] == {"type": "linear", "factor": 2.0, "rope_type": "linear", "rope_theta": 1e4}
     assert cfg["num_key_value_heads"] == 1 and cfg["head_dim"] == 8

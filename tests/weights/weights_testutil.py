@@ -99,8 +99,15 @@ def tiny_hf_model(arch: str, *, tie: bool, bias: bool = False, seed: int = 0) ->
 
     torch.manual_seed(seed)
     common = dict(
-        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=tie,
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tie,
     )
     if arch == "llama":
         cfg = LlamaConfig(**common, head_dim=16, attention_bias=bias, rope_theta=5000.0)

@@ -40,26 +40,51 @@ def _token_ids(text: str) -> tuple[int, ...]:
 
 @hookimpl
 def metrale_logit_processors(register):
-    register(LogitProcessorSpec(
-        name="dry",
-        factory=lazy_factory("metrale_dry.penalty:build"),
-        order=200,
-        kinds={PositionKind.PREFILL_LAST, PositionKind.FINAL_DECODE},
-        description="DRY penalty on tokens that extend a verbatim repeat (--dry-multiplier)",
-    ))
+    register(
+        LogitProcessorSpec(
+            name="dry",
+            factory=lazy_factory("metrale_dry.penalty:build"),
+            order=200,
+            kinds={PositionKind.PREFILL_LAST, PositionKind.FINAL_DECODE},
+            description="DRY penalty on tokens that extend a verbatim repeat (--dry-multiplier)",
+        )
+    )
 
 
 @hookimpl
 def metrale_engine_flags(parser):
-    parser.add_argument("--dry-multiplier", type=float, default=DEFAULTS["dry_multiplier"],
-                        metavar="X", help="DRY repeat penalty strength; 0 turns it off (default: 0)")
-    parser.add_argument("--dry-base", type=float, default=DEFAULTS["dry_base"], metavar="X",
-                        help="DRY: growth of the penalty per repeated token (default: 1.75)")
-    parser.add_argument("--dry-allowed-length", type=int, default=DEFAULTS["dry_allowed_length"],
-                        metavar="N", help="DRY: repeats up to this long are free (default: 2)")
-    parser.add_argument("--dry-penalty-last-n", type=int, default=DEFAULTS["dry_penalty_last_n"],
-                        metavar="N", help="DRY: look back this many tokens; 0 = whole context "
-                                          "(default: 0)")
-    parser.add_argument("--dry-breaker-ids", type=_token_ids, default=DEFAULTS["dry_breaker_ids"],
-                        metavar="IDS", help="DRY: comma-separated token ids no repeat may span "
-                                            "(e.g. the newline token)")
+    parser.add_argument(
+        "--dry-multiplier",
+        type=float,
+        default=DEFAULTS["dry_multiplier"],
+        metavar="X",
+        help="DRY repeat penalty strength; 0 turns it off (default: 0)",
+    )
+    parser.add_argument(
+        "--dry-base",
+        type=float,
+        default=DEFAULTS["dry_base"],
+        metavar="X",
+        help="DRY: growth of the penalty per repeated token (default: 1.75)",
+    )
+    parser.add_argument(
+        "--dry-allowed-length",
+        type=int,
+        default=DEFAULTS["dry_allowed_length"],
+        metavar="N",
+        help="DRY: repeats up to this long are free (default: 2)",
+    )
+    parser.add_argument(
+        "--dry-penalty-last-n",
+        type=int,
+        default=DEFAULTS["dry_penalty_last_n"],
+        metavar="N",
+        help="DRY: look back this many tokens; 0 = whole context (default: 0)",
+    )
+    parser.add_argument(
+        "--dry-breaker-ids",
+        type=_token_ids,
+        default=DEFAULTS["dry_breaker_ids"],
+        metavar="IDS",
+        help="DRY: comma-separated token ids no repeat may span (e.g. the newline token)",
+    )

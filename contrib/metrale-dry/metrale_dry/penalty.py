@@ -49,10 +49,8 @@ class DrySettings:
     def __attrs_post_init__(self) -> None:
         _check(self.multiplier >= 0, f"--dry-multiplier must be >= 0, got {self.multiplier}")
         _check(self.base >= 1, f"--dry-base must be >= 1, got {self.base}")
-        _check(self.allowed_length >= 1,
-               f"--dry-allowed-length must be >= 1, got {self.allowed_length}")
-        _check(self.penalty_last_n >= 0,
-               f"--dry-penalty-last-n must be >= 0, got {self.penalty_last_n}")
+        _check(self.allowed_length >= 1, f"--dry-allowed-length must be >= 1, got {self.allowed_length}")
+        _check(self.penalty_last_n >= 0, f"--dry-penalty-last-n must be >= 0, got {self.penalty_last_n}")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> DrySettings:
@@ -60,10 +58,13 @@ class DrySettings:
         from metrale_dry import DEFAULTS
 
         value = {key: options.get(key, default) for key, default in DEFAULTS.items()}
-        return cls(multiplier=float(value["dry_multiplier"]), base=float(value["dry_base"]),
-                   allowed_length=int(value["dry_allowed_length"]),
-                   penalty_last_n=int(value["dry_penalty_last_n"]),
-                   breaker_ids=value["dry_breaker_ids"])
+        return cls(
+            multiplier=float(value["dry_multiplier"]),
+            base=float(value["dry_base"]),
+            allowed_length=int(value["dry_allowed_length"]),
+            penalty_last_n=int(value["dry_penalty_last_n"]),
+            breaker_ids=value["dry_breaker_ids"],
+        )
 
     def penalty(self, length: int) -> float:
         return self.multiplier * self.base ** (length - self.allowed_length)
@@ -109,14 +110,16 @@ class DryPenalty:
         for j, row in enumerate(ctx.rows):
             context = [*row.prompt_ids, *row.output_ids]
             if s.penalty_last_n:
-                context = context[-s.penalty_last_n:]
-            hits = {t: n for t, n in match_lengths(context, s.breaker_ids).items()
-                    if n >= s.allowed_length and t < logits.shape[1]}
+                context = context[-s.penalty_last_n :]
+            hits = {
+                t: n
+                for t, n in match_lengths(context, s.breaker_ids).items()
+                if n >= s.allowed_length and t < logits.shape[1]
+            }
             if not hits:
                 continue
             tokens = torch.tensor(list(hits), dtype=torch.long, device=logits.device)
-            amounts = torch.tensor([s.penalty(n) for n in hits.values()], dtype=logits.dtype,
-                                   device=logits.device)
+            amounts = torch.tensor([s.penalty(n) for n in hits.values()], dtype=logits.dtype, device=logits.device)
             logits[j].index_add_(0, tokens, -amounts)
 
 

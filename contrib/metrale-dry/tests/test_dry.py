@@ -23,15 +23,14 @@ from metrale_core.sampling import DefaultSampler, LogitPipeline, PositionKind, S
 from metrale_dry.penalty import MAX_MATCH, DryPenalty, DrySettings, build, match_lengths
 
 VOCAB = 16
-CYCLE = (3, 4, 5, 6)   # the loop model continues this cycle...
-ESCAPE = 9             # ...and its second choice is always this token
+CYCLE = (3, 4, 5, 6)  # the loop model continues this cycle...
+ESCAPE = 9  # ...and its second choice is always this token
 
 
 class LoopModel:
     """A bigram model: after any token it puts 10 on the cycle's next token and 8 on ESCAPE."""
 
-    info = ModelInfo(architecture="loop", vocab_size=VOCAB, max_position=256, kv=None,
-                     eos_token_ids=(0,))
+    info = ModelInfo(architecture="loop", vocab_size=VOCAB, max_position=256, kv=None, eos_token_ids=(0,))
 
     def forward(self, batch, kv, state=None):
         last = batch.input_ids[batch.logits_rows].tolist()
@@ -77,16 +76,16 @@ def test_plugin_is_installed(registry):
     spec = registry.logit_processors["dry"]
     assert registry.provider("logit_processors", "dry").distribution == "metrale-dry"
     assert spec.kinds == {PositionKind.PREFILL_LAST, PositionKind.FINAL_DECODE}
-    listing = subprocess.run([sys.executable, "-m", "metrale_core", "plugins"],
-                             capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        [sys.executable, "-m", "metrale_core", "plugins"], capture_output=True, text=True, check=True
+    ).stdout
     assert "metrale-dry" in listing and "logit_processors: dry" in listing
 
 
 def test_off_by_default_and_enabled_by_flag(registry):
     off = engine_from_flags(registry)
     assert "dry" not in off.output_processor.pipeline.processor_names
-    on = engine_from_flags(registry, "--dry-multiplier", "0.8", "--dry-allowed-length", "3",
-                           "--dry-breaker-ids", "7,8")
+    on = engine_from_flags(registry, "--dry-multiplier", "0.8", "--dry-allowed-length", "3", "--dry-breaker-ids", "7,8")
     assert "dry" in on.output_processor.pipeline.processor_names
     assert on.config.plugin_options["dry_breaker_ids"] == (7, 8)
 
@@ -107,8 +106,7 @@ def test_engine_breaks_the_loop_only_with_dry(registry):
     prompt = [3, 4, 5, 6]
     plain = generate(engine_from_flags(registry), prompt, 12)
     assert plain == [3, 4, 5, 6] * 3 and ESCAPE not in plain
-    dry = generate(engine_from_flags(registry, "--dry-multiplier", "1", "--dry-base", "2"),
-                   prompt, 12)
+    dry = generate(engine_from_flags(registry, "--dry-multiplier", "1", "--dry-base", "2"), prompt, 12)
     # after "3 4 5 6 3 4 5 6" the continuation 3 would extend a 4-token repeat: it loses
     # 1 * 2**(4-2) = 4 > the margin of 2, so ESCAPE wins (after "...3 4 5" the penalty on 6 is
     # 2, a tie, and the lower id wins)
@@ -132,15 +130,14 @@ def test_match_lengths_follow_the_definition():
 
 def test_penalty_hits_only_repeat_continuations():
     settings = DrySettings(multiplier=0.5, base=2.0, allowed_length=2)
-    pipeline = LogitPipeline([(LogitProcessorSpec("dry", factory=build), DryPenalty(settings))],
-                             DefaultSampler())
+    pipeline = LogitPipeline([(LogitProcessorSpec("dry", factory=build), DryPenalty(settings))], DefaultSampler())
     rows = [Row([1, 2, 3, 4, 1, 2], [3]), Row([1, 2, 3, 4])]
     logits = torch.zeros(2, VOCAB)
     out = pipeline.adjusted_logits(logits, rows, [PositionKind.FINAL_DECODE] * 2)
     expected = torch.zeros(2, VOCAB)
-    expected[0, 4] = -0.5 * 2.0 ** (3 - 2)   # "1 2 3" + 4 repeats a 4-token run
-    assert torch.equal(out, expected)        # row 1 has no repeat: untouched
-    assert torch.equal(logits, torch.zeros(2, VOCAB))   # the caller's logits are not modified
+    expected[0, 4] = -0.5 * 2.0 ** (3 - 2)  # "1 2 3" + 4 repeats a 4-token run
+    assert torch.equal(out, expected)  # row 1 has no repeat: untouched
+    assert torch.equal(logits, torch.zeros(2, VOCAB))  # the caller's logits are not modified
 
 
 def test_penalty_last_n_limits_the_lookback():
@@ -153,5 +150,6 @@ def test_penalty_last_n_limits_the_lookback():
     penalty(logits, ProcessorContext([0], [Row([1, 2, 3, 4, 9, 1, 2, 3])], [PositionKind.FINAL_DECODE]))
     assert torch.equal(logits, torch.zeros(1, VOCAB))
     DryPenalty(DrySettings(multiplier=1.0))(
-        logits, ProcessorContext([0], [Row([1, 2, 3, 4, 9, 1, 2, 3])], [PositionKind.FINAL_DECODE]))
+        logits, ProcessorContext([0], [Row([1, 2, 3, 4, 9, 1, 2, 3])], [PositionKind.FINAL_DECODE])
+    )
     assert logits[0, 4] == -1.0 * 1.75 ** (3 - 2)

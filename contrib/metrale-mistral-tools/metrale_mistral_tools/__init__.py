@@ -17,9 +17,11 @@ __all__ = ["metrale_tool_call_parsers"]
 
 @hookimpl
 def metrale_tool_call_parsers(register):
-    register(ToolCallParserSpec(
-        name="mistral",
-        factory=lazy_factory("metrale_mistral_tools.parser:MistralToolParser"),
-        model_types=("mistral", "mistral3"),
-        description="Mistral v11+ [TOOL_CALLS]name[ARGS]{json}",
-    ))
+    register(
+        ToolCallParserSpec(
+            name="mistral",
+            factory=lazy_factory("metrale_mistral_tools.parser:MistralToolParser"),
+            model_types=("mistral", "mistral3"),
+            description="Mistral v11+ [TOOL_CALLS]name[ARGS]{json}",
+        )
+    )

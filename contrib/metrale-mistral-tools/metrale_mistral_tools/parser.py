@@ -151,7 +151,7 @@ class MistralToolParser(TagParserBase):
         buf, pos = self._buf, self._pos
         i = buf.find(ARGS, pos)
         keep = 0 if i >= 0 or final else held_back_len(buf, ARGS, pos)
-        text = buf[pos:i] if i >= 0 else buf[pos:len(buf) - keep]
+        text = buf[pos:i] if i >= 0 else buf[pos : len(buf) - keep]
         name = (self._name_text + text).strip()
         if name and (len(name) > _MAX_NAME or not _NAME.fullmatch(name)):
             self._malformed(f"{name[:40]!r} is not a tool name")

@@ -13,8 +13,10 @@ from metrale_core.plugins import load_registry
 from metrale_core.streamparse import StreamParser, ToolCallParser, make_stream_parser
 from metrale_mistral_tools.parser import MistralToolParser
 
-TWO_CALLS = ('Let me check both.\n[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": [1, 2],'
-             ' "unit": {"t": "C"}, "ok": true}[TOOL_CALLS]get_time[ARGS]{}')
+TWO_CALLS = (
+    'Let me check both.\n[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": [1, 2],'
+    ' "unit": {"t": "C"}, "ok": true}[TOOL_CALLS]get_time[ARGS]{}'
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,7 @@ def run(text: str, chunks: list[int] | None = None, tools=None) -> dict:
     parser = MistralToolParser(tools=tools)
     deltas, i = [], 0
     for size in chunks or [len(text)]:
-        deltas += parser.feed(text[i:i + size])
+        deltas += parser.feed(text[i : i + size])
         i += size
     deltas += parser.feed(text[i:])
     deltas += parser.finish()
@@ -37,8 +39,11 @@ def run(text: str, chunks: list[int] | None = None, tools=None) -> dict:
             call = calls.setdefault(d.tool_call_index, {"name": None, "arguments": ""})
             call["name"] = d.name if d.name is not None else call["name"]
             call["arguments"] += d.arguments
-    return {"content": "".join(d.content for d in deltas), "calls": calls,
-            "completed": [(c.index, c.name, c.arguments) for c in parser.completed_calls]}
+    return {
+        "content": "".join(d.content for d in deltas),
+        "calls": calls,
+        "completed": [(c.index, c.name, c.arguments) for c in parser.completed_calls],
+    }
 
 
 def random_chunks(rng: random.Random, n: int) -> list[int]:
@@ -53,8 +58,9 @@ def test_plugin_is_installed(registry):
     assert registry.provider("tool_call_parsers", "mistral").distribution == "metrale-mistral-tools"
     assert spec.model_types == ("mistral", "mistral3")
     assert isinstance(spec.factory(tools=None), ToolCallParser)
-    listing = subprocess.run([sys.executable, "-m", "metrale_core", "plugins"],
-                             capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        [sys.executable, "-m", "metrale_core", "plugins"], capture_output=True, text=True, check=True
+    ).stdout
     assert "metrale-mistral-tools" in listing and "tool_call_parsers: mistral" in listing
 
 
@@ -88,12 +94,12 @@ def test_two_calls_parse():
 
 
 MALFORMED = [
-    "Sure.[TOOL_CALLS]get weather[ARGS]{}",             # a space in the name
-    "Sure.[TOOL_CALLS]get_weather{\"city\": 1}",        # no [ARGS]
-    "Sure.[TOOL_CALLS]get_weather[ARGS]{\"city\": Paris}",  # invalid JSON
-    "Sure.[TOOL_CALLS]get_weather[ARGS][1, 2]",         # not an object
-    "Sure.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Pa",    # the stream ends inside
-    "Sure.[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]",  # the old v3 form
+    "Sure.[TOOL_CALLS]get weather[ARGS]{}",  # a space in the name
+    'Sure.[TOOL_CALLS]get_weather{"city": 1}',  # no [ARGS]
+    'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": Paris}',  # invalid JSON
+    "Sure.[TOOL_CALLS]get_weather[ARGS][1, 2]",  # not an object
+    'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Pa',  # the stream ends inside
+    'Sure.[TOOL_CALLS][{"name": "f", "arguments": {}}]',  # the old v3 form
 ]
 
 
@@ -108,12 +114,19 @@ def test_malformed_calls_come_back_as_content(text):
 def test_a_good_call_after_a_bad_one_still_parses():
     result = run('[TOOL_CALLS]f[ARGS]{"a": nope}[TOOL_CALLS]g[ARGS]{"b": 2}')
     assert result["content"] == '[TOOL_CALLS]f[ARGS]{"a": nope}'
-    assert result["completed"] == [(1, "g", '{"b": 2}')]   # index 0 was used by f's header
+    assert result["completed"] == [(1, "g", '{"b": 2}')]  # index 0 was used by f's header
 
 
-@pytest.mark.parametrize("text", [TWO_CALLS, "plain text with [brackets] and [TOOL_CALL",
-                                  "a [TOOL_CALLS]x[AR", *MALFORMED,
-                                  'x[TOOL_CALLS]f[ARGS]{"s": "}{\\"]["}  trailing'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        TWO_CALLS,
+        "plain text with [brackets] and [TOOL_CALL",
+        "a [TOOL_CALLS]x[AR",
+        *MALFORMED,
+        'x[TOOL_CALLS]f[ARGS]{"s": "}{\\"]["}  trailing',
+    ],
+)
 def test_random_chunking_gives_the_same_result(text):
     whole = run(text)
     rng = random.Random(hash(text) & 0xFFFF)
@@ -128,15 +141,14 @@ def test_b1_state_follows_the_argument_bodies():
     states = []
     for ch in text:
         parser.feed(ch)
-        states.append((ch, parser.inside_tool_call, parser.inside_parameter_body,
-                       parser.param_body_chars_emitted))
+        states.append((ch, parser.inside_tool_call, parser.inside_parameter_body, parser.param_body_chars_emitted))
     # the characters after which the parser is inside a body: a string's opening quote opens
     # it and its closing quote closes it; a number's first digit opens it; a brace opens an
     # object body and its matching brace closes it; keys, ':' and ', ' are outside
     body = "".join(ch for ch, _, inside, _ in states if inside)
     assert body == '"Paris42{"k": 1'
     counts = [n for _, _, inside, n in states if inside]
-    assert counts[:6] == [0, 1, 2, 3, 4, 5]             # "P..s counted as they are consumed
+    assert counts[:6] == [0, 1, 2, 3, 4, 5]  # "P..s counted as they are consumed
     assert not states[0][1] and states[len("[TOOL_CALLS]")][1]
     parser.finish()
     assert not parser.inside_tool_call and not parser.inside_parameter_body

@@ -16,8 +16,14 @@ import argparse
 from metrale_core import hookimpl
 from metrale_core.api import SchedulerSpec, lazy_factory
 
-__all__ = ["DEFAULT_DEADLINE_SLACK_MS", "DEFAULT_MAX_WAIT_MS", "DEFAULT_STEP_TOKENS_PER_MS",
-           "DEFAULT_TBT_BUDGET_MS", "metrale_engine_flags", "metrale_schedulers"]
+__all__ = [
+    "DEFAULT_DEADLINE_SLACK_MS",
+    "DEFAULT_MAX_WAIT_MS",
+    "DEFAULT_STEP_TOKENS_PER_MS",
+    "DEFAULT_TBT_BUDGET_MS",
+    "metrale_engine_flags",
+    "metrale_schedulers",
+]
 
 #: A waiting request older than this is admitted before shorter ones (anti-starvation).
 DEFAULT_MAX_WAIT_MS = 5000.0
@@ -51,31 +57,47 @@ def _tokens_per_ms(text: str) -> float:
 
 @hookimpl
 def metrale_schedulers(register):
-    register(SchedulerSpec(
-        name="slai",
-        factory=lazy_factory("metrale_slai.policy:SlaiPolicy.from_config"),
-        description="deadline-aware shortest-prompt-first with aging; preempts the largest",
-    ))
+    register(
+        SchedulerSpec(
+            name="slai",
+            factory=lazy_factory("metrale_slai.policy:SlaiPolicy.from_config"),
+            description="deadline-aware shortest-prompt-first with aging; preempts the largest",
+        )
+    )
 
 
 @hookimpl
 def metrale_engine_flags(parser):
     parser.add_argument(
-        "--slai-max-wait-ms", type=_milliseconds, default=DEFAULT_MAX_WAIT_MS, metavar="MS",
+        "--slai-max-wait-ms",
+        type=_milliseconds,
+        default=DEFAULT_MAX_WAIT_MS,
+        metavar="MS",
         help="with --scheduler slai: a request waiting this long is admitted before shorter "
-             f"ones (default: {DEFAULT_MAX_WAIT_MS:g})")
+        f"ones (default: {DEFAULT_MAX_WAIT_MS:g})",
+    )
     parser.add_argument(
-        "--slai-deadline-slack-ms", type=_milliseconds, default=DEFAULT_DEADLINE_SLACK_MS,
+        "--slai-deadline-slack-ms",
+        type=_milliseconds,
+        default=DEFAULT_DEADLINE_SLACK_MS,
         metavar="MS",
         help="with --scheduler slai: a request whose --request-timeout deadline is this close "
-             f"is admitted first (default: {DEFAULT_DEADLINE_SLACK_MS:g})")
+        f"is admitted first (default: {DEFAULT_DEADLINE_SLACK_MS:g})",
+    )
     parser.add_argument(
-        "--slai-tbt-budget-ms", type=_milliseconds, default=DEFAULT_TBT_BUDGET_MS, metavar="MS",
+        "--slai-tbt-budget-ms",
+        type=_milliseconds,
+        default=DEFAULT_TBT_BUDGET_MS,
+        metavar="MS",
         help="with --scheduler slai: while sequences are decoding, hold back new prefills that "
-             "would make the step's estimated time exceed this time-between-tokens budget "
-             f"(default: {DEFAULT_TBT_BUDGET_MS:g} = never)")
+        "would make the step's estimated time exceed this time-between-tokens budget "
+        f"(default: {DEFAULT_TBT_BUDGET_MS:g} = never)",
+    )
     parser.add_argument(
-        "--slai-step-tokens-per-ms", type=_tokens_per_ms, default=DEFAULT_STEP_TOKENS_PER_MS,
+        "--slai-step-tokens-per-ms",
+        type=_tokens_per_ms,
+        default=DEFAULT_STEP_TOKENS_PER_MS,
         metavar="N",
         help="with --slai-tbt-budget-ms: tokens one engine step feeds per millisecond, the "
-             f"step-time estimate (default: {DEFAULT_STEP_TOKENS_PER_MS:g})")
+        f"step-time estimate (default: {DEFAULT_STEP_TOKENS_PER_MS:g})",
+    )

@@ -48,8 +48,7 @@ def _non_negative(instance, attribute, value) -> None:
 
 
 def _positive(instance, attribute, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not 0 < value < float("inf"):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         raise ConfigError(f"slai: {attribute.name} must be a number > 0, got {value!r}")
 
 
@@ -86,8 +85,7 @@ class SlaiPolicy:
             deadline_slack_s=options.get("slai_deadline_slack_ms", DEFAULT_DEADLINE_SLACK_MS) / 1000,
             clock=config.clock,
             tbt_budget_s=options.get("slai_tbt_budget_ms", DEFAULT_TBT_BUDGET_MS) / 1000,
-            step_tokens_per_s=options.get("slai_step_tokens_per_ms",
-                                          DEFAULT_STEP_TOKENS_PER_MS) * 1000,
+            step_tokens_per_s=options.get("slai_step_tokens_per_ms", DEFAULT_STEP_TOKENS_PER_MS) * 1000,
         )
 
     def due_time(self, seq: Any) -> float:

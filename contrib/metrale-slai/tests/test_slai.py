@@ -57,15 +57,28 @@ def preempted(result) -> list[int]:
 def test_plugin_is_installed(registry):
     assert "slai" in registry.schedulers
     assert registry.provider("schedulers", "slai").distribution == "metrale-slai"
-    listing = subprocess.run([sys.executable, "-m", "metrale_core", "plugins"],
-                             capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        [sys.executable, "-m", "metrale_core", "plugins"], capture_output=True, text=True, check=True
+    ).stdout
     assert "metrale-slai" in listing and "schedulers: slai" in listing
 
 
 def test_flags_select_and_configure_the_policy(registry):
     parser = build_parser(registry)
-    args = parser.parse_args(["generate", "hi", "--scheduler", "slai", "--kv-cache-memory", "64K",
-                              "--slai-max-wait-ms", "250", "--slai-deadline-slack-ms", "40"])
+    args = parser.parse_args(
+        [
+            "generate",
+            "hi",
+            "--scheduler",
+            "slai",
+            "--kv-cache-memory",
+            "64K",
+            "--slai-max-wait-ms",
+            "250",
+            "--slai-deadline-slack-ms",
+            "40",
+        ]
+    )
     config = engine_config_from_args(args)
     assert config.scheduler == "slai"
     assert config.plugin_options["slai_max_wait_ms"] == 250.0
@@ -107,22 +120,25 @@ SCENARIOS = {
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_golden_schedule(registry, golden, name, policy):
     events, engine = SCENARIOS[name]
-    result = run_scenario(Scenario(f"{name}_{policy}", events, engine={**engine, "scheduler": policy}),
-                          registry=registry)
+    result = run_scenario(
+        Scenario(f"{name}_{policy}", events, engine={**engine, "scheduler": policy}), registry=registry
+    )
     golden(f"{name}_{policy}", result.trace)
     assert result.model.errors == []
     # every client still gets exactly its script (then EOS), whatever the order
     for event in events:
-        expected = list(event.output[:event.max_tokens])
+        expected = list(event.output[: event.max_tokens])
         expected += [EOS] if len(expected) < event.max_tokens else []
         assert result.streams[event.request_id].token_ids == expected
 
 
 def test_slai_admits_shortest_prompt_first(registry):
     def order(policy):
-        return admission_order(run_scenario(
-            Scenario("o", SHORTEST_FIRST, engine=dict(max_num_seqs=1, scheduler=policy)),
-            registry=registry))
+        return admission_order(
+            run_scenario(
+                Scenario("o", SHORTEST_FIRST, engine=dict(max_num_seqs=1, scheduler=policy)), registry=registry
+            )
+        )
 
     assert order("fcfs") == [10, 20, 30]
     assert order("slai") == [20, 30, 10]
@@ -130,12 +146,12 @@ def test_slai_admits_shortest_prompt_first(registry):
 
 def test_slai_preempts_the_sequence_holding_most_blocks(registry):
     def victims(policy):
-        return preempted(run_scenario(
-            Scenario("p", PREEMPTION, engine=dict(num_kv_blocks=6, scheduler=policy)),
-            registry=registry))
+        return preempted(
+            run_scenario(Scenario("p", PREEMPTION, engine=dict(num_kv_blocks=6, scheduler=policy)), registry=registry)
+        )
 
-    assert victims("fcfs") == [20]   # FCFS: the most recently admitted
-    assert victims("slai") == [10]   # slai: the one holding 4 blocks against 3
+    assert victims("fcfs") == [20]  # FCFS: the most recently admitted
+    assert victims("slai") == [10]  # slai: the one holding 4 blocks against 3
 
 
 def _aging(max_wait_ms: float, advance_s: float) -> list[Arrive | Advance]:
@@ -151,9 +167,12 @@ def _aging(max_wait_ms: float, advance_s: float) -> list[Arrive | Advance]:
 @pytest.mark.parametrize("advance_s,expected", [(0.0, [5, 20, 10]), (6.0, [5, 10, 20])])
 def test_a_request_waiting_past_max_wait_goes_first(registry, advance_s, expected):
     events = _aging(5000, advance_s)
-    result = run_scenario(Scenario("aging", events, engine=dict(
-        max_num_seqs=1, scheduler="slai", plugin_options={"slai_max_wait_ms": 5000})),
-        registry=registry)
+    result = run_scenario(
+        Scenario(
+            "aging", events, engine=dict(max_num_seqs=1, scheduler="slai", plugin_options={"slai_max_wait_ms": 5000})
+        ),
+        registry=registry,
+    )
     assert admission_order(result) == expected
 
 
@@ -167,18 +186,31 @@ def test_a_request_near_its_deadline_goes_first(registry, advance_s, expected):
         Arrive(2, "r20", prompt(20, 3), [46]),
         Advance(3, 1.0),
     ]
-    result = run_scenario(Scenario("deadline", events, engine=dict(
-        max_num_seqs=1, scheduler="slai",
-        plugin_options={"slai_max_wait_ms": 60_000, "slai_deadline_slack_ms": 1000})),
-        registry=registry)
+    result = run_scenario(
+        Scenario(
+            "deadline",
+            events,
+            engine=dict(
+                max_num_seqs=1,
+                scheduler="slai",
+                plugin_options={"slai_max_wait_ms": 60_000, "slai_deadline_slack_ms": 1000},
+            ),
+        ),
+        registry=registry,
+    )
     assert admission_order(result) == expected
     assert result.streams["r10"].finish_reason == "stop"
 
 
 def test_resumed_sequences_come_before_new_ones():
     def seq(order, n, preemptions=0):
-        return SimpleNamespace(order=order, num_prefill_tokens=n, num_preemptions=preemptions,
-                               request=SimpleNamespace(arrival_time=0.0), deadline=None)
+        return SimpleNamespace(
+            order=order,
+            num_prefill_tokens=n,
+            num_preemptions=preemptions,
+            request=SimpleNamespace(arrival_time=0.0),
+            deadline=None,
+        )
 
     policy = SlaiPolicy(max_wait_s=100.0, deadline_slack_s=1.0, clock=lambda: 0.0)
     fresh_short, resumed_long, resumed_short = seq(0, 2), seq(1, 30, 1), seq(2, 20, 2)
@@ -188,16 +220,29 @@ def test_resumed_sequences_come_before_new_ones():
 
 # --- TBT hold-back -------------------------------------------------------------------------
 
+
 def test_tbt_flags_configure_the_hold_back(registry):
     parser = build_parser(registry)
-    args = parser.parse_args(["generate", "hi", "--scheduler", "slai", "--kv-cache-memory", "64K",
-                              "--slai-tbt-budget-ms", "40", "--slai-step-tokens-per-ms", "2.5"])
+    args = parser.parse_args(
+        [
+            "generate",
+            "hi",
+            "--scheduler",
+            "slai",
+            "--kv-cache-memory",
+            "64K",
+            "--slai-tbt-budget-ms",
+            "40",
+            "--slai-step-tokens-per-ms",
+            "2.5",
+        ]
+    )
     config = engine_config_from_args(args)
     engine = LLMEngine(RecordingModel([SeqScript([10], [11])]), config, registry=registry)
     policy = engine.scheduler.policy
     assert (policy.tbt_budget_s, policy.step_tokens_per_s) == (0.04, 2500.0)
     default = SlaiPolicy.from_config(EngineConfig(scheduler="slai"))
-    assert default.tbt_budget_s == 0.0                        # off unless asked for
+    assert default.tbt_budget_s == 0.0  # off unless asked for
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "fast"])
@@ -210,29 +255,32 @@ def test_step_tokens_per_ms_must_be_positive(registry, capsys, value):
 
 
 def _seq(order, n, preemptions=0, arrival=0.0, deadline=None):
-    return SimpleNamespace(order=order, num_prefill_tokens=n, num_preemptions=preemptions,
-                           request=SimpleNamespace(arrival_time=arrival), deadline=deadline)
+    return SimpleNamespace(
+        order=order,
+        num_prefill_tokens=n,
+        num_preemptions=preemptions,
+        request=SimpleNamespace(arrival_time=arrival),
+        deadline=deadline,
+    )
 
 
 def test_hold_back_cost_model():
     from metrale_core.engine import AdmissionStep
 
     # 5 ms at 1 token/ms: a step with decodes may feed 5 tokens
-    policy = SlaiPolicy(max_wait_s=10.0, clock=lambda: 0.0, tbt_budget_s=0.005,
-                        step_tokens_per_s=1000.0)
+    policy = SlaiPolicy(max_wait_s=10.0, clock=lambda: 0.0, tbt_budget_s=0.005, step_tokens_per_s=1000.0)
     two_decodes = AdmissionStep(num_decodes=2, num_decode_tokens=2, num_prefill_tokens=0, budget=64)
     short, long = _seq(0, 3), _seq(1, 4)
     assert policy.step_time_s(long, two_decodes) == pytest.approx(0.006)
-    assert policy.next_waiting([long, short], step=two_decodes) is short     # 2 + 3 tokens
-    assert policy.next_waiting([long], step=two_decodes) is None             # 2 + 4 tokens
+    assert policy.next_waiting([long, short], step=two_decodes) is short  # 2 + 3 tokens
+    assert policy.next_waiting([long], step=two_decodes) is None  # 2 + 4 tokens
     # prefill already scheduled this step counts; the first chunk is capped by the budget left
     busy = AdmissionStep(num_decodes=1, num_decode_tokens=1, num_prefill_tokens=2, budget=64)
-    assert policy.next_waiting([short], step=busy) is None                   # 1 + 2 + 3
+    assert policy.next_waiting([short], step=busy) is None  # 1 + 2 + 3
     capped = AdmissionStep(num_decodes=1, num_decode_tokens=1, num_prefill_tokens=2, budget=2)
-    assert policy.next_waiting([long], step=capped) is long                  # 1 + 2 + 2
+    assert policy.next_waiting([long], step=capped) is long  # 1 + 2 + 2
     # nothing decoding, no step given, or the budget off: never held back
-    prefill_only = AdmissionStep(num_decodes=0, num_decode_tokens=0, num_prefill_tokens=60,
-                                 budget=4)
+    prefill_only = AdmissionStep(num_decodes=0, num_decode_tokens=0, num_prefill_tokens=60, budget=4)
     assert policy.next_waiting([long], step=prefill_only) is long
     assert policy.next_waiting([long]) is long
     off = SlaiPolicy(max_wait_s=10.0, clock=lambda: 0.0, step_tokens_per_s=1000.0)
@@ -250,8 +298,7 @@ def test_hold_back_cost_model():
 
 # r0 decodes from step 1 to step 5 (EOS at forward #5); r10 (long) and r20 (short) arrive at
 # step 1.  With 5 ms at 1 token/ms, r20 (1 decode + 3) fits beside r0, r10 (8 tokens) does not.
-TBT_OPTIONS = {"slai_tbt_budget_ms": 5.0, "slai_step_tokens_per_ms": 1.0,
-               "slai_max_wait_ms": 5000.0}
+TBT_OPTIONS = {"slai_tbt_budget_ms": 5.0, "slai_step_tokens_per_ms": 1.0, "slai_max_wait_ms": 5000.0}
 
 
 def _tbt_events(advance: list | None = None) -> list:
@@ -264,8 +311,9 @@ def _tbt_events(advance: list | None = None) -> list:
 
 
 def _run_tbt(registry, events, options):
-    result = run_scenario(Scenario("tbt", events, engine=dict(
-        scheduler="slai", plugin_options=options)), registry=registry)
+    result = run_scenario(
+        Scenario("tbt", events, engine=dict(scheduler="slai", plugin_options=options)), registry=registry
+    )
     assert result.model.errors == []
     for event in events:
         if isinstance(event, Arrive):
@@ -289,16 +337,19 @@ def test_tbt_hold_back_stops_when_the_request_is_due(registry):
     held = _run_tbt(registry, _tbt_events([Advance(3, 6.0)]), TBT_OPTIONS)
     assert held.model.first_prefill() == {5: 0, 20: 1, 10: 3}
     r0_steps = [call.index for call in held.model.calls for s in call.seqs if s.key == 5]
-    assert r0_steps == [0, 1, 2, 3, 4, 5]                     # r0 decoded through it all
+    assert r0_steps == [0, 1, 2, 3, 4, 5]  # r0 decoded through it all
 
 
 def test_tbt_off_leaves_the_schedule_unchanged(registry):
     events = _tbt_events([Advance(3, 6.0)])
-    default = run_scenario(Scenario("tbt", events, engine=dict(scheduler="slai")),
-                           registry=registry)
-    off = run_scenario(Scenario("tbt", events, engine=dict(
-        scheduler="slai", plugin_options={"slai_tbt_budget_ms": 0.0,
-                                          "slai_step_tokens_per_ms": 1.0})),
-        registry=registry)
+    default = run_scenario(Scenario("tbt", events, engine=dict(scheduler="slai")), registry=registry)
+    off = run_scenario(
+        Scenario(
+            "tbt",
+            events,
+            engine=dict(scheduler="slai", plugin_options={"slai_tbt_budget_ms": 0.0, "slai_step_tokens_per_ms": 1.0}),
+        ),
+        registry=registry,
+    )
     assert off.trace == default.trace
     assert default.model.first_prefill() == {5: 0, 20: 1, 10: 1}

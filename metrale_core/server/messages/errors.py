@@ -29,10 +29,19 @@ from metrale_core.server.errors import APIError
 __all__ = ["anthropic_error_body", "anthropic_handlers", "anthropic_key_guard"]
 
 #: HTTP status -> Anthropic error ``type``.
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-          415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
-          503: "overloaded_error", 504: "timeout_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
 
 
 def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
@@ -41,8 +50,9 @@ def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
 
 
 def _response(status: int, message: str, headers: dict | None = None) -> Response:
-    return Response(anthropic_error_body(status, message), status_code=status,
-                    headers=headers or {}, media_type="application/json")
+    return Response(
+        anthropic_error_body(status, message), status_code=status, headers=headers or {}, media_type="application/json"
+    )
 
 
 def _api_error(_: Request, exc: APIError) -> Response:
@@ -68,8 +78,7 @@ def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 def anthropic_handlers() -> dict:
-    return {APIError: _api_error, RequestError: _request_error, HTTPException: _http_error,
-            Exception: _unexpected}
+    return {APIError: _api_error, RequestError: _request_error, HTTPException: _http_error, Exception: _unexpected}
 
 
 def anthropic_key_guard(connection: ASGIConnection, _: Any) -> None:
@@ -81,5 +90,4 @@ def anthropic_key_guard(connection: ASGIConnection, _: Any) -> None:
         return
     if key_matches(connection.headers.get("authorization"), key):
         return
-    raise APIError(401, "invalid or missing API key (send 'x-api-key: <key>' or "
-                        "'Authorization: Bearer <key>')")
+    raise APIError(401, "invalid or missing API key (send 'x-api-key: <key>' or 'Authorization: Bearer <key>')")

@@ -48,8 +48,7 @@ from metrale_core.server.translate import ChatRun, pieces, renamed, start_chat
 __all__ = ["messages_router"]
 
 
-def _stop(run: ChatRun, served: Any, stops: list[str], raw_text: str,
-          token_ids: list[int]) -> tuple[str, str | None]:
+def _stop(run: ChatRun, served: Any, stops: list[str], raw_text: str, token_ids: list[int]) -> tuple[str, str | None]:
     """``(stop_reason, stop_sequence)`` of a finished run."""
     reason = run.finish_reason
     if reason == "length":
@@ -61,7 +60,7 @@ def _stop(run: ChatRun, served: Any, stops: list[str], raw_text: str,
         eos = set(engine.output_processor.eos_token_ids)
         if token_ids[-1] not in eos:
             full = served.tokenizer.decode(token_ids, skip_special_tokens=True)
-            tail = full[len(raw_text):] if full.startswith(raw_text) else full
+            tail = full[len(raw_text) :] if full.startswith(raw_text) else full
             for s in stops:
                 if tail.startswith(s):
                     return "stop_sequence", s
@@ -91,16 +90,23 @@ async def _start(request: Request) -> tuple[Any, MessagesRequest, ChatRun, str]:
     return host, req, run, name
 
 
-@post("/v1/messages", operation_id="createMessage", tags=["anthropic"], status_code=200,
-      summary="Create a message (Anthropic Messages API)",
-      operation_class=body_operation(MessagesRequest, errors="anthropic"))
+@post(
+    "/v1/messages",
+    operation_id="createMessage",
+    tags=["anthropic"],
+    status_code=200,
+    summary="Create a message (Anthropic Messages API)",
+    operation_class=body_operation(MessagesRequest, errors="anthropic"),
+)
 async def create_message(request: Request) -> Response | Stream:
     host, req, run, name = await _start(request)
     message_id = new_id("msg")
     if req.stream:
-        return Stream(_sse(_stream(host, req, run, name, message_id)),
-                      media_type="text/event-stream",
-                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return Stream(
+            _sse(_stream(host, req, run, name, message_id)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     blocks: list[dict] = []
     raw, ids = [], []
     async for out in run.outputs():
@@ -122,21 +128,40 @@ async def create_message(request: Request) -> Response | Stream:
             raise failure
     for block in blocks:
         if block["type"] == "tool_use":
-            block["input"] = _input(next(c["arguments"] for c in run.calls.values()
-                                         if c["id"] == block["id"]))
+            block["input"] = _input(next(c["arguments"] for c in run.calls.values() if c["id"] == block["id"]))
     stop_reason, stop_sequence = _stop(run, host.served, req.stop_sequences or [], "".join(raw), ids)
-    body = {"id": message_id, "type": "message", "role": "assistant", "model": name,
-            "content": blocks, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-            "usage": {"input_tokens": run.prompt_tokens, "output_tokens": run.output_tokens}}
+    body = {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": name,
+        "content": blocks,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": {"input_tokens": run.prompt_tokens, "output_tokens": run.output_tokens},
+    }
     return Response(body, media_type="application/json")
 
 
-async def _stream(host: Any, req: MessagesRequest, run: ChatRun, name: str,
-                  message_id: str) -> AsyncIterator[tuple[str, dict]]:
-    yield "message_start", {"type": "message_start", "message": {
-        "id": message_id, "type": "message", "role": "assistant", "model": name, "content": [],
-        "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": run.prompt_tokens, "output_tokens": 0}}}
+async def _stream(
+    host: Any, req: MessagesRequest, run: ChatRun, name: str, message_id: str
+) -> AsyncIterator[tuple[str, dict]]:
+    yield (
+        "message_start",
+        {
+            "type": "message_start",
+            "message": {
+                "id": message_id,
+                "type": "message",
+                "role": "assistant",
+                "model": name,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": run.prompt_tokens, "output_tokens": 0},
+            },
+        },
+    )
     yield "ping", {"type": "ping"}
     index, open_kind, open_call = -1, None, None
     raw, ids = [], []
@@ -154,33 +179,52 @@ async def _stream(host: Any, req: MessagesRequest, run: ChatRun, name: str,
                     if open_kind is not None:
                         yield stop_block()
                     index, open_kind, open_call = index + 1, kind, None
-                    block = {"type": "text", "text": ""} if kind == "text" else \
-                        {"type": "thinking", "thinking": "", "signature": ""}
-                    yield "content_block_start", {"type": "content_block_start", "index": index,
-                                                  "content_block": block}
-                delta = {"type": "text_delta", "text": p.text} if kind == "text" else \
-                    {"type": "thinking_delta", "thinking": p.text}
-                yield "content_block_delta", {"type": "content_block_delta", "index": index,
-                                              "delta": delta}
+                    block = (
+                        {"type": "text", "text": ""}
+                        if kind == "text"
+                        else {"type": "thinking", "thinking": "", "signature": ""}
+                    )
+                    yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
+                delta = (
+                    {"type": "text_delta", "text": p.text}
+                    if kind == "text"
+                    else {"type": "thinking_delta", "thinking": p.text}
+                )
+                yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
             elif p.kind == "call":
                 if open_kind is not None:
                     yield stop_block()
                 index, open_kind, open_call = index + 1, "tool_use", p.index
-                yield "content_block_start", {"type": "content_block_start", "index": index,
-                                              "content_block": {"type": "tool_use", "id": p.call_id,
-                                                                "name": p.name, "input": {}}}
+                yield (
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": index,
+                        "content_block": {"type": "tool_use", "id": p.call_id, "name": p.name, "input": {}},
+                    },
+                )
             elif p.kind == "args" and open_call == p.index:
-                yield "content_block_delta", {"type": "content_block_delta", "index": index,
-                                              "delta": {"type": "input_json_delta",
-                                                        "partial_json": p.text}}
+                yield (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": p.text},
+                    },
+                )
         if out.finished and (failure := engine_failure(out)) is not None:
             raise failure
     if open_kind is not None:
         yield stop_block()
     stop_reason, stop_sequence = _stop(run, host.served, req.stop_sequences or [], "".join(raw), ids)
-    yield "message_delta", {"type": "message_delta",
-                            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                            "usage": {"output_tokens": run.output_tokens}}
+    yield (
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+            "usage": {"output_tokens": run.output_tokens},
+        },
+    )
     yield "message_stop", {"type": "message_stop"}
 
 
@@ -197,13 +241,17 @@ async def _sse(events: AsyncIterator[tuple[str, dict]]) -> AsyncIterator[bytes]:
         yield _event("error", anthropic_error_body(exc.status, exc.message))
     except Exception as exc:
         logger.opt(exception=exc).error("messages stream failed")
-        yield _event("error", anthropic_error_body(500, f"internal server error "
-                                                        f"({type(exc).__name__})"))
+        yield _event("error", anthropic_error_body(500, f"internal server error ({type(exc).__name__})"))
 
 
-@post("/v1/messages/count_tokens", operation_id="countMessageTokens", tags=["anthropic"],
-      summary="Count the input tokens of a Messages request", status_code=200,
-      operation_class=body_operation(CountTokensRequest, errors="anthropic"))
+@post(
+    "/v1/messages/count_tokens",
+    operation_id="countMessageTokens",
+    tags=["anthropic"],
+    summary="Count the input tokens of a Messages request",
+    status_code=200,
+    operation_class=body_operation(CountTokensRequest, errors="anthropic"),
+)
 async def count_tokens(request: Request) -> Response:
     host = request.app.state.host
     req = await read_request(request, CountTokensRequest)
@@ -218,5 +266,9 @@ async def count_tokens(request: Request) -> Response:
 
 def messages_router() -> Router:
     """The Messages routes with Anthropic auth and error shape (one router per app)."""
-    return Router(path="/", route_handlers=[create_message, count_tokens],
-                  guards=[anthropic_key_guard], exception_handlers=anthropic_handlers())
+    return Router(
+        path="/",
+        route_handlers=[create_message, count_tokens],
+        guards=[anthropic_key_guard],
+        exception_handlers=anthropic_handlers(),
+    )

@@ -105,8 +105,10 @@ def _user(blocks: list[dict], path: str) -> list[ChatMessage]:
                 text = f"Error: {text}"
             results.append(ChatMessage(role="tool", content=text, tool_call_id=tool_use_id))
         else:
-            raise _bad(f"{p}.type", f"{kind!r} blocks are not supported in user turns by this "
-                                    f"server (text and tool_result are)")
+            raise _bad(
+                f"{p}.type",
+                f"{kind!r} blocks are not supported in user turns by this server (text and tool_result are)",
+            )
     out = list(results)
     if texts or not results:
         out.append(ChatMessage(role="user", content="".join(texts)))
@@ -132,13 +134,20 @@ def _assistant(blocks: list[dict], path: str) -> ChatMessage:
                     raise _bad(f"{p}.{key}", "required string")
             if not isinstance(b.get("input"), dict):
                 raise _bad(f"{p}.input", "must be an object")
-            calls.append(ToolCall(id=b["id"], function=FunctionCall(
-                name=b["name"], arguments=json.dumps(b["input"], ensure_ascii=False))))
+            calls.append(
+                ToolCall(
+                    id=b["id"],
+                    function=FunctionCall(name=b["name"], arguments=json.dumps(b["input"], ensure_ascii=False)),
+                )
+            )
         else:
             raise _bad(f"{p}.type", f"{kind!r} blocks are not supported in assistant turns")
-    return ChatMessage(role="assistant", content="".join(texts) if texts or not calls else None,
-                       tool_calls=calls or None,
-                       reasoning_content="".join(thinking) if thinking else None)
+    return ChatMessage(
+        role="assistant",
+        content="".join(texts) if texts or not calls else None,
+        tool_calls=calls or None,
+        reasoning_content="".join(thinking) if thinking else None,
+    )
 
 
 def _tools(req: CountTokensRequest) -> list[Tool] | None:
@@ -147,12 +156,17 @@ def _tools(req: CountTokensRequest) -> list[Tool] | None:
     tools = []
     for i, t in enumerate(req.tools):
         if t.type not in (None, "custom"):
-            raise _bad(f"tools[{i}].type", f"server tool {t.type!r} cannot run here; only client "
-                                           f"tools with an input_schema are supported")
+            raise _bad(
+                f"tools[{i}].type",
+                f"server tool {t.type!r} cannot run here; only client tools with an input_schema are supported",
+            )
         if t.input_schema is None:
             raise _bad(f"tools[{i}].input_schema", "field required")
-        tools.append(Tool(type="function", function=FunctionDef(
-            name=t.name, description=t.description, parameters=t.input_schema)))
+        tools.append(
+            Tool(
+                type="function", function=FunctionDef(name=t.name, description=t.description, parameters=t.input_schema)
+            )
+        )
     return tools
 
 
@@ -184,17 +198,22 @@ def _thinking(thinking: dict | None) -> bool:
     if kind not in ("enabled", "disabled", "adaptive"):
         raise _bad("thinking.type", f"must be 'enabled', 'adaptive' or 'disabled', got {kind!r}")
     budget = thinking.get("budget_tokens")
-    if kind == "enabled" and budget is not None and (
-            not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+    if (
+        kind == "enabled"
+        and budget is not None
+        and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1)
+    ):
         raise _bad("thinking.budget_tokens", "must be a positive integer")
     return kind != "disabled"
 
 
 def _ranges(req: MessagesRequest) -> None:
-    checks = (("max_tokens", req.max_tokens, lambda v: v >= 1, "must be >= 1"),
-              ("temperature", req.temperature, lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1"),
-              ("top_p", req.top_p, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
-              ("top_k", req.top_k, lambda v: v >= 0, "must be >= 0"))
+    checks = (
+        ("max_tokens", req.max_tokens, lambda v: v >= 1, "must be >= 1"),
+        ("temperature", req.temperature, lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1"),
+        ("top_p", req.top_p, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
+        ("top_k", req.top_k, lambda v: v >= 0, "must be >= 0"),
+    )
     for name, value, ok, rule in checks:
         if value is not None and not ok(value):
             raise _bad(name, f"{rule}, got {value!r}")
@@ -207,9 +226,8 @@ def _response_format(config: dict | None) -> ResponseFormat | None:
     fmt = (config or {}).get("format")
     if fmt is None:
         return None
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" \
-            or not isinstance(fmt.get("schema"), dict):
-        raise _bad("output_config.format", "must be {\"type\": \"json_schema\", \"schema\": {...}}")
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise _bad("output_config.format", 'must be {"type": "json_schema", "schema": {...}}')
     return ResponseFormat(type="json_schema", json_schema={"name": "output", "schema": fmt["schema"]})
 
 
@@ -232,12 +250,20 @@ def to_chat(req: CountTokensRequest) -> ChatCompletionRequest:
             messages.append(_assistant(blocks, f"{path}.content"))
     tools = _tools(req)
     fields: dict[str, Any] = dict(
-        model=req.model, messages=messages, tools=tools,
+        model=req.model,
+        messages=messages,
+        tools=tools,
         response_format=_response_format(req.output_config),
         tool_choice=_tool_choice(req.tool_choice, tools),
-        chat_template_kwargs={"enable_thinking": _thinking(req.thinking)})
+        chat_template_kwargs={"enable_thinking": _thinking(req.thinking)},
+    )
     if isinstance(req, MessagesRequest):
         _ranges(req)
-        fields.update(max_tokens=req.max_tokens, stop=req.stop_sequences,
-                      temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
+        fields.update(
+            max_tokens=req.max_tokens,
+            stop=req.stop_sequences,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+        )
     return ChatCompletionRequest(**fields)

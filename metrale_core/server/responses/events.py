@@ -58,20 +58,31 @@ class OutputBuilder:
             item, index = self.items[-1], len(self.items) - 1
             part = item["content"][0]
             part["text"] += piece.text
-            events.append({"type": "response.output_text.delta" if kind == "message" else
-                           "response.reasoning_text.delta", "item_id": item["id"],
-                           "output_index": index, "content_index": 0, "delta": piece.text,
-                           **({"logprobs": []} if kind == "message" else {})})
+            events.append(
+                {
+                    "type": "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "delta": piece.text,
+                    **({"logprobs": []} if kind == "message" else {}),
+                }
+            )
         elif piece.kind == "call":
             events += self._close()
             self._call_index = piece.index
             events += self._open_item("function_call", call_id=piece.call_id, name=piece.name)
-        elif piece.kind == "args" and self._open == "function_call" \
-                and piece.index == self._call_index:
+        elif piece.kind == "args" and self._open == "function_call" and piece.index == self._call_index:
             item = self.items[-1]
             item["arguments"] += piece.text
-            events.append({"type": "response.function_call_arguments.delta", "item_id": item["id"],
-                           "output_index": len(self.items) - 1, "delta": piece.text})
+            events.append(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    "item_id": item["id"],
+                    "output_index": len(self.items) - 1,
+                    "delta": piece.text,
+                }
+            )
         return events
 
     def finish(self) -> list[dict]:
@@ -81,25 +92,38 @@ class OutputBuilder:
     # --- internals ---------------------------------------------------------------------------
     def _open_item(self, kind: str, **extra: Any) -> list[dict]:
         if kind == "function_call":
-            item = {"type": "function_call", "id": _id("fc"), "call_id": extra["call_id"],
-                    "name": extra["name"], "arguments": "", "status": "in_progress"}
+            item = {
+                "type": "function_call",
+                "id": _id("fc"),
+                "call_id": extra["call_id"],
+                "name": extra["name"],
+                "arguments": "",
+                "status": "in_progress",
+            }
         elif kind == "message":
-            item = {"type": "message", "id": _id("msg"), "role": "assistant",
-                    "status": "in_progress", "content": []}
+            item = {"type": "message", "id": _id("msg"), "role": "assistant", "status": "in_progress", "content": []}
         else:
-            item = {"type": "reasoning", "id": _id("rs"), "summary": [], "content": [],
-                    "status": "in_progress"}
+            item = {"type": "reasoning", "id": _id("rs"), "summary": [], "content": [], "status": "in_progress"}
         self.items.append(item)
         self._open = kind
         index = len(self.items) - 1
-        events = [{"type": "response.output_item.added", "output_index": index,
-                   "item": _copy(item)}]
+        events = [{"type": "response.output_item.added", "output_index": index, "item": _copy(item)}]
         if kind != "function_call":
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []} \
-                if kind == "message" else {"type": "reasoning_text", "text": ""}
+            part = (
+                {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                if kind == "message"
+                else {"type": "reasoning_text", "text": ""}
+            )
             item["content"].append(part)
-            events.append({"type": "response.content_part.added", "item_id": item["id"],
-                           "output_index": index, "content_index": 0, "part": dict(part)})
+            events.append(
+                {
+                    "type": "response.content_part.added",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "part": dict(part),
+                }
+            )
         return events
 
     def _close(self) -> list[dict]:
@@ -110,20 +134,38 @@ class OutputBuilder:
         item["status"] = "completed"
         events: list[dict] = []
         if kind == "function_call":
-            events.append({"type": "response.function_call_arguments.done", "item_id": item["id"],
-                           "output_index": index, "name": item["name"],
-                           "arguments": item["arguments"]})
+            events.append(
+                {
+                    "type": "response.function_call_arguments.done",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "name": item["name"],
+                    "arguments": item["arguments"],
+                }
+            )
         else:
             part = item["content"][0]
-            done = "response.output_text.done" if kind == "message" else \
-                "response.reasoning_text.done"
-            events.append({"type": done, "item_id": item["id"], "output_index": index,
-                           "content_index": 0, "text": part["text"],
-                           **({"logprobs": []} if kind == "message" else {})})
-            events.append({"type": "response.content_part.done", "item_id": item["id"],
-                           "output_index": index, "content_index": 0, "part": dict(part)})
-        events.append({"type": "response.output_item.done", "output_index": index,
-                       "item": _copy(item)})
+            done = "response.output_text.done" if kind == "message" else "response.reasoning_text.done"
+            events.append(
+                {
+                    "type": done,
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "text": part["text"],
+                    **({"logprobs": []} if kind == "message" else {}),
+                }
+            )
+            events.append(
+                {
+                    "type": "response.content_part.done",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "part": dict(part),
+                }
+            )
+        events.append({"type": "response.output_item.done", "output_index": index, "item": _copy(item)})
         return events
 
 

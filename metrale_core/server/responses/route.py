@@ -50,29 +50,48 @@ def _store(request: Request) -> ResponseStore:
     return request.app.state.responses
 
 
-def _body(req: ResponsesRequest, meta: dict, status: str, items: list[dict],
-          run: ChatRun | None) -> dict[str, Any]:
-    tools = [{"type": "function", "name": t["name"], "description": t.get("description"),
-              "parameters": t.get("parameters"), "strict": t.get("strict", True)}
-             for t in req.tools or ()]
+def _body(req: ResponsesRequest, meta: dict, status: str, items: list[dict], run: ChatRun | None) -> dict[str, Any]:
+    tools = [
+        {
+            "type": "function",
+            "name": t["name"],
+            "description": t.get("description"),
+            "parameters": t.get("parameters"),
+            "strict": t.get("strict", True),
+        }
+        for t in req.tools or ()
+    ]
     usage = None
     if run is not None and status != "in_progress":
-        usage = {"input_tokens": run.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-                 "output_tokens": run.output_tokens,
-                 "output_tokens_details": {"reasoning_tokens": 0},
-                 "total_tokens": run.prompt_tokens + run.output_tokens}
+        usage = {
+            "input_tokens": run.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": run.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": run.prompt_tokens + run.output_tokens,
+        }
     return {
-        **meta, "object": "response", "status": status, "error": None,
+        **meta,
+        "object": "response",
+        "status": status,
+        "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-        "output": items, "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "output": items,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id,
         "reasoning": {"effort": (req.reasoning or {}).get("effort"), "summary": None},
-        "store": req.store, "temperature": req.temperature, "top_p": req.top_p,
+        "store": req.store,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
         "text": req.text or {"format": {"type": "text"}},
         "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-        "tools": tools, "truncation": req.truncation or "disabled", "usage": usage,
-        "metadata": req.metadata or {}, "user": req.user,
+        "tools": tools,
+        "truncation": req.truncation or "disabled",
+        "usage": usage,
+        "metadata": req.metadata or {},
+        "user": req.user,
     }
 
 
@@ -82,8 +101,9 @@ def _status(run: ChatRun) -> str:
 
 def _remember(request: Request, req: ResponsesRequest, body: dict, conversation: list) -> None:
     if req.store:
-        _store(request).put(body["id"], StoredResponse(
-            body=body, messages=tuple(conversation + output_messages(body["output"]))))
+        _store(request).put(
+            body["id"], StoredResponse(body=body, messages=tuple(conversation + output_messages(body["output"])))
+        )
 
 
 async def _start(request: Request, req: ResponsesRequest) -> tuple[ChatRun, list, str]:
@@ -93,10 +113,14 @@ async def _start(request: Request, req: ResponsesRequest) -> tuple[ChatRun, list
     if req.previous_response_id is not None:
         stored = _store(request).get(req.previous_response_id)
         if stored is None:
-            raise APIError(404, f"previous_response_id: no stored response "
-                                f"{req.previous_response_id!r} (responses live in memory, "
-                                f"bounded by --responses-store-size)",
-                           param="previous_response_id", code="previous_response_not_found")
+            raise APIError(
+                404,
+                f"previous_response_id: no stored response "
+                f"{req.previous_response_id!r} (responses live in memory, "
+                f"bounded by --responses-store-size)",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
         history = stored.messages
     chat, conversation = to_chat(req, history)
     try:
@@ -106,17 +130,24 @@ async def _start(request: Request, req: ResponsesRequest) -> tuple[ChatRun, list
     return run, conversation, name
 
 
-@post("/v1/responses", operation_id="createResponse", tags=["openai"], status_code=200,
-      summary="Create a model response (OpenAI Responses API)",
-      operation_class=body_operation(ResponsesRequest))
+@post(
+    "/v1/responses",
+    operation_id="createResponse",
+    tags=["openai"],
+    status_code=200,
+    summary="Create a model response (OpenAI Responses API)",
+    operation_class=body_operation(ResponsesRequest),
+)
 async def create_response(request: Request) -> Response | Stream:
     req = await read_request(request, ResponsesRequest)
     run, conversation, name = await _start(request, req)
     meta = {"id": new_id("resp").replace("-", "_"), "created_at": int(time.time()), "model": name}
     if req.stream:
-        return Stream(_sse(_stream(request, req, run, conversation, meta)),
-                      media_type="text/event-stream",
-                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return Stream(
+            _sse(_stream(request, req, run, conversation, meta)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     builder = OutputBuilder()
     async for out in run.outputs():
         for p in pieces(run, out):
@@ -129,8 +160,9 @@ async def create_response(request: Request) -> Response | Stream:
     return Response(body, media_type="application/json")
 
 
-async def _stream(request: Request, req: ResponsesRequest, run: ChatRun, conversation: list,
-                  meta: dict) -> AsyncIterator[dict]:
+async def _stream(
+    request: Request, req: ResponsesRequest, run: ChatRun, conversation: list, meta: dict
+) -> AsyncIterator[dict]:
     yield {"type": "response.created", "response": _body(req, meta, "in_progress", [], run)}
     yield {"type": "response.in_progress", "response": _body(req, meta, "in_progress", [], run)}
     builder = OutputBuilder()
@@ -162,25 +194,33 @@ async def _sse(events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
         async for event in events:
             yield encode(event)
     except APIError as exc:
-        yield encode({"type": "error", "code": exc.code or exc.type, "message": exc.message,
-                      "param": exc.param})
+        yield encode({"type": "error", "code": exc.code or exc.type, "message": exc.message, "param": exc.param})
     except MetraleError as exc:
-        yield encode({"type": "error", "code": "invalid_request_error", "message": str(exc),
-                      "param": None})
+        yield encode({"type": "error", "code": "invalid_request_error", "message": str(exc), "param": None})
     except Exception as exc:
         logger.opt(exception=exc).error("responses stream failed")
-        yield encode({"type": "error", "code": "server_error", "param": None,
-                      "message": f"internal server error ({type(exc).__name__})"})
+        yield encode(
+            {
+                "type": "error",
+                "code": "server_error",
+                "param": None,
+                "message": f"internal server error ({type(exc).__name__})",
+            }
+        )
 
 
 def _not_found(response_id: str) -> APIError:
-    return APIError(404, f"no stored response with id {response_id!r}", param="response_id",
-                    code="response_not_found")
+    return APIError(404, f"no stored response with id {response_id!r}", param="response_id", code="response_not_found")
 
 
-@get("/v1/responses/{response_id:str}", operation_id="getResponse", tags=["openai"],
-     summary="Retrieve a stored response", sync_to_thread=False,
-     operation_class=documented(None, (401, 404, 500)))
+@get(
+    "/v1/responses/{response_id:str}",
+    operation_id="getResponse",
+    tags=["openai"],
+    summary="Retrieve a stored response",
+    sync_to_thread=False,
+    operation_class=documented(None, (401, 404, 500)),
+)
 def get_response(request: Request, response_id: Annotated[str, PathParameter()]) -> Response:
     stored = _store(request).get(response_id)
     if stored is None:
@@ -188,14 +228,19 @@ def get_response(request: Request, response_id: Annotated[str, PathParameter()])
     return Response(stored.body, media_type="application/json")
 
 
-@delete("/v1/responses/{response_id:str}", operation_id="deleteResponse", tags=["openai"],
-        summary="Delete a stored response", status_code=200, sync_to_thread=False,
-        operation_class=documented(None, (401, 404, 500)))
+@delete(
+    "/v1/responses/{response_id:str}",
+    operation_id="deleteResponse",
+    tags=["openai"],
+    summary="Delete a stored response",
+    status_code=200,
+    sync_to_thread=False,
+    operation_class=documented(None, (401, 404, 500)),
+)
 def delete_response(request: Request, response_id: Annotated[str, PathParameter()]) -> Response:
     if not _store(request).delete(response_id):
         raise _not_found(response_id)
-    return Response({"id": response_id, "object": "response.deleted", "deleted": True},
-                    media_type="application/json")
+    return Response({"id": response_id, "object": "response.deleted", "deleted": True}, media_type="application/json")
 
 
 #: The Responses routes (mounted under the app's API router: bearer auth, OpenAI errors).

@@ -69,8 +69,10 @@ def _content(content: Any, path: str) -> str:
             raise _bad(p, "must be a content part object")
         kind = part.get("type")
         if kind not in _TEXT_PARTS:
-            raise _bad(f"{p}.type", f"only text parts ({', '.join(_TEXT_PARTS[:2])}) are "
-                                    f"supported by this server, got {kind!r}")
+            raise _bad(
+                f"{p}.type",
+                f"only text parts ({', '.join(_TEXT_PARTS[:2])}) are supported by this server, got {kind!r}",
+            )
         texts.append(_string(part, "refusal" if kind == "refusal" else "text", p))
     return "".join(texts)
 
@@ -113,13 +115,18 @@ def input_messages(value: Any) -> list[ChatMessage]:
                 extra["reasoning_content"], reasoning = "".join(reasoning), []
             out.append(ChatMessage(role=role, content=text, **extra))
         elif kind == "function_call":
-            call = ToolCall(id=_string(item, "call_id", path), function=FunctionCall(
-                name=_string(item, "name", path), arguments=_string(item, "arguments", path)))
+            call = ToolCall(
+                id=_string(item, "call_id", path),
+                function=FunctionCall(name=_string(item, "name", path), arguments=_string(item, "arguments", path)),
+            )
             last = out[-1] if out else None
             if last is not None and last.role == "assistant" and not reasoning:
-                out[-1] = ChatMessage(role="assistant", content=last.content or None,
-                                      tool_calls=[*(last.tool_calls or ()), call],
-                                      reasoning_content=last.reasoning_content)
+                out[-1] = ChatMessage(
+                    role="assistant",
+                    content=last.content or None,
+                    tool_calls=[*(last.tool_calls or ()), call],
+                    reasoning_content=last.reasoning_content,
+                )
             else:
                 extra = {"reasoning_content": "".join(reasoning)} if reasoning else {}
                 reasoning = []
@@ -127,14 +134,16 @@ def input_messages(value: Any) -> list[ChatMessage]:
         elif kind == "function_call_output":
             output = item.get("output")
             text = output if isinstance(output, str) else _content(output, f"{path}.output")
-            out.append(ChatMessage(role="tool", content=text,
-                                   tool_call_id=_string(item, "call_id", path)))
+            out.append(ChatMessage(role="tool", content=text, tool_call_id=_string(item, "call_id", path)))
         elif kind == "reasoning":
             reasoning.append(_reasoning_text(item, path))
         else:
-            raise _bad(f"{path}.type", f"{kind!r} input items are not supported by this server "
-                                       f"(message, function_call, function_call_output and "
-                                       f"reasoning are)")
+            raise _bad(
+                f"{path}.type",
+                f"{kind!r} input items are not supported by this server "
+                f"(message, function_call, function_call_output and "
+                f"reasoning are)",
+            )
     return out
 
 
@@ -145,8 +154,10 @@ def _tools(tools: list[dict] | None) -> list[Tool] | None:
     for i, t in enumerate(tools):
         path = f"tools[{i}]"
         if t.get("type") != "function":
-            raise _bad(f"{path}.type", f"only 'function' tools can run on this server; hosted "
-                                       f"tool {t.get('type')!r} is not available")
+            raise _bad(
+                f"{path}.type",
+                f"only 'function' tools can run on this server; hosted tool {t.get('type')!r} is not available",
+            )
         unknown = set(t) - {"type", "name", "description", "parameters", "strict"}
         if unknown:
             raise _bad(f"{path}.{sorted(unknown)[0]}", "unknown field")
@@ -157,8 +168,7 @@ def _tools(tools: list[dict] | None) -> list[Tool] | None:
         description = t.get("description")
         if description is not None and not isinstance(description, str):
             raise _bad(f"{path}.description", "must be a string")
-        out.append(Tool(type="function", function=FunctionDef(
-            name=name, description=description, parameters=params)))
+        out.append(Tool(type="function", function=FunctionDef(name=name, description=description, parameters=params)))
     return out
 
 
@@ -166,13 +176,10 @@ def _tool_choice(choice: Any) -> Any:
     if choice is None or choice in ("auto", "none", "required"):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function":
-        return NamedToolChoice(type="function", function=NamedFunction(
-            name=_string(choice, "name", "tool_choice")))
+        return NamedToolChoice(type="function", function=NamedFunction(name=_string(choice, "name", "tool_choice")))
     if isinstance(choice, dict):
-        raise _bad("tool_choice.type", f"only 'function' tool choices are supported, got "
-                                       f"{choice.get('type')!r}")
-    raise _bad("tool_choice", "must be 'auto', 'none', 'required' or {\"type\": \"function\", "
-                              "\"name\": ...}")
+        raise _bad("tool_choice.type", f"only 'function' tool choices are supported, got {choice.get('type')!r}")
+    raise _bad("tool_choice", "must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}")
 
 
 def _response_format(text: dict | None) -> ResponseFormat | None:
@@ -182,8 +189,7 @@ def _response_format(text: dict | None) -> ResponseFormat | None:
     if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
         raise _bad("text.format", "must be an object with a 'type'")
     if fmt["type"] not in ("text", "json_object", "json_schema"):
-        raise _bad("text.format.type", f"must be 'text', 'json_object' or 'json_schema', got "
-                                       f"{fmt['type']!r}")
+        raise _bad("text.format.type", f"must be 'text', 'json_object' or 'json_schema', got {fmt['type']!r}")
     if fmt["type"] != "json_schema":
         return ResponseFormat(type=fmt["type"])
     schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
@@ -195,8 +201,7 @@ def _enable_thinking(reasoning: dict | None) -> dict:
         return {}
     effort = reasoning["effort"]
     if effort not in ("none", "minimal", "low", "medium", "high", "xhigh"):
-        raise _bad("reasoning.effort", f"must be none, minimal, low, medium, high or xhigh, got "
-                                       f"{effort!r}")
+        raise _bad("reasoning.effort", f"must be none, minimal, low, medium, high or xhigh, got {effort!r}")
     return {"enable_thinking": effort != "none"}
 
 
@@ -208,9 +213,11 @@ def _refused(req: ResponsesRequest) -> None:
             raise _bad(name, "not supported by this server")
     if req.top_logprobs:
         raise _bad("top_logprobs", "not supported by the Responses API of this server")
-    checks = (("max_output_tokens", req.max_output_tokens, lambda v: v >= 1, "must be >= 1"),
-              ("temperature", req.temperature, lambda v: 0.0 <= v <= 2.0, "must be between 0 and 2"),
-              ("top_p", req.top_p, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"))
+    checks = (
+        ("max_output_tokens", req.max_output_tokens, lambda v: v >= 1, "must be >= 1"),
+        ("temperature", req.temperature, lambda v: 0.0 <= v <= 2.0, "must be between 0 and 2"),
+        ("top_p", req.top_p, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
+    )
     for name, value, ok, rule in checks:
         if value is not None and not ok(value):
             raise _bad(name, f"{rule}, got {value!r}")
@@ -230,21 +237,33 @@ def to_chat(req: ResponsesRequest, history: tuple = ()) -> tuple[ChatCompletionR
     choice = _tool_choice(req.tool_choice)
     if choice not in (None, "none") and not tools:
         raise _bad("tool_choice", "needs tools")
-    if isinstance(choice, NamedToolChoice) and choice.function.name not in \
-            [t.function.name for t in tools or ()]:
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in [t.function.name for t in tools or ()]:
         raise _bad("tool_choice.name", f"{choice.function.name!r} is not one of the tools")
     chat = ChatCompletionRequest(
-        model=req.model, messages=messages, tools=tools, tool_choice=choice,
-        response_format=_response_format(req.text), max_tokens=req.max_output_tokens,
-        temperature=req.temperature, top_p=req.top_p,
-        chat_template_kwargs=_enable_thinking(req.reasoning) or None)
+        model=req.model,
+        messages=messages,
+        tools=tools,
+        tool_choice=choice,
+        response_format=_response_format(req.text),
+        max_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        chat_template_kwargs=_enable_thinking(req.reasoning) or None,
+    )
     return chat, conversation
 
 
 def output_messages(items: list[dict]) -> list[ChatMessage]:
     """A response's output items as the assistant turn(s) a follow-up continues from."""
-    return input_messages([{k: v for k, v in item.items() if k not in ("id", "status")}
-                           if item["type"] != "message" else
-                           {"role": "assistant", "content": item["content"]} for item in items]) \
-        if items else []
-
+    return (
+        input_messages(
+            [
+                {k: v for k, v in item.items() if k not in ("id", "status")}
+                if item["type"] != "message"
+                else {"role": "assistant", "content": item["content"]}
+                for item in items
+            ]
+        )
+        if items
+        else []
+    )

@@ -17,8 +17,18 @@ from __future__ import annotations
 from metrale_core import hookimpl
 from metrale_core.api import LogitProcessorSpec, PositionKind, lazy_factory
 
-__all__ = ["EXTRA_LABEL", "EXTRA_NAME", "FLAG_DEST", "METRIC_NAME", "NAME", "ORDER", "metrale_engine_flags",
-           "metrale_engine_started", "metrale_logit_processors", "metrale_metrics"]
+__all__ = [
+    "EXTRA_LABEL",
+    "EXTRA_NAME",
+    "FLAG_DEST",
+    "METRIC_NAME",
+    "NAME",
+    "ORDER",
+    "metrale_engine_flags",
+    "metrale_engine_started",
+    "metrale_logit_processors",
+    "metrale_metrics",
+]
 
 #: The processor's name in the registry (and in ``LogitPipeline.processor_names``).
 NAME = "b1-margin"
@@ -40,19 +50,30 @@ EXTRA_LABEL = "B1 count"
 @hookimpl
 def metrale_logit_processors(register) -> None:
     """Register ``b1-margin``: a read-only observer of committed (final-decode) positions."""
-    register(LogitProcessorSpec(
-        name=NAME, factory=lazy_factory("metrale_b1.b1_margin:make_observer"), order=ORDER,
-        kinds={PositionKind.FINAL_DECODE}, read_only=True,
-        description="B1 drift gauge: counts final-decode positions inside a tool parameter body "
-                    "whose top-1/top-2 logit gap is below 1.5 (--b1-observer)"))
+    register(
+        LogitProcessorSpec(
+            name=NAME,
+            factory=lazy_factory("metrale_b1.b1_margin:make_observer"),
+            order=ORDER,
+            kinds={PositionKind.FINAL_DECODE},
+            read_only=True,
+            description="B1 drift gauge: counts final-decode positions inside a tool parameter body "
+            "whose top-1/top-2 logit gap is below 1.5 (--b1-observer)",
+        )
+    )
 
 
 @hookimpl
 def metrale_engine_flags(parser) -> None:
     """``--b1-observer on|off``."""
-    parser.add_argument("--b1-observer", dest=FLAG_DEST, choices=("on", "off"), default="on",
-                        help="count low top-1/top-2 logit gaps (< 1.5) at decode positions inside "
-                             "tool-call parameter bodies; warn every 100 (default: on)")
+    parser.add_argument(
+        "--b1-observer",
+        dest=FLAG_DEST,
+        choices=("on", "off"),
+        default="on",
+        help="count low top-1/top-2 logit gaps (< 1.5) at decode positions inside "
+        "tool-call parameter bodies; warn every 100 (default: on)",
+    )
 
 
 @hookimpl
@@ -65,10 +86,14 @@ def metrale_metrics(engine):
         return None
     from prometheus_client.core import CounterMetricFamily
 
-    return [CounterMetricFamily(
-        METRIC_NAME, "Final-decode positions inside a tool parameter body with a top-1/top-2 "
-                     "logit gap below 1.5 (B1 drift gauge, b1_low_margin)",
-        value=observer.stats.b1_low_margin)]
+    return [
+        CounterMetricFamily(
+            METRIC_NAME,
+            "Final-decode positions inside a tool parameter body with a top-1/top-2 "
+            "logit gap below 1.5 (B1 drift gauge, b1_low_margin)",
+            value=observer.stats.b1_low_margin,
+        )
+    ]
 
 
 @hookimpl
@@ -81,5 +106,4 @@ def metrale_engine_started(engine) -> None:
     if observer is None:
         return
     stats = observer.stats
-    engine.snapshots.add_extras_provider(EXTRA_NAME, lambda: stats.b1_low_margin,
-                                         label=EXTRA_LABEL)
+    engine.snapshots.add_extras_provider(EXTRA_NAME, lambda: stats.b1_low_margin, label=EXTRA_LABEL)

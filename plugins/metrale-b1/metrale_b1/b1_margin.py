@@ -36,9 +36,18 @@ import torch
 from attrs import define, field
 from loguru import logger
 
-__all__ = ["B1_SUMMARY_PERIOD", "DRIFT_WARNING", "LOW_MARGIN_THRESHOLD", "B1MarginObserver",
-           "B1Stats", "in_body", "low_margin_count", "make_observer", "observer_of",
-           "record_low_margin"]
+__all__ = [
+    "B1_SUMMARY_PERIOD",
+    "DRIFT_WARNING",
+    "LOW_MARGIN_THRESHOLD",
+    "B1MarginObserver",
+    "B1Stats",
+    "in_body",
+    "low_margin_count",
+    "make_observer",
+    "observer_of",
+    "record_low_margin",
+]
 
 #: The ``LogitProcessorSpec`` name (also ``metrale_b1.NAME``).
 PROCESSOR_NAME = "b1-margin"
@@ -49,9 +58,11 @@ B1_SUMMARY_PERIOD = 100
 #: the logprob gap.
 LOW_MARGIN_THRESHOLD = 1.5
 #: The warn line, seed 000 wording (``{}`` is the running count).
-DRIFT_WARNING = ("B1 drift gauge: {} low-margin (<1.5 logprobs) decode positions observed inside "
-                 "parameter bodies. FP8 numerical noise is in the argmax-flip regime — consider "
-                 "reviewing tool-arg outputs for whitespace / digit-collapse drift.")
+DRIFT_WARNING = (
+    "B1 drift gauge: {} low-margin (<1.5 logprobs) decode positions observed inside "
+    "parameter bodies. FP8 numerical noise is in the argmax-flip regime — consider "
+    "reviewing tool-arg outputs for whitespace / digit-collapse drift."
+)
 
 
 @define
@@ -83,10 +94,12 @@ def record_low_margin(margin: float, top1: int, top2: int, stats: B1Stats) -> in
 def in_body(row: Any) -> bool:
     """True when ``row``'s stream parser is inside a parameter body that emitted characters."""
     parser = row.extras.get("stream_parser")
-    return (parser is not None
-            and bool(getattr(parser, "inside_parameter_body", False))
-            and getattr(parser, "param_body_chars_emitted", 0) > 0
-            and not getattr(parser, "in_reasoning", False))
+    return (
+        parser is not None
+        and bool(getattr(parser, "inside_parameter_body", False))
+        and getattr(parser, "param_body_chars_emitted", 0) > 0
+        and not getattr(parser, "in_reasoning", False)
+    )
 
 
 class B1MarginObserver:
@@ -112,8 +125,11 @@ class B1MarginObserver:
         selected = [j for j, row in enumerate(ctx.rows) if in_body(row)]
         if not selected:
             return None
-        rows = logits if len(selected) == logits.shape[0] else \
-            logits.index_select(0, torch.tensor(selected, device=logits.device))
+        rows = (
+            logits
+            if len(selected) == logits.shape[0]
+            else logits.index_select(0, torch.tensor(selected, device=logits.device))
+        )
         # 2026-09-25: One scan for top-1 and top-2 of every selected row, before penalties and bias.
         values, ids = self.top2(rows)
         margins = values[:, 0] - values[:, 1]

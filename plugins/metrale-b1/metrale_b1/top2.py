@@ -33,14 +33,12 @@ class Top2(CustomOp):
         return values, indices
 
     def forward_cuda(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if logits.dtype != torch.float32 or logits.ndim != 2 or logits.shape[1] < 2 \
-                or not logits.is_contiguous():
+        if logits.dtype != torch.float32 or logits.ndim != 2 or logits.shape[1] < 2 or not logits.is_contiguous():
             return self.forward_native(logits)
         rows, vocab = logits.shape
         values = torch.empty(rows, 2, dtype=torch.float32, device=logits.device)
         indices = torch.empty(rows, 2, dtype=torch.int64, device=logits.device)
         if rows:
             with torch_stream(logits.device):
-                self.kernel("top2_rows_f32")((rows,), (_THREADS,),
-                                             (ptr(logits), ptr(values), ptr(indices), i32(vocab)))
+                self.kernel("top2_rows_f32")((rows,), (_THREADS,), (ptr(logits), ptr(values), ptr(indices), i32(vocab)))
         return values, indices

@@ -34,8 +34,9 @@ class Row:
             self.extras["stream_parser"] = self.parser
 
 
-def gap_logits(num_rows: int, vocab: int = 32, *, gap: float = 1.0, top1: int = 5, top2: int = 9,
-               seed: int = 0) -> torch.Tensor:
+def gap_logits(
+    num_rows: int, vocab: int = 32, *, gap: float = 1.0, top1: int = 5, top2: int = 9, seed: int = 0
+) -> torch.Tensor:
     """Random logits in [-3, 3) with ``top1`` at 10 and ``top2`` at ``10 - gap`` in every row."""
     g = torch.Generator().manual_seed(seed)
     logits = torch.rand(num_rows, vocab, generator=g) * 6.0 - 3.0

@@ -20,27 +20,41 @@ from metrale_b1.b1_margin import B1MarginObserver, B1Stats
 from metrale_core.streamparse import make_stream_parser
 
 THINK = '<think>\nMaybe <tool_call>\n{"name": "x", "arguments": {"a": "zzz"}}\n</tool_call>\n</think>\n\n'
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
-                                     "note": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "note": {"type": "string"}},
+            },
+        },
+    }
+]
 
 #: format -> (reasoning format, text, [(value, closing delimiter)] in order of appearance)
 CASES = {
-    "hermes": ("qwen3",
-               THINK + 'Let me check.<tool_call>\n{"name": "get_weather", "arguments": '
-               '{"city": "Paris", "days": 12, "note": "say \\"hi\\" now"}}\n</tool_call>',
-               [("Paris", '"'), ("12", ","), ('say \\"hi\\" now', '"')]),
-    "qwen3_coder": ("qwen3",
-                    THINK + "Let me check.<tool_call>\n<function=get_weather>\n<parameter=city>\n"
-                    "Paris\n</parameter>\n<parameter=days>\n12\n</parameter>\n<parameter=note>\n"
-                    "two\nlines\n</parameter>\n</function>\n</tool_call>",
-                    [("Paris", "\n</parameter>"), ("12", "\n</parameter>"),
-                     ("two\nlines", "\n</parameter>")]),
-    "glm47": ("glm45",
-              THINK + "Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris"
-              "</arg_value><arg_key>days</arg_key><arg_value>12</arg_value><arg_key>note</arg_key>"
-              "<arg_value>a b</arg_value></tool_call>",
-              [("Paris", "</arg_value>"), ("12", "</arg_value>"), ("a b", "</arg_value>")]),
+    "hermes": (
+        "qwen3",
+        THINK + 'Let me check.<tool_call>\n{"name": "get_weather", "arguments": '
+        '{"city": "Paris", "days": 12, "note": "say \\"hi\\" now"}}\n</tool_call>',
+        [("Paris", '"'), ("12", ","), ('say \\"hi\\" now', '"')],
+    ),
+    "qwen3_coder": (
+        "qwen3",
+        THINK + "Let me check.<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+        "Paris\n</parameter>\n<parameter=days>\n12\n</parameter>\n<parameter=note>\n"
+        "two\nlines\n</parameter>\n</function>\n</tool_call>",
+        [("Paris", "\n</parameter>"), ("12", "\n</parameter>"), ("two\nlines", "\n</parameter>")],
+    ),
+    "glm47": (
+        "glm45",
+        THINK + "Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris"
+        "</arg_value><arg_key>days</arg_key><arg_value>12</arg_value><arg_key>note</arg_key>"
+        "<arg_value>a b</arg_value></tool_call>",
+        [("Paris", "</arg_value>"), ("12", "</arg_value>"), ("a b", "</arg_value>")],
+    ),
 }
 
 
@@ -60,7 +74,7 @@ def chunks(text: str, rng: random.Random) -> list[str]:
     out, i = [], 0
     while i < len(text):
         n = rng.randint(1, 7)
-        out.append(text[i:i + n])
+        out.append(text[i : i + n])
         i += n
     return out
 

@@ -18,13 +18,55 @@ from metrale_core.streamparse import make_stream_parser
 from metrale_core.testing.recording_model import EOS, RecordingModel, SeqScript
 
 RUNNER_UP = 0  # decodes to nothing, never answered
-PIECES = ["", "", "", "<tool_call>", "\n", '{"name": "', "get_weather", '", "arguments": {"',
-          "city", '": "', "Pa", "ris", '", "', "days", '": ', "1", "2", "}}", "\n", "</tool_call>",
-          "It", " is", " sunny", "."]
+PIECES = [
+    "",
+    "",
+    "",
+    "<tool_call>",
+    "\n",
+    '{"name": "',
+    "get_weather",
+    '", "arguments": {"',
+    "city",
+    '": "',
+    "Pa",
+    "ris",
+    '", "',
+    "days",
+    '": ',
+    "1",
+    "2",
+    "}}",
+    "\n",
+    "</tool_call>",
+    "It",
+    " is",
+    " sunny",
+    ".",
+]
 TOKEN = {p: i for i, p in enumerate(PIECES) if i >= 3}
-CALL = [TOKEN[p] for p in ["<tool_call>", "\n", '{"name": "', "get_weather", '", "arguments": {"',
-                           "city", '": "', "Pa", "ris", '", "', "days", '": ', "1", "2", "}}", "\n",
-                           "</tool_call>"]]
+CALL = [
+    TOKEN[p]
+    for p in [
+        "<tool_call>",
+        "\n",
+        '{"name": "',
+        "get_weather",
+        '", "arguments": {"',
+        "city",
+        '": "',
+        "Pa",
+        "ris",
+        '", "',
+        "days",
+        '": ',
+        "1",
+        "2",
+        "}}",
+        "\n",
+        "</tool_call>",
+    ]
+]
 PLAIN = [TOKEN[p] for p in ["It", " is", " sunny", "."]]
 #: Positions sampled inside a value with characters: after "Pa" ("ris"), after "Paris" ('", "'),
 #: after "1" ("2"), after "12" ("}}").
@@ -49,7 +91,7 @@ class FixedDrafts:
         for seq, cap in zip(seqs, max_drafts):
             n = min(self.k, cap)
             if self.correct:
-                rest = self.scripts[seq.prompt_ids[0]].output[len(seq.output_ids):]
+                rest = self.scripts[seq.prompt_ids[0]].output[len(seq.output_ids) :]
                 tokens = tuple(rest[:n])
             else:
                 tokens = (RUNNER_UP,) * n
@@ -64,15 +106,18 @@ def run(speculator_kind: str | None) -> tuple[B1Stats, dict, object]:
     scripts = [SeqScript([40, 41], CALL), SeqScript([42], PLAIN), SeqScript([43], CALL)]
     stats = B1Stats()
     model = GapModel(RecordingModel(scripts, vocab_size=64), gap=1.0, runner_up=RUNNER_UP)
-    speculator = None if speculator_kind is None else \
-        FixedDrafts(scripts, correct=speculator_kind == "accepted")
-    engine = LLMEngine(model, EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=8),
-                       tokenizer=PieceTokenizer(PIECES, EOS), registry=SpecRegistry(observer_spec(stats)),
-                       speculator=speculator)
+    speculator = None if speculator_kind is None else FixedDrafts(scripts, correct=speculator_kind == "accepted")
+    engine = LLMEngine(
+        model,
+        EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=8),
+        tokenizer=PieceTokenizer(PIECES, EOS),
+        registry=SpecRegistry(observer_spec(stats)),
+        speculator=speculator,
+    )
     parser = lambda: {"stream_parser": make_stream_parser(tool_parser="hermes")}
     engine.add_request("call", [40, 41], GREEDY, extras=parser())
-    engine.add_request("plain", [42], GREEDY, extras=parser())   # a parser, but no tool call
-    engine.add_request("no-parser", [43], GREEDY)                 # a call nobody parses
+    engine.add_request("plain", [42], GREEDY, extras=parser())  # a parser, but no tool call
+    engine.add_request("no-parser", [43], GREEDY)  # a call nobody parses
     outputs: dict[str, list] = {}
     while engine.has_unfinished():
         for out in engine.step():
@@ -116,11 +161,14 @@ def test_count_is_published_as_the_b1_count_extra_and_shown_on_the_stats_tab():
     registry = load_registry()
     scripts = [SeqScript([40, 41], CALL)]
     model = GapModel(RecordingModel(scripts, vocab_size=64), gap=1.0, runner_up=RUNNER_UP)
-    engine = LLMEngine(model, EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=8),
-                       tokenizer=PieceTokenizer(PIECES, EOS), registry=registry)
+    engine = LLMEngine(
+        model,
+        EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=8),
+        tokenizer=PieceTokenizer(PIECES, EOS),
+        registry=registry,
+    )
     before = low_margin_count(engine)
-    engine.add_request("call", [40, 41], GREEDY,
-                       extras={"stream_parser": make_stream_parser(tool_parser="hermes")})
+    engine.add_request("call", [40, 41], GREEDY, extras={"stream_parser": make_stream_parser(tool_parser="hermes")})
     while engine.has_unfinished():
         engine.step()
     snap = engine.snapshots.latest
@@ -130,9 +178,12 @@ def test_count_is_published_as_the_b1_count_extra_and_shown_on_the_stats_tab():
 
     assert f"B1 count: {before + EXPECTED}" in stats_texts(snap, RateTracker())["plugins"].plain
 
-    off = LLMEngine(model, EngineConfig(block_size=4, num_kv_blocks=64,
-                                        plugin_options={"b1_observer": "off"}),
-                    tokenizer=PieceTokenizer(PIECES, EOS), registry=registry)
+    off = LLMEngine(
+        model,
+        EngineConfig(block_size=4, num_kv_blocks=64, plugin_options={"b1_observer": "off"}),
+        tokenizer=PieceTokenizer(PIECES, EOS),
+        registry=registry,
+    )
     off.add_request("call2", [40, 41], GREEDY)
     off.step()
     assert "b1_count" not in off.snapshots.latest.extras

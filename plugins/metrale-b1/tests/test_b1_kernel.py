@@ -28,8 +28,9 @@ def test_plugin_ships_its_kernel():
 def test_top2_kernel_compiles(tmp_path):
     from metrale_core.kernels.cuda import kernel_path
 
-    ptx = compile_ptx(kernel_path("metrale_b1", "top2.cu"), tmp_path, arch="sm_90",
-                      options=("-Werror", "all-warnings")).read_text()
+    ptx = compile_ptx(
+        kernel_path("metrale_b1", "top2.cu"), tmp_path, arch="sm_90", options=("-Werror", "all-warnings")
+    ).read_text()
     assert ".target sm_90" in ptx
     assert ptx_entries(ptx) == ["top2_rows_f32"]
 
@@ -66,10 +67,10 @@ def test_kernel_matches_topk_on_the_gpu(rows, vocab):
 def test_kernel_edge_rows_on_the_gpu():
     op = Top2("cuda")
     logits = torch.full((4, 3000), float("-inf"), device="cuda")
-    logits[0, 7] = logits[0, 2000] = 5.0            # tie: the lower index first
-    logits[1, 10] = 1.0                              # one finite logit, then -inf
+    logits[0, 7] = logits[0, 2000] = 5.0  # tie: the lower index first
+    logits[1, 10] = 1.0  # one finite logit, then -inf
     logits[2, :] = float("nan")
-    logits[2, 5], logits[2, 6] = 2.0, 3.0            # NaN never ranks
+    logits[2, 5], logits[2, 6] = 2.0, 3.0  # NaN never ranks
     values, ids = op(logits)
     assert ids[0].tolist() == [7, 2000] and values[0].tolist() == [5.0, 5.0]
     assert ids[1, 0].item() == 10 and values[1, 1].item() == float("-inf")

@@ -16,9 +16,11 @@ from metrale_core.streamparse import make_stream_parser
 
 FD, VERIFY, PREFILL = PositionKind.FINAL_DECODE, PositionKind.VERIFY, PositionKind.PREFILL_LAST
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": '
-WARNING = ("B1 drift gauge: {} low-margin (<1.5 logprobs) decode positions observed inside "
-           "parameter bodies. FP8 numerical noise is in the argmax-flip regime \u2014 consider "
-           "reviewing tool-arg outputs for whitespace / digit-collapse drift.")
+WARNING = (
+    "B1 drift gauge: {} low-margin (<1.5 logprobs) decode positions observed inside "
+    "parameter bodies. FP8 numerical noise is in the argmax-flip regime \u2014 consider "
+    "reviewing tool-arg outputs for whitespace / digit-collapse drift."
+)
 
 
 def parser_after(text: str, **options):
@@ -43,8 +45,9 @@ def test_logits_are_never_written_bit_for_bit():
     logits[3, 4] = 1.0
     copy = logits.clone()
     rows = [in_body_row() for _ in range(6)]
-    pipeline = LogitPipeline([(observer_spec(stats), B1MarginObserver(stats))], DefaultSampler(),
-                             debug_observers=True)  # also raises ObserverWroteLogits on a write
+    pipeline = LogitPipeline(
+        [(observer_spec(stats), B1MarginObserver(stats))], DefaultSampler(), debug_observers=True
+    )  # also raises ObserverWroteLogits on a write
     out = pipeline.sample(logits, rows, [FD] * 6)
     assert torch.equal(logits.view(torch.int32), copy.view(torch.int32))
     assert stats.b1_low_margin == 5  # every row but the one whose runner-up is -inf
@@ -79,7 +82,9 @@ STATES = {
     "after the body closed": (lambda: Row(parser_after(CALL + '"Paris"')), False),
     "after the call": (lambda: Row(parser_after(CALL + '"Paris"}}\n</tool_call>')), False),
     "reasoning text shaped like a call": (
-        lambda: Row(parser_after(CALL + '"Par', reasoning="qwen3", starts_in_reasoning=True)), False),
+        lambda: Row(parser_after(CALL + '"Par', reasoning="qwen3", starts_in_reasoning=True)),
+        False,
+    ),
     "tool parsing off": (lambda: Row(parser_after(CALL + '"Par', tool_parser="none")), False),
 }
 
@@ -92,8 +97,10 @@ def test_counted_only_inside_a_body_that_emitted_characters(name):
     assert stats.b1_low_margin == int(counted)
 
 
-@pytest.mark.parametrize("gap, counted", [(0.0, True), (1.0, True), (1.499, True), (1.5, False),
-                                          (2.0, False), (math.inf, False), (math.nan, False)])
+@pytest.mark.parametrize(
+    "gap, counted",
+    [(0.0, True), (1.0, True), (1.499, True), (1.5, False), (2.0, False), (math.inf, False), (math.nan, False)],
+)
 def test_threshold_is_a_strict_gap_below_one_and_a_half(gap, counted):
     stats = B1Stats()
     logits = gap_logits(1, gap=1.0)
@@ -116,11 +123,13 @@ def test_sits_after_masks_and_before_penalties_and_bias():
         x[:, 9] -= 5.0
 
     row = in_body_row()
-    row.params = SamplingParams(temperature=0.0, max_tokens=8, repetition_penalty=2.0,
-                                logit_bias={11: 3.0})
+    row.params = SamplingParams(temperature=0.0, max_tokens=8, repetition_penalty=2.0, logit_bias={11: 3.0})
     row.output_ids = [9]
-    pipeline = pipeline_of(stats, (LogitProcessorSpec("mask", lambda c: mask, order=100), mask),
-                           (LogitProcessorSpec("pen", lambda c: penalise, order=200), penalise))
+    pipeline = pipeline_of(
+        stats,
+        (LogitProcessorSpec("mask", lambda c: mask, order=100), mask),
+        (LogitProcessorSpec("pen", lambda c: penalise, order=200), penalise),
+    )
     assert pipeline.processor_names == ("mask", "b1-margin", "pen")
     with captured_lines() as lines:
         out = pipeline.sample(logits, [row], [FD])

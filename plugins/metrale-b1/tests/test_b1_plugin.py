@@ -29,8 +29,9 @@ def test_registered_as_a_final_decode_observer_between_masks_and_penalties(regis
     assert info.components.get("logit_processors") == ["b1-margin"]
 
 
-@pytest.mark.parametrize("argv, enabled", [([], True), (["--b1-observer", "on"], True),
-                                           (["--b1-observer", "off"], False)])
+@pytest.mark.parametrize(
+    "argv, enabled", [([], True), (["--b1-observer", "on"], True), (["--b1-observer", "off"], False)]
+)
 def test_flag_turns_the_observer_off(registry, argv, enabled):
     parser = argparse.ArgumentParser()
     registry.add_engine_flags(parser)

@@ -28,6 +28,7 @@ from metrale_fp8.scale_source import Calibration, fp8_kv_scale_source, log_fp8_k
 
 __all__ = ["build_codec", "describe_sources", "kv_layer_ids"]
 
+
 def kv_layer_ids(model: Any, num_layers: int) -> list[int]:
     """Checkpoint layer index of each KV layer."""
     ids = getattr(model, "kv_layer_ids", None)
@@ -45,8 +46,7 @@ def describe_sources(sources: list[str]) -> str:
     start = 0
     for i in range(1, len(sources) + 1):
         if i == len(sources) or sources[i] != sources[start]:
-            runs.setdefault(sources[start], []).append(
-                str(start) if i - 1 == start else f"{start}-{i - 1}")
+            runs.setdefault(sources[start], []).append(str(start) if i - 1 == start else f"{start}-{i - 1}")
             start = i
     return "; ".join(f"{src}: {', '.join(spans)}" for src, spans in runs.items()) or "none"
 
@@ -76,7 +76,14 @@ def build_codec(request: Any) -> Fp8KVCodec | None:
         v_scales.append(v)
         sources.append(src)
     logger.info("FP8 KV scale source per layer: {}", describe_sources(sources))
-    codec = Fp8KVCodec(layout.num_kv_heads, k_scales, v_scales, sources,
-                       calibration_tokens=options.calibration_tokens, headroom=options.headroom,
-                       device=request.device, source=source)
+    codec = Fp8KVCodec(
+        layout.num_kv_heads,
+        k_scales,
+        v_scales,
+        sources,
+        calibration_tokens=options.calibration_tokens,
+        headroom=options.headroom,
+        device=request.device,
+        source=source,
+    )
     return codec

@@ -55,8 +55,7 @@ class LayerCalibration:
         self.v_amax = v_max if self.v_amax is None else torch.maximum(self.v_amax, v_max)
         self.observed += int(k.shape[0])
 
-    def hold(self, num_slots: int, slot_mapping: torch.Tensor, k: torch.Tensor,
-             v: torch.Tensor) -> None:
+    def hold(self, num_slots: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Keep rows ``k``/``v`` ``[T, Hk, d]`` for ``slot_mapping`` ``[T]`` at model precision."""
         if self._lookup is None:
             self._lookup = torch.full((num_slots,), -1, dtype=torch.int64, device=k.device)
@@ -95,8 +94,7 @@ class LayerCalibration:
         assert self.staged_slots is not None, "live() of a calibration that holds no rows"
         return self.staged_slots >= 0
 
-    def overlay(self, block_ids: torch.Tensor, block_size: int, k: torch.Tensor,
-                v: torch.Tensor) -> None:
+    def overlay(self, block_ids: torch.Tensor, block_size: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Put the held rows into gathered ``k``/``v`` ``[..., nb * bs, Hk, d]`` of ``block_ids``."""
         if self._lookup is None:
             return

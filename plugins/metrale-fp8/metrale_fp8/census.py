@@ -23,8 +23,7 @@ from attrs import frozen
 
 from metrale_core.api import WeightsError
 
-__all__ = ["SPELLINGS", "KvScaleCensus", "LayerKvScales", "kv_scale_census", "load_kv_scales",
-           "resolve_kv_scale_names"]
+__all__ = ["SPELLINGS", "KvScaleCensus", "LayerKvScales", "kv_scale_census", "load_kv_scales", "resolve_kv_scale_names"]
 
 #: (spelling as reported, K suffix, V suffix), relative to the attention module.
 SPELLINGS: tuple[tuple[str, str, str], ...] = (
@@ -82,15 +81,17 @@ def _layer_bases(store: Any) -> list[str]:
 def _load_scale(store: Any, name: str, num_kv_heads: int | None) -> torch.Tensor:
     value = store.get(name, dtype=torch.float32).reshape(-1)
     if value.numel() != 1 and (num_kv_heads is None or value.numel() != num_kv_heads):
-        raise WeightsError(f"KV scale {name!r} has {value.numel()} elements; expected 1 or one per "
-                           f"KV head ({num_kv_heads})")
+        raise WeightsError(
+            f"KV scale {name!r} has {value.numel()} elements; expected 1 or one per KV head ({num_kv_heads})"
+        )
     if not bool(torch.isfinite(value).all()) or not bool((value > 0).all()):
         raise WeightsError(f"KV scale {name!r} must be finite and > 0, got {value.tolist()}")
     return value
 
 
-def load_kv_scales(store: Any, layer: int, *, num_kv_heads: int | None = None,
-                   bases: list[str] | None = None) -> LayerKvScales | None:
+def load_kv_scales(
+    store: Any, layer: int, *, num_kv_heads: int | None = None, bases: list[str] | None = None
+) -> LayerKvScales | None:
     """Layer ``layer``'s checkpoint K/V scales, or None when the checkpoint ships none for it."""
     for base in bases if bases is not None else _layer_bases(store):
         resolved = resolve_kv_scale_names(store, f"{base}{layer}.")

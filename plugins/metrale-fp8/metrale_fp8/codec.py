@@ -42,11 +42,19 @@ class Fp8KVCodec:
     plain = False
     storage_dtype = FP8_DTYPE
 
-    def __init__(self, num_kv_heads: int, k_scales: Sequence[torch.Tensor],
-                 v_scales: Sequence[torch.Tensor], sources: Sequence[str], *,
-                 calibration_tokens: int = 0, headroom: float = 2.0,
-                 device: torch.device | str = "cpu", ops: Fp8Ops | None = None,
-                 source: object = None) -> None:
+    def __init__(
+        self,
+        num_kv_heads: int,
+        k_scales: Sequence[torch.Tensor],
+        v_scales: Sequence[torch.Tensor],
+        sources: Sequence[str],
+        *,
+        calibration_tokens: int = 0,
+        headroom: float = 2.0,
+        device: torch.device | str = "cpu",
+        ops: Fp8Ops | None = None,
+        source: object = None,
+    ) -> None:
         #: The start-up classification (``scale_source.Calibration`` / ``Checkpoint`` / ...).
         self.source = source
         self.device = torch.device(device)
@@ -57,8 +65,8 @@ class Fp8KVCodec:
         self.headroom = headroom
         self.calibration_tokens = calibration_tokens
         self.calibrations: list[LayerCalibration | None] = [
-            LayerCalibration(calibration_tokens) if calibration_tokens > 0 else None
-            for _ in self.sources]
+            LayerCalibration(calibration_tokens) if calibration_tokens > 0 else None for _ in self.sources
+        ]
         #: Tokens each layer observed before its freeze (for metrics); None while open / unused.
         self.frozen_after: list[int | None] = [None] * len(self.sources)
         self.ops = ops if ops is not None else Fp8Ops(self.device)
@@ -88,16 +96,18 @@ class Fp8KVCodec:
             self._observing = previous
 
     # --- the codec contract ------------------------------------------------------------------
-    def write(self, cache: PagedKVCache, layer: int, slot_mapping: torch.Tensor,
-              k: torch.Tensor, v: torch.Tensor, kernel=None) -> None:
+    def write(
+        self, cache: PagedKVCache, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel=None
+    ) -> None:
         for other in self._sharing(cache, layer):
             open_window = self.calibrations[other]
             if open_window is not None:
                 open_window.forget(slot_mapping)
         calibration = self.calibrations[layer]
         if calibration is None:
-            self.ops.write(k, v, cache.k[layer], cache.v[layer], slot_mapping,
-                           self.k_scales[layer], self.v_scales[layer])
+            self.ops.write(
+                k, v, cache.k[layer], cache.v[layer], slot_mapping, self.k_scales[layer], self.v_scales[layer]
+            )
             return
         calibration.hold(cache.num_blocks * cache.block_size, slot_mapping, k, v)
         if self._observing:
@@ -105,8 +115,9 @@ class Fp8KVCodec:
             if calibration.ready:
                 self._freeze(cache, layer, calibration)
 
-    def gather(self, cache: PagedKVCache, layer: int, block_ids: torch.Tensor,
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(
+        self, cache: PagedKVCache, layer: int, block_ids: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         k = dequantize(gather_blocks(cache.k[layer], block_ids, FP8_DTYPE), self.k_scales[layer], dtype)
         v = dequantize(gather_blocks(cache.v[layer], block_ids, FP8_DTYPE), self.v_scales[layer], dtype)
         calibration = self.calibrations[layer]
@@ -114,21 +125,39 @@ class Fp8KVCodec:
             calibration.overlay(block_ids, cache.block_size, k, v)
         return k, v
 
-    def decode_attention(self, cache: PagedKVCache, layer: int, q: torch.Tensor,
-                         block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                         max_context: int) -> torch.Tensor | None:
+    def decode_attention(
+        self,
+        cache: PagedKVCache,
+        layer: int,
+        q: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+        max_context: int,
+    ) -> torch.Tensor | None:
         if not self.ops.fused or self.calibrations[layer] is not None:
             return None
-        return self.ops.decode(q, cache.k[layer], cache.v[layer], self.k_scales[layer],
-                               self.v_scales[layer], block_tables, context_lens, scale, max_context)
+        return self.ops.decode(
+            q,
+            cache.k[layer],
+            cache.v[layer],
+            self.k_scales[layer],
+            self.v_scales[layer],
+            block_tables,
+            context_lens,
+            scale,
+            max_context,
+        )
 
     def _sharing(self, cache: PagedKVCache, layer: int) -> tuple[int, ...]:
         """The other layers whose storage is ``layer``'s (KV groups of a windowed model share
         pool tensors; none otherwise), computed once per cache."""
         if self._shared_for is not cache:
             self._shared_for = cache
-            self._shared = [tuple(j for j in range(len(cache.k)) if j != i and cache.k[j] is cache.k[i])
-                            for i in range(len(cache.k))]
+            self._shared = [
+                tuple(j for j in range(len(cache.k)) if j != i and cache.k[j] is cache.k[i])
+                for i in range(len(cache.k))
+            ]
         return self._shared[layer]
 
     # --- calibration -------------------------------------------------------------------------
@@ -142,18 +171,38 @@ class Fp8KVCodec:
         if calibration.staged_slots is not None and calibration.staged_slots.numel():
             assert calibration.staged_k is not None and calibration.staged_v is not None  # staged together
             live = calibration.live()
-            self.ops.write(calibration.staged_k[live], calibration.staged_v[live], cache.k[layer],
-                           cache.v[layer], calibration.staged_slots[live], self.k_scales[layer],
-                           self.v_scales[layer])
-        logger.info("FP8 KV scales frozen after {} tokens (requested {}) on layer {}: "
-                    "k_scale {:.6g} (amax {:.6g}), v_scale {:.6g} (amax {:.6g})",
-                    calibration.observed, calibration.window, layer, k_scale, k_amax,
-                    v_scale, v_amax)
+            self.ops.write(
+                calibration.staged_k[live],
+                calibration.staged_v[live],
+                cache.k[layer],
+                cache.v[layer],
+                calibration.staged_slots[live],
+                self.k_scales[layer],
+                self.v_scales[layer],
+            )
+        logger.info(
+            "FP8 KV scales frozen after {} tokens (requested {}) on layer {}: "
+            "k_scale {:.6g} (amax {:.6g}), v_scale {:.6g} (amax {:.6g})",
+            calibration.observed,
+            calibration.window,
+            layer,
+            k_scale,
+            k_amax,
+            v_scale,
+            v_amax,
+        )
 
     # --- read-outs ---------------------------------------------------------------------------
     def layer_report(self) -> list[dict]:
         """Per layer: source, frozen flag and the current K/V scales (max over heads)."""
-        return [{"layer": i, "source": src, "frozen": self.calibrations[i] is None,
-                 "k_scale": float(self.k_scales[i].max()), "v_scale": float(self.v_scales[i].max()),
-                 "frozen_after": self.frozen_after[i]}
-                for i, src in enumerate(self.sources)]
+        return [
+            {
+                "layer": i,
+                "source": src,
+                "frozen": self.calibrations[i] is None,
+                "k_scale": float(self.k_scales[i].max()),
+                "v_scale": float(self.v_scales[i].max()),
+                "frozen_after": self.frozen_after[i],
+            }
+            for i, src in enumerate(self.sources)
+        ]

@@ -37,13 +37,14 @@ def scale_source_summary(codec: Any) -> str:
     if counts["calibration"]:
         still_open = codec.num_open_windows
         state = "frozen" if still_open == 0 else f"{still_open} open"
-        return (f"calibration ({codec.calibration_tokens} tok, {state}) "
-                f"on {counts['calibration']}/{total} layers")
+        return f"calibration ({codec.calibration_tokens} tok, {state}) on {counts['calibration']}/{total} layers"
     if counts["checkpoint"] == total:
         return f"checkpoint on {total}/{total} layers"
     if counts["checkpoint"]:
-        return (f"partial: checkpoint on {counts['checkpoint']}/{total} layers, "
-                f"1.0 on {total - counts['checkpoint']} ({describe_sources(sources)})")
+        return (
+            f"partial: checkpoint on {counts['checkpoint']}/{total} layers, "
+            f"1.0 on {total - counts['checkpoint']} ({describe_sources(sources)})"
+        )
     return f"unscaled: 1.0 on {total}/{total} layers"
 
 
@@ -53,6 +54,5 @@ def attach(engine: Any) -> bool:
     codec = fp8_codec_of(engine)
     if codec is None:
         return False
-    engine.snapshots.add_extras_provider(EXTRA_NAME, lambda: scale_source_summary(codec),
-                                         label=EXTRA_LABEL)
+    engine.snapshots.add_extras_provider(EXTRA_NAME, lambda: scale_source_summary(codec), label=EXTRA_LABEL)
     return True

@@ -30,20 +30,26 @@ def metric_families(engine: Any) -> list:
         return []
     from prometheus_client.core import GaugeMetricFamily
 
-    scale = GaugeMetricFamily("metrale:fp8_kv_scale",
-                              "FP8 KV dequant scale per attention layer and tensor, by source",
-                              labels=["layer", "tensor", "source"])
+    scale = GaugeMetricFamily(
+        "metrale:fp8_kv_scale",
+        "FP8 KV dequant scale per attention layer and tensor, by source",
+        labels=["layer", "tensor", "source"],
+    )
     counts: dict[str, int] = {"checkpoint": 0, "calibration": 0, "unit": 0}
     for row in codec.layer_report():
         counts[row["source"]] = counts.get(row["source"], 0) + 1
         scale.add_metric([str(row["layer"]), "k", row["source"]], row["k_scale"])
         scale.add_metric([str(row["layer"]), "v", row["source"]], row["v_scale"])
-    layers = GaugeMetricFamily("metrale:fp8_kv_scale_source_layers",
-                               "Attention layers whose FP8 KV scales come from each source",
-                               labels=["source"])
+    layers = GaugeMetricFamily(
+        "metrale:fp8_kv_scale_source_layers",
+        "Attention layers whose FP8 KV scales come from each source",
+        labels=["source"],
+    )
     for source, count in counts.items():
         layers.add_metric([source], count)
-    open_windows = GaugeMetricFamily("metrale:fp8_kv_calibration_open_layers",
-                                     "Layers still calibrating (window not yet frozen)",
-                                     value=codec.num_open_windows)
+    open_windows = GaugeMetricFamily(
+        "metrale:fp8_kv_calibration_open_layers",
+        "Layers still calibrating (window not yet frozen)",
+        value=codec.num_open_windows,
+    )
     return [scale, layers, open_windows]

@@ -22,8 +22,7 @@ __all__ = ["Fp8KVCacheWrite", "Fp8Ops", "Fp8PagedAttentionDecode", "store_codes"
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
-def store_codes(cache: torch.Tensor, slot_mapping: torch.Tensor, x: torch.Tensor,
-                scale: torch.Tensor) -> None:
+def store_codes(cache: torch.Tensor, slot_mapping: torch.Tensor, x: torch.Tensor, scale: torch.Tensor) -> None:
     """Quantize ``x`` ``[T, Hk, d]`` with ``scale`` into ``cache`` at flat slots ``[T]``."""
     flat = cache.view(torch.uint8).view(-1, *cache.shape[2:])
     flat.index_copy_(0, slot_mapping, quantize(x, scale).view(torch.uint8))
@@ -58,10 +57,24 @@ class Fp8KVCacheWrite(CustomOp):
         if num_tokens:
             with torch_stream(k.device):
                 self.kernel(f"fp8_kv_write_{_SUFFIX[k.dtype]}")(
-                    (num_tokens,), (128,),
-                    (ptr(k), ptr(v), ptr(k_cache), ptr(v_cache), ptr(slot_mapping), ptr(k_scale),
-                     ptr(v_scale), i32(num_tokens), i32(hk), i32(dk), i32(dv), i64(k.stride(0)),
-                     i64(v.stride(0))))
+                    (num_tokens,),
+                    (128,),
+                    (
+                        ptr(k),
+                        ptr(v),
+                        ptr(k_cache),
+                        ptr(v_cache),
+                        ptr(slot_mapping),
+                        ptr(k_scale),
+                        ptr(v_scale),
+                        i32(num_tokens),
+                        i32(hk),
+                        i32(dk),
+                        i32(dv),
+                        i64(k.stride(0)),
+                        i64(v.stride(0)),
+                    ),
+                )
         return None
 
 
@@ -71,8 +84,9 @@ class Fp8PagedAttentionDecode(CustomOp):
     kernel_package = "metrale_fp8"
     kernel_file = "fp8_paged_attention_decode.cu"
 
-    def forward_native(self, q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens,
-                       scale: float, max_context: int) -> torch.Tensor:
+    def forward_native(
+        self, q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale: float, max_context: int
+    ) -> torch.Tensor:
         bsz, hq, d = q.shape
         hk = k_cache.shape[2]
         num_blocks = -(-max_context // k_cache.shape[1])
@@ -84,8 +98,9 @@ class Fp8PagedAttentionDecode(CustomOp):
         probs = torch.softmax(scores.masked_fill(pad[:, None, None, :], float("-inf")), dim=-1)
         return torch.einsum("bhgl,blhd->bhgd", probs, v).reshape(bsz, hq, d).to(q.dtype)
 
-    def forward_cuda(self, q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens,
-                     scale: float, max_context: int) -> torch.Tensor:
+    def forward_cuda(
+        self, q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale: float, max_context: int
+    ) -> torch.Tensor:
         bsz, hq, d = q.shape
         hk = k_cache.shape[2]
         args = (q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale, max_context)
@@ -99,10 +114,25 @@ class Fp8PagedAttentionDecode(CustomOp):
         out = torch.empty_like(q)
         with torch_stream(q.device):
             self.kernel(f"fp8_paged_attention_decode_{_SUFFIX[q.dtype]}")(
-                (hq, bsz), (128,),
-                (ptr(out), ptr(q), ptr(k_cache), ptr(v_cache), ptr(k_scale), ptr(v_scale),
-                 ptr(block_tables), ptr(context_lens), f32(scale), i32(hq), i32(hk), i32(d),
-                 i32(k_cache.shape[1]), i32(block_tables.shape[1])))
+                (hq, bsz),
+                (128,),
+                (
+                    ptr(out),
+                    ptr(q),
+                    ptr(k_cache),
+                    ptr(v_cache),
+                    ptr(k_scale),
+                    ptr(v_scale),
+                    ptr(block_tables),
+                    ptr(context_lens),
+                    f32(scale),
+                    i32(hq),
+                    i32(hk),
+                    i32(d),
+                    i32(k_cache.shape[1]),
+                    i32(block_tables.shape[1]),
+                ),
+            )
         return out
 
 

@@ -26,9 +26,17 @@ from loguru import logger
 
 from metrale_core.api import ConfigError
 
-__all__ = ["CALIBRATION_DEST", "DEFAULT_HEADROOM", "HEADROOM_DEST", "MAX_CALIBRATION_TOKENS",
-           "Fp8Options", "add_flags", "model_toml_path", "refuse_without_fp8",
-           "resolve_fp8_options"]
+__all__ = [
+    "CALIBRATION_DEST",
+    "DEFAULT_HEADROOM",
+    "HEADROOM_DEST",
+    "MAX_CALIBRATION_TOKENS",
+    "Fp8Options",
+    "add_flags",
+    "model_toml_path",
+    "refuse_without_fp8",
+    "resolve_fp8_options",
+]
 
 CALIBRATION_DEST = "fp8_kv_calibration_tokens"
 HEADROOM_DEST = "fp8_kv_headroom"
@@ -71,15 +79,24 @@ def _headroom(text: str) -> float:
 def add_flags(parser: Any) -> None:
     """Add ``--fp8-kv-calibration-tokens`` and ``--fp8-kv-headroom`` to the engine flag group."""
     parser.add_argument(
-        "--fp8-kv-calibration-tokens", dest=CALIBRATION_DEST, type=_non_negative_int,
-        default=None, metavar="N",
+        "--fp8-kv-calibration-tokens",
+        dest=CALIBRATION_DEST,
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
         help="with --kv-cache-dtype fp8: calibrate per-layer K/V scales on the first N observed "
-             f"tokens, then freeze (0 = off, 1 = first observation, max {MAX_CALIBRATION_TOKENS}; "
-             "default: MODEL.toml [behavior].fp8_kv_calibration_tokens beside the checkpoint, "
-             "else 0)")
+        f"tokens, then freeze (0 = off, 1 = first observation, max {MAX_CALIBRATION_TOKENS}; "
+        "default: MODEL.toml [behavior].fp8_kv_calibration_tokens beside the checkpoint, "
+        "else 0)",
+    )
     parser.add_argument(
-        "--fp8-kv-headroom", dest=HEADROOM_DEST, type=_headroom, default=DEFAULT_HEADROOM,
-        metavar="X", help="calibrated scale = amax * X / 448 (>= 1.0; default: 2.0)")
+        "--fp8-kv-headroom",
+        dest=HEADROOM_DEST,
+        type=_headroom,
+        default=DEFAULT_HEADROOM,
+        metavar="X",
+        help="calibrated scale = amax * X / 448 (>= 1.0; default: 2.0)",
+    )
 
 
 def model_toml_path(model_path: Path | None) -> Path | None:
@@ -103,8 +120,7 @@ def _model_toml_tokens(model_path: Path | None) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{path}: [behavior].{CALIBRATION_DEST} must be an integer >= 0, "
-                          f"got {value!r}")
+        raise ConfigError(f"{path}: [behavior].{CALIBRATION_DEST} must be an integer >= 0, got {value!r}")
     return value
 
 
@@ -114,7 +130,8 @@ def refuse_without_fp8(options: Mapping[str, Any], kv_cache_dtype: str | None) -
     if tokens:
         raise ConfigError(
             f"--fp8-kv-calibration-tokens {tokens} needs --kv-cache-dtype fp8 (the KV cache is "
-            f"{kv_cache_dtype or 'the model dtype'}); pass --kv-cache-dtype fp8 or drop the flag")
+            f"{kv_cache_dtype or 'the model dtype'}); pass --kv-cache-dtype fp8 or drop the flag"
+        )
 
 
 def resolve_fp8_options(options: Mapping[str, Any], model_path: Path | None) -> Fp8Options:
@@ -125,13 +142,15 @@ def resolve_fp8_options(options: Mapping[str, Any], model_path: Path | None) -> 
     from_toml = _model_toml_tokens(model_path) if flag is None else None
     tokens = flag if flag is not None else (from_toml or 0)
     if tokens > MAX_CALIBRATION_TOKENS:
-        logger.warning("--fp8-kv-calibration-tokens {} clamped to {}", tokens,
-                       MAX_CALIBRATION_TOKENS)
+        logger.warning("--fp8-kv-calibration-tokens {} clamped to {}", tokens, MAX_CALIBRATION_TOKENS)
         tokens = MAX_CALIBRATION_TOKENS
     headroom = options.get(HEADROOM_DEST)
     headroom = DEFAULT_HEADROOM if headroom is None else headroom
-    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) \
-            or not math.isfinite(headroom) or headroom < 1.0:
+    if (
+        isinstance(headroom, bool)
+        or not isinstance(headroom, (int, float))
+        or not math.isfinite(headroom)
+        or headroom < 1.0
+    ):
         raise ConfigError(f"--fp8-kv-headroom must be a finite number >= 1.0, got {headroom!r}")
-    return Fp8Options(calibration_tokens=tokens, auto_enabled=flag is None and tokens > 0,
-                      headroom=float(headroom))
+    return Fp8Options(calibration_tokens=tokens, auto_enabled=flag is None and tokens > 0, headroom=float(headroom))

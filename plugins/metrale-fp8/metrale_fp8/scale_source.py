@@ -19,8 +19,16 @@ from loguru import logger
 
 from metrale_fp8.census import KvScaleCensus
 
-__all__ = ["Calibration", "Checkpoint", "Fp8KvScaleSource", "Partial", "Unscaled",
-           "fp8_kv_scale_source", "fp8_kv_scale_source_message", "log_fp8_kv_scale_source"]
+__all__ = [
+    "Calibration",
+    "Checkpoint",
+    "Fp8KvScaleSource",
+    "Partial",
+    "Unscaled",
+    "fp8_kv_scale_source",
+    "fp8_kv_scale_source_message",
+    "log_fp8_kv_scale_source",
+]
 
 
 @frozen
@@ -58,8 +66,7 @@ class Unscaled:
 Fp8KvScaleSource = Calibration | Checkpoint | Partial | Unscaled
 
 
-def fp8_kv_scale_source(calibration_tokens: int, checkpoint_layers: int,
-                        attention_layers: int) -> Fp8KvScaleSource:
+def fp8_kv_scale_source(calibration_tokens: int, checkpoint_layers: int, attention_layers: int) -> Fp8KvScaleSource:
     """Classify the scale source.  ``checkpoint_layers`` may exceed ``attention_layers`` when a
     head outside the count (an MTP layer) ships scales too; that is still every counted layer."""
     if calibration_tokens > 0:
@@ -71,8 +78,7 @@ def fp8_kv_scale_source(calibration_tokens: int, checkpoint_layers: int,
     return Partial(from_checkpoint=checkpoint_layers, attention_layers=attention_layers)
 
 
-def fp8_kv_scale_source_message(source: Fp8KvScaleSource, census: KvScaleCensus,
-                                auto_enabled: bool) -> tuple[str, str]:
+def fp8_kv_scale_source_message(source: Fp8KvScaleSource, census: KvScaleCensus, auto_enabled: bool) -> tuple[str, str]:
     """``(level, message)`` of the start-up line for ``source``; ``auto_enabled`` marks a
     calibration window taken from MODEL.toml rather than the flag."""
     spellings = ", ".join(census.spellings())
@@ -82,34 +88,38 @@ def fp8_kv_scale_source_message(source: Fp8KvScaleSource, census: KvScaleCensus,
             return "INFO", (
                 "FP8 KV scales: online calibration on every layer (checkpoint ships no k/v "
                 f"scales): accumulating per-tensor K/V amax over the first {tokens} observed "
-                "tokens (across requests, readiness probe included) before freezing." + suffix)
+                "tokens (across requests, readiness probe included) before freezing." + suffix
+            )
         case Calibration(tokens=tokens, shadowed=shadowed):
             return "INFO", (
                 f"FP8 KV scales: online calibration over {tokens} tokens on every layer; the "
                 f"{shadowed} per-layer checkpoint scales ({spellings}) are loaded but NOT used. "
-                "Pass --fp8-kv-calibration-tokens 0 to use them.")
+                "Pass --fp8-kv-calibration-tokens 0 to use them."
+            )
         case Checkpoint(layers=layers):
             return "INFO", (
                 f"FP8 KV scales: from the checkpoint on all {layers} attention layers "
-                f"({spellings}); no calibration needed.")
+                f"({spellings}); no calibration needed."
+            )
         case Partial(from_checkpoint=from_checkpoint, attention_layers=attention_layers):
             return "WARNING", (
                 f"FP8 KV scales: PARTIAL — the checkpoint ships scales ({spellings}) for only "
                 f"{from_checkpoint} of {attention_layers} attention layers; the other "
                 f"{attention_layers - from_checkpoint} run at 1.0, which wastes E4M3 range on "
                 "small K/V and clips any |x| > 448. Enable --fp8-kv-calibration-tokens 256, or "
-                "use --kv-cache-dtype bf16/nvfp4.")
+                "use --kv-cache-dtype bf16/nvfp4."
+            )
         case Unscaled(attention_layers=attention_layers):
             return "WARNING", (
                 f"FP8 KV scales: 1.0 on all {attention_layers} attention layers — the checkpoint "
                 "ships NO k/v scales and calibration is off. 1.0 wastes E4M3 range on small K/V "
                 "and clips any |x| > 448. Enable --fp8-kv-calibration-tokens 256 for online "
-                "calibration, or use --kv-cache-dtype nvfp4/bf16.")
+                "calibration, or use --kv-cache-dtype nvfp4/bf16."
+            )
     raise TypeError(f"not an FP8 KV scale source: {source!r}")
 
 
-def log_fp8_kv_scale_source(source: Fp8KvScaleSource, census: KvScaleCensus,
-                            auto_enabled: bool) -> None:
+def log_fp8_kv_scale_source(source: Fp8KvScaleSource, census: KvScaleCensus, auto_enabled: bool) -> None:
     """Log the start-up line (info, or warn for Partial / Unscaled)."""
     level, message = fp8_kv_scale_source_message(source, census, auto_enabled)
     logger.log(level, message)

@@ -21,8 +21,7 @@ if _HERE not in sys.path:
 def log_lines():
     """Every loguru record at INFO and above, as ``(level, message)``."""
     records: list[tuple[str, str]] = []
-    handle = logger.add(lambda m: records.append((m.record["level"].name, m.record["message"])),
-                        level="INFO")
+    handle = logger.add(lambda m: records.append((m.record["level"].name, m.record["message"])), level="INFO")
     yield records
     logger.remove(handle)
 

@@ -14,11 +14,24 @@ import torch
 from safetensors.torch import save_file
 
 #: A tiny llama: 2 layers, 4 query heads over 2 KV heads of 8 dims.
-TINY = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=64, hidden_size=32,
-            intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0,
-            max_position_embeddings=256, tie_word_embeddings=True, hidden_act="silu",
-            bos_token_id=1, eos_token_id=2)
+TINY = dict(
+    model_type="llama",
+    architectures=["LlamaForCausalLM"],
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def tiny_weights(config: dict = TINY, seed: int = 0, k_gain: float = 1.0) -> dict[str, torch.Tensor]:
@@ -47,9 +60,15 @@ def tiny_weights(config: dict = TINY, seed: int = 0, k_gain: float = 1.0) -> dic
     return tensors
 
 
-def write_checkpoint(directory: Path, extra: dict[str, torch.Tensor] | None = None, *,
-                     config: dict = TINY, seed: int = 0, model_toml: str | None = None,
-                     k_gain: float = 1.0) -> Path:
+def write_checkpoint(
+    directory: Path,
+    extra: dict[str, torch.Tensor] | None = None,
+    *,
+    config: dict = TINY,
+    seed: int = 0,
+    model_toml: str | None = None,
+    k_gain: float = 1.0,
+) -> Path:
     """A HF checkpoint dir: config.json + model.safetensors (+ ``extra`` tensors, + MODEL.toml)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config))

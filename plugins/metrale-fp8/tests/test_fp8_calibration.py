@@ -11,8 +11,8 @@ from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.sampling.params import SamplingParams
 from metrale_fp8.e4m3 import FP8_DTYPE, quantize, scale_from_amax
 
-PROMPT_A = [5, 9, 11, 3, 7]           # 5 prefill rows, then 2 decode rows (max_tokens=3)
-PROMPT_B = [20, 21, 22, 23, 24, 25]   # 6 prefill rows
+PROMPT_A = [5, 9, 11, 3, 7]  # 5 prefill rows, then 2 decode rows (max_tokens=3)
+PROMPT_B = [20, 21, 22, 23, 24, 25]  # 6 prefill rows
 GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 
 
@@ -23,8 +23,7 @@ def checkpoint(tmp_path_factory):
 
 def engine_for(checkpoint, kv_cache_dtype=None, **plugin_options):
     model, registry = load_checkpoint(checkpoint)
-    config = EngineConfig(block_size=4, num_kv_blocks=32, kv_cache_dtype=kv_cache_dtype,
-                          plugin_options=plugin_options)
+    config = EngineConfig(block_size=4, num_kv_blocks=32, kv_cache_dtype=kv_cache_dtype, plugin_options=plugin_options)
     return LLMEngine(model, config, registry=registry)
 
 

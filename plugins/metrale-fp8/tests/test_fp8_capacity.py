@@ -12,8 +12,13 @@ BUDGET = 128 * 4 * 48  # bf16: 128 bytes/token x 4 tokens/block x 48 blocks
 
 def max_concurrent(model, registry, kv_cache_dtype) -> tuple[int, int]:
     """Peak running sequences while 80 requests of 8 + 8 tokens go through; and the pool size."""
-    config = EngineConfig(block_size=4, kv_cache_memory=BUDGET, max_num_seqs=512,
-                          kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=False)
+    config = EngineConfig(
+        block_size=4,
+        kv_cache_memory=BUDGET,
+        max_num_seqs=512,
+        kv_cache_dtype=kv_cache_dtype,
+        enable_prefix_caching=False,
+    )
     engine = LLMEngine(model, config, registry=registry)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     for i in range(80):

@@ -56,8 +56,7 @@ def test_census_resolves_each_spelling(tmp_path, spelling):
 
 def test_partial_checkpoint_counts_only_layers_with_scales(tmp_path):
     config = TINY | {"num_hidden_layers": 3}
-    store = open_weights(write_checkpoint(tmp_path / "p", scale_tensors("k_scale/v_scale", [1]),
-                                          config=config))
+    store = open_weights(write_checkpoint(tmp_path / "p", scale_tensors("k_scale/v_scale", [1]), config=config))
     census = kv_scale_census(store)
     assert sorted(census.layers) == [1]
     assert load_kv_scales(store, 0) is None and load_kv_scales(store, 2) is None
@@ -70,8 +69,9 @@ def test_mixed_spellings_are_all_reported_in_table_order(tmp_path):
 
 
 def test_mtp_layer_beyond_the_count_is_counted(tmp_path):
-    census = kv_scale_census(open_weights(write_checkpoint(
-        tmp_path / "mtp", scale_tensors("k_scale/v_scale", [0, 1, 2]))))
+    census = kv_scale_census(
+        open_weights(write_checkpoint(tmp_path / "mtp", scale_tensors("k_scale/v_scale", [0, 1, 2])))
+    )
     assert census.num_layers == 3  # layer 2 is outside num_hidden_layers=2 (an MTP head)
 
 
@@ -82,16 +82,20 @@ def test_only_k_scale_serves_both(tmp_path):
 
 
 def test_per_head_scales_are_kept(tmp_path):
-    extra = {"model.layers.0.self_attn.k_scale": torch.tensor([0.1, 0.2]),
-             "model.layers.0.self_attn.v_scale": torch.tensor([0.3, 0.4])}
+    extra = {
+        "model.layers.0.self_attn.k_scale": torch.tensor([0.1, 0.2]),
+        "model.layers.0.self_attn.v_scale": torch.tensor([0.3, 0.4]),
+    }
     scales = load_kv_scales(open_weights(write_checkpoint(tmp_path / "h", extra)), 0, num_kv_heads=2)
     assert scales.k_scale.tolist() == pytest.approx([0.1, 0.2])
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
 def test_invalid_scales_are_refused_naming_the_tensor(tmp_path, bad):
-    extra = {"model.layers.1.self_attn.v_scale": torch.tensor(bad),
-             "model.layers.1.self_attn.k_scale": torch.tensor(0.1)}
+    extra = {
+        "model.layers.1.self_attn.v_scale": torch.tensor(bad),
+        "model.layers.1.self_attn.k_scale": torch.tensor(0.1),
+    }
     store = open_weights(write_checkpoint(tmp_path / "bad", extra))
     with pytest.raises(WeightsError, match=r"model\.layers\.1\.self_attn\.v_scale.*finite and > 0"):
         kv_scale_census(store)

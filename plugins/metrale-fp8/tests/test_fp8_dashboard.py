@@ -18,8 +18,7 @@ def scales(layers) -> dict:
 
 def engine_on(directory, registry_model=None, **plugin_options):
     model, registry = registry_model or load_checkpoint(directory)
-    config = EngineConfig(num_kv_blocks=8, block_size=4, kv_cache_dtype="fp8",
-                          plugin_options=plugin_options)
+    config = EngineConfig(num_kv_blocks=8, block_size=4, kv_cache_dtype="fp8", plugin_options=plugin_options)
     return LLMEngine(model, config, registry=registry)
 
 
@@ -31,17 +30,19 @@ def step_once(engine, prompt=(3, 4, 5, 6)) -> dict:
 
 def test_calibration_line_turns_frozen_after_the_window(tmp_path):
     engine = engine_on(write_checkpoint(tmp_path / "c"), fp8_kv_calibration_tokens=3)
-    assert scale_source_summary(engine.runner.kv.codec) == \
-        "calibration (3 tok, 2 open) on 2/2 layers"
+    assert scale_source_summary(engine.runner.kv.codec) == "calibration (3 tok, 2 open) on 2/2 layers"
     extras = step_once(engine)
     assert extras["fp8_scale_source"] == "calibration (3 tok, frozen) on 2/2 layers"
 
 
-@pytest.mark.parametrize("layers, expected", [
-    ((0, 1), "checkpoint on 2/2 layers"),
-    ((1,), "partial: checkpoint on 1/2 layers, 1.0 on 1 (unit: 0; checkpoint: 1)"),
-    ((), "unscaled: 1.0 on 2/2 layers"),
-])
+@pytest.mark.parametrize(
+    "layers, expected",
+    [
+        ((0, 1), "checkpoint on 2/2 layers"),
+        ((1,), "partial: checkpoint on 1/2 layers, 1.0 on 1 (unit: 0; checkpoint: 1)"),
+        ((), "unscaled: 1.0 on 2/2 layers"),
+    ],
+)
 def test_checkpoint_partial_and_unscaled_lines(tmp_path, layers, expected):
     engine = engine_on(write_checkpoint(tmp_path / "c", scales(layers)))
     assert step_once(engine)["fp8_scale_source"] == expected

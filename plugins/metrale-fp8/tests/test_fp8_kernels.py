@@ -7,8 +7,7 @@ import torch
 
 from metrale_core.kernels import compile_runtime_source, find_cu_files, nvcc_path
 
-KERNELS = {"fp8_kv_write.cu": "fp8_kv_write",
-           "fp8_paged_attention_decode.cu": "fp8_paged_attention_decode"}
+KERNELS = {"fp8_kv_write.cu": "fp8_kv_write", "fp8_paged_attention_decode.cu": "fp8_paged_attention_decode"}
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -60,7 +59,16 @@ def test_decode_kernel_matches_oracle(dtype):
     q = torch.randn((3, 8, 64), generator=gen).to("cuda", dtype)
     tables = torch.randperm(16, generator=gen)[:12].view(3, 4).cuda()
     context = torch.tensor([5, 16, 9], device="cuda")
-    args = (q, k_cache, v_cache, torch.tensor([0.01, 0.02], device="cuda"),
-            torch.tensor([0.03, 0.01], device="cuda"), tables, context, 64 ** -0.5, 16)
+    args = (
+        q,
+        k_cache,
+        v_cache,
+        torch.tensor([0.01, 0.02], device="cuda"),
+        torch.tensor([0.03, 0.01], device="cuda"),
+        tables,
+        context,
+        64**-0.5,
+        16,
+    )
     tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(op(*args), op.forward_native(*args), **tol)

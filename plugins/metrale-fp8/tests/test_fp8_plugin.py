@@ -26,8 +26,9 @@ def parse(argv):
 
 
 def test_flags_land_in_engine_config():
-    config = engine_config_from_args(parse(["--kv-cache-dtype", "fp8", "--fp8-kv-calibration-tokens",
-                                            "256", "--fp8-kv-headroom", "1.5"]))
+    config = engine_config_from_args(
+        parse(["--kv-cache-dtype", "fp8", "--fp8-kv-calibration-tokens", "256", "--fp8-kv-headroom", "1.5"])
+    )
     assert config.kv_cache_dtype == "fp8"
     assert config.plugin_options["fp8_kv_calibration_tokens"] == 256
     assert config.plugin_options["fp8_kv_headroom"] == 1.5
@@ -37,8 +38,9 @@ def test_flags_land_in_engine_config():
     assert defaults.plugin_options["fp8_kv_headroom"] == 2.0
 
 
-@pytest.mark.parametrize("argv", [["--fp8-kv-headroom", "0.9"], ["--fp8-kv-calibration-tokens", "-1"],
-                                  ["--fp8-kv-headroom", "nan"]])
+@pytest.mark.parametrize(
+    "argv", [["--fp8-kv-headroom", "0.9"], ["--fp8-kv-calibration-tokens", "-1"], ["--fp8-kv-headroom", "nan"]]
+)
 def test_bad_flag_values_are_argparse_errors(argv):
     with pytest.raises(SystemExit):
         parse(argv)
@@ -48,9 +50,13 @@ def test_metrics_report_per_layer_sources(tmp_path):
     from metrale_fp8 import metrale_metrics
 
     model, registry = load_checkpoint(write_checkpoint(tmp_path / "c"))
-    engine = LLMEngine(model, EngineConfig(num_kv_blocks=8, block_size=4, kv_cache_dtype="fp8",
-                                           plugin_options={"fp8_kv_calibration_tokens": 3}),
-                       registry=registry)
+    engine = LLMEngine(
+        model,
+        EngineConfig(
+            num_kv_blocks=8, block_size=4, kv_cache_dtype="fp8", plugin_options={"fp8_kv_calibration_tokens": 3}
+        ),
+        registry=registry,
+    )
     families = {f.name: f for f in metrale_metrics(engine)}
     assert families["metrale:fp8_kv_calibration_open_layers"].samples[0].value == 2
     by_source = {s.labels["source"]: s.value for s in families["metrale:fp8_kv_scale_source_layers"].samples}
@@ -60,8 +66,7 @@ def test_metrics_report_per_layer_sources(tmp_path):
     families = {f.name: f for f in metrale_metrics(engine)}
     assert families["metrale:fp8_kv_calibration_open_layers"].samples[0].value == 0
     scales = families["metrale:fp8_kv_scale"].samples
-    assert {(s.labels["layer"], s.labels["tensor"]) for s in scales} == {
-        ("0", "k"), ("0", "v"), ("1", "k"), ("1", "v")}
+    assert {(s.labels["layer"], s.labels["tensor"]) for s in scales} == {("0", "k"), ("0", "v"), ("1", "k"), ("1", "v")}
     assert all(0 < s.value < 1 for s in scales)  # calibrated, no longer 1.0
     plain = LLMEngine(model, EngineConfig(num_kv_blocks=8), registry=registry)
     assert metrale_metrics(plain) == []

@@ -32,7 +32,7 @@ def test_round_trip_error_is_bounded():
     scale = torch.tensor([x[:, 0].abs().max() / 448, x[:, 1].abs().max() / 448])  # per head
     back = dequantize(quantize(x, scale), scale, torch.float32)
     # 3 mantissa bits: relative error <= 2^-4 for normals, plus half a subnormal step near zero
-    bound = x.abs() * 2.0 ** -4 + scale.view(-1, 1) * 2.0 ** -10
+    bound = x.abs() * 2.0**-4 + scale.view(-1, 1) * 2.0**-10
     assert ((back - x).abs() <= bound).all()
 
 
@@ -62,8 +62,7 @@ def test_fp8_without_the_plugin_names_it(tmp_path):
 def test_unscaled_large_keys_are_clipped_not_nan(tmp_path):
     """A checkpoint whose K runs past 448 at scale 1.0: the logits stay finite."""
     model, registry = load_checkpoint(write_checkpoint(tmp_path / "big", k_gain=2000.0))
-    engine = LLMEngine(model, EngineConfig(num_kv_blocks=8, block_size=4, kv_cache_dtype="fp8"),
-                       registry=registry)
+    engine = LLMEngine(model, EngineConfig(num_kv_blocks=8, block_size=4, kv_cache_dtype="fp8"), registry=registry)
     engine.add_request("a", [3, 4, 5, 6], SamplingParams(max_tokens=2, temperature=0.0, logprobs=1))
     outs = []
     while engine.has_unfinished():
@@ -77,13 +76,12 @@ def test_layers_sharing_storage_never_write_back_stale_rows():
     """KV groups of a windowed model share pool tensors: a block layer 0 held (calibrating) and
     that layer 1 (another group) wrote since must keep layer 1's row through both freezes."""
     layout = KVLayout(num_layers=2, num_kv_heads=1, head_dim=4, dtype=FP8_DTYPE, windows=(None, 4))
-    codec = Fp8KVCodec(1, [torch.tensor(1.0)] * 2, [torch.tensor(1.0)] * 2, ["calibration"] * 2,
-                       calibration_tokens=100)
+    codec = Fp8KVCodec(1, [torch.tensor(1.0)] * 2, [torch.tensor(1.0)] * 2, ["calibration"] * 2, calibration_tokens=100)
     cache = PagedKVCache.allocate(layout, num_blocks=4, block_size=2, codec=codec)
     assert cache.k[0] is cache.k[1]
     stale, fresh = torch.full((1, 1, 4), 3.0), torch.full((1, 1, 4), -5.0)
-    cache.write(0, torch.tensor([3]), stale, stale)   # layer 0's block 1, later slid out
-    cache.write(1, torch.tensor([3]), fresh, fresh)   # block 1 now belongs to layer 1's group
+    cache.write(0, torch.tensor([3]), stale, stale)  # layer 0's block 1, later slid out
+    cache.write(1, torch.tensor([3]), fresh, fresh)  # block 1 now belongs to layer 1's group
     for layer in (1, 0):
         codec._freeze(cache, layer, codec.calibrations[layer])
     k, v = cache.gather(1, torch.tensor([1]), torch.float32)

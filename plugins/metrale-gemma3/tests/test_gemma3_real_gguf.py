@@ -74,9 +74,11 @@ def _llama_python() -> Path:
     if not python.is_file():
         # An opt-in anchor check, not part of CI: building llama-cpp-python from source takes over an
         # hour on the 2-core CI machine. The skip reason is printed by -ra.
-        pytest.skip(f"llama.cpp oracle check is opt-in: no {python} with llama-cpp-python "
-                    "(python -m venv .venv-bench && .venv-bench/bin/pip install llama-cpp-python, "
-                    "or set METRALE_LLAMA_PYTHON)")
+        pytest.skip(
+            f"llama.cpp oracle check is opt-in: no {python} with llama-cpp-python "
+            "(python -m venv .venv-bench && .venv-bench/bin/pip install llama-cpp-python, "
+            "or set METRALE_LLAMA_PYTHON)"
+        )
     return python
 
 

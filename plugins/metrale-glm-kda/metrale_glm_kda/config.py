@@ -39,10 +39,13 @@ def _require(cfg: Mapping[str, Any], key: str) -> Any:
 
 
 def _layer_types(cfg: Mapping[str, Any], n: int) -> tuple[str, ...]:
-    raw = cfg.get("layer_types") or ["linear_attention" if i % 4 != 3 else "indexed_attention"
-                                     for i in range(n)]
-    names = {"linear_attention": "kda", "indexed_attention": "mla", "full_attention": "mla",
-             "deepseek_sparse_attention": "mla"}
+    raw = cfg.get("layer_types") or ["linear_attention" if i % 4 != 3 else "indexed_attention" for i in range(n)]
+    names = {
+        "linear_attention": "kda",
+        "indexed_attention": "mla",
+        "full_attention": "mla",
+        "deepseek_sparse_attention": "mla",
+    }
     if len(raw) != n or any(t not in names for t in raw):
         raise ConfigError(f"glm5_next layer_types must list {n} entries from {sorted(names)}, got {raw}")
     return tuple(names[t] for t in raw)
@@ -150,40 +153,58 @@ class GlmDims:
         if len(mlp_types) != n or any(t not in ("dense", "sparse") for t in mlp_types):
             raise ConfigError(f"glm5_next mlp_layer_types must list {n} entries of 'dense'/'sparse'")
         dims = cls(
-            vocab_size=int(_require(cfg, "vocab_size")), hidden_size=int(_require(cfg, "hidden_size")),
-            num_layers=n, rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+            vocab_size=int(_require(cfg, "vocab_size")),
+            hidden_size=int(_require(cfg, "hidden_size")),
+            num_layers=n,
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
             max_position=int(cfg.get("max_position_embeddings", 1048576)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
             eos_token_ids=_eos(cfg.get("eos_token_id", config.get("eos_token_id"))),
-            layer_types=_layer_types(cfg, n), indexer_types=_indexer_types(cfg, n), mlp_types=mlp_types,
+            layer_types=_layer_types(cfg, n),
+            indexer_types=_indexer_types(cfg, n),
+            mlp_types=mlp_types,
             intermediate_size=int(cfg.get("intermediate_size", 12288)),
             moe_intermediate_size=int(cfg.get("moe_intermediate_size", 2048)),
             n_routed_experts=int(cfg.get("n_routed_experts", cfg.get("num_local_experts", 288))),
             n_shared_experts=int(cfg.get("n_shared_experts", 1)),
-            top_k=int(cfg.get("num_experts_per_tok", 8)), n_group=int(cfg.get("n_group", 1)),
-            topk_group=int(cfg.get("topk_group", 1)), norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            top_k=int(cfg.get("num_experts_per_tok", 8)),
+            n_group=int(cfg.get("n_group", 1)),
+            topk_group=int(cfg.get("topk_group", 1)),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
             routed_scaling_factor=float(cfg.get("routed_scaling_factor", 2.5)),
             swiglu_limit=None if cfg.get("swiglu_limit", 10.0) is None else float(cfg.get("swiglu_limit", 10.0)),
-            num_heads=heads, q_lora_rank=int(_require(cfg, "q_lora_rank")),
+            num_heads=heads,
+            q_lora_rank=int(_require(cfg, "q_lora_rank")),
             kv_lora_rank=int(cfg.get("kv_lora_rank", 512)),
-            qk_nope_head_dim=int(cfg.get("qk_nope_head_dim", 256)), v_head_dim=int(cfg.get("v_head_dim", 256)),
-            index_topk=int(cfg.get("index_topk", 2048)), index_head_dim=int(cfg.get("index_head_dim", 128)),
-            index_n_heads=int(cfg.get("index_n_heads", 32)), index_kpool=int(cfg.get("index_kpool", 16)),
+            qk_nope_head_dim=int(cfg.get("qk_nope_head_dim", 256)),
+            v_head_dim=int(cfg.get("v_head_dim", 256)),
+            index_topk=int(cfg.get("index_topk", 2048)),
+            index_head_dim=int(cfg.get("index_head_dim", 128)),
+            index_n_heads=int(cfg.get("index_n_heads", 32)),
+            index_kpool=int(cfg.get("index_kpool", 16)),
             index_tail=bool(cfg.get("index_kpool_always_select_tail", True)),
-            linear_num_heads=heads_lin, linear_head_dim=head_dim_lin, conv_kernel=conv,
+            linear_num_heads=heads_lin,
+            linear_head_dim=head_dim_lin,
+            conv_kernel=conv,
             lower_bound=None if lower_bound is None else float(lower_bound),
-            hc_mult=int(cfg.get("hc_mult", 4)), hc_eps=float(cfg.get("hc_eps", 1e-6)),
-            hc_sinkhorn_iters=int(cfg.get("hc_sinkhorn_iters", 20)))
+            hc_mult=int(cfg.get("hc_mult", 4)),
+            hc_eps=float(cfg.get("hc_eps", 1e-6)),
+            hc_sinkhorn_iters=int(cfg.get("hc_sinkhorn_iters", 20)),
+        )
         dims.validate()
         return dims
 
     def validate(self) -> None:
         if self.index_kpool < 1 or self.index_topk % self.index_kpool:
-            raise ConfigError(f"glm5_next: index_topk ({self.index_topk}) must be a positive multiple of "
-                              f"index_kpool ({self.index_kpool})")
+            raise ConfigError(
+                f"glm5_next: index_topk ({self.index_topk}) must be a positive multiple of "
+                f"index_kpool ({self.index_kpool})"
+            )
         if self.n_routed_experts % self.n_group or not 1 <= self.topk_group <= self.n_group:
-            raise ConfigError(f"glm5_next: {self.n_routed_experts} experts in {self.n_group} groups with "
-                              f"topk_group={self.topk_group} is not a valid routing layout")
+            raise ConfigError(
+                f"glm5_next: {self.n_routed_experts} experts in {self.n_group} groups with "
+                f"topk_group={self.topk_group} is not a valid routing layout"
+            )
         if self.conv_kernel < 2:
             raise ConfigError(f"glm5_next: linear_conv_kernel_dim must be >= 2, got {self.conv_kernel}")
         seen_full = False
@@ -193,8 +214,10 @@ class GlmDims:
             if idx == "full":
                 seen_full = True
             elif not seen_full:
-                raise ConfigError(f"glm5_next: layer {i} shares the indexer selection but no earlier "
-                                  "attention layer runs a full indexer")
+                raise ConfigError(
+                    f"glm5_next: layer {i} shares the indexer selection but no earlier "
+                    "attention layer runs a full indexer"
+                )
 
     # --- derived sizes ---------------------------------------------------------------------
     @property

@@ -39,8 +39,9 @@ def sinkhorn_(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     return comb
 
 
-def hc_collapse(streams: torch.Tensor, w: HcWeights, eps: float, hc_eps: float,
-                iters: int, sinkhorn=sinkhorn_) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def hc_collapse(
+    streams: torch.Tensor, w: HcWeights, eps: float, hc_eps: float, iters: int, sinkhorn=sinkhorn_
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(post [T, hc], comb [T, hc, hc], collapsed [T, D])`` of ``streams`` ``[T, hc, D]``;
     ``sinkhorn(comb, iters, eps)`` normalises in place."""
     rows, hc, _ = streams.shape
@@ -57,8 +58,7 @@ def hc_collapse(streams: torch.Tensor, w: HcWeights, eps: float, hc_eps: float,
     return post, comb, collapsed
 
 
-def hc_expand(y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
-              residual: torch.Tensor) -> torch.Tensor:
+def hc_expand(y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """``X'[h'] = post[h'] * y + sum_h comb[h, h'] * X[h]`` -> ``[T, hc, D]``."""
     dtype = residual.dtype
     return post.to(dtype).unsqueeze(-1) * y.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), residual)

@@ -19,8 +19,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["CHUNK", "conv_decode", "conv_prefill", "forget_gate", "gated_rms_norm", "kda_chunked",
-           "kda_recurrent", "l2norm", "prepare_qk"]
+__all__ = [
+    "CHUNK",
+    "conv_decode",
+    "conv_prefill",
+    "forget_gate",
+    "gated_rms_norm",
+    "kda_chunked",
+    "kda_recurrent",
+    "l2norm",
+    "prepare_qk",
+]
 
 #: Chunk length of the chunked (WY) form.
 CHUNK = 64
@@ -37,8 +46,9 @@ def prepare_qk(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return q * q.shape[-1] ** -0.5, k
 
 
-def forget_gate(raw: torch.Tensor, dt_bias: torch.Tensor, a_log: torch.Tensor,
-                lower_bound: float | None) -> torch.Tensor:
+def forget_gate(
+    raw: torch.Tensor, dt_bias: torch.Tensor, a_log: torch.Tensor, lower_bound: float | None
+) -> torch.Tensor:
     """Log decay ``g`` ``[T, H, K]`` from ``raw = f_b(f_a(x))`` ``[T, H*K]`` (specs §2.2).
 
     Lower-bound form: ``lb * sigmoid(exp(A_log) * (raw + dt_bias))``; softplus form:
@@ -52,8 +62,9 @@ def forget_gate(raw: torch.Tensor, dt_bias: torch.Tensor, a_log: torch.Tensor,
     return -rate * torch.where(g > 20.0, g, torch.log1p(torch.exp(g)))
 
 
-def gated_rms_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
-                   dtype: torch.dtype) -> torch.Tensor:
+def gated_rms_norm(
+    o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype
+) -> torch.Tensor:
     """``weight * rmsnorm(o) * sigmoid(gate)`` per head in float32, cast to ``dtype``."""
     o = o.float()
     o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)
@@ -69,7 +80,7 @@ def conv_prefill(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> 
     width = weight.shape[-1]
     seq = torch.cat([state.to(weight.dtype), x.t().to(weight.dtype)], dim=-1)  # [C, W-1+n]
     y = F.conv1d(seq.unsqueeze(0), weight.unsqueeze(1), groups=weight.shape[0])[0]  # [C, n]
-    return F.silu(y).t().to(x.dtype), seq[:, seq.shape[-1] - (width - 1):].to(state.dtype)
+    return F.silu(y).t().to(x.dtype), seq[:, seq.shape[-1] - (width - 1) :].to(state.dtype)
 
 
 def conv_decode(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,8 +90,9 @@ def conv_decode(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> t
     return y.to(x.dtype), window[..., 1:].to(state.dtype)
 
 
-def kda_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                  beta: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def kda_recurrent(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token KDA over ``[T, B, H, *]`` inputs with state ``[B, H, K, V]``.
 
     Returns ``(o [T, B, H, V] float32, final state)``; ``state`` is not modified.
@@ -97,8 +109,15 @@ def kda_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     return out, s
 
 
-def kda_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                beta: torch.Tensor, state: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+def kda_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    chunk: int = CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked (WY / UT) KDA over one sequence: ``q, k, g`` ``[T, H, K]``, ``v`` ``[T, H, V]``,
     ``beta`` ``[T, H]``, ``state`` ``[H, K, V]``.  Returns ``(o [T, H, V] float32, final state)``.
 

@@ -63,9 +63,22 @@ class KdaDecodeStep(CustomOp):
         threads = max(32, (dv + 31) // 32 * 32)
         with torch_stream(q.device):
             self.kernel(f"kda_decode_{_SUFFIX[q.dtype]}")(
-                (heads, bsz), (threads,),
-                (ptr(q), ptr(k), ptr(v), ptr(g), ptr(beta), ptr(pool), ptr(slots), ptr(out),
-                 i32(heads), i32(dk), i32(dv)))
+                (heads, bsz),
+                (threads,),
+                (
+                    ptr(q),
+                    ptr(k),
+                    ptr(v),
+                    ptr(g),
+                    ptr(beta),
+                    ptr(pool),
+                    ptr(slots),
+                    ptr(out),
+                    i32(heads),
+                    i32(dk),
+                    i32(dv),
+                ),
+            )
         return out
 
 
@@ -92,8 +105,10 @@ class ShortConvUpdate(CustomOp):
         y = torch.empty_like(x)
         with torch_stream(x.device):
             self.kernel(f"short_conv_update_{_SUFFIX[x.dtype]}")(
-                ((channels + 255) // 256, bsz), (256,),
-                (ptr(x), ptr(pool), ptr(weight), ptr(slots), ptr(y), i32(channels), i32(width)))
+                ((channels + 255) // 256, bsz),
+                (256,),
+                (ptr(x), ptr(pool), ptr(weight), ptr(slots), ptr(y), i32(channels), i32(width)),
+            )
         return y
 
 
@@ -103,15 +118,15 @@ class MoeRouting(CustomOp):
     kernel_package = "metrale_glm_kda"
     kernel_file = "moe_routing.cu"
 
-    def __init__(self, device, *, top_k: int, n_group: int, topk_group: int, norm_topk_prob: bool,
-                 scaling: float) -> None:
+    def __init__(
+        self, device, *, top_k: int, n_group: int, topk_group: int, norm_topk_prob: bool, scaling: float
+    ) -> None:
         super().__init__(device)
         self.top_k, self.n_group, self.topk_group = top_k, n_group, topk_group
         self.norm_topk_prob, self.scaling = norm_topk_prob, scaling
 
     def forward_native(self, logits, bias):
-        return moe.route(logits, bias, self.top_k, self.n_group, self.topk_group, self.norm_topk_prob,
-                         self.scaling)
+        return moe.route(logits, bias, self.top_k, self.n_group, self.topk_group, self.norm_topk_prob, self.scaling)
 
     def forward_cuda(self, logits, bias):
         rows, experts = logits.shape
@@ -124,9 +139,19 @@ class MoeRouting(CustomOp):
         threads = max(32, min(1024, (experts + 31) // 32 * 32))
         with torch_stream(logits.device):
             self.kernel("moe_routing_f32")(
-                (rows,), (threads,),
-                (ptr(logits), ptr(bias), ptr(weights), ptr(index), i32(experts), i32(self.top_k),
-                 i32(int(self.norm_topk_prob)), f32(self.scaling)))
+                (rows,),
+                (threads,),
+                (
+                    ptr(logits),
+                    ptr(bias),
+                    ptr(weights),
+                    ptr(index),
+                    i32(experts),
+                    i32(self.top_k),
+                    i32(int(self.norm_topk_prob)),
+                    f32(self.scaling),
+                ),
+            )
         return weights, index
 
 
@@ -145,20 +170,30 @@ class HcSinkhorn(CustomOp):
             return self.forward_native(comb, iters, eps)
         check_tensor(self.name, "comb", comb, dtypes=(torch.float32,), shape=(rows, width, width))
         with torch_stream(comb.device):
-            self.kernel("hc_sinkhorn_f32")(((rows + 127) // 128,), (128,),
-                                           (ptr(comb), i32(rows), i32(width), i32(iters), f32(eps)))
+            self.kernel("hc_sinkhorn_f32")(
+                ((rows + 127) // 128,), (128,), (ptr(comb), i32(rows), i32(width), i32(iters), f32(eps))
+            )
         return comb
 
 
 class GlmOps:
     """Every op the model uses, built once for one device (so the path is chosen once)."""
 
-    def __init__(self, device: torch.device | str, *, top_k: int, n_group: int, topk_group: int,
-                 norm_topk_prob: bool, scaling: float) -> None:
+    def __init__(
+        self,
+        device: torch.device | str,
+        *,
+        top_k: int,
+        n_group: int,
+        topk_group: int,
+        norm_topk_prob: bool,
+        scaling: float,
+    ) -> None:
         self.kda_decode = KdaDecodeStep(device)
         self.conv_update = ShortConvUpdate(device)
-        self.route = MoeRouting(device, top_k=top_k, n_group=n_group, topk_group=topk_group,
-                                norm_topk_prob=norm_topk_prob, scaling=scaling)
+        self.route = MoeRouting(
+            device, top_k=top_k, n_group=n_group, topk_group=topk_group, norm_topk_prob=norm_topk_prob, scaling=scaling
+        )
         self.sinkhorn = HcSinkhorn(device)
 
     def __repr__(self) -> str:

@@ -72,14 +72,15 @@ class KdaStatePool:
     verify: VerifyLog | None = None
 
     @classmethod
-    def allocate(cls, dims: GlmDims, num_slots: int, dtype: torch.dtype,
-                 device: torch.device | str) -> KdaStatePool:
+    def allocate(cls, dims: GlmDims, num_slots: int, dtype: torch.dtype, device: torch.device | str) -> KdaStatePool:
         n = len(dims.kda_layers)
         h, d = dims.linear_num_heads, dims.linear_head_dim
         rec = (num_slots, h, d, d)
         conv = (num_slots, 3 * dims.linear_dim, dims.conv_kernel - 1)
-        return cls(recurrent=[torch.zeros(rec, dtype=torch.float32, device=device) for _ in range(n)],
-                   conv=[torch.zeros(conv, dtype=dtype, device=device) for _ in range(n)])
+        return cls(
+            recurrent=[torch.zeros(rec, dtype=torch.float32, device=device) for _ in range(n)],
+            conv=[torch.zeros(conv, dtype=dtype, device=device) for _ in range(n)],
+        )
 
     @property
     def num_slots(self) -> int:

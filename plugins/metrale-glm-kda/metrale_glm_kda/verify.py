@@ -28,9 +28,17 @@ from metrale_glm_kda.state import KdaStatePool, VerifyLog, VerifyRecord
 __all__ = ["consume_verify_chunk", "rollback"]
 
 
-def consume_verify_chunk(pool: KdaStatePool, layer: int, slot: int, raw: torch.Tensor,
-                         conv_weight: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                         heads: int, head_dim: int) -> torch.Tensor:
+def consume_verify_chunk(
+    pool: KdaStatePool,
+    layer: int,
+    slot: int,
+    raw: torch.Tensor,
+    conv_weight: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    heads: int,
+    head_dim: int,
+) -> torch.Tensor:
     """Feed one verify chunk (``raw`` ``[n, 3*H*K]`` pre-conv projections, ``g`` ``[n, H, K]``,
     ``beta`` ``[n, H]``) to KDA layer ``layer`` of ``slot``; records it and returns the core
     output ``[n, H, V]`` float32."""
@@ -48,12 +56,12 @@ def consume_verify_chunk(pool: KdaStatePool, layer: int, slot: int, raw: torch.T
     pool.verify = log
     log.rows[slot] = n
     log.records.setdefault(slot, {})[layer] = VerifyRecord(
-        rec=before_rec, conv=before_conv, raw=raw.clone(), q=q, k=k, v=v, g=g, beta=beta)
+        rec=before_rec, conv=before_conv, raw=raw.clone(), q=q, k=k, v=v, g=g, beta=beta
+    )
     return out[:, 0]
 
 
-def rollback(pool: KdaStatePool, conv_weights: Seq[torch.Tensor], slots: Seq[int],
-             num_kept: Seq[int]) -> None:
+def rollback(pool: KdaStatePool, conv_weights: Seq[torch.Tensor], slots: Seq[int], num_kept: Seq[int]) -> None:
     """Leave each ``slots[j]`` as if only the first ``num_kept[j]`` rows of its verify chunk had
     been consumed; ``conv_weights[layer]`` is each KDA layer's conv weight."""
     log = pool.verify
@@ -73,6 +81,5 @@ def rollback(pool: KdaStatePool, conv_weights: Seq[torch.Tensor], slots: Seq[int
             continue
         for layer, r in log.records[slot].items():
             _, pool.conv[layer][slot] = kda.conv_prefill(r.raw[:keep], r.conv, conv_weights[layer])
-            _, final = kda.kda_recurrent(r.q[:keep], r.k[:keep], r.v[:keep], r.g[:keep],
-                                         r.beta[:keep], r.rec[None])
+            _, final = kda.kda_recurrent(r.q[:keep], r.k[:keep], r.v[:keep], r.g[:keep], r.beta[:keep], r.rec[None])
             pool.recurrent[layer][slot] = final[0]

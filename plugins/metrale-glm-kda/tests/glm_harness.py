@@ -17,27 +17,72 @@ VOCAB = 160
 
 CONFIGS = {
     "hc2": dict(
-        hc_mult=2, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=4,
+        hc_mult=2,
+        hidden_size=32,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        num_hidden_layers=4,
         layer_types=["linear_attention", "indexed_attention", "indexed_attention", "linear_attention"],
-        indexer_types=["full", "full", "shared", "full"], mlp_layer_types=["dense", "sparse", "sparse", "dense"],
-        n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, linear_lower_bound=-5.0,
-        index_topk=8, index_kpool=4, linear_num_heads=2, linear_head_dim=8),
+        indexer_types=["full", "full", "shared", "full"],
+        mlp_layer_types=["dense", "sparse", "sparse", "dense"],
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        linear_lower_bound=-5.0,
+        index_topk=8,
+        index_kpool=4,
+        linear_num_heads=2,
+        linear_head_dim=8,
+    ),
     "hc4": dict(
-        hc_mult=4, hidden_size=32, intermediate_size=40, moe_intermediate_size=12, num_hidden_layers=5,
-        layer_types=["indexed_attention", "linear_attention", "linear_attention", "indexed_attention",
-                     "indexed_attention"],
+        hc_mult=4,
+        hidden_size=32,
+        intermediate_size=40,
+        moe_intermediate_size=12,
+        num_hidden_layers=5,
+        layer_types=[
+            "indexed_attention",
+            "linear_attention",
+            "linear_attention",
+            "indexed_attention",
+            "indexed_attention",
+        ],
         indexer_types=["full", "full", "full", "full", "shared"],
         mlp_layer_types=["sparse", "dense", "sparse", "sparse", "dense"],
-        n_routed_experts=8, num_experts_per_tok=3, n_group=2, topk_group=1, linear_lower_bound=None,
-        index_topk=6, index_kpool=2, linear_num_heads=2, linear_head_dim=16),
+        n_routed_experts=8,
+        num_experts_per_tok=3,
+        n_group=2,
+        topk_group=1,
+        linear_lower_bound=None,
+        index_topk=6,
+        index_kpool=2,
+        linear_num_heads=2,
+        linear_head_dim=16,
+    ),
 }
 
-_COMMON = dict(vocab_size=VOCAB, num_attention_heads=2, num_key_value_heads=2, n_shared_experts=1,
-               kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, v_head_dim=8, qk_rope_head_dim=0,
-               index_head_dim=8, index_n_heads=16, max_position_embeddings=1024, pad_token_id=0,
-               routed_scaling_factor=2.5, swiglu_limit=10.0, eos_token_id=None)
-_VISION = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=32,
-               projection_intermediate_size=16)
+_COMMON = dict(
+    vocab_size=VOCAB,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    n_shared_experts=1,
+    kv_lora_rank=16,
+    q_lora_rank=24,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+    qk_rope_head_dim=0,
+    index_head_dim=8,
+    index_n_heads=16,
+    max_position_embeddings=1024,
+    pad_token_id=0,
+    routed_scaling_factor=2.5,
+    swiglu_limit=10.0,
+    eos_token_id=None,
+)
+_VISION = dict(
+    depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=32, projection_intermediate_size=16
+)
 
 
 def hf_config(name: str, **overrides):
@@ -114,6 +159,7 @@ def hf_logits(model, ids) -> torch.Tensor:
 
 def hf_greedy(model, prompt, n: int) -> list[int]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([list(prompt)]), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([list(prompt)]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()

@@ -26,8 +26,9 @@ pytest.importorskip("metrale_fp8")
 import glm_harness as H
 
 
-@pytest.fixture(scope="module", params=[(c, v) for c in sorted(H.CONFIGS) for v in ("sparse", "dense")],
-                ids=lambda p: "-".join(p))
+@pytest.fixture(
+    scope="module", params=[(c, v) for c in sorted(H.CONFIGS) for v in ("sparse", "dense")], ids=lambda p: "-".join(p)
+)
 def checkpoint(request, tmp_path_factory):
     name, variant = request.param
     path = tmp_path_factory.mktemp(f"fp8_{name}_{variant}")
@@ -39,9 +40,13 @@ def _run(path, kv_cache_dtype, **options):
     registry = load_registry()
     store = open_weights(path)
     spy = ForwardSpy(registry.find_model_loader(store.config).factory(store, LoadOptions()))
-    engine = LLMEngine(spy, EngineConfig(block_size=4, num_kv_blocks=64, max_prefill_tokens=16,
-                                         kv_cache_dtype=kv_cache_dtype, plugin_options=options),
-                       registry=registry)
+    engine = LLMEngine(
+        spy,
+        EngineConfig(
+            block_size=4, num_kv_blocks=64, max_prefill_tokens=16, kv_cache_dtype=kv_cache_dtype, plugin_options=options
+        ),
+        registry=registry,
+    )
     g = torch.Generator().manual_seed(2)
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     for i, n in enumerate((40, 13)):  # 40 > index_topk: the sparse selection reads fp8 indexer rows
@@ -71,5 +76,6 @@ def test_fp8_kv_logits_close_to_fp32(checkpoint, options):
     if variant == "dense":  # smooth: every row within a few percent of the logits' range
         assert errors[-1] <= 0.1 * spread, f"{name}: fp8 logits off by {errors[-1]:.3g} (range {spread:.3g})"
     else:  # the sparse top-k selection may flip a pool on a near tie: bound the typical row
-        assert errors[len(errors) // 2] <= 0.05 * spread, \
+        assert errors[len(errors) // 2] <= 0.05 * spread, (
             f"{name}: median fp8 logits error {errors[len(errors) // 2]:.3g} (range {spread:.3g})"
+        )

@@ -7,10 +7,12 @@ import pytest
 
 from metrale_core.kernels import compile_runtime_source, find_cu_files, nvcc_path
 
-KERNELS = {"kda_decode.cu": ("kda_decode_f32", "kda_decode_bf16"),
-           "short_conv.cu": ("short_conv_update_f32", "short_conv_update_bf16"),
-           "moe_routing.cu": ("moe_routing_f32",),
-           "hc_sinkhorn.cu": ("hc_sinkhorn_f32",)}
+KERNELS = {
+    "kda_decode.cu": ("kda_decode_f32", "kda_decode_bf16"),
+    "short_conv.cu": ("short_conv_update_f32", "short_conv_update_bf16"),
+    "moe_routing.cu": ("moe_routing_f32",),
+    "hc_sinkhorn.cu": ("hc_sinkhorn_f32",),
+}
 
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
 

@@ -60,8 +60,11 @@ def _run(path, num_kv_blocks, prompts):
     store = open_weights(path)
     registry = load_registry()
     spy = CountingSpy(registry.find_model_loader(store.config).factory(store, LoadOptions()))
-    engine = LLMEngine(spy, EngineConfig(block_size=4, num_kv_blocks=num_kv_blocks, max_prefill_tokens=20,
-                                         max_num_seqs=4), registry=registry)
+    engine = LLMEngine(
+        spy,
+        EngineConfig(block_size=4, num_kv_blocks=num_kv_blocks, max_prefill_tokens=20, max_num_seqs=4),
+        registry=registry,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     # r0's 30-token prompt is mid-prefill (chunks of 20) when the others join
     return engine, spy, run_joining_mid_prefill(engine, prompts, params)
@@ -73,7 +76,7 @@ def _worst_row_diff(hf, spy, prompts, outputs) -> float:
     assert len(spy.rows) >= len(prompts) * NEW_TOKENS
     worst = 0.0
     for history, row in spy.rows:
-        owners = [i for i, seq in enumerate(full) if tuple(seq[:len(history)]) == history]
+        owners = [i for i, seq in enumerate(full) if tuple(seq[: len(history)]) == history]
         assert owners, f"the model attended to a history that is no request's prefix: {history}"
         worst = max(worst, (row - ref[owners[0]][len(history) - 1]).abs().max().item())
     return worst
@@ -85,8 +88,9 @@ def test_engine_matches_transformers(checkpoint, pool):
     blocks = 200 if pool == "roomy" else 40
     engine, spy, outputs = _run(path, blocks, prompts)
     preemptions = engine.stats().num_preemptions
-    assert max(spy.chunk_lens) >= CHUNK_MIN_ROWS and any(1 < n < CHUNK_MIN_ROWS for n in spy.chunk_lens), \
+    assert max(spy.chunk_lens) >= CHUNK_MIN_ROWS and any(1 < n < CHUNK_MIN_ROWS for n in spy.chunk_lens), (
         f"both KDA prefill forms must run, chunk lengths were {sorted(spy.chunk_lens)}"
+    )
     if pool == "roomy":
         assert preemptions == 0
     else:

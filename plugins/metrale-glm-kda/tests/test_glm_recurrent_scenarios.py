@@ -20,29 +20,52 @@ def _p(first: int, n: int) -> list[int]:
 
 
 RECURRENT = dict(recurrent_fed_rows=True)
-SCENARIOS = {s.name: s for s in [
-    Scenario("glm_preempt_resume", [
-        Arrive(0, "a", _p(10, 7), _p(40, 9), max_tokens=9, ignore_eos=True),
-        Arrive(0, "b", _p(20, 6), _p(50, 8), max_tokens=8, ignore_eos=True),
-        Arrive(2, "c", _p(30, 5), [58, 59, 60]),
-    ], engine=dict(num_kv_blocks=7, max_prefill_tokens=4), model=RECURRENT),
-    Scenario("glm_cancel_then_reuse_slot", [
-        Arrive(0, "a", _p(10, 4), _p(40, 8)),
-        Arrive(0, "b", _p(20, 4), _p(50, 5)),
-        Abort(3, "a"),
-        Arrive(4, "c", _p(30, 6), [56, 57, 58]),
-    ], engine=dict(max_num_seqs=2), model=RECURRENT),
-    Scenario("glm_chunked_prefill", [
-        Arrive(0, "a", _p(3, 23), [40, 41, 42]),
-        Arrive(1, "b", _p(30, 2), _p(50, 6)),
-    ], engine=dict(max_prefill_tokens=5), model=RECURRENT),
-    Scenario("glm_mixed_batches", [
-        Arrive(0, "a", _p(10, 3), _p(40, 6)),
-        Arrive(1, "b", _p(20, 9), [50, 51]),
-        Arrive(2, "c", _p(30, 12), _p(52, 4)),
-        Arrive(3, "d", [60, 61], [43, 44, 45]),
-    ], engine=dict(max_prefill_tokens=6, max_num_seqs=3), model=RECURRENT),
-]}
+SCENARIOS = {
+    s.name: s
+    for s in [
+        Scenario(
+            "glm_preempt_resume",
+            [
+                Arrive(0, "a", _p(10, 7), _p(40, 9), max_tokens=9, ignore_eos=True),
+                Arrive(0, "b", _p(20, 6), _p(50, 8), max_tokens=8, ignore_eos=True),
+                Arrive(2, "c", _p(30, 5), [58, 59, 60]),
+            ],
+            engine=dict(num_kv_blocks=7, max_prefill_tokens=4),
+            model=RECURRENT,
+        ),
+        Scenario(
+            "glm_cancel_then_reuse_slot",
+            [
+                Arrive(0, "a", _p(10, 4), _p(40, 8)),
+                Arrive(0, "b", _p(20, 4), _p(50, 5)),
+                Abort(3, "a"),
+                Arrive(4, "c", _p(30, 6), [56, 57, 58]),
+            ],
+            engine=dict(max_num_seqs=2),
+            model=RECURRENT,
+        ),
+        Scenario(
+            "glm_chunked_prefill",
+            [
+                Arrive(0, "a", _p(3, 23), [40, 41, 42]),
+                Arrive(1, "b", _p(30, 2), _p(50, 6)),
+            ],
+            engine=dict(max_prefill_tokens=5),
+            model=RECURRENT,
+        ),
+        Scenario(
+            "glm_mixed_batches",
+            [
+                Arrive(0, "a", _p(10, 3), _p(40, 6)),
+                Arrive(1, "b", _p(20, 9), [50, 51]),
+                Arrive(2, "c", _p(30, 12), _p(52, 4)),
+                Arrive(3, "d", [60, 61], [43, 44, 45]),
+            ],
+            engine=dict(max_prefill_tokens=6, max_num_seqs=3),
+            model=RECURRENT,
+        ),
+    ]
+}
 
 
 def _script(scenario: Scenario, rid: str) -> list[int]:
@@ -59,7 +82,7 @@ def test_recurrent_scenario_never_shows_garbage(name):
     for rid, stream in result.streams.items():
         assert stream.finished and GARBAGE not in stream.token_ids, trace
         want = _script(scenario, rid)
-        assert stream.token_ids == want[:len(stream.token_ids)], trace
+        assert stream.token_ids == want[: len(stream.token_ids)], trace
         if stream.finish_reason != "abort":
             assert stream.token_ids, trace
     fed: dict[int, int] = {}

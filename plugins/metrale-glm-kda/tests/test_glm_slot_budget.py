@@ -26,8 +26,9 @@ def model(tmp_path_factory):
 
 
 def _run(model, budget):
-    engine = LLMEngine(model, EngineConfig(block_size=4, num_kv_blocks=128, max_num_seqs=4,
-                                           recurrent_state_memory=budget))
+    engine = LLMEngine(
+        model, EngineConfig(block_size=4, num_kv_blocks=128, max_num_seqs=4, recurrent_state_memory=budget)
+    )
     g = torch.Generator().manual_seed(9)
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     for i in range(4):

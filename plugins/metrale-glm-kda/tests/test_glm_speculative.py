@@ -63,11 +63,20 @@ def _batch(model, chunks, verify=()) -> ForwardBatch:
         tables.append(blocks)
     t = torch.tensor
     return ForwardBatch(
-        input_ids=t(ids), positions=t(pos), query_start=t(qs), context_lens=t(ctx),
-        block_tables=t(tables), slot_mapping=t(slots), logits_rows=t(logits),
-        state_slots=t([c[2] for c in chunks]), state_fresh=t([c[1] == 0 for c in chunks]),
-        query_lens_host=tuple(len(c[0]) for c in chunks), context_lens_host=tuple(ctx),
-        block_size=BS, verify_host=tuple(verify))
+        input_ids=t(ids),
+        positions=t(pos),
+        query_start=t(qs),
+        context_lens=t(ctx),
+        block_tables=t(tables),
+        slot_mapping=t(slots),
+        logits_rows=t(logits),
+        state_slots=t([c[2] for c in chunks]),
+        state_fresh=t([c[1] == 0 for c in chunks]),
+        query_lens_host=tuple(len(c[0]) for c in chunks),
+        context_lens_host=tuple(ctx),
+        block_size=BS,
+        verify_host=tuple(verify),
+    )
 
 
 def _state(pool, slot):
@@ -85,8 +94,9 @@ def test_commit_verify_leaves_exactly_the_kept_rows(glm):
         pool = model.make_state_pool(4)
         model.forward(_batch(model, [(prompt_a, 0, 0, blocks_a), (prompt_b, 0, 1, blocks_b)]), kv, pool)
         before = _state(pool, 0)
-        model.forward(_batch(model, [(verify_rows, 11, 0, blocks_a), ([9], 6, 1, blocks_b)],
-                             verify=(True, False)), kv, pool)
+        model.forward(
+            _batch(model, [(verify_rows, 11, 0, blocks_a), ([9], 6, 1, blocks_b)], verify=(True, False)), kv, pool
+        )
         log = pool.verify
         assert log is not None and log.rows == {0: 5}
         b_after_forward = _state(pool, 1)
@@ -97,14 +107,14 @@ def test_commit_verify_leaves_exactly_the_kept_rows(glm):
         for j, ((rec, conv), (rec0, conv0)) in enumerate(zip(got, before)):
             r = log.records[0][j]
             assert torch.equal(r.rec, rec0) and torch.equal(r.conv, conv0)
-            window = torch.cat([conv0, r.raw[:keep].t().to(conv0.dtype)], dim=-1)[:, -conv0.shape[-1]:]
-            _, want = kda.kda_recurrent(r.q[:keep], r.k[:keep], r.v[:keep], r.g[:keep], r.beta[:keep],
-                                        rec0[None])
+            window = torch.cat([conv0, r.raw[:keep].t().to(conv0.dtype)], dim=-1)[:, -conv0.shape[-1] :]
+            _, want = kda.kda_recurrent(r.q[:keep], r.k[:keep], r.v[:keep], r.g[:keep], r.beta[:keep], rec0[None])
             assert torch.equal(conv, window), f"layer {j} keep {keep}: conv window"
             assert torch.equal(rec, want[0]), f"layer {j} keep {keep}: recurrent state"
             if keep < 5:
-                _, fed_more = kda.kda_recurrent(r.q[:keep + 1], r.k[:keep + 1], r.v[:keep + 1],
-                                                r.g[:keep + 1], r.beta[:keep + 1], rec0[None])
+                _, fed_more = kda.kda_recurrent(
+                    r.q[: keep + 1], r.k[: keep + 1], r.v[: keep + 1], r.g[: keep + 1], r.beta[: keep + 1], rec0[None]
+                )
                 assert not torch.equal(rec, fed_more[0])
         # model level: the same as a forward that fed only the kept tokens (to float noise), and
         # not the state after one row more
@@ -116,8 +126,10 @@ def test_commit_verify_leaves_exactly_the_kept_rows(glm):
                 r[0], c[0] = rec0, conv0
             ref_kv = PagedKVCache(k=[t.clone() for t in kv.k], v=[t.clone() for t in kv.v], block_size=BS)
             model.forward(_batch(model, [(verify_rows[:fed], 11, 0, blocks_a)]), ref_kv, ref_pool)
-            worst = max(max((a - b).abs().max().item(), (c - d).float().abs().max().item())
-                        for (a, c), (b, d) in zip(got, _state(ref_pool, 0)))
+            worst = max(
+                max((a - b).abs().max().item(), (c - d).float().abs().max().item())
+                for (a, c), (b, d) in zip(got, _state(ref_pool, 0))
+            )
             if fed == keep:
                 assert worst < 1e-5, f"keep {keep}: state differs from feeding the kept tokens by {worst}"
             else:
@@ -157,7 +169,7 @@ class ScriptedProposer:
         drafts = []
         for seq, cap in zip(seqs, max_drafts):
             done = len(seq.output_ids)
-            want = list(self.truth.get(seq.request_id, [])[done:done + cap])
+            want = list(self.truth.get(seq.request_id, [])[done : done + cap])
             self.calls += 1
             bad = self.calls % (cap + 1)
             if bad < len(want):
@@ -205,8 +217,16 @@ def baseline(glm):
     _name, model = glm
     base, _ = _run(model, _requests())
     stop = base["stoptok"][0][6]  # a token it really emits: it stops early (mid-draft)
-    requests = [(rid, p, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=(stop,))
-                 if rid == "stoptok" else params) for rid, p, params in _requests()]
+    requests = [
+        (
+            rid,
+            p,
+            SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=(stop,))
+            if rid == "stoptok"
+            else params,
+        )
+        for rid, p, params in _requests()
+    ]
     expected, _ = _run(model, requests)
     assert expected["stoptok"][1] == "stop" and len(expected["stoptok"][0]) < 20
     assert expected["short"] == (base["short"][0], "length") and len(base["short"][0]) == 7
@@ -218,10 +238,19 @@ def qwen_drafter(tmp_path_factory):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(5)
-    config = Qwen3Config(vocab_size=H.VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                         max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=None,
-                         bos_token_id=None)
+    config = Qwen3Config(
+        vocab_size=H.VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        bos_token_id=None,
+    )
     path = tmp_path_factory.mktemp("qwen_drafter")
     Qwen3ForCausalLM(config).eval().save_pretrained(path)
     return load_checkpoint_model(path)
@@ -233,18 +262,23 @@ def _speculator(kind, truth, drafter):
         return lambda ctx: GatedSpeculator(NgramProposer(1, 3), 4, gate=gate)
     if kind == "draft":
         return lambda ctx: GatedSpeculator(
-            DraftModelProposer(drafter, ctx.model.info, ctx.pipeline, num_blocks=128, block_size=BS), 3, gate=gate)
+            DraftModelProposer(drafter, ctx.model.info, ctx.pipeline, num_blocks=128, block_size=BS), 3, gate=gate
+        )
     return lambda ctx: GatedSpeculator(ScriptedProposer(truth), 4, gate=gate)
 
 
-@pytest.mark.parametrize("kind,kv_blocks", [("ngram", 128), ("draft", 128), ("scripted", 128),
-                                            ("scripted", 16)])
+@pytest.mark.parametrize("kind,kv_blocks", [("ngram", 128), ("draft", 128), ("scripted", 128), ("scripted", 16)])
 def test_greedy_output_unchanged_by_speculation(glm, baseline, qwen_drafter, kind, kv_blocks):
     name, model = glm
     requests, expected, base = baseline
     truth = {rid: toks for rid, (toks, _) in base.items()}
-    got, engine = _run(model, requests, speculator=_speculator(kind, truth, qwen_drafter),
-                       plain_ids=("plain",), num_kv_blocks=kv_blocks)
+    got, engine = _run(
+        model,
+        requests,
+        speculator=_speculator(kind, truth, qwen_drafter),
+        plain_ids=("plain",),
+        num_kv_blocks=kv_blocks,
+    )
     assert got == expected, f"{name}/{kind}: speculation changed greedy output"
     stats = engine.spec_driver.speculator.stats
     assert stats.num_verifies > 0

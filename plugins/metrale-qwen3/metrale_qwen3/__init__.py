@@ -34,7 +34,14 @@ WEIGHT_FORMATS = ("auto", "exact", "bf16", "int8", "int4")
 def metrale_model_loaders(register) -> None:
     """Register the qwen3, llama and qwen2 loaders."""
     for name, (architecture, description) in _LOADERS.items():
-        register(ModelLoaderSpec(name=name, factory=lazy_factory(f"metrale_qwen3.loader:load_{name}"),
-                                 model_types=(name,), architectures=(architecture,),
-                                 description=description, weight_formats=WEIGHT_FORMATS,
-                                 tensor_parallel=True))
+        register(
+            ModelLoaderSpec(
+                name=name,
+                factory=lazy_factory(f"metrale_qwen3.loader:load_{name}"),
+                model_types=(name,),
+                architectures=(architecture,),
+                description=description,
+                weight_formats=WEIGHT_FORMATS,
+                tensor_parallel=True,
+            )
+        )

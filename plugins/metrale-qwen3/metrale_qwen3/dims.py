@@ -91,20 +91,29 @@ class ModelDims:
         kv_heads = int(config.get("num_key_value_heads") or heads)
         head_dim = int(config.get("head_dim") or hidden // heads)
         if heads % kv_heads or head_dim % 2:
-            raise ConfigError(f"{variant.name}: {heads} heads / {kv_heads} KV heads / head_dim "
-                              f"{head_dim} is not a valid GQA layout")
+            raise ConfigError(
+                f"{variant.name}: {heads} heads / {kv_heads} KV heads / head_dim {head_dim} is not a valid GQA layout"
+            )
         theta, scaling = _rope(config)
         attention_bias = bool(config.get("attention_bias", False))
         eos = config.get("eos_token_id")
         eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
         return cls(
-            vocab_size=int(_require(config, "vocab_size")), hidden_size=hidden,
+            vocab_size=int(_require(config, "vocab_size")),
+            hidden_size=hidden,
             intermediate_size=int(_require(config, "intermediate_size")),
-            num_layers=int(_require(config, "num_hidden_layers")), num_heads=heads,
-            num_kv_heads=kv_heads, head_dim=head_dim,
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-            rope_scaling=scaling, max_position=int(config.get("max_position_embeddings", 4096)),
+            num_layers=int(_require(config, "num_hidden_layers")),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position=int(config.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qk_norm=variant.qk_norm, qkv_bias=variant.qkv_bias_always or attention_bias,
+            qk_norm=variant.qk_norm,
+            qkv_bias=variant.qkv_bias_always or attention_bias,
             o_bias=attention_bias and variant.o_bias_follows_config,
-            mlp_bias=bool(config.get("mlp_bias", False)), eos_token_ids=eos_ids)
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            eos_token_ids=eos_ids,
+        )

@@ -40,8 +40,15 @@ __all__ = ["DecoderLM"]
 class DecoderLM:
     """A loaded decoder; see the module docstring."""
 
-    def __init__(self, dims: ModelDims, weights: DecoderWeights, *, architecture: str,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        dims: ModelDims,
+        weights: DecoderWeights,
+        *,
+        architecture: str,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.dims = dims
         self.weights = weights
         self.dtype = dtype
@@ -50,31 +57,42 @@ class DecoderLM:
         self.num_heads = dims.num_heads if heads is None else heads.num_heads
         self.num_kv_heads = dims.num_kv_heads if heads is None else heads.num_kv_heads
         self.info = ModelInfo(
-            architecture=architecture, vocab_size=dims.vocab_size, max_position=dims.max_position,
-            kv=KVLayout(num_layers=dims.num_layers, num_kv_heads=self.num_kv_heads,
-                        head_dim=dims.head_dim, dtype=dtype),
-            eos_token_ids=dims.eos_token_ids, dtype=dtype)
+            architecture=architecture,
+            vocab_size=dims.vocab_size,
+            max_position=dims.max_position,
+            kv=KVLayout(
+                num_layers=dims.num_layers, num_kv_heads=self.num_kv_heads, head_dim=dims.head_dim, dtype=dtype
+            ),
+            eos_token_ids=dims.eos_token_ids,
+            dtype=dtype,
+        )
         self.ops = DecoderOps(self.device)
         self.inv_freq = rope_inv_freq(dims.head_dim, dims.rope_theta, dims.rope_scaling).to(self.device)
-        self._scale = dims.head_dim ** -0.5
+        self._scale = dims.head_dim**-0.5
 
     def __repr__(self) -> str:
         d = self.dims
-        return (f"DecoderLM({self.info.architecture}, layers={d.num_layers}, hidden={d.hidden_size}, "
-                f"heads={d.num_heads}/{d.num_kv_heads}x{d.head_dim}, dtype={self.dtype}, {self.ops})")
+        return (
+            f"DecoderLM({self.info.architecture}, layers={d.num_layers}, hidden={d.hidden_size}, "
+            f"heads={d.num_heads}/{d.num_kv_heads}x{d.head_dim}, dtype={self.dtype}, {self.ops})"
+        )
 
     def make_state_pool(self, num_slots: int) -> None:
         return None
 
     @torch.no_grad()
-    def forward(self, batch: ForwardBatch, kv: PagedKVCache | None,
-                state: object | None = None) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, kv: PagedKVCache | None, state: object | None = None) -> torch.Tensor:
         return self._run(batch, kv, None, all_hidden=False)[0]
 
     @torch.no_grad()
-    def forward_with_hidden(self, batch: ForwardBatch, kv: PagedKVCache | None,
-                            state: object | None = None, *,
-                            inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_with_hidden(
+        self,
+        batch: ForwardBatch,
+        kv: PagedKVCache | None,
+        state: object | None = None,
+        *,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``forward`` plus the final-normed hidden states ``[T, D]`` of every row (the model
         contract's optional extension, read by MTP heads); ``inputs_embeds`` ``[T, D]`` replaces
         the token embeddings (an MTP block feeds its projected inputs this way)."""
@@ -82,14 +100,13 @@ class DecoderLM:
         assert hidden is not None  # all_hidden=True keeps them
         return logits, hidden
 
-    def _run(self, batch: ForwardBatch, kv: PagedKVCache | None, inputs_embeds: torch.Tensor | None,
-             all_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run(
+        self, batch: ForwardBatch, kv: PagedKVCache | None, inputs_embeds: torch.Tensor | None, all_hidden: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if kv is None or len(kv.k) != self.dims.num_layers:
-            raise ValueError(f"{self.info.architecture} needs a paged KV cache with "
-                             f"{self.dims.num_layers} layers")
+            raise ValueError(f"{self.info.architecture} needs a paged KV cache with {self.dims.num_layers} layers")
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)
-        plan = AttentionPlan.from_batch(batch, self._scale,
-                                        gather=self.ops.decode_attention.path == "native")
+        plan = AttentionPlan.from_batch(batch, self._scale, gather=self.ops.decode_attention.path == "native")
         if inputs_embeds is not None:
             x = inputs_embeds.to(self.dtype)
         elif self.weights.embedding is not None:
@@ -106,9 +123,17 @@ class DecoderLM:
             x = self.ops.rms_norm(x[batch.logits_rows], self.weights.norm, self.dims.rms_norm_eps)
         return self.weights.head(x).float(), hidden
 
-    def _layer(self, x: torch.Tensor, w: LayerWeights, kv: PagedKVCache, index: int,
-               batch: ForwardBatch, plan: AttentionPlan, cos: torch.Tensor,
-               sin: torch.Tensor) -> torch.Tensor:
+    def _layer(
+        self,
+        x: torch.Tensor,
+        w: LayerWeights,
+        kv: PagedKVCache,
+        index: int,
+        batch: ForwardBatch,
+        plan: AttentionPlan,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
         d = self.dims
         ops = self.ops
         h = ops.rms_norm(x, w.input_norm, d.rms_norm_eps)

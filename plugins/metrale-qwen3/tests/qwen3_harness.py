@@ -86,8 +86,7 @@ def open_store(directory: Path, *, use_real: bool | None = None) -> Any:
     return FakeStore(tensors, json.loads((directory / "config.json").read_text()))
 
 
-def load(spec_name: str, store: Any, dtype: str = "float32", device: str = "cpu",
-         weight_format: str | None = "exact"):
+def load(spec_name: str, store: Any, dtype: str = "float32", device: str = "cpu", weight_format: str | None = "exact"):
     """Build a model through the registered loader factory (as the engine does); in the ``exact``
     weight format unless told otherwise (None: the environment's, else the default ``auto``)."""
     from metrale_qwen3 import metrale_model_loaders
@@ -100,8 +99,7 @@ def load(spec_name: str, store: Any, dtype: str = "float32", device: str = "cpu"
 class PagedRunner:
     """Plays the engine: owns a paged cache, allocates blocks on demand, runs mixed batches."""
 
-    def __init__(self, model, *, num_blocks: int = 96, block_size: int = 4, seed: int = 0,
-                 device: str = "cpu") -> None:
+    def __init__(self, model, *, num_blocks: int = 96, block_size: int = 4, seed: int = 0, device: str = "cpu") -> None:
         self.model = model
         self.block_size = block_size
         self.device = torch.device(device)
@@ -117,8 +115,7 @@ class PagedRunner:
         table = self.tables.setdefault(seq, [])
         while len(table) * self.block_size < start + n:
             table.append(self.free.pop())
-        return [table[p // self.block_size] * self.block_size + p % self.block_size
-                for p in range(start, start + n)]
+        return [table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, start + n)]
 
     def step(self, work: list[tuple[int, list[int]]]) -> dict[int, torch.Tensor]:
         """Feed ``tokens`` to each ``seq``; return the logits of each sequence's last row."""
@@ -135,11 +132,19 @@ class PagedRunner:
         tables = [self.tables[seq] + [0] * (width - len(self.tables[seq])) for seq, _ in work]
         t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)
         batch = ForwardBatch(
-            input_ids=t(ids), positions=t(positions),
-            query_start=t([0] + torch.tensor(qlens).cumsum(0).tolist()), context_lens=t(clens),
-            block_tables=t(tables), slot_mapping=t(slots), logits_rows=t(list(range(len(ids)))),
-            state_slots=t([-1] * len(work)), state_fresh=torch.tensor(fresh, device=self.device),
-            query_lens_host=tuple(qlens), context_lens_host=tuple(clens), block_size=self.block_size)
+            input_ids=t(ids),
+            positions=t(positions),
+            query_start=t([0] + torch.tensor(qlens).cumsum(0).tolist()),
+            context_lens=t(clens),
+            block_tables=t(tables),
+            slot_mapping=t(slots),
+            logits_rows=t(list(range(len(ids)))),
+            state_slots=t([-1] * len(work)),
+            state_fresh=torch.tensor(fresh, device=self.device),
+            query_lens_host=tuple(qlens),
+            context_lens_host=tuple(clens),
+            block_size=self.block_size,
+        )
         out = self.model.forward(batch, self.kv).cpu()
         assert out.dtype == torch.float32 and out.shape == (len(ids), self.model.info.vocab_size)
         last: dict[int, torch.Tensor] = {}
@@ -154,13 +159,14 @@ class PagedRunner:
         return last
 
 
-def run_mixed_schedule(model, prompts: list[list[int]], *, decode_steps: int = 8,
-                       block_size: int = 4, device: str = "cpu") -> PagedRunner:
+def run_mixed_schedule(
+    model, prompts: list[list[int]], *, decode_steps: int = 8, block_size: int = 4, device: str = "cpu"
+) -> PagedRunner:
     """Chunked prefill of every prompt in 2 chunks, interleaved with greedy decode rows of the
     sequences already prefilled, then ``decode_steps`` pure-decode steps of all sequences."""
     runner = PagedRunner(model, block_size=block_size, device=device)
     next_token: dict[int, int] = {}
-    pending = {i: [p[: len(p) // 2], p[len(p) // 2:]] for i, p in enumerate(prompts)}
+    pending = {i: [p[: len(p) // 2], p[len(p) // 2 :]] for i, p in enumerate(prompts)}
     active: list[int] = []
     order = list(range(len(prompts)))
     while any(pending.values()):

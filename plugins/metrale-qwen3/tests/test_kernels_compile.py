@@ -9,8 +9,7 @@ import pytest
 from metrale_core.kernels import compile_ptx, compile_runtime_source, find_cu_files, nvcc_path, ptx_entries
 
 REPO = Path(__file__).resolve().parents[3]
-CU_FILES = [p for root in (REPO / "plugins", REPO / "metrale_core") if root.is_dir()
-            for p in find_cu_files(root)]
+CU_FILES = [p for root in (REPO / "plugins", REPO / "metrale_core") if root.is_dir() for p in find_cu_files(root)]
 OWN_KERNELS = {
     "rmsnorm.cu": "rmsnorm",
     "qk_norm_rope.cu": "qk_norm_rope",

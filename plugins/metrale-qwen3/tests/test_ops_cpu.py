@@ -44,8 +44,7 @@ def native_ops(monkeypatch) -> DecoderOps:
 
 
 def _all(ops: DecoderOps):
-    return (ops.rms_norm, ops.qk_norm_rope, ops.swiglu, ops.kv_write, ops.decode_attention,
-            ops.prefill_attention)
+    return (ops.rms_norm, ops.qk_norm_rope, ops.swiglu, ops.kv_write, ops.decode_attention, ops.prefill_attention)
 
 
 def test_ops_choose_the_c_kernels_on_cpu_unless_native_is_forced(monkeypatch):
@@ -96,8 +95,17 @@ def test_qk_norm_rope_rotates_pairs_i_and_i_plus_half(use_norm, ops):
 def test_rope_linear_and_llama3_scaling():
     base = rope_inv_freq(32, 500000.0)
     torch.testing.assert_close(rope_inv_freq(32, 500000.0, {"rope_type": "linear", "factor": 4.0}), base / 4)
-    llama3 = rope_inv_freq(32, 500000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    llama3 = rope_inv_freq(
+        32,
+        500000.0,
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    )
     wavelen = 2 * math.pi / base
     assert torch.equal(llama3[wavelen < 8192 / 4], base[wavelen < 8192 / 4])  # high freq untouched
     torch.testing.assert_close(llama3[wavelen > 8192], base[wavelen > 8192] / 8)  # low freq / factor
@@ -129,8 +137,9 @@ def test_kv_write_rounds_into_a_bfloat16_cache_as_torch_does(ops):
     infinities and NaN included), bit for bit what ``.to(torch.bfloat16)`` gives."""
     k_cache, v_cache = torch.zeros(6, 4, 2, 16, dtype=torch.bfloat16), torch.zeros(6, 4, 2, 16, dtype=torch.bfloat16)
     k, v = randn(3, 2, 16) * 100, randn(3, 2, 16)
-    ties = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 3.3895e38, float("inf"),
-                         float("-inf"), float("nan"), 1e-40])  # halfway cases, overflow, subnormal
+    ties = torch.tensor(
+        [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.3895e38, float("inf"), float("-inf"), float("nan"), 1e-40]
+    )  # halfway cases, overflow, subnormal
     k[0, 0, :8] = ties
     slots = torch.tensor([9, 22, 3])
     ops.kv_write(k, v, k_cache, v_cache, slots)
@@ -167,17 +176,17 @@ def test_decode_attention_matches_per_sequence_softmax(hq, d, cache_dtype, ops):
     k_cache *= 3  # peaked softmax rows
     tables = torch.tensor([[7, 2, 9, 0, 0], [4, 0, 0, 0, 0], [1, 3, 5, 8, 6]])  # 0 = padding
     context = torch.tensor([9, 4, 19])  # crosses, ends on, and spans more than 16 positions
-    q = randn(3, hq + 3, d)[:, 1:hq + 1]  # a strided view, as split from a fused qkv projection
-    out = ops.decode_attention(q, k_cache, v_cache, tables, context, d ** -0.5, 19)
+    q = randn(3, hq + 3, d)[:, 1 : hq + 1]  # a strided view, as split from a fused qkv projection
+    out = ops.decode_attention(q, k_cache, v_cache, tables, context, d**-0.5, 19)
     for b in range(3):
         c = int(context[b])
         keys = k_cache[tables[b]].reshape(-1, 2, d)[:c]
         vals = v_cache[tables[b]].reshape(-1, 2, d)[:c]
-        ref = _naive_attention(q[b:b + 1], keys, vals, d ** -0.5)[0]
+        ref = _naive_attention(q[b : b + 1], keys, vals, d**-0.5)[0]
         torch.testing.assert_close(out[b].double(), ref, rtol=1e-5, atol=1e-5)
     k_cache[0].fill_(1e4)  # block 0 is only ever padding here: poisoning it changes nothing
     v_cache[0].fill_(1e4)
-    assert torch.equal(ops.decode_attention(q, k_cache, v_cache, tables, context, d ** -0.5, 19), out)
+    assert torch.equal(ops.decode_attention(q, k_cache, v_cache, tables, context, d**-0.5, 19), out)
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
@@ -193,11 +202,11 @@ def test_prefill_attention_attends_each_segment_causally(hq, d, cache_dtype, ops
     segments = ((0, 5, 0, 11), (5, 9, 1, 4), (9, 18, 2, 14), (18, 20, 3, 12))
     q = randn(21, hq + 1, d)[:, :hq]  # a strided view; row 20 is a decode row, not ours
     out = torch.full((21, hq, d), 7.0)
-    ops.prefill_attention(out, q, k_cache, v_cache, tables, segments, d ** -0.5)
+    ops.prefill_attention(out, q, k_cache, v_cache, tables, segments, d**-0.5)
     for start, end, seq, context in segments:
         keys = k_cache[tables[seq]].reshape(-1, 2, d)[:context]
         vals = v_cache[tables[seq]].reshape(-1, 2, d)[:context]
-        ref = _naive_attention(q[start:end], keys, vals, d ** -0.5)
+        ref = _naive_attention(q[start:end], keys, vals, d**-0.5)
         torch.testing.assert_close(out[start:end].double(), ref, rtol=1e-5, atol=1e-5)
     assert (out[20] == 7.0).all()  # rows outside the segments are left alone
 
@@ -213,13 +222,13 @@ def test_gathered_decode_attention_equals_the_paged_oracle(hq, dtype, native_ops
     gather = DecodeGather.build(tables, context, 16, block_size=4)
     assert gather.slots.shape == (3 * 16,) and gather.mask.shape == (3, 1, 1, 16)
     assert gather.mask.sum().item() == 9 + 4 + 16
-    out = attend_decode_gathered(q, k_cache, v_cache, gather, 8 ** -0.5)
-    ref = native_ops.decode_attention(q, k_cache, v_cache, tables, context, 8 ** -0.5, 16)
+    out = attend_decode_gathered(q, k_cache, v_cache, gather, 8**-0.5)
+    ref = native_ops.decode_attention(q, k_cache, v_cache, tables, context, 8**-0.5, 16)
     assert out.dtype == dtype and out.shape == q.shape
     tol = 1e-6 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
     k_cache[0].fill_(1e4)  # block 0 is only ever padding here: poisoning it changes nothing
-    torch.testing.assert_close(attend_decode_gathered(q, k_cache, v_cache, gather, 8 ** -0.5), out)
+    torch.testing.assert_close(attend_decode_gathered(q, k_cache, v_cache, gather, 8**-0.5), out)
 
 
 def test_apply_rope_is_bit_identical_to_the_rotate_half_form():
@@ -233,10 +242,10 @@ def test_prefill_attention_attends_to_prefix_and_causal_rows():
     k_cache, v_cache = _paged_cache()
     table = torch.tensor([6, 1, 8, 0])
     q = randn(5, 4, 8)  # the last 5 of 11 positions: 6 cached before this chunk
-    out = prefill_attention(q, k_cache, v_cache, table, 11, 8 ** -0.5)
+    out = prefill_attention(q, k_cache, v_cache, table, 11, 8**-0.5)
     keys = k_cache[table].reshape(-1, 2, 8)[:11]
     vals = v_cache[table].reshape(-1, 2, 8)[:11]
-    torch.testing.assert_close(out.double(), _naive_attention(q, keys, vals, 8 ** -0.5), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), _naive_attention(q, keys, vals, 8**-0.5), rtol=1e-5, atol=1e-5)
 
 
 def test_qk_rope_same_for_split_views_and_for_each_new_sin_table(native_ops):

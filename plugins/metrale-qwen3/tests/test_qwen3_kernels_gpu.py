@@ -32,8 +32,9 @@ def ops():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rmsnorm_kernel(ops, dtype):
     x, w = _rand(37, 200, dtype=dtype), _rand(200, dtype=dtype)
-    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), ops.rms_norm.forward_native(x, w, 1e-6),
-                               rtol=DTYPES[dtype], atol=DTYPES[dtype])
+    torch.testing.assert_close(
+        ops.rms_norm(x, w, 1e-6), ops.rms_norm.forward_native(x, w, 1e-6), rtol=DTYPES[dtype], atol=DTYPES[dtype]
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -57,8 +58,9 @@ def test_qk_norm_rope_kernel_on_strided_views(ops, dtype, use_norm):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_swiglu_kernel(ops, dtype):
     gate_up = _rand(13, 2 * 300, dtype=dtype)
-    torch.testing.assert_close(ops.swiglu(gate_up), ops.swiglu.forward_native(gate_up),
-                               rtol=DTYPES[dtype], atol=DTYPES[dtype])
+    torch.testing.assert_close(
+        ops.swiglu(gate_up), ops.swiglu.forward_native(gate_up), rtol=DTYPES[dtype], atol=DTYPES[dtype]
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -81,21 +83,33 @@ def test_paged_attention_decode_kernel(ops, dtype, hq, hk, d):
     tables = torch.stack([perm[:10], perm[10:20], perm[20:30], perm[30:40]])
     context = torch.tensor([1, 16, 77, 160], device="cuda")
     q = _rand(4, hq, d, dtype=dtype)
-    args = (q, k_cache, v_cache, tables, context, d ** -0.5, 160)
+    args = (q, k_cache, v_cache, tables, context, d**-0.5, 160)
     tol = DTYPES[dtype] * 2
-    torch.testing.assert_close(ops.decode_attention(*args), ops.decode_attention.forward_native(*args),
-                               rtol=tol, atol=tol)
+    torch.testing.assert_close(
+        ops.decode_attention(*args), ops.decode_attention.forward_native(*args), rtol=tol, atol=tol
+    )
 
 
 def test_model_on_gpu_matches_hf(tmp_path):
     from qwen3_harness import build_hf, load, max_logit_diff, open_store, run_mixed_schedule, save_checkpoint
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    hf = build_hf(Qwen3Config, Qwen3ForCausalLM, seed=7, vocab_size=96, hidden_size=64,
-                  intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
-                  num_key_value_heads=2, head_dim=32, tie_word_embeddings=True)
+    hf = build_hf(
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        seed=7,
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=True,
+    )
     model = load("qwen3", open_store(save_checkpoint(hf, tmp_path)), device="cuda")
     assert model.ops.qk_norm_rope.path == "cuda"
-    runner = run_mixed_schedule(model, [[5, 17, 3, 88, 41, 9, 60], [2, 70, 33], [44, 1, 90, 12, 8]],
-                                decode_steps=6, device="cuda")
+    runner = run_mixed_schedule(
+        model, [[5, 17, 3, 88, 41, 9, 60], [2, 70, 33], [44, 1, 90, 12, 8]], decode_steps=6, device="cuda"
+    )
     assert max_logit_diff(hf, runner) <= 1e-3

@@ -9,21 +9,49 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 CONFIGS = {
     # GQA ratio 1, tied head, head_dim 16 != 48 / 4.
-    "mha-tied": dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=4, head_dim=16, rope_theta=1e6,
-                     tie_word_embeddings=True),
+    "mha-tied": dict(
+        vocab_size=96,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=16,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+    ),
     # GQA ratio 4, untied head, attention bias, head_dim 8 != 32 / 8.
-    "gqa4-untied-bias": dict(vocab_size=96, hidden_size=32, intermediate_size=64,
-                             num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
-                             head_dim=8, attention_bias=True, tie_word_embeddings=False),
+    "gqa4-untied-bias": dict(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=8,
+        attention_bias=True,
+        tie_word_embeddings=False,
+    ),
     # GQA ratio 4 with one KV head, tied, head_dim 32 != 64 / 4, three layers.
-    "gqa4-one-kv-head": dict(vocab_size=96, hidden_size=64, intermediate_size=96,
-                             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
-                             head_dim=32, rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "gqa4-one-kv-head": dict(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
 }
 
-PROMPTS = [[5, 17, 3, 88, 41, 9, 60], [2, 70, 33, 14, 95, 7, 50, 21, 11, 64, 3, 8, 19], [44, 1, 90],
-           [12, 12, 80, 6, 37, 58, 29, 71, 4, 66]]
+PROMPTS = [
+    [5, 17, 3, 88, 41, 9, 60],
+    [2, 70, 33, 14, 95, 7, 50, 21, 11, 64, 3, 8, 19],
+    [44, 1, 90],
+    [12, 12, 80, 6, 37, 58, 29, 71, 4, 66],
+]
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -59,7 +87,7 @@ def test_qwen3_bfloat16_tracks_float32(tmp_path):
     # Feed the same tokens the fp32 run chose, so both runs see identical inputs.
     runner = run_mixed_schedule(bf16, PROMPTS[:2], decode_steps=0)
     for seq, toks in ref.tokens.items():
-        extra = toks[len(runner.tokens[seq]):]
+        extra = toks[len(runner.tokens[seq]) :]
         for tok in extra:
             runner.step([(seq, [tok])])
     scale = max(float(v.abs().max()) for v in ref.logits.values())

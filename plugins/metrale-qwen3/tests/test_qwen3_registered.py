@@ -21,8 +21,7 @@ def test_plugin_is_installed_and_registered():
     info = {p.name: p for p in reg.plugins}["qwen3"]
     assert info.error is None and info.distribution == "metrale-qwen3"
     assert sorted(info.components["model_loaders"]) == ["llama", "qwen2", "qwen3"]
-    for name, arch in [("qwen3", "Qwen3ForCausalLM"), ("llama", "LlamaForCausalLM"),
-                       ("qwen2", "Qwen2ForCausalLM")]:
+    for name, arch in [("qwen3", "Qwen3ForCausalLM"), ("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM")]:
         spec = reg.model_loaders[name]
         assert spec.model_types == (name,) and spec.architectures == (arch,)
         assert reg.find_model_loader({"model_type": name}).name == name
@@ -30,8 +29,15 @@ def test_plugin_is_installed_and_registered():
 
 
 def _tiny_llama(tmp_path, **overrides):
-    kwargs = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    kwargs = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     kwargs.update(overrides)
     return save_checkpoint(build_hf(LlamaConfig, LlamaForCausalLM, seed=0, **kwargs), tmp_path)
 

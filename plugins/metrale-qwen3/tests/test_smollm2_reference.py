@@ -9,9 +9,45 @@ from qwen3_harness import PagedRunner, load, needs_smol
 
 from metrale_core.weights import open_weights
 
-CHAT_PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411,
-               407, 19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1,
-               520, 9531, 198]
+CHAT_PROMPT = [
+    1,
+    9690,
+    198,
+    2683,
+    359,
+    253,
+    5356,
+    5646,
+    11173,
+    3365,
+    3511,
+    308,
+    34519,
+    28,
+    7018,
+    411,
+    407,
+    19712,
+    8182,
+    2,
+    198,
+    1,
+    4093,
+    198,
+    1780,
+    314,
+    260,
+    3575,
+    282,
+    4649,
+    47,
+    2,
+    198,
+    1,
+    520,
+    9531,
+    198,
+]
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,8 +65,7 @@ def test_smollm2_matches_hf_reference_outputs():
     last = runner.step([(0, [6403, 1980, 253, 655]), (1, CHAT_PROMPT[:20])])
     top = last[0].topk(5)
     assert top.indices.tolist() == [28, 281, 665, 260, 253]
-    torch.testing.assert_close(top.values, torch.tensor([18.142, 14.083, 13.367, 12.936, 12.928]),
-                               rtol=0, atol=2e-3)
+    torch.testing.assert_close(top.values, torch.tensor([18.142, 14.083, 13.367, 12.936, 12.928]), rtol=0, atol=2e-3)
     last = runner.step([(0, [28]), (1, CHAT_PROMPT[20:])])
     new_ids = []
     for _ in range(8):

@@ -70,11 +70,12 @@ def test_quantized_projections_keep_the_gguf_codes_and_scales(qtype, kernel_path
     expected = np.concatenate([dequantize(r.data, qtype, r.shape) for r in raws])
     # (codes, d, m) rebuild the GGUF values exactly
     parts = [gguf_blocks(r) for r in raws]
-    rebuilt = np.concatenate([(c.reshape(c.shape[0], -1, 32) * d[..., None] + m[..., None]).reshape(c.shape)
-                              for c, d, m, _ in parts])
+    rebuilt = np.concatenate(
+        [(c.reshape(c.shape[0], -1, 32) * d[..., None] + m[..., None]).reshape(c.shape) for c, d, m, _ in parts]
+    )
     np.testing.assert_array_equal(rebuilt, expected)
     bits = 8 if qtype == "Q8_0" else 4
-    assert all(b_ == bits and c.min() >= 0 and c.max() < 2 ** bits for c, _, _, b_ in parts)
+    assert all(b_ == bits and c.min() >= 0 and c.max() < 2**bits for c, _, _, b_ in parts)
     lin = int4_from_gguf(raws)
     assert isinstance(lin, kernel_path) and lin.out_features == 48
     # the kernel applied to the identity returns the stored matrix: the VNNI kernel quantizes a
@@ -90,8 +91,11 @@ HAS_AMX = {"amx_tile", "amx_int8"} <= cpu_flags()
 
 def _matmul_paths() -> list[str]:
     isas = cpu_isa_params()
-    return [*(["avx512-vnni", "avx512-amx"] if "avx512" in isas else []), *(["avx2"] if "avx2" in isas else []),
-            *(["none"] if isas == ["none"] else [])]
+    return [
+        *(["avx512-vnni", "avx512-amx"] if "avx512" in isas else []),
+        *(["avx2"] if "avx2" in isas else []),
+        *(["none"] if isas == ["none"] else []),
+    ]
 
 
 @pytest.fixture(params=_matmul_paths())
@@ -114,7 +118,7 @@ def test_quantized_matmul_matches_its_reference(bits, rows, matmul_path):
     same maths in float64 torch ops (the activation codes are bit-exact, so only sums differ)."""
     rng = np.random.default_rng(rows)
     n, k = 64, 160
-    codes = rng.integers(0, 2 ** bits, (n, k))
+    codes = rng.integers(0, 2**bits, (n, k))
     d = (rng.random((n, k // 32)) * 0.02).astype(np.float32)
     m = (-rng.random((n, k // 32)) * 0.1).astype(np.float32)
     x = torch.randn(rows, k) * torch.linspace(0.01, 10, k)  # blocks of very different ranges
@@ -122,8 +126,10 @@ def test_quantized_matmul_matches_its_reference(bits, rows, matmul_path):
     want = cpu_qmatmul.reference(x, torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m))
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
     # ... and the reference is close to the float matmul it approximates
-    w = (torch.from_numpy(codes).reshape(n, -1, 32) * torch.from_numpy(d).half().float()[..., None]
-         + torch.from_numpy(m).half().float()[..., None]).reshape(n, k)
+    w = (
+        torch.from_numpy(codes).reshape(n, -1, 32) * torch.from_numpy(d).half().float()[..., None]
+        + torch.from_numpy(m).half().float()[..., None]
+    ).reshape(n, k)
     exact = x.double() @ w.double().T
     assert (want - exact).abs().max() < 0.02 * exact.abs().max()
 
@@ -188,8 +194,9 @@ def test_quantized_projections_multiply_batches_by_their_bfloat16_copy(rows, ker
     assert isinstance(lin, kind) and lin.dense.dtype == torch.bfloat16
     assert torch.equal(lin.dense, w.bfloat16())
     # the largest call that still reads the int8 codes
-    small = (linear_mod.BLOCK_QUANT_BATCH_ROWS if kind is BlockQuantLinear
-             else SMALL_BATCH_ROWS // getattr(lin, "planes", 1))
+    small = (
+        linear_mod.BLOCK_QUANT_BATCH_ROWS if kind is BlockQuantLinear else SMALL_BATCH_ROWS // getattr(lin, "planes", 1)
+    )
     x = torch.randn(small + 1, 64)
     by_copy = lin(x)
     torch.testing.assert_close(by_copy, (x.bfloat16() @ w.bfloat16().T).float(), rtol=0, atol=0)
@@ -216,11 +223,49 @@ def test_weight_format_comes_from_options_then_environment(monkeypatch):
 
 # --- the real model -------------------------------------------------------------------------
 
-PROMPTS = [[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411,
-            407, 19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1,
-            520, 9531, 198],
-           [6403, 1980, 253, 655],
-           [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30]]
+PROMPTS = [
+    [
+        1,
+        9690,
+        198,
+        2683,
+        359,
+        253,
+        5356,
+        5646,
+        11173,
+        3365,
+        3511,
+        308,
+        34519,
+        28,
+        7018,
+        411,
+        407,
+        19712,
+        8182,
+        2,
+        198,
+        1,
+        4093,
+        198,
+        1780,
+        314,
+        260,
+        3575,
+        282,
+        4649,
+        47,
+        2,
+        198,
+        1,
+        520,
+        9531,
+        198,
+    ],
+    [6403, 1980, 253, 655],
+    [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30],
+]
 NEW_TOKENS = 16
 #: format -> (min teacher-forced top-1 agreement, max mean KL(exact || format)) over all positions.
 #: The VNNI kernel quantizes activations per block of 32 to int8, as llama.cpp does: measured
@@ -236,8 +281,10 @@ def _teacher_forced(model, sequences: list[list[int]], prompt_lens: list[int]) -
     """Log-probs ``[new, V]`` at every continuation position, each sequence in one prefill."""
     runner = PagedRunner(model, num_blocks=64, block_size=16)
     runner.step([(i, seq) for i, seq in enumerate(sequences)])
-    return [torch.stack([runner.logits[(i, p)] for p in range(n - 1, len(seq) - 1)]).log_softmax(-1)
-            for i, (seq, n) in enumerate(zip(sequences, prompt_lens))]
+    return [
+        torch.stack([runner.logits[(i, p)] for p in range(n - 1, len(seq) - 1)]).log_softmax(-1)
+        for i, (seq, n) in enumerate(zip(sequences, prompt_lens))
+    ]
 
 
 def _greedy(model, prompt: list[int]) -> list[int]:
@@ -256,20 +303,29 @@ def exact_reference():
     model = load("llama", open_weights(GGUF))
     assert model.weights.weight_format == "exact" and isinstance(model.weights.head, DenseLinear)
     sequences = [_greedy(model, p) for p in PROMPTS]
-    assert sequences[0][len(PROMPTS[0]):len(PROMPTS[0]) + 8] == [504, 3575, 282, 4649, 314, 7042, 30, 2]
+    assert sequences[0][len(PROMPTS[0]) : len(PROMPTS[0]) + 8] == [504, 3575, 282, 4649, 314, 7042, 30, 2]
     return sequences, _teacher_forced(model, sequences, [len(p) for p in PROMPTS])
 
 
 @pytest.mark.slow
 @real
-@pytest.mark.parametrize("fmt, path", [("bf16", "codes"), ("int8", "codes"), ("int8", "batch-copy"),
-                                       ("int4", "codes"), ("int4", "batch-copy"), ("auto", "codes")])
+@pytest.mark.parametrize(
+    "fmt, path",
+    [
+        ("bf16", "codes"),
+        ("int8", "codes"),
+        ("int8", "batch-copy"),
+        ("int4", "codes"),
+        ("int4", "batch-copy"),
+        ("auto", "codes"),
+    ],
+)
 def test_lossy_formats_stay_close_to_exact_on_smollm2(fmt, path, exact_reference, monkeypatch):
     """Teacher-forced prefill of whole sequences; ``path`` forces every call of a quantized
     projection through its codes (what decode of a few sequences reads) or its bfloat16 copy
     (bf16 has only the one dense path)."""
     for knob in ("SMALL_BATCH_ROWS", "BLOCK_QUANT_BATCH_ROWS"):
-        monkeypatch.setattr(linear_mod, knob, 10 ** 9 if path == "codes" else 0)
+        monkeypatch.setattr(linear_mod, knob, 10**9 if path == "codes" else 0)
     monkeypatch.setenv(WEIGHT_FORMAT_ENV, fmt)
     model = load("llama", open_weights(GGUF), weight_format=None)
     assert model.weights.weight_format == fmt
@@ -288,7 +344,9 @@ def test_lossy_formats_stay_close_to_exact_on_smollm2(fmt, path, exact_reference
     ref, new = torch.cat(reference), torch.cat(got)
     agreement = (ref.argmax(-1) == new.argmax(-1)).float().mean().item()
     kl = (ref.exp() * (ref - new)).sum(-1).mean().item()
-    print(f"\n{fmt} ({path}): teacher-forced top-1 agreement {agreement:.3f}, mean KL {kl:.4f} "
-          f"over {ref.shape[0]} positions")
+    print(
+        f"\n{fmt} ({path}): teacher-forced top-1 agreement {agreement:.3f}, mean KL {kl:.4f} "
+        f"over {ref.shape[0]} positions"
+    )
     min_agree, max_kl = BOUNDS[fmt] if path == "codes" else BOUNDS["bf16"]
     assert agreement >= min_agree and kl <= max_kl, (fmt, agreement, kl)

@@ -16,8 +16,7 @@ from __future__ import annotations
 from metrale_core import hookimpl
 from metrale_core.api import ProposerSpec, lazy_factory
 
-__all__ = ["metrale_engine_flags", "metrale_engine_started", "metrale_metrics",
-           "metrale_speculative_proposers"]
+__all__ = ["metrale_engine_flags", "metrale_engine_started", "metrale_metrics", "metrale_speculative_proposers"]
 
 _PROPOSERS = {
     "ngram": "prompt lookup: copy what followed the longest earlier match of the context's suffix",
@@ -30,22 +29,35 @@ _PROPOSERS = {
 def metrale_speculative_proposers(register) -> None:
     """Register the ngram, draft and mtp proposers."""
     for name, description in _PROPOSERS.items():
-        register(ProposerSpec(name=name, factory=lazy_factory(f"metrale_speculative.factories:make_{name}"),
-                              description=description))
+        register(
+            ProposerSpec(
+                name=name, factory=lazy_factory(f"metrale_speculative.factories:make_{name}"), description=description
+            )
+        )
 
 
 @hookimpl
 def metrale_engine_flags(parser) -> None:
     """``--speculative``, ``--num-draft-tokens``, ``--draft-model``, ``--spec-gate``."""
-    parser.add_argument("--speculative", choices=tuple(_PROPOSERS), default=None,
-                        help="speculative decoding proposer (default: off)")
-    parser.add_argument("--num-draft-tokens", type=int, default=4, metavar="K",
-                        help="draft tokens verified per step (default: 4)")
-    parser.add_argument("--draft-model", default=None, metavar="PATH",
-                        help="checkpoint of the draft model (draft) or with the MTP layer (mtp)")
-    parser.add_argument("--spec-gate", choices=("auto", "force"), default="auto",
-                        help="auto: turn speculation off per batch width while it delivers fewer "
-                             "tokens/s than plain decode; force: always speculate (default: auto)")
+    parser.add_argument(
+        "--speculative", choices=tuple(_PROPOSERS), default=None, help="speculative decoding proposer (default: off)"
+    )
+    parser.add_argument(
+        "--num-draft-tokens", type=int, default=4, metavar="K", help="draft tokens verified per step (default: 4)"
+    )
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        metavar="PATH",
+        help="checkpoint of the draft model (draft) or with the MTP layer (mtp)",
+    )
+    parser.add_argument(
+        "--spec-gate",
+        choices=("auto", "force"),
+        default="auto",
+        help="auto: turn speculation off per batch width while it delivers fewer "
+        "tokens/s than plain decode; force: always speculate (default: auto)",
+    )
 
 
 def _speculator_stats(engine):
@@ -69,5 +81,4 @@ def metrale_engine_started(engine) -> None:
     if stats is not None:
         from metrale_speculative.spec_stats import describe_summary
 
-        engine.snapshots.add_extras_provider("speculative", stats.summary, label="speculative",
-                                             format=describe_summary)
+        engine.snapshots.add_extras_provider("speculative", stats.summary, label="speculative", format=describe_summary)

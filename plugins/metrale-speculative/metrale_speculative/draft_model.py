@@ -31,12 +31,14 @@ class DraftModelProposer:
 
     wants_hidden = False
 
-    def __init__(self, draft_model: Any, target_info: Any, pipeline: Any, *, num_blocks: int,
-                 block_size: int = 16) -> None:
+    def __init__(
+        self, draft_model: Any, target_info: Any, pipeline: Any, *, num_blocks: int, block_size: int = 16
+    ) -> None:
         if draft_model.info.vocab_size != target_info.vocab_size:
             raise ConfigError(
                 f"draft model vocabulary ({draft_model.info.vocab_size}) differs from the target's "
-                f"({target_info.vocab_size}); use a draft model with the same tokenizer")
+                f"({target_info.vocab_size}); use a draft model with the same tokenizer"
+            )
         self.model = draft_model
         self.pipeline = pipeline
         self.cache = SideCache(draft_model, num_blocks, block_size)
@@ -62,13 +64,14 @@ class DraftModelProposer:
             for i, seq, ds, _ in live:
                 if step == 0:
                     tokens = seq.all_token_ids()
-                    chunks.append(cache.chunk(ds, ds.computed, tokens[ds.computed:]))
+                    chunks.append(cache.chunk(ds, ds.computed, tokens[ds.computed :]))
                 else:
                     chunks.append(cache.chunk(ds, seq.num_tokens - 1 + step, (drafts[i][-1],)))
             logits = cache.runner.execute(cache.plan(chunks))
             assert logits is not None  # the plan has a chunk per live sequence
-            tokens, qs = sample_drafts(self.pipeline, logits, [seq for _, seq, _, _ in live],
-                                       [drafts[i] for i, _, _, _ in live])
+            tokens, qs = sample_drafts(
+                self.pipeline, logits, [seq for _, seq, _, _ in live], [drafts[i] for i, _, _, _ in live]
+            )
             for (i, seq, ds, _), token, q in zip(live, tokens, qs):
                 drafts[i].append(token)
                 probs[i].append(q)

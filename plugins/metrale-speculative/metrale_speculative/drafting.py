@@ -22,11 +22,11 @@ from metrale_core.api import PositionKind, VerifyRow, inverse_cdf
 __all__ = ["sample_drafts"]
 
 
-def sample_drafts(pipeline: Any, logits: torch.Tensor, seqs: Seq[Any],
-                  drafts_so_far: Seq[Seq[int]]) -> tuple[list[int], list[torch.Tensor | None]]:
+def sample_drafts(
+    pipeline: Any, logits: torch.Tensor, seqs: Seq[Any], drafts_so_far: Seq[Seq[int]]
+) -> tuple[list[int], list[torch.Tensor | None]]:
     """One draft token per row of ``[B, V]`` ``logits``, and its ``q`` row (None when greedy)."""
-    rows = [VerifyRow(seq, tuple(seq.output_ids) + tuple(prev))
-            for seq, prev in zip(seqs, drafts_so_far)]
+    rows = [VerifyRow(seq, tuple(seq.output_ids) + tuple(prev)) for seq, prev in zip(seqs, drafts_so_far)]
     processed = pipeline.processed_logits(logits.float(), rows, [PositionKind.VERIFY] * len(rows))
     tokens: list[int] = []
     probs: list[torch.Tensor | None] = []

@@ -48,7 +48,7 @@ class MtpStore:
 
     def _name(self, name: str) -> str:
         if name.startswith("model.layers.0."):
-            return self._p + name[len("model.layers.0."):]
+            return self._p + name[len("model.layers.0.") :]
         if name == "model.norm.weight":
             return self._p + "shared_head.norm.weight"
         if name == "lm_head.weight":
@@ -91,9 +91,19 @@ class MtpProposer:
 
     wants_hidden = True
 
-    def __init__(self, block: Any, embed: torch.Tensor, enorm: torch.Tensor, hnorm: torch.Tensor,
-                 eh_proj: torch.Tensor, eps: float, pipeline: Any, *, num_blocks: int,
-                 block_size: int) -> None:
+    def __init__(
+        self,
+        block: Any,
+        embed: torch.Tensor,
+        enorm: torch.Tensor,
+        hnorm: torch.Tensor,
+        eh_proj: torch.Tensor,
+        eps: float,
+        pipeline: Any,
+        *,
+        num_blocks: int,
+        block_size: int,
+    ) -> None:
         self.block, self.embed, self.enorm, self.hnorm, self.eh_proj = block, embed, enorm, hnorm, eh_proj
         self.eps = eps
         self.pipeline = pipeline
@@ -104,9 +114,17 @@ class MtpProposer:
         return f"MtpProposer({self.block.info.architecture})"
 
     @classmethod
-    def from_checkpoint(cls, path: Any, target: Any, pipeline: Any, *, max_model_len: int,
-                        block_size: int, registry: Any = None,
-                        load: Any = None) -> MtpProposer:
+    def from_checkpoint(
+        cls,
+        path: Any,
+        target: Any,
+        pipeline: Any,
+        *,
+        max_model_len: int,
+        block_size: int,
+        registry: Any = None,
+        load: Any = None,
+    ) -> MtpProposer:
         """The MTP layer of checkpoint ``path``.  ``load(store)`` builds it: the engine's
         ``ProposerContext.load_model`` (the target's loading function and registry); without
         it, ``model_from_store`` with ``registry`` (tests and scripts)."""
@@ -115,11 +133,16 @@ class MtpProposer:
         store = open_weights(path)
         index = int(store.config["num_hidden_layers"])
         p = f"model.layers.{index}."
-        missing = [n for n in ("enorm.weight", "hnorm.weight", "eh_proj.weight",
-                               "shared_head.head.weight") if p + n not in store]
+        missing = [
+            n
+            for n in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.head.weight")
+            if p + n not in store
+        ]
         if missing:
-            raise ConfigError(f"{path} has no MTP layer {index} (missing {', '.join(p + n for n in missing)}); "
-                              "use --speculative ngram or draft for this checkpoint")
+            raise ConfigError(
+                f"{path} has no MTP layer {index} (missing {', '.join(p + n for n in missing)}); "
+                "use --speculative ngram or draft for this checkpoint"
+            )
         device = model_device(target)
         dtype = target.info.dtype
         mtp_store = MtpStore(store, index)
@@ -132,20 +155,28 @@ class MtpProposer:
             options = LoadOptions(dtype=str(dtype).removeprefix("torch."), device=str(device))
             block = model_from_store(mtp_store, options, registry)[1]
         if not hasattr(block, "forward_with_hidden"):
-            raise ConfigError(f"the {block.info.architecture} loader's model has no "
-                              "forward_with_hidden(inputs_embeds=...); it cannot run an MTP layer")
+            raise ConfigError(
+                f"the {block.info.architecture} loader's model has no "
+                "forward_with_hidden(inputs_embeds=...); it cannot run an MTP layer"
+            )
         d = int(store.config["hidden_size"])
 
         def get(name, shape):
             return store.get(name, dtype=dtype, shape=shape).to(device)
 
-        embed_name = p + "embed_tokens.weight" if p + "embed_tokens.weight" in store \
-            else "model.embed_tokens.weight"
+        embed_name = p + "embed_tokens.weight" if p + "embed_tokens.weight" in store else "model.embed_tokens.weight"
         need = -(-max_model_len // block_size)
-        return cls(block, get(embed_name, (target.info.vocab_size, d)), get(p + "enorm.weight", (d,)),
-                   get(p + "hnorm.weight", (d,)), get(p + "eh_proj.weight", (d, 2 * d)),
-                   float(store.config.get("rms_norm_eps", 1e-6)), pipeline,
-                   num_blocks=max(need, 4 * need), block_size=block_size)
+        return cls(
+            block,
+            get(embed_name, (target.info.vocab_size, d)),
+            get(p + "enorm.weight", (d,)),
+            get(p + "hnorm.weight", (d,)),
+            get(p + "eh_proj.weight", (d, 2 * d)),
+            float(store.config.get("rms_norm_eps", 1e-6)),
+            pipeline,
+            num_blocks=max(need, 4 * need),
+            block_size=block_size,
+        )
 
     # --- hidden states from the target ---------------------------------------------------------
     def observe(self, report: StepReport) -> None:
@@ -161,7 +192,7 @@ class MtpProposer:
                 if track is None or chunk.start == 0 or chunk.start != track.base + fed + len(track.pending):
                     track = self.tracks[rid] = _Track(base=chunk.start)
                     self.cache.retain(r for r in self.cache.seqs if r != rid)
-                track.pending.extend(report.hidden[row:row + n])
+                track.pending.extend(report.hidden[row : row + n])
             row += chunk.num_tokens
         live = {c.seq.request_id for c in report.plan.chunks if c.seq.request_id in report.committed_rows}
         for rid in [r for r in self.tracks if r not in live and r not in self.cache.seqs]:
@@ -202,16 +233,14 @@ class MtpProposer:
                 continue  # hidden states do not reach the last committed position yet
             tokens = seq.all_token_ids()
             positions = list(range(first, seq.num_tokens - 1))
-            row = (ds, ds.computed, [tokens[p + 1] for p in positions], torch.stack(track.pending),
-                   positions)
+            row = (ds, ds.computed, [tokens[p + 1] for p in positions], torch.stack(track.pending), positions)
             live.append((i, seq, ds, cap, row))
         drafts: list[list[int]] = [[] for _ in seqs]
         probs: list[list] = [[] for _ in seqs]
         step = 0
         while live:
             logits, hidden = self._run([entry[4] for entry in live])
-            tokens, qs = sample_drafts(self.pipeline, logits, [e[1] for e in live],
-                                       [drafts[e[0]] for e in live])
+            tokens, qs = sample_drafts(self.pipeline, logits, [e[1] for e in live], [drafts[e[0]] for e in live])
             nxt = []
             for (i, seq, ds, cap, _row), token, q, h in zip(live, tokens, qs, hidden):
                 drafts[i].append(token)

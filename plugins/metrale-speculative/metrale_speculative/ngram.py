@@ -30,12 +30,12 @@ def ngram_draft(tokens: Seq[int], min_n: int, max_n: int, k: int) -> tuple[int, 
         return ()
     arr = np.asarray(tokens, dtype=np.int64)
     for n in range(min(max_n, size - 1), min_n - 1, -1):
-        suffix = arr[size - n:]
-        windows = sliding_window_view(arr[:size - 1], n)  # starts 0 .. size-1-n
+        suffix = arr[size - n :]
+        windows = sliding_window_view(arr[: size - 1], n)  # starts 0 .. size-1-n
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if hits.size:
             start = int(hits[0]) + n
-            return tuple(int(t) for t in arr[start:start + k])
+            return tuple(int(t) for t in arr[start : start + k])
     return ()
 
 

@@ -36,8 +36,9 @@ class Proposer(Protocol):
 class GatedSpeculator:
     """Implements the engine's ``Speculator`` around one :class:`Proposer`."""
 
-    def __init__(self, proposer: Proposer, k: int, *, gate: SpecGate | None = None,
-                 stats: SpecStats | None = None) -> None:
+    def __init__(
+        self, proposer: Proposer, k: int, *, gate: SpecGate | None = None, stats: SpecStats | None = None
+    ) -> None:
         if k < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {k}")
         self.proposer = proposer
@@ -60,11 +61,9 @@ class GatedSpeculator:
     def observe(self, report: StepReport) -> None:
         for o in report.outcomes:
             self.stats.record_verify(o.num_proposed, o.num_accepted, o.num_emitted)
-        if report.num_decode_seqs and not report.num_prefill_tokens and \
-                self._last_speculative is not None:
+        if report.num_decode_seqs and not report.num_prefill_tokens and self._last_speculative is not None:
             before = self.gate.switches
-            self.gate.record(report.num_decode_seqs, self._last_speculative, report.num_emitted,
-                             report.duration_s)
+            self.gate.record(report.num_decode_seqs, self._last_speculative, report.num_emitted, report.duration_s)
             if self.gate.switches != before:
                 bump(self.stats, "gate_switches", self.gate.switches - before)
                 logger.info("speculation gate: batch-width buckets now {}", self.gate.describe())

@@ -28,16 +28,27 @@ class CharTokenizer:
         return "".join(chr(ord("a") + int(t) % 26) for t in ids)
 
 
-def write_qwen3(directory: Path, seed: int, *, layers: int = 2, hidden: int = 32,
-                mtp: bool = False, vocab: int = VOCAB) -> Path:
+def write_qwen3(
+    directory: Path, seed: int, *, layers: int = 2, hidden: int = 32, mtp: bool = False, vocab: int = VOCAB
+) -> Path:
     """A random Qwen3 checkpoint (no EOS) in ``directory``; with ``mtp`` an MTP layer too."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=8, max_position_embeddings=512, tie_word_embeddings=False,
-                         eos_token_id=None, bos_token_id=None, rope_theta=10000.0)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        rope_theta=10000.0,
+    )
     model = Qwen3ForCausalLM(config).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -58,8 +69,9 @@ def _add_mtp_layer(directory: Path, index: int, hidden: int, gen: torch.Generato
     for name, t in list(tensors.items()):
         if name.startswith("model.layers.0."):  # a decoder layer's shapes, fresh values
             noise = torch.randn(t.shape, generator=gen)
-            tensors[p + name[len("model.layers.0."):]] = (1.0 + 0.2 * noise if "norm" in name
-                                                         else 0.3 * noise).contiguous()
+            tensors[p + name[len("model.layers.0.") :]] = (
+                1.0 + 0.2 * noise if "norm" in name else 0.3 * noise
+            ).contiguous()
     tensors[p + "enorm.weight"] = 1.0 + 0.1 * torch.randn(hidden, generator=gen)
     tensors[p + "hnorm.weight"] = 1.0 + 0.1 * torch.randn(hidden, generator=gen)
     # a weak but informative head: the block passes the token embedding through (zero attention
@@ -80,8 +92,10 @@ def write_perturbed(src: Path, directory: Path, seed: int, scale: float = 0.1) -
     directory.mkdir(parents=True, exist_ok=True)
     shutil.copy(src / "config.json", directory / "config.json")
     gen = torch.Generator().manual_seed(seed)
-    tensors = {name: (t + scale * t.std() * torch.randn(t.shape, generator=gen)).contiguous()
-               for name, t in load_file(src / "model.safetensors").items()}
+    tensors = {
+        name: (t + scale * t.std() * torch.randn(t.shape, generator=gen)).contiguous()
+        for name, t in load_file(src / "model.safetensors").items()
+    }
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
     return directory
 
@@ -93,20 +107,26 @@ def load(path: Path, registry: Any = None):
     return load_checkpoint_model(path, registry)
 
 
-def run(model, requests: list[tuple[str, list[int], SamplingParams]], *, speculator=None,
-        registry=None, tokenizer=None, plain_ids: tuple[str, ...] = (), max_steps: int = 500,
-        **config) -> dict[str, dict]:
+def run(
+    model,
+    requests: list[tuple[str, list[int], SamplingParams]],
+    *,
+    speculator=None,
+    registry=None,
+    tokenizer=None,
+    plain_ids: tuple[str, ...] = (),
+    max_steps: int = 500,
+    **config,
+) -> dict[str, dict]:
     """Run ``requests`` to completion; per request: tokens, finish_reason, text, steps."""
     settings = dict(block_size=4, num_kv_blocks=256, max_num_seqs=8, max_prefill_tokens=64)
     settings.update(config)
-    engine = LLMEngine(model, EngineConfig(**settings), tokenizer=tokenizer, registry=registry,
-                       speculator=speculator)
+    engine = LLMEngine(model, EngineConfig(**settings), tokenizer=tokenizer, registry=registry, speculator=speculator)
     for rid, prompt, params in requests:
         engine.add_request(rid, prompt, params)
         if rid in plain_ids:
             engine.scheduler.seqs[rid].extras["speculative"] = False
-    result = {rid: {"tokens": [], "finish_reason": None, "text": "", "steps": 0}
-              for rid, _, _ in requests}
+    result = {rid: {"tokens": [], "finish_reason": None, "text": "", "steps": 0} for rid, _, _ in requests}
     steps = 0
     while engine.has_unfinished():
         steps += 1
@@ -124,5 +144,4 @@ def run(model, requests: list[tuple[str, list[int], SamplingParams]], *, specula
 
 def streams(result: dict) -> dict:
     """The comparable part of a run (tokens, finish reason, text)."""
-    return {rid: (r["tokens"], r["finish_reason"], r["text"]) for rid, r in result.items()
-            if not rid.startswith("_")}
+    return {rid: (r["tokens"], r["finish_reason"], r["text"]) for rid, r in result.items() if not rid.startswith("_")}

@@ -69,16 +69,20 @@ def _speculator(name, target, other_draft, mtp_dir=None):
     if name == "mtp":
         from metrale_speculative.mtp import MtpProposer
 
-        return lambda ctx: GatedSpeculator(MtpProposer.from_checkpoint(
-            mtp_dir, ctx.model, ctx.pipeline, max_model_len=ctx.max_model_len, block_size=4), 3,
-            gate=gate)
+        return lambda ctx: GatedSpeculator(
+            MtpProposer.from_checkpoint(
+                mtp_dir, ctx.model, ctx.pipeline, max_model_len=ctx.max_model_len, block_size=4
+            ),
+            3,
+            gate=gate,
+        )
     if name == "ngram":
         return lambda ctx: GatedSpeculator(NgramProposer(1, 3), 4, gate=gate)
     draft = target if name == "draft_self" else other_draft
     k = 3 if name == "draft_self" else 2
     return lambda ctx: GatedSpeculator(
-        DraftModelProposer(draft, ctx.model.info, ctx.pipeline, num_blocks=256, block_size=4), k,
-        gate=gate)
+        DraftModelProposer(draft, ctx.model.info, ctx.pipeline, num_blocks=256, block_size=4), k, gate=gate
+    )
 
 
 @pytest.mark.parametrize("name", ["ngram", "draft_self", "draft_other", "mtp"])
@@ -92,8 +96,13 @@ def test_spec_greedy_equivalence_qwen3(target, other_draft, mtp_dir, name):
     expected = streams(run(target, requests, tokenizer=tok))
     assert expected["stoptok"][1] == "stop" and len(expected["stoptok"][0]) < 24
     assert expected["stopstr"][1] == "stop" and len(expected["stopstr"][0]) < 24
-    got_run = run(target, requests, tokenizer=tok, plain_ids=("plain",),
-                  speculator=_speculator(name, target, other_draft, mtp_dir))
+    got_run = run(
+        target,
+        requests,
+        tokenizer=tok,
+        plain_ids=("plain",),
+        speculator=_speculator(name, target, other_draft, mtp_dir),
+    )
     assert streams(got_run) == expected
     stats = got_run["_engine"].spec_driver.speculator.stats
     assert stats.num_verifies > 0 and stats.drafts_accepted > 0

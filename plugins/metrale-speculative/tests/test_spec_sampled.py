@@ -32,8 +32,9 @@ class TableModel:
     def __init__(self, seed: int) -> None:
         gen = torch.Generator().manual_seed(seed)
         self.table = 1.5 * torch.randn(V, V, generator=gen)
-        self.info = ModelInfo(architecture="table", vocab_size=V, max_position=64,
-                              kv=KVLayout(num_layers=1, num_kv_heads=1, head_dim=1))
+        self.info = ModelInfo(
+            architecture="table", vocab_size=V, max_position=64, kv=KVLayout(num_layers=1, num_kv_heads=1, head_dim=1)
+        )
 
     def make_state_pool(self, num_slots: int):
         return None
@@ -72,8 +73,9 @@ def _chi2_pvalue(observed: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def _sample(target: TableModel, speculator) -> tuple[torch.Tensor, dict]:
-    engine = LLMEngine(target, EngineConfig(block_size=4, num_kv_blocks=8 * 256, max_num_seqs=256),
-                       speculator=speculator)
+    engine = LLMEngine(
+        target, EngineConfig(block_size=4, num_kv_blocks=8 * 256, max_num_seqs=256), speculator=speculator
+    )
     for i in range(N):
         engine.add_request(f"r{i}", [0], SamplingParams(seed=1000 + i, **PARAMS))
     outputs: dict[str, list[int]] = {}
@@ -100,9 +102,14 @@ def _check(counts: torch.Tensor, target: TableModel) -> None:
 
 def test_spec_sampled_draft_model_matches_target():
     target, drafter = TableModel(seed=0), TableModel(seed=7)
-    counts, stats = _sample(target, lambda ctx: GatedSpeculator(
-        DraftModelProposer(drafter, target.info, ctx.pipeline, num_blocks=4 * 256, block_size=4),
-        2, gate=SpecGate(force=True)))
+    counts, stats = _sample(
+        target,
+        lambda ctx: GatedSpeculator(
+            DraftModelProposer(drafter, target.info, ctx.pipeline, num_blocks=4 * 256, block_size=4),
+            2,
+            gate=SpecGate(force=True),
+        ),
+    )
     assert stats.num_verifies > 0 and 0 < stats.drafts_accepted < stats.drafts_proposed
     _check(counts, target)
 
@@ -124,6 +131,7 @@ def test_spec_sampled_wrong_rule_is_detected():
         return speculation.Verdict(len(draft), tuple(draft) + (int(processed[-1].argmax()),))
 
     import metrale_core.engine.verifier as verifier
+
     verifier.accept = accept_all
     try:
         target = TableModel(seed=0)

@@ -26,8 +26,7 @@ class ScriptedProposer:
     wants_hidden = False
 
     def __init__(self, events, wrong=None, skip=None) -> None:
-        self.scripts = {e.request_id: SeqScript(e.prompt, e.output)
-                        for e in events if isinstance(e, Arrive)}
+        self.scripts = {e.request_id: SeqScript(e.prompt, e.output) for e in events if isinstance(e, Arrive)}
         self.wrong = wrong or {}
         self.skip = skip or {}
         self.calls: dict[str, int] = {}
@@ -43,8 +42,14 @@ class ScriptedProposer:
                 out.append(None)
                 continue
             n = len(seq.output_ids)
-            out.append(Draft([WRONG if n + j in self.wrong.get(rid, ()) else
-                              script.token_at(seq.num_tokens + j, 2) for j in range(k)]))
+            out.append(
+                Draft(
+                    [
+                        WRONG if n + j in self.wrong.get(rid, ()) else script.token_at(seq.num_tokens + j, 2)
+                        for j in range(k)
+                    ]
+                )
+            )
         return out
 
     def observe(self, report) -> None:
@@ -67,25 +72,35 @@ SCENARIOS = {
     # max_tokens ends the sequence in the middle of an accepted draft
     "spec_verify_k4": lambda: _scenario("spec_verify_k4", [Arrive(0, "a", max_tokens=7, **A)], 4),
     "spec_batched_verify": lambda: _scenario(
-        "spec_batched_verify", [Arrive(0, "a", **A), Arrive(0, "b", **B), Arrive(2, "c", **C)], 3,
-        wrong={"b": {3}}),
+        "spec_batched_verify", [Arrive(0, "a", **A), Arrive(0, "b", **B), Arrive(2, "c", **C)], 3, wrong={"b": {3}}
+    ),
     # 0, 1, 2 and 3 of 4 drafts accepted, then EOS inside a draft
     "spec_partial_accepts": lambda: _scenario(
-        "spec_partial_accepts", [Arrive(0, "a", max_tokens=20, **A)], 4, wrong={"a": {1, 3, 6, 10}}),
+        "spec_partial_accepts", [Arrive(0, "a", max_tokens=20, **A)], 4, wrong={"a": {1, 3, 6, 10}}
+    ),
     # steps without a draft for one sequence while the other verifies (plain + verify rows)
     "spec_zero_draft_steps": lambda: _scenario(
-        "spec_zero_draft_steps", [Arrive(0, "a", **A), Arrive(0, "b", **B)], 2,
-        skip={"a": {0, 2, 3}, "b": {1}}),
+        "spec_zero_draft_steps", [Arrive(0, "a", **A), Arrive(0, "b", **B)], 2, skip={"a": {0, 2, 3}, "b": {1}}
+    ),
     "spec_cancel_during_verify": lambda: _scenario(
-        "spec_cancel_during_verify", [Arrive(0, "a", **A), Arrive(0, "b", **B), Abort(3, "a")], 2),
+        "spec_cancel_during_verify", [Arrive(0, "a", **A), Arrive(0, "b", **B), Abort(3, "a")], 2
+    ),
     # recurrent state: the engine must roll the state back to the kept rows (commit_verify)
     "spec_recurrent_verify": lambda: _scenario(
-        "spec_recurrent_verify", [Arrive(0, "a", **A), Arrive(0, "b", **B)], 3,
-        wrong={"a": {2, 6}, "b": {4}}, model={"recurrent_fed_rows": True}),
+        "spec_recurrent_verify",
+        [Arrive(0, "a", **A), Arrive(0, "b", **B)],
+        3,
+        wrong={"a": {2, 6}, "b": {4}},
+        model={"recurrent_fed_rows": True},
+    ),
     # attention windows (two KV groups): verify rows and rollbacks while the window's blocks slide
     "spec_window_verify": lambda: _scenario(
-        "spec_window_verify", [Arrive(0, "a", **A), Arrive(0, "b", **B)], 3,
-        wrong={"a": {2, 6}, "b": {4}}, model={"window": 3}),
+        "spec_window_verify",
+        [Arrive(0, "a", **A), Arrive(0, "b", **B)],
+        3,
+        wrong={"a": {2, 6}, "b": {4}},
+        model={"window": 3},
+    ),
 }
 
 
@@ -100,7 +115,7 @@ def test_spec_scenario(name, golden):
     for rid, stream in result.streams.items():
         if stream.finish_reason == "abort":  # cut earlier or later: a prefix of the script
             script = scenario.speculator.proposer.scripts[rid].output
-            assert tuple(stream.token_ids) == script[:len(stream.token_ids)]
+            assert tuple(stream.token_ids) == script[: len(stream.token_ids)]
         else:
             assert stream.render() == plain.streams[rid].render()
     stats = scenario.speculator.stats

@@ -15,8 +15,7 @@ from metrale_speculative.ngram import NgramProposer
 from metrale_speculative.speculator import GatedSpeculator
 
 GGUF = Path.home() / ".cache/metrale/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not GGUF.exists(), reason="SmolLM2 GGUF not in the cache")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not GGUF.exists(), reason="SmolLM2 GGUF not in the cache")]
 
 
 def test_spec_smollm2_greedy_equivalence():
@@ -35,10 +34,10 @@ def test_spec_smollm2_greedy_equivalence():
     gate = SpecGate(force=True)
     for factory in (
         lambda ctx: GatedSpeculator(NgramProposer(2, 4), 4, gate=gate),
-        lambda ctx: GatedSpeculator(DraftModelProposer(ctx.model, ctx.model.info, ctx.pipeline,
-                                                       num_blocks=64, block_size=16), 2, gate=gate),
+        lambda ctx: GatedSpeculator(
+            DraftModelProposer(ctx.model, ctx.model.info, ctx.pipeline, num_blocks=64, block_size=16), 2, gate=gate
+        ),
     ):
-        got = run(loaded.model, requests, tokenizer=tok, block_size=16, num_kv_blocks=64,
-                  speculator=factory)
+        got = run(loaded.model, requests, tokenizer=tok, block_size=16, num_kv_blocks=64, speculator=factory)
         assert streams(got) == expected
         assert got["_engine"].spec_driver.speculator.stats.drafts_accepted > 0

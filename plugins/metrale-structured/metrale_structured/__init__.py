@@ -16,8 +16,7 @@ from __future__ import annotations
 from metrale_core import hookimpl
 from metrale_core.api import LogitProcessorSpec, PositionKind, lazy_factory
 
-__all__ = ["EXTRA_NAME", "NAME", "ORDER", "metrale_engine_started", "metrale_logit_processors",
-           "metrale_metrics"]
+__all__ = ["EXTRA_NAME", "NAME", "ORDER", "metrale_engine_started", "metrale_logit_processors", "metrale_metrics"]
 
 #: The processor's name in the registry (and in ``LogitPipeline.processor_names``).
 NAME = "structured-output"
@@ -31,11 +30,16 @@ EXTRA_NAME = "structured"
 @hookimpl
 def metrale_logit_processors(register) -> None:
     """Register ``structured-output``: the grammar mask of constrained requests."""
-    register(LogitProcessorSpec(
-        name=NAME, factory=lazy_factory("metrale_structured.processor:make_processor"),
-        order=ORDER, kinds=set(PositionKind),
-        description="structured output: masks the rows of requests with response_format / "
-                    "structured_outputs / json_schema / grammar / forced tool calls (llguidance)"))
+    register(
+        LogitProcessorSpec(
+            name=NAME,
+            factory=lazy_factory("metrale_structured.processor:make_processor"),
+            order=ORDER,
+            kinds=set(PositionKind),
+            description="structured output: masks the rows of requests with response_format / "
+            "structured_outputs / json_schema / grammar / forced tool calls (llguidance)",
+        )
+    )
 
 
 def _processor(engine):
@@ -52,8 +56,7 @@ def metrale_engine_started(engine) -> None:
     processor = _processor(engine)
     if processor is None or engine.tokenizer is None:
         return
-    processor.bind(engine.tokenizer, engine.model.info.vocab_size,
-                   engine.output_processor.eos_token_ids)
+    processor.bind(engine.tokenizer, engine.model.info.vocab_size, engine.output_processor.eos_token_ids)
     from metrale_structured.stats import STATS
 
     engine.snapshots.add_extras_provider(EXTRA_NAME, STATS.snapshot)
@@ -69,14 +72,22 @@ def metrale_metrics(engine):
     from metrale_structured.stats import STATS
 
     return [
-        CounterMetricFamily("metrale:structured_requests", "Constrained (structured-output) "
-                            "sequences masked", value=STATS.requests),
-        SummaryMetricFamily("metrale:structured_mask_seconds", "Seconds per step spent filling "
-                            "and applying grammar masks", count_value=STATS.mask_steps,
-                            sum_value=STATS.mask_seconds),
-        SummaryMetricFamily("metrale:structured_compile_seconds", "Seconds per grammar compile "
-                            "(cache misses)", count_value=STATS.compiled,
-                            sum_value=STATS.compile_total_s),
-        CounterMetricFamily("metrale:structured_grammar_cache_hits", "Compiled-grammar cache hits",
-                            value=STATS.cache_hits),
+        CounterMetricFamily(
+            "metrale:structured_requests", "Constrained (structured-output) sequences masked", value=STATS.requests
+        ),
+        SummaryMetricFamily(
+            "metrale:structured_mask_seconds",
+            "Seconds per step spent filling and applying grammar masks",
+            count_value=STATS.mask_steps,
+            sum_value=STATS.mask_seconds,
+        ),
+        SummaryMetricFamily(
+            "metrale:structured_compile_seconds",
+            "Seconds per grammar compile (cache misses)",
+            count_value=STATS.compiled,
+            sum_value=STATS.compile_total_s,
+        ),
+        CounterMetricFamily(
+            "metrale:structured_grammar_cache_hits", "Compiled-grammar cache hits", value=STATS.cache_hits
+        ),
     ]

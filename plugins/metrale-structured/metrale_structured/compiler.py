@@ -50,8 +50,7 @@ def llg_tokenizer(tokenizer_json: str, n_vocab: int, eos_ids: tuple[int, ...]) -
         tok = _TOKENIZERS.get(key)
         if tok is None:
             started = time.perf_counter()
-            tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=n_vocab,
-                                         eos_token=list(eos_ids) if eos_ids else None)
+            tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=n_vocab, eos_token=list(eos_ids) if eos_ids else None)
             STATS.tokenizer_setup_s += time.perf_counter() - started
             _TOKENIZERS[key] = tok
     return tok, f"{digest}:{n_vocab}:{','.join(map(str, eos_ids))}"
@@ -60,8 +59,7 @@ def llg_tokenizer(tokenizer_json: str, n_vocab: int, eos_ids: tuple[int, ...]) -
 class Compiler:
     """Compiles constraints for one tokenizer; hands out fresh matchers."""
 
-    def __init__(self, tokenizer_json: str, n_vocab: int, eos_ids: tuple[int, ...],
-                 tokenizer_vocab: int) -> None:
+    def __init__(self, tokenizer_json: str, n_vocab: int, eos_ids: tuple[int, ...], tokenizer_vocab: int) -> None:
         import llguidance
         import llguidance.numpy
 
@@ -133,7 +131,11 @@ class Compiler:
 
 
 def _reason(kind: str) -> str:
-    return {"json_schema": "invalid or unsupported JSON Schema", "regex": "invalid regex",
-            "choice": "invalid choice list", "grammar": "the GBNF grammar does not compile",
-            "lark": "the Lark grammar does not compile",
-            "tool_calls": "the tool call grammar does not compile"}.get(kind, kind)
+    return {
+        "json_schema": "invalid or unsupported JSON Schema",
+        "regex": "invalid regex",
+        "choice": "invalid choice list",
+        "grammar": "the GBNF grammar does not compile",
+        "lark": "the Lark grammar does not compile",
+        "tool_calls": "the tool call grammar does not compile",
+    }.get(kind, kind)

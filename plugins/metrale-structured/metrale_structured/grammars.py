@@ -73,14 +73,14 @@ def _schema(value: str, field: str) -> Any:
 
 def _json_grammar(schema: Any, field: str) -> str:
     try:
-        return _llg().LLMatcher.grammar_from_json_schema(
-            json.dumps(schema), defaults=_JSON_DEFAULTS)
+        return _llg().LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_JSON_DEFAULTS)
     except Exception as exc:  # llguidance raises ValueError / RuntimeError with the reason
         raise GrammarError(f"{field}: invalid or unsupported JSON Schema: {exc}") from None
 
 
-def grammar_text(kind: str, value: str, field: str = "response_format",
-                 special: Callable[[str], int | None] = lambda text: None) -> str:
+def grammar_text(
+    kind: str, value: str, field: str = "response_format", special: Callable[[str], int | None] = lambda text: None
+) -> str:
     """The llguidance grammar of one constraint (raises :class:`GrammarError`).
 
     ``special(text)``: the id when ``text`` is one special token of the tokenizer (tool-call tags
@@ -93,8 +93,7 @@ def grammar_text(kind: str, value: str, field: str = "response_format",
             return llg.LLMatcher.grammar_from_regex(value)
         if kind == "choice":
             choices = json.loads(value)
-            return llg.LLMatcher.grammar_from_lark(
-                "start: " + " | ".join(_lark_string(c) for c in choices) + "\n")
+            return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(_lark_string(c) for c in choices) + "\n")
         if kind == "grammar":
             return llg.grammar_from("gbnf", value)
         if kind == "lark":
@@ -130,9 +129,11 @@ def _json_embed(schema: Any) -> str:
 
 
 def _is_plain_string(schema: Any) -> bool:
-    return isinstance(schema, dict) and schema.get("type") == "string" and not (
-        set(schema) & {"enum", "const", "pattern", "format", "minLength", "maxLength"})
-
+    return (
+        isinstance(schema, dict)
+        and schema.get("type") == "string"
+        and not (set(schema) & {"enum", "const", "pattern", "format", "minLength", "maxLength"})
+    )
 
 
 def _raw_pattern(pattern: str) -> str:
@@ -160,8 +161,15 @@ def _value_rule(schema: Any) -> str:
     return _json_embed(schema)
 
 
-def _xml_params(params: dict, name: str, key_open: str, key_close: str, val_close: str,
-                rules: list[str], special: Callable[[str], int | None]) -> str:
+def _xml_params(
+    params: dict,
+    name: str,
+    key_open: str,
+    key_close: str,
+    val_close: str,
+    rules: list[str],
+    special: Callable[[str], int | None],
+) -> str:
     """Rules of a function's parameters in the tag formats: required ones in order, optional
     ones (in order) may be left out; returns the body rule's name."""
     props = params.get("properties") or {}
@@ -169,21 +177,25 @@ def _xml_params(params: dict, name: str, key_open: str, key_close: str, val_clos
     parts = []
     for i, (pname, pschema) in enumerate(props.items()):
         rule = f"p_{name}_{i}"
-        rules.append(f"{rule}: {_lit(key_open + pname + key_close, special)} "
-                     f"({_value_rule(pschema)}) {_lit(val_close, special)}")
+        rules.append(
+            f"{rule}: {_lit(key_open + pname + key_close, special)} ({_value_rule(pschema)}) {_lit(val_close, special)}"
+        )
         parts.append(rule if pname in required else f"{rule}?")
     body = f"args_{name}"
     rules.append(f"{body}: {' '.join(parts) if parts else chr(34) * 2}")
     return body
 
 
-def tool_call_lark(spec: dict, field: str = "tool_choice",
-                   special: Callable[[str], int | None] = lambda text: None) -> str:
+def tool_call_lark(
+    spec: dict, field: str = "tool_choice", special: Callable[[str], int | None] = lambda text: None
+) -> str:
     """The Lark grammar of forced tool calls in ``spec["format"]`` (see the module docstring)."""
     fmt, tools, parallel = spec.get("format"), spec.get("tools") or [], spec.get("parallel", True)
     if fmt not in TOOL_FORMATS:
-        raise GrammarError(f"{field}: forcing a tool call is not supported for the tool-call "
-                           f"format {fmt!r} (supported: {', '.join(TOOL_FORMATS)})")
+        raise GrammarError(
+            f"{field}: forcing a tool call is not supported for the tool-call "
+            f"format {fmt!r} (supported: {', '.join(TOOL_FORMATS)})"
+        )
     if not tools:
         raise GrammarError(f"{field}: no tool to call")
     rules: list[str] = []
@@ -191,20 +203,24 @@ def tool_call_lark(spec: dict, field: str = "tool_choice",
     for i, tool in enumerate(tools):
         name, params = tool["name"], _params(tool)
         if fmt == "hermes":
-            obj = {"type": "object", "properties": {"name": {"const": name}, "arguments": params},
-                   "required": ["name", "arguments"], "additionalProperties": False}
-            rules.append(f"call_{i}: {_lit('<tool_call>' + NL, special)} {_json_embed(obj)} "
-                         f"{_lit(NL + '</tool_call>', special)}")
+            obj = {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            rules.append(
+                f"call_{i}: {_lit('<tool_call>' + NL, special)} {_json_embed(obj)} {_lit(NL + '</tool_call>', special)}"
+            )
         elif fmt == "qwen3_coder":
-            body = _xml_params(params, str(i), "<parameter=", ">" + NL, NL + "</parameter>" + NL,
-                               rules, special)
-            rules.append(f"call_{i}: {_lit('<tool_call>' + NL + '<function=' + name + '>' + NL, special)} "
-                         f"{body} {_lit('</function>' + NL + '</tool_call>', special)}")
+            body = _xml_params(params, str(i), "<parameter=", ">" + NL, NL + "</parameter>" + NL, rules, special)
+            rules.append(
+                f"call_{i}: {_lit('<tool_call>' + NL + '<function=' + name + '>' + NL, special)} "
+                f"{body} {_lit('</function>' + NL + '</tool_call>', special)}"
+            )
         else:  # glm47
-            body = _xml_params(params, str(i), "<arg_key>", "</arg_key><arg_value>",
-                               "</arg_value>", rules, special)
-            rules.append(f"call_{i}: {_lit('<tool_call>' + name, special)} {body} "
-                         f"{_lit('</tool_call>', special)}")
+            body = _xml_params(params, str(i), "<arg_key>", "</arg_key><arg_value>", "</arg_value>", rules, special)
+            rules.append(f"call_{i}: {_lit('<tool_call>' + name, special)} {body} {_lit('</tool_call>', special)}")
         calls.append(f"call_{i}")
     rules.insert(0, f"call: {' | '.join(calls)}")
     sep = _lit(NL, special)

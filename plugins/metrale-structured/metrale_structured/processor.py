@@ -123,8 +123,9 @@ class StructuredProcessor:
 
         backend = getattr(tokenizer, "backend", None)
         if backend is None or not hasattr(backend, "to_str"):
-            logger.warning("structured output: the tokenizer has no tokenizer.json form; "
-                           "constrained requests will be refused")
+            logger.warning(
+                "structured output: the tokenizer has no tokenizer.json form; constrained requests will be refused"
+            )
             return
         self._eos = tuple(sorted(int(e) for e in eos_ids))
         n_vocab = max(int(vocab_size), int(tokenizer.vocab_size))
@@ -142,9 +143,11 @@ class StructuredProcessor:
         if spec is None:
             return
         if self.compiler is None:
-            raise StructuredOutputError(f"{spec.field}: constrained decoding needs the model's "
-                                        "tokenizer (tokenizer.json), and this engine has none",
-                                        param=spec.field)
+            raise StructuredOutputError(
+                f"{spec.field}: constrained decoding needs the model's "
+                "tokenizer (tokenizer.json), and this engine has none",
+                param=spec.field,
+            )
         try:
             self.compiler.matcher(spec.kind, spec.value, spec.field)
         except GrammarError as exc:
@@ -173,13 +176,12 @@ class StructuredProcessor:
             start, end = self._marks_of(spec)
             phase = "grammar"
             if end is not None:
-                phase = "thinking" if spec.starts_in_reasoning else ("start" if start is not None
-                                                                       else "grammar")
+                phase = "thinking" if spec.starts_in_reasoning else ("start" if start is not None else "grammar")
             state = seq.extras[EXTRA] = RowState(matcher, phase)
             STATS.requests += 1
         committed = seq.output_ids
         if state.consumed < len(committed):
-            if not state.advance(committed[state.consumed:], self._marks_of(seq.params.structured)):
+            if not state.advance(committed[state.consumed :], self._marks_of(seq.params.structured)):
                 _warn_failed(seq, state)
             state.consumed = len(committed)
         return state
@@ -208,8 +210,7 @@ class StructuredProcessor:
         rows only; ``__call__`` joins it, and uses it only for the same rows at the same
         lengths)."""
         self._settle()
-        if not self._overlaps() or self.compiler is None \
-                or any(getattr(r, "seq", r) is not r for r in ctx.rows):
+        if not self._overlaps() or self.compiler is None or any(getattr(r, "seq", r) is not r for r in ctx.rows):
             return
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
@@ -242,8 +243,11 @@ class StructuredProcessor:
         prepared = self._settle()
         self._logits_on_cpu = logits.device.type == "cpu"
         started = time.perf_counter()
-        if prepared is not None and prepared[0] == _key(ctx) \
-                and (prepared[1] is None or prepared[1][0].shape[1] == logits.shape[1]):
+        if (
+            prepared is not None
+            and prepared[0] == _key(ctx)
+            and (prepared[1] is None or prepared[1][0].shape[1] == logits.shape[1])
+        ):
             built = prepared[1]
             STATS.prepared_steps += 1
         else:
@@ -260,12 +264,12 @@ class StructuredProcessor:
         groups: dict[int, list[tuple[int, Any, tuple[int, ...]]]] = {}
         for j, row in enumerate(rows):
             seq = getattr(row, "seq", row)
-            pending = tuple(row.output_ids[len(seq.output_ids):]) if row is not seq else ()
+            pending = tuple(row.output_ids[len(seq.output_ids) :]) if row is not seq else ()
             groups.setdefault(id(seq), []).append((j, seq, pending))
         entries: list[tuple[Any, int, list[int]]] = []
-        target: list[tuple[int, int]] = []        # (logits row, mask row)
-        extra_allow: list[tuple[int, int]] = []   # (mask row, token id)
-        forced_eos: list[int] = []                # mask rows that may only end
+        target: list[tuple[int, int]] = []  # (logits row, mask row)
+        extra_allow: list[tuple[int, int]] = []  # (mask row, token id)
+        forced_eos: list[int] = []  # mask rows that may only end
         next_row = 0
         for members in groups.values():
             seq = members[0][1]
@@ -312,8 +316,7 @@ class StructuredProcessor:
         assert executor is not None  # made with the compiler in bind()
         words = (max(vocab, compiler.n_vocab) + 31) // 32
         if self._bitmask.shape[0] < num_rows or self._bitmask.shape[1] != words:
-            self._bitmask = np.zeros((max(num_rows, 2 * self._bitmask.shape[0]), words),
-                                     dtype=np.int32)
+            self._bitmask = np.zeros((max(num_rows, 2 * self._bitmask.shape[0]), words), dtype=np.int32)
         bitmask = self._bitmask[:num_rows]
         bitmask.fill(0)
         plain = [(m, r) for m, r, drafts in entries if not drafts]
@@ -323,9 +326,8 @@ class StructuredProcessor:
         if drafted:
             llnp.fill_next_token_bitmask_par_with_draft_tokens(executor, drafted, bitmask)
         # disallowed = the inverted bits, unpacked once (uint8 0/1, viewed as bool: no copy)
-        banned = np.unpackbits(np.invert(bitmask).view(np.uint8), axis=1,
-                               bitorder="little")[:, :vocab]
-        banned[:, compiler.tokenizer_vocab:] = 1  # model padding past the tokenizer
+        banned = np.unpackbits(np.invert(bitmask).view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+        banned[:, compiler.tokenizer_vocab :] = 1  # model padding past the tokenizer
         for r, token in extra_allow:
             banned[r, token] = 0
         for r in forced_eos:
@@ -349,8 +351,7 @@ def _usable_cpus() -> int:
 
 def _key(ctx: Any) -> tuple:
     """What a prepared mask was built for: each row's sequence and output length, and kind."""
-    return tuple((id(getattr(r, "seq", r)), len(r.output_ids)) for r in ctx.rows), \
-        tuple(ctx.kinds)
+    return tuple((id(getattr(r, "seq", r)), len(r.output_ids)) for r in ctx.rows), tuple(ctx.kinds)
 
 
 def _apply(logits: torch.Tensor, mask: torch.Tensor, index: list[int]) -> None:
@@ -366,8 +367,11 @@ def _apply(logits: torch.Tensor, mask: torch.Tensor, index: list[int]) -> None:
 
 def _warn_failed(seq: Any, state: RowState) -> None:
     STATS.matcher_errors += 1
-    logger.warning("structured output: request {!r}: the grammar rejected a committed token ({}); "
-                   "the sequence is ended", seq.request_id, state.matcher.get_error())
+    logger.warning(
+        "structured output: request {!r}: the grammar rejected a committed token ({}); the sequence is ended",
+        seq.request_id,
+        state.matcher.get_error(),
+    )
 
 
 def make_processor(config: Any = None) -> StructuredProcessor:

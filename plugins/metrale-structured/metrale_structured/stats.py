@@ -51,10 +51,14 @@ class StructuredStats:
     def snapshot(self) -> dict:
         """The dashboard's ``structured`` extra."""
         mean_ms = 1e3 * self.mask_seconds / self.mask_steps if self.mask_steps else 0.0
-        return {"requests": self.requests, "mask_ms_mean": round(mean_ms, 3),
-                "mask_ms_max": round(1e3 * self.mask_max_s, 3),
-                "prepared_steps": self.prepared_steps, "compiled": self.compiled,
-                "cache_hits": self.cache_hits}
+        return {
+            "requests": self.requests,
+            "mask_ms_mean": round(mean_ms, 3),
+            "mask_ms_max": round(1e3 * self.mask_max_s, 3),
+            "prepared_steps": self.prepared_steps,
+            "compiled": self.compiled,
+            "cache_hits": self.cache_hits,
+        }
 
 
 STATS = StructuredStats()

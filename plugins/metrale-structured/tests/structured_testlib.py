@@ -46,8 +46,7 @@ def qwen3_dir(tmp: Path) -> Path:
     return tmp
 
 
-def start(path: Path, *, registry=None, model_type: str, name: str = "m", engine=None,
-          **server_options):
+def start(path: Path, *, registry=None, model_type: str, name: str = "m", engine=None, **server_options):
     """A running server for the checkpoint at ``path``; returns ``(server, host)``."""
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.loading import load_model
@@ -60,8 +59,7 @@ def start(path: Path, *, registry=None, model_type: str, name: str = "m", engine
         loaded = load_model(path, progress=False)
         cfg = dict(kv_cache_memory=256 << 20, max_num_seqs=16)
         cfg.update(engine or {})
-        eng = LLMEngine(loaded.model, EngineConfig(**cfg), tokenizer=loaded.tokenizer,
-                        registry=registry)
+        eng = LLMEngine(loaded.model, EngineConfig(**cfg), tokenizer=loaded.tokenizer, registry=registry)
         return ServedModel(engine=eng, tokenizer=loaded.tokenizer, model_type=model_type)
 
     app = create_app(ServerConfig(served_model_name=name, **server_options), load, registry)

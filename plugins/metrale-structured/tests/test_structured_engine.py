@@ -13,8 +13,7 @@ import jsonschema
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "metrale-speculative"
-                       / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "metrale-speculative" / "tests"))
 
 from schemas import SCHEMAS
 from structured_testlib import qwen3_dir
@@ -33,15 +32,27 @@ def qwen3(tmp_path_factory):
 
 
 def _requests(tok):
-    prompt = tok.encode_chat([{"role": "user", "content": "Give two points as JSON."}],
-                             enable_thinking=False)
-    free = tok.encode_chat([{"role": "user", "content": "Count from one to ten."}],
-                           enable_thinking=False)
+    prompt = tok.encode_chat([{"role": "user", "content": "Give two points as JSON."}], enable_thinking=False)
+    free = tok.encode_chat([{"role": "user", "content": "Count from one to ten."}], enable_thinking=False)
     return [
-        ("ref", prompt, SamplingParams(temperature=0.0, max_tokens=40, structured=StructuredOutput(
-            "json_schema", json.dumps(SCHEMAS["ref-defs"]), "response_format"))),
-        ("ints", prompt, SamplingParams(temperature=0.0, max_tokens=30, structured=StructuredOutput(
-            "json_schema", json.dumps(SCHEMAS["array-ints"]), "response_format"))),
+        (
+            "ref",
+            prompt,
+            SamplingParams(
+                temperature=0.0,
+                max_tokens=40,
+                structured=StructuredOutput("json_schema", json.dumps(SCHEMAS["ref-defs"]), "response_format"),
+            ),
+        ),
+        (
+            "ints",
+            prompt,
+            SamplingParams(
+                temperature=0.0,
+                max_tokens=30,
+                structured=StructuredOutput("json_schema", json.dumps(SCHEMAS["array-ints"]), "response_format"),
+            ),
+        ),
         ("free", free, SamplingParams(temperature=0.0, max_tokens=24)),
     ]
 
@@ -69,9 +80,9 @@ def test_speculative_greedy_equals_plain_greedy_under_a_grammar(qwen3):
     gate = SpecGate(force=True)
     for factory in (
         lambda ctx: GatedSpeculator(NgramProposer(1, 3), 4, gate=gate),
-        lambda ctx: GatedSpeculator(DraftModelProposer(ctx.model, ctx.model.info, ctx.pipeline,
-                                                       num_blocks=128, block_size=16), 3,
-                                    gate=gate),
+        lambda ctx: GatedSpeculator(
+            DraftModelProposer(ctx.model, ctx.model.info, ctx.pipeline, num_blocks=128, block_size=16), 3, gate=gate
+        ),
     ):
         got = run(model, requests, speculator=factory, **kw)
         assert streams(got) == expected
@@ -88,11 +99,15 @@ def test_preemption_recompute_and_mixed_batch_keep_outputs(qwen3):
     requests += [(rid + "2", prompt, params) for rid, prompt, params in requests]
     alone = {}
     for rid, prompt, params in requests:  # each request alone, plenty of KV
-        alone.update(streams(run(model, [(rid, prompt, params)], tokenizer=tok, registry=registry,
-                                 block_size=16, num_kv_blocks=128)))
+        alone.update(
+            streams(
+                run(model, [(rid, prompt, params)], tokenizer=tok, registry=registry, block_size=16, num_kv_blocks=128)
+            )
+        )
     # all together in a pool too small for all: some are preempted and recomputed
-    tight = run(model, requests, tokenizer=tok, registry=registry, block_size=4, num_kv_blocks=16,
-                max_prefill_tokens=16)
+    tight = run(
+        model, requests, tokenizer=tok, registry=registry, block_size=4, num_kv_blocks=16, max_prefill_tokens=16
+    )
     assert tight["_engine"].scheduler.num_preemptions > 0
     assert streams(tight) == alone
     _check_valid(alone)
@@ -127,15 +142,14 @@ def test_drafts_the_grammar_rejects_never_reach_verify(qwen3):
     garbage = _GarbageDrafts(tok.encode("Hello")[0])  # never valid inside an int array
     got = run(model, requests, speculator=lambda ctx: garbage, **kw)
     assert streams(got) == expected
-    assert garbage.verified.get("ints", 0) == 0   # trimmed to nothing before verify
-    assert garbage.verified.get("free", 0) > 0    # a free row is still verified
+    assert garbage.verified.get("ints", 0) == 0  # trimmed to nothing before verify
+    assert garbage.verified.get("free", 0) > 0  # a free row is still verified
 
 
 def _collect(model, tok, registry, params, overlap=None):
     from metrale_core.engine import EngineConfig, LLMEngine
 
-    engine = LLMEngine(model, EngineConfig(block_size=16, num_kv_blocks=128), tokenizer=tok,
-                       registry=registry)
+    engine = LLMEngine(model, EngineConfig(block_size=16, num_kv_blocks=128), tokenizer=tok, registry=registry)
     engine.output_processor.pipeline.processor("structured-output").overlap = overlap
     engine.add_request("r", _requests(tok)[0][1], params)
     tokens, text, logprobs, reason = [], "", [], None
@@ -173,8 +187,7 @@ def test_grammar_with_logprobs_and_stop_strings(qwen3):
     small = 0
     for i, (token, logprob, top) in enumerate(logprobs):
         probe = SamplingParams(max_tokens=30, structured=structured)
-        seq = type("Probe", (), {"params": probe, "output_ids": tokens[:i], "extras": {},
-                                 "request_id": "probe"})()
+        seq = type("Probe", (), {"params": probe, "output_ids": tokens[:i], "extras": {}, "request_id": "probe"})()
         logits = torch.zeros(1, model.info.vocab_size)
         proc(logits, type("Ctx", (), {"rows": [seq], "kinds": [None]})())
         allowed = set(torch.nonzero(logits[0] > float("-inf")).flatten().tolist())
@@ -186,7 +199,7 @@ def test_grammar_with_logprobs_and_stop_strings(qwen3):
             assert math.isclose(sum(math.exp(lp) for _, lp in top), 1.0, rel_tol=1e-4)
     assert small > 0  # the test saw positions where the grammar narrows to a few tokens
 
-    stop = text[len(text) // 2:len(text) // 2 + 2]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
     params = SamplingParams(temperature=0.0, max_tokens=30, stop=[stop], structured=structured)
     _, _, cut, _, reason = _collect(model, tok, registry, params)
-    assert reason == "stop" and cut == text[:text.index(stop)]
+    assert reason == "stop" and cut == text[: text.index(stop)]

@@ -53,8 +53,7 @@ def proc(tokenizer):
 
 
 def row(kind: str, value: str, out=()) -> Row:
-    return Row(SamplingParams(max_tokens=64, structured=StructuredOutput(kind, value, "f")),
-               list(out))
+    return Row(SamplingParams(max_tokens=64, structured=StructuredOutput(kind, value, "f")), list(out))
 
 
 def allowed(proc, rows, kinds=None) -> list[set[int]]:
@@ -83,11 +82,11 @@ def test_only_grammar_tokens_padding_never_eos_exactly_when_accepting(proc, toke
     eos = set(tokenizer.eos_token_ids)
     a, b = ord("a"), ord("b")
     r = row("regex", "ab?")
-    assert allowed(proc, [r]) == [{a}]          # padding 263..299 and EOS masked
+    assert allowed(proc, [r]) == [{a}]  # padding 263..299 and EOS masked
     r.output_ids.append(a)
-    assert allowed(proc, [r]) == [{b} | eos]    # "a" is accepted: EOS allowed
+    assert allowed(proc, [r]) == [{b} | eos]  # "a" is accepted: EOS allowed
     r.output_ids.append(b)
-    assert allowed(proc, [r]) == [eos]          # complete: only EOS
+    assert allowed(proc, [r]) == [eos]  # complete: only EOS
 
 
 def test_matcher_never_advances_twice(proc):
@@ -115,13 +114,16 @@ def test_free_rows_are_not_wanted(proc):
     assert proc.wants_row(row("regex", "a"))
 
 
-@pytest.mark.parametrize("kind, value, words", [
-    ("json_schema", json.dumps({"type": "strin"}), "Invalid type: strin"),
-    ("json_schema", json.dumps({"type": "object", "if": {}}), '"if"'),
-    ("regex", "[unclosed", "unclosed"),
-    ("grammar", 'root ::= "a" nope', "nope"),
-    ("tool_calls", json.dumps({"format": "pythonic", "tools": [{"name": "f"}]}), "pythonic"),
-])
+@pytest.mark.parametrize(
+    "kind, value, words",
+    [
+        ("json_schema", json.dumps({"type": "strin"}), "Invalid type: strin"),
+        ("json_schema", json.dumps({"type": "object", "if": {}}), '"if"'),
+        ("regex", "[unclosed", "unclosed"),
+        ("grammar", 'root ::= "a" nope', "nope"),
+        ("tool_calls", json.dumps({"format": "pythonic", "tools": [{"name": "f"}]}), "pythonic"),
+    ],
+)
 def test_bad_constraints_raise_naming_the_field(proc, kind, value, words):
     params = SamplingParams(structured=StructuredOutput(kind, value, "my.field"))
     with pytest.raises(StructuredOutputError) as info:
@@ -151,24 +153,33 @@ def test_cache_hits_give_fresh_matchers_and_the_cache_is_bounded(proc, monkeypat
 def test_tool_call_grammar_accepts_the_format_the_parser_reads(proc, fmt):
     from metrale_core.streamparse import make_stream_parser
 
-    tools = [{"name": "get_weather", "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}]
+    tools = [
+        {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        }
+    ]
     text = {
-        "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
-                  '"days": 3}}\n</tool_call>',
+        "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>',
         "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
-                       "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n"
-                       "</tool_call>",
+        "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n"
+        "</tool_call>",
         "glm47": "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
-                 "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>",
+        "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>",
     }[fmt]
     spec = json.dumps({"format": fmt, "tools": tools, "parallel": False})
     matcher = proc.compiler.matcher("tool_calls", spec, "tool_choice")
     ids = proc.compiler.tok.tokenize_str(text)
     assert matcher.validate_tokens(ids) == len(ids) and matcher.consume_tokens(ids)
     assert matcher.is_accepting()
-    parser = make_stream_parser(tool_parser=fmt, tools=[{"type": "function", "function": {
-        "name": t["name"], "parameters": t["parameters"]}} for t in tools])
+    parser = make_stream_parser(
+        tool_parser=fmt,
+        tools=[{"type": "function", "function": {"name": t["name"], "parameters": t["parameters"]}} for t in tools],
+    )
     pieces = parser.feed(text) + parser.finish()
     args = "".join(p.arguments for p in pieces if p.tool_call_index == 0)
     assert json.loads(args) == {"city": "Paris", "days": 3}
@@ -176,16 +187,19 @@ def test_tool_call_grammar_accepts_the_format_the_parser_reads(proc, fmt):
 
 def test_the_grammar_starts_after_the_reasoning_section(proc, tokenizer):
     think, end = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
-    spec = StructuredOutput("regex", "ab", "f", reasoning_end="</think>",
-                            reasoning_start="<think>")
+    spec = StructuredOutput("regex", "ab", "f", reasoning_end="</think>", reasoning_start="<think>")
     r = Row(SamplingParams(max_tokens=64, structured=spec))
-    assert allowed(proc, [r]) == [{ord("a"), think}]   # answer now, or think first
+    assert allowed(proc, [r]) == [{ord("a"), think}]  # answer now, or think first
     r.output_ids += [think, ord("z"), ord("<")]
-    assert len(allowed(proc, [r])[0]) == MODEL_VOCAB   # thinking: unconstrained
+    assert len(allowed(proc, [r])[0]) == MODEL_VOCAB  # thinking: unconstrained
     r.output_ids.append(end)
-    assert allowed(proc, [r]) == [{ord("a")}]          # after </think>: the grammar
-    started = Row(SamplingParams(max_tokens=8, structured=StructuredOutput(
-        "regex", "ab", "f", reasoning_end="</think>", starts_in_reasoning=True)))
+    assert allowed(proc, [r]) == [{ord("a")}]  # after </think>: the grammar
+    started = Row(
+        SamplingParams(
+            max_tokens=8,
+            structured=StructuredOutput("regex", "ab", "f", reasoning_end="</think>", starts_in_reasoning=True),
+        )
+    )
     assert len(allowed(proc, [started])[0]) == MODEL_VOCAB
 
 
@@ -196,12 +210,16 @@ def test_drafts_are_trimmed_to_the_grammar_valid_prefix(proc, tokenizer):
     assert proc.valid_draft_prefix(seq, (x,)) == 0
     assert proc.valid_draft_prefix(seq, (a, b, c)) == 3
     assert allowed(proc, [seq]) == [{a}]  # checking drafts never advanced the matcher
-    seq.output_ids += [a, b]              # committed tokens are synced first
+    seq.output_ids += [a, b]  # committed tokens are synced first
     assert proc.valid_draft_prefix(seq, (a,)) == 0
     assert proc.valid_draft_prefix(seq, (b, c, b)) == 2
     think, end = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
-    thinking = Row(SamplingParams(max_tokens=64, structured=StructuredOutput(
-        "regex", "ab", "f", reasoning_end="</think>", reasoning_start="<think>")))
+    thinking = Row(
+        SamplingParams(
+            max_tokens=64,
+            structured=StructuredOutput("regex", "ab", "f", reasoning_end="</think>", reasoning_start="<think>"),
+        )
+    )
     # a reasoning section is free; the grammar applies after it ends
     assert proc.valid_draft_prefix(thinking, (think, x, x, end, a, x)) == 5
 
@@ -211,8 +229,7 @@ def test_pipeline_draft_prefix_asks_only_processors_that_want_the_row(proc):
     from metrale_core.sampling.pipeline import LogitPipeline
     from metrale_core.sampling.sampler import DefaultSampler
 
-    spec = LogitProcessorSpec(name="structured-output", factory=lambda c: proc, order=50,
-                              kinds=set(PositionKind))
+    spec = LogitProcessorSpec(name="structured-output", factory=lambda c: proc, order=50, kinds=set(PositionKind))
     pipeline = LogitPipeline([(spec, proc)], DefaultSampler())
     a, x = ord("a"), ord("x")
     assert pipeline.draft_prefix(row("regex", "a+"), (a, a, x, a)) == 2

@@ -16,15 +16,35 @@ from structured_testlib import chat_text, client, concurrently, qwen3_dir, smoll
 pytestmark = pytest.mark.slow
 
 ASK = [{"role": "user", "content": "Reply with a JSON value for a small record."}]
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather forecast of a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-        "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city", "days"]}}},
-    {"type": "function", "function": {
-        "name": "get_time", "parameters": {"type": "object", "properties": {
-            "zone": {"type": "string", "enum": ["utc", "cet"]}}, "required": ["zone"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather forecast of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 12},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                    "unit": {"type": "string", "enum": ["c", "f"]},
+                },
+                "required": ["city", "days"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"type": "string", "enum": ["utc", "cet"]}},
+                "required": ["zone"],
+            },
+        },
+    },
+]
 WEATHER = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
 
 
@@ -43,19 +63,24 @@ def served(request, tmp_path_factory):
 
 def _schema_reply(c, name: str, stream: bool, temperature: float, seed: int):
     schema = SCHEMAS[name]
-    rf = {"type": "json_schema", "json_schema": {"name": name.replace("-", "_"), "schema": schema,
-                                                  "strict": True}}
-    text, finish = chat_text(c, stream=stream, messages=ASK, max_tokens=96,
-                             temperature=temperature, seed=seed, response_format=rf,
-                             extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    rf = {"type": "json_schema", "json_schema": {"name": name.replace("-", "_"), "schema": schema, "strict": True}}
+    text, finish = chat_text(
+        c,
+        stream=stream,
+        messages=ASK,
+        max_tokens=96,
+        temperature=temperature,
+        seed=seed,
+        response_format=rf,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
     return name, text, finish
 
 
 def test_every_schema_validates_streamed_and_whole_greedy_and_sampled(served):
     _, server, _host, _checkpoint = served
     c = client(server)
-    jobs = [(name, stream, temp, i) for i, name in enumerate(SCHEMAS)
-            for stream, temp in ((False, 0.0), (True, 0.9))]
+    jobs = [(name, stream, temp, i) for i, name in enumerate(SCHEMAS) for stream, temp in ((False, 0.0), (True, 0.9))]
     results = concurrently(lambda job: _schema_reply(c, *job), jobs)
     failures = []
     for (name, text, finish), (_, stream, temp, _) in zip(results, jobs):
@@ -70,70 +95,126 @@ def test_every_schema_validates_streamed_and_whole_greedy_and_sampled(served):
 def test_regex_choice_gbnf_json_object_and_completions(served):
     _, server, _, _ = served
     c = client(server)
-    kw = dict(messages=ASK, max_tokens=40, extra_body={"chat_template_kwargs": {
-        "enable_thinking": False}})
+    kw = dict(messages=ASK, max_tokens=40, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     pattern = r"[A-Z][a-z]{2,5} [0-9]{1,3}"
     for stream in (False, True):
         for temp in (0.0, 1.0):
-            text, _ = chat_text(c, stream=stream, temperature=temp, seed=7, **{
-                **kw, "extra_body": {**kw["extra_body"], "structured_outputs": {"regex": pattern}}})
+            text, _ = chat_text(
+                c,
+                stream=stream,
+                temperature=temp,
+                seed=7,
+                **{**kw, "extra_body": {**kw["extra_body"], "structured_outputs": {"regex": pattern}}},
+            )
             assert re.fullmatch(pattern, text), text
-            text, _ = chat_text(c, stream=stream, temperature=temp, seed=8, **{
-                **kw, "extra_body": {**kw["extra_body"],
-                                     "structured_outputs": {"choice": ["alpha", "beta (2)"]}}})
+            text, _ = chat_text(
+                c,
+                stream=stream,
+                temperature=temp,
+                seed=8,
+                **{**kw, "extra_body": {**kw["extra_body"], "structured_outputs": {"choice": ["alpha", "beta (2)"]}}},
+            )
             assert text in ("alpha", "beta (2)")
             gbnf = 'root ::= "x=" [0-9] [0-9]? ";"'
-            text, _ = chat_text(c, stream=stream, temperature=temp, seed=9, **{
-                **kw, "extra_body": {**kw["extra_body"], "grammar": gbnf}})
+            text, _ = chat_text(
+                c,
+                stream=stream,
+                temperature=temp,
+                seed=9,
+                **{**kw, "extra_body": {**kw["extra_body"], "grammar": gbnf}},
+            )
             assert re.fullmatch(r"x=[0-9][0-9]?;", text), text
-            text, finish = chat_text(c, stream=stream, temperature=temp, seed=10, **{
-                **kw, "max_tokens": 200, "response_format": {"type": "json_object"}})
+            text, finish = chat_text(
+                c,
+                stream=stream,
+                temperature=temp,
+                seed=10,
+                **{**kw, "max_tokens": 200, "response_format": {"type": "json_object"}},
+            )
             if finish == "stop":
                 assert isinstance(json.loads(text), dict), text
             else:  # an object that outgrows max_tokens finishes with "length", partial
                 assert finish == "length" and text.startswith("{")
     # /v1/completions: response_format, llama.cpp json_schema, vLLM structured_outputs
     schema = SCHEMAS["nested"]
-    for extra in ({"response_format": {"type": "json_schema", "json_schema": {"name": "n",
-                                                                               "schema": schema}}},
-                  {"json_schema": schema}, {"structured_outputs": {"json": schema}}):
-        resp = c.completions.create(model="m", prompt="A user record:", max_tokens=60,
-                                    temperature=0, extra_body=extra)
+    for extra in (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}},
+        {"json_schema": schema},
+        {"structured_outputs": {"json": schema}},
+    ):
+        resp = c.completions.create(model="m", prompt="A user record:", max_tokens=60, temperature=0, extra_body=extra)
         jsonschema.validate(json.loads(resp.choices[0].text), schema)
 
 
 def test_max_tokens_mid_object_finishes_with_length(served):
     _, server, _, _ = served
     c = client(server)
-    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {
-        "type": "string", "maxLength": 8}, "minItems": 30}}, "required": ["items"]}
+    schema = {
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"type": "string", "maxLength": 8}, "minItems": 30}},
+        "required": ["items"],
+    }
     for stream in (False, True):
-        text, finish = chat_text(c, stream=stream, messages=ASK, max_tokens=12, temperature=0,
-                                 response_format={"type": "json_schema", "json_schema": {
-                                     "name": "x", "schema": schema}},
-                                 extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        text, finish = chat_text(
+            c,
+            stream=stream,
+            messages=ASK,
+            max_tokens=12,
+            temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+        )
         assert finish == "length" and text.startswith('{"items":[')
 
 
-@pytest.mark.parametrize("bad, param, words", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "strin"}}}}, "response_format.json_schema", "Invalid type: strin"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "if": {"type": "object"}}}}}, "response_format.json_schema", '"if"'),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "$ref": "#/$defs/nope"}}}}, "response_format.json_schema", "nope"),
-    ({"extra_body": {"structured_outputs": {"regex": "[unclosed"}}}, "structured_outputs.regex",
-     "unclosed"),
-    ({"extra_body": {"grammar": 'root ::= "a" missing'}}, "grammar", "missing"),
-    ({"extra_body": {"json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}}, "grammar",
-     "Cannot use both json_schema and grammar"),
-    ({"extra_body": {"structured_outputs": {"regex": "a", "choice": ["a"]}}},
-     "structured_outputs", "exactly one"),
-    ({"extra_body": {"structured_outputs": {"structural_tag": "x"}}},
-     "structured_outputs.structural_tag", "not supported"),
-    ({"response_format": {"type": "json_object"}, "extra_body": {"grammar": 'root ::= "a"'}},
-     "grammar", "one output constraint"),
-])
+@pytest.mark.parametrize(
+    "bad, param, words",
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}},
+            "response_format.json_schema",
+            "Invalid type: strin",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "object", "if": {"type": "object"}}},
+                }
+            },
+            "response_format.json_schema",
+            '"if"',
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/nope"}},
+                }
+            },
+            "response_format.json_schema",
+            "nope",
+        ),
+        ({"extra_body": {"structured_outputs": {"regex": "[unclosed"}}}, "structured_outputs.regex", "unclosed"),
+        ({"extra_body": {"grammar": 'root ::= "a" missing'}}, "grammar", "missing"),
+        (
+            {"extra_body": {"json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}},
+            "grammar",
+            "Cannot use both json_schema and grammar",
+        ),
+        ({"extra_body": {"structured_outputs": {"regex": "a", "choice": ["a"]}}}, "structured_outputs", "exactly one"),
+        (
+            {"extra_body": {"structured_outputs": {"structural_tag": "x"}}},
+            "structured_outputs.structural_tag",
+            "not supported",
+        ),
+        (
+            {"response_format": {"type": "json_object"}, "extra_body": {"grammar": 'root ::= "a"'}},
+            "grammar",
+            "one output constraint",
+        ),
+    ],
+)
 def test_bad_constraints_are_400_naming_the_field(served, bad, param, words):
     _, server, _, _ = served
     c = client(server)
@@ -150,8 +231,14 @@ def test_pathological_regex_compiles_in_bounded_time_or_is_refused(served):
     c = client(server)
     started = time.perf_counter()
     try:
-        text, _ = chat_text(c, stream=False, messages=ASK, max_tokens=8, temperature=0,
-                            extra_body={"structured_outputs": {"regex": "((a{100}){100}){100}"}})
+        text, _ = chat_text(
+            c,
+            stream=False,
+            messages=ASK,
+            max_tokens=8,
+            temperature=0,
+            extra_body={"structured_outputs": {"regex": "((a{100}){100}){100}"}},
+        )
         assert set(text) <= {"a"}
     except openai.BadRequestError as exc:
         assert exc.body["param"] == "structured_outputs.regex"
@@ -159,15 +246,20 @@ def test_pathological_regex_compiles_in_bounded_time_or_is_refused(served):
 
 
 def _tool_reply(c, choice, parallel, stream):
-    kw = dict(messages=WEATHER, tools=TOOLS, tool_choice=choice, max_tokens=80, temperature=0,
-              extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    kw = dict(
+        messages=WEATHER,
+        tools=TOOLS,
+        tool_choice=choice,
+        max_tokens=80,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
     if parallel is not None:
         kw["parallel_tool_calls"] = parallel
     if not stream:
         resp = c.chat.completions.create(model="m", **kw)
         msg = resp.choices[0]
-        return [(t.function.name, t.function.arguments) for t in msg.message.tool_calls or []], \
-            msg.finish_reason
+        return [(t.function.name, t.function.arguments) for t in msg.message.tool_calls or []], msg.finish_reason
     calls: dict[int, list] = {}
     finish = None
     for chunk in c.chat.completions.create(model="m", stream=True, **kw):
@@ -184,7 +276,7 @@ def _tool_reply(c, choice, parallel, stream):
 def _check_calls(calls, finish, only=None, exactly_one=False, may_run_on=False):
     params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     if may_run_on and finish == "length":  # parallel calls: the model may keep calling
-        calls = calls[:-1]               # (the last one is cut by max_tokens)
+        calls = calls[:-1]  # (the last one is cut by max_tokens)
     else:
         assert finish == "tool_calls", (calls, finish)
     assert calls, (calls, finish)
@@ -199,8 +291,9 @@ def _check_calls(calls, finish, only=None, exactly_one=False, may_run_on=False):
 def test_forced_tool_calls_in_each_wire_format(served, fmt):
     which, server, host, _ = served
     if which == "smollm2" and fmt != "hermes":
-        pytest.skip("the embedded model is served with its own (hermes) format; the other "
-                    "formats run on the Qwen3 config")
+        pytest.skip(
+            "the embedded model is served with its own (hermes) format; the other formats run on the Qwen3 config"
+        )
     import attrs
 
     previous = host.config
@@ -234,14 +327,12 @@ def test_mixed_concurrent_streams_and_metrics(served):
 
     _, server, _host, checkpoint = served
     c = client(server)
-    free_msgs = [[{"role": "user", "content": f"Say something about the number {i}."}]
-                 for i in range(8)]
+    free_msgs = [[{"role": "user", "content": f"Say something about the number {i}."}] for i in range(8)]
     names = list(SCHEMAS)[:8]
 
     def job(i):
         if i % 2:
-            return ("free", chat_text(c, stream=True, messages=free_msgs[i // 2], max_tokens=24,
-                                      temperature=0)[0])
+            return ("free", chat_text(c, stream=True, messages=free_msgs[i // 2], max_tokens=24, temperature=0)[0])
         name = names[i // 2]
         return (name, _schema_reply(c, name, True, 0.0, i)[1])
 
@@ -253,20 +344,26 @@ def test_mixed_concurrent_streams_and_metrics(served):
     bare, _ = start(path, model_type=model_type, registry=load_registry(entry_points=eps))
     try:
         bc = client(bare)
-        alone = concurrently(lambda m: chat_text(bc, stream=True, messages=m, max_tokens=24,
-                                                 temperature=0)[0], free_msgs)
+        alone = concurrently(
+            lambda m: chat_text(bc, stream=True, messages=m, max_tokens=24, temperature=0)[0], free_msgs
+        )
     finally:
         bare.stop()
     assert [text for _, text in results[1::2]] == alone
-    resp = c.chat.completions.create(model="m", messages=ASK, max_tokens=96, n=2, temperature=1.0,
-                                     seed=5, response_format={"type": "json_schema", "json_schema": {
-                                         "name": "e", "schema": SCHEMAS["enum"]}},
-                                     extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    resp = c.chat.completions.create(
+        model="m",
+        messages=ASK,
+        max_tokens=96,
+        n=2,
+        temperature=1.0,
+        seed=5,
+        response_format={"type": "json_schema", "json_schema": {"name": "e", "schema": SCHEMAS["enum"]}},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
     for choice in resp.choices:
         jsonschema.validate(json.loads(choice.message.content), SCHEMAS["enum"])
     metrics = httpx.get(server.url + "/metrics").text
-    requests = [ln for ln in metrics.splitlines()
-                if ln.startswith("metrale:structured_requests_total ")]
+    requests = [ln for ln in metrics.splitlines() if ln.startswith("metrale:structured_requests_total ")]
     assert requests and float(requests[0].split()[1]) >= 10
     assert "metrale:structured_mask_seconds_count" in metrics
     assert "metrale:structured_compile_seconds_sum" in metrics
