@@ -10,6 +10,9 @@ Invariants:
   error event and ``data: [DONE]`` rather than being cut off; only then does uvicorn close
   connections (cancelling anything still left after a few more seconds) and the app's lifespan
   stop the engine.
+- :func:`serve_forever` ends a SIGINT with ``KeyboardInterrupt`` every time (``met`` prints
+  "met: interrupted" and exits 130), whether or not uvicorn's own re-raise of the signal got
+  through asyncio's SIGINT handler.
 - :func:`serve_in_thread` binds the socket itself before starting (port 0 picks a free port), so
   ``RunningServer.url`` is right as soon as it returns; it returns once the server accepts
   connections.
@@ -17,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -43,6 +47,15 @@ def uvicorn_config(app, host: str, port: int, grace_s: float) -> uvicorn.Config:
 class _Server(uvicorn.Server):
     """uvicorn, draining the app's in-flight requests before connections are closed."""
 
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        #: The signals that stopped (or are stopping) the server, in order.
+        self.signals_received: list[int] = []
+
+    def handle_exit(self, sig: int, frame) -> None:
+        self.signals_received.append(sig)
+        super().handle_exit(sig, frame)
+
     async def shutdown(self, sockets=None) -> None:
         for server in self.servers:
             server.close()
@@ -54,8 +67,13 @@ class _Server(uvicorn.Server):
 
 
 def serve_forever(app, host: str, port: int, grace_s: float) -> None:
-    """Serve until SIGINT/SIGTERM (blocking)."""
-    _Server(uvicorn_config(app, host, port, grace_s)).run()
+    """Serve until SIGINT/SIGTERM (blocking); a SIGINT ends in ``KeyboardInterrupt``."""
+    server = _Server(uvicorn_config(app, host, port, grace_s))
+    server.run()
+    if signal.SIGINT in server.signals_received:
+        # uvicorn re-raises the signal after its shutdown, but when asyncio's own SIGINT handler
+        # sees it after the serve task finished the re-raise can be lost (exit 0, no message)
+        raise KeyboardInterrupt
 
 
 @define
