@@ -36,7 +36,7 @@ from contextvars import ContextVar
 from typing import Any
 
 import torch
-from attrs import frozen
+from attrs import field, frozen
 
 from metrale_core.kernels import CustomOp
 from metrale_core.kernels.cuda import i32, i64, ptr, torch_stream
@@ -115,6 +115,18 @@ class LoRARows:
     slots: torch.Tensor
     #: ``(slot, rows)`` per adapter slot present; ``rows`` a slice when contiguous, else ``[n]`` int64.
     groups: tuple[tuple[int, Any], ...]
+    #: ``(slots, width, dtype)`` -> the ``[T, slots * width]`` 0/1 column mask (built once per step).
+    _masks: dict = field(factory=dict, eq=False, repr=False)
+
+    def column_mask(self, num_slots: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+        """1 where column ``c`` of a slot-stacked ``[T, num_slots * width]`` product belongs to the
+        row's own slot (``c // width == slots[t]``), else 0; cached for the step."""
+        key = (num_slots, width, dtype)
+        mask = self._masks.get(key)
+        if mask is None:
+            owner = torch.arange(num_slots * width, device=self.slots.device) // width
+            mask = self._masks[key] = (self.slots[:, None].long() == owner[None, :]).to(dtype)
+        return mask
 
     @classmethod
     def from_slots(cls, slots: Sequence[int], device: torch.device | str = "cpu") -> LoRARows | None:
@@ -145,6 +157,9 @@ def active_rows(rows: LoRARows | None) -> Iterator[None]:
 
 
 _THREADS = 128
+#: Largest ``slots x width`` for which a CPU projection applies every slot in one masked product
+#: (``LoRALinear._dense``): the extra multiply-adds stay small next to the base projection's.
+DENSE_MAX_COLUMNS = 256
 
 
 class LoRAApply(CustomOp):
@@ -233,6 +248,10 @@ class LoRALinear:
         self.ranks = [0] * num_slots
         #: Contiguous ``(A, B.T)`` per slot for the CPU path (None: empty slot).
         self.packed: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_slots
+        #: CPU, few small slots: every slot in one product, ``[S * width, out]`` = the slots'
+        #: scaled ``B.T`` stacked (see :meth:`_dense`).
+        self.dense = torch.device(device).type == "cpu" and num_slots * width <= DENSE_MAX_COLUMNS
+        self.bt = torch.zeros(num_slots * width, self.out_features, dtype=dtype, device=device) if self.dense else None
         self.op = LoRAApply(device)
 
     def __getattr__(self, name: str) -> Any:  # bias, weight, dense ... of the base
@@ -264,6 +283,9 @@ class LoRALinear:
         self.packed[slot] = (
             None if col == 0 else (self.a[slot, :col].contiguous(), self.b[slot, :, :col].T.contiguous())
         )
+        if self.bt is not None:
+            width = self.a.shape[1]
+            self.bt[slot * width : (slot + 1) * width] = self.b[slot].T
 
     def clear_slot(self, slot: int) -> None:
         self.ranks[slot] = 0
@@ -276,7 +298,20 @@ class LoRALinear:
             return y
         if rows.slots.shape[0] != x.shape[0]:
             raise RuntimeError(f"LoRA row map has {rows.slots.shape[0]} rows but the projection got {x.shape[0]}")
+        if self.bt is not None and x.dtype == self.a.dtype and y.dtype == self.a.dtype:
+            return self._dense(y, x, rows)
         return self.op(y, x, rows, self.a, self.b, self.ranks, self.packed)  # y: the base call's fresh result
+
+    def _dense(self, y: torch.Tensor, x: torch.Tensor, rows: LoRARows) -> torch.Tensor:
+        """Every slot at once: ``y += ((x @ A_all.T) * mask) @ B_all.T`` with ``mask`` keeping each
+        row's own slot's columns (zero-padded ranks add zeros).  Three ops per projection however
+        many adapters the step mixes, where the grouped path costs four per adapter: on a CPU
+        these small products are all dispatch overhead."""
+        num_slots, width, _ = self.a.shape
+        shrunk = x @ self.a.view(num_slots * width, -1).T
+        shrunk.mul_(rows.column_mask(num_slots, width, shrunk.dtype))
+        assert self.bt is not None
+        return y.addmm_(shrunk, self.bt)
 
 
 def _children(obj: Any) -> Iterator[tuple[Any, str | int, Any]]:

@@ -67,11 +67,17 @@ def _adapter(gen, rank, modules):
     }
 
 
-def test_wrapped_projection_adds_each_rows_own_adapter():
+@pytest.mark.parametrize("dense_columns", [0, 256], ids=["grouped", "dense"])
+def test_wrapped_projection_adds_each_rows_own_adapter(dense_columns, monkeypatch):
+    """Both CPU paths: per adapter group (large slot stacks) and all slots in one masked product."""
+    import metrale_core.layers.lora as lora_module
+
+    monkeypatch.setattr(lora_module, "DENSE_MAX_COLUMNS", dense_columns)
     layer, tensors = _fused()
     targets = attach_lora(layer, num_slots=3, max_rank=4, dtype=torch.float32, device="cpu")
     assert set(targets) == {"m.q_proj", "m.v_proj", "m.down_proj"}
     assert isinstance(layer.qkv, LoRALinear) and layer.qkv.bias is None
+    assert layer.qkv.dense == bool(dense_columns)
     assert attach_lora(layer, 3, 4, torch.float32, "cpu").keys() == targets.keys()  # idempotent
     gen = torch.Generator().manual_seed(1)
     adapters = {0: _adapter(gen, 4, ["m.q_proj", "m.v_proj"]), 2: _adapter(gen, 2, ["m.v_proj", "m.down_proj"])}
