@@ -26,17 +26,13 @@ Invariants:
   thread; every other entry point (``__call__``, ``valid_draft_prefix``, the next ``prepare``)
   joins it first, so matchers are touched by one thread at a time.  ``__call__`` uses the
   prepared mask only when its rows, their output lengths and kinds are those it was built for,
-  else it builds the mask itself: the result is the same either way.  ``overlap=None`` (the
-  default) overlaps only where the forward pass leaves a core idle: logits on an accelerator, or
-  fewer torch threads than usable CPUs; on a CPU whose cores all run the forward, a fill thread
-  only slows the matmuls (measured: 16 streams on 2 cores, overlap 60% slower than serial).
+  else it builds the mask itself: the result is the same either way.
 - Speculative drafts are trimmed to their grammar-valid prefix (``valid_draft_prefix``) before
   verify, so no verify row is spent on a draft the grammar rejects.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -107,10 +103,8 @@ class StructuredProcessor:
         self._marks: dict[tuple[str | None, str | None], tuple[int | None, int | None]] = {}
         self._bitmask = np.zeros((0, 0), dtype=np.int32)
         self._model_vocab = 0
-        #: Fill masks during the forward pass (``prepare``): True, False (every fill in
-        #: ``__call__``), or None = when a core is idle during the forward (:meth:`_overlaps`).
-        self.overlap: bool | None = None
-        self._logits_on_cpu = True  # where the last step's logits were (set by __call__)
+        #: Fill masks during the forward pass (``prepare``); off = every fill in ``__call__``.
+        self.overlap = True
         self._pool: ThreadPoolExecutor | None = None  # the one worker thread of prepare(), made on first use
         self._pending: tuple[tuple, Any] | None = None
 
@@ -210,7 +204,7 @@ class StructuredProcessor:
         rows only; ``__call__`` joins it, and uses it only for the same rows at the same
         lengths)."""
         self._settle()
-        if not self._overlaps() or self.compiler is None or any(getattr(r, "seq", r) is not r for r in ctx.rows):
+        if not self.overlap or self.compiler is None or any(getattr(r, "seq", r) is not r for r in ctx.rows):
             return
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
@@ -218,11 +212,6 @@ class StructuredProcessor:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="structured-mask")
         key = _key(ctx)
         self._pending = (key, self._pool.submit(self._build, list(ctx.rows), self._model_vocab))
-
-    def _overlaps(self) -> bool:
-        if self.overlap is not None:
-            return self.overlap
-        return not self._logits_on_cpu or _usable_cpus() > torch.get_num_threads()
 
     def _settle(self) -> Any:
         """Join the worker's fill, if any: ``(key, (mask, index))`` or None; never raises."""
@@ -241,7 +230,6 @@ class StructuredProcessor:
         if self.compiler is None:
             raise StructuredOutputError("structured output: the processor has no tokenizer")
         prepared = self._settle()
-        self._logits_on_cpu = logits.device.type == "cpu"
         started = time.perf_counter()
         if (
             prepared is not None
@@ -339,14 +327,6 @@ class StructuredProcessor:
             STATS.matcher_errors += int(empty.sum())
             picked[np.nonzero(empty)[0][:, None], list(self._eos)] = 0
         return torch.from_numpy(picked.view(np.bool_)), [j for j, _ in target]
-
-
-def _usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _key(ctx: Any) -> tuple:

@@ -146,7 +146,7 @@ def test_drafts_the_grammar_rejects_never_reach_verify(qwen3):
     assert garbage.verified.get("free", 0) > 0  # a free row is still verified
 
 
-def _collect(model, tok, registry, params, overlap=None):
+def _collect(model, tok, registry, params, overlap=True):
     from metrale_core.engine import EngineConfig, LLMEngine
 
     engine = LLMEngine(model, EngineConfig(block_size=16, num_kv_blocks=128), tokenizer=tok, registry=registry)

@@ -262,24 +262,3 @@ def test_a_prepared_mask_equals_the_computed_one_and_a_stale_one_is_not_used(pro
     assert masks(rows, prepare_then_commit) == [{b}, {b, c}]
     assert STATS.prepared_steps == prepared + 1
     assert rows[0].extras["structured"].consumed == 1  # never advanced twice
-
-
-def test_overlap_by_default_only_where_a_core_is_idle_during_the_forward(proc, monkeypatch):
-    """On CPU, a fill thread beside a forward that uses every core slows the matmuls; the default
-    overlaps only with a spare core, or when the logits come from an accelerator."""
-    import metrale_structured.processor as processor_module
-    from metrale_structured.stats import STATS
-
-    assert proc.overlap is None
-    rows = [row("regex", "abc")]
-    ctx = ProcessorContext(range(1), rows, [PositionKind.FINAL_DECODE])
-    threads = torch.get_num_threads()
-    for cpus, prepares in ((threads, 0), (threads + 1, 1)):
-        monkeypatch.setattr(processor_module, "_usable_cpus", lambda cpus=cpus: cpus)
-        prepared = STATS.prepared_steps
-        proc.prepare(ctx)
-        proc(torch.zeros(1, MODEL_VOCAB), ctx)
-        assert STATS.prepared_steps == prepared + prepares
-    monkeypatch.setattr(processor_module, "_usable_cpus", lambda: threads)
-    proc._logits_on_cpu = False  # the last step's logits were on a device: the CPU is free
-    assert proc._overlaps()
