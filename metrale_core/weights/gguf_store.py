@@ -21,18 +21,23 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType
+from gguf import GGUFReader
 from loguru import logger
 
 from metrale_core.errors import CorruptWeightsFile, WeightsError
-from metrale_core.weights.gguf_dequant import dequantize, tensor_nbytes
+from metrale_core.weights.gguf_dequant import dequantize
+from metrale_core.weights.gguf_file import (
+    GGUF_MAGIC,
+    PSEUDO_FIELDS,
+    check_tensor_extent,
+    field_value,
+    is_scalar_field,
+    open_gguf,
+)
 from metrale_core.weights.gguf_hf import ARCHITECTURES, hf_name, permute_heads, synthesize_config, unpermute_rows
 from metrale_core.weights.store import RawTensor, WeightStore, normalise_config
 
-__all__ = ["GGUF_MAGIC", "GGUFStore"]
-
-GGUF_MAGIC = b"GGUF"
-_PSEUDO_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
+__all__ = ["GGUF_MAGIC", "GGUFStore"]  # GGUF_MAGIC re-exported from gguf_file
 
 
 class GGUFStore(WeightStore):
@@ -41,7 +46,7 @@ class GGUFStore(WeightStore):
     format = "gguf"
 
     def __init__(self, path: Path) -> None:
-        reader = _read(path)
+        reader = open_gguf(path)
         #: None once released (:meth:`_release`).
         self._reader: GGUFReader | None = reader
         self._metadata: dict[str, Any] | None = None
@@ -49,9 +54,9 @@ class GGUFStore(WeightStore):
         shapes: dict[str, tuple[int, ...]] = {}
         for t in reader.tensors:
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-            _check_extent(path, t, shape, size)
+            check_tensor_extent(path, t, shape, size)
             shapes[t.name] = shape
-        scalars = {k: _value(path, k, f) for k, f in reader.fields.items() if _is_scalar(f)}
+        scalars = {k: field_value(path, k, f) for k, f in reader.fields.items() if is_scalar_field(f)}
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         config = normalise_config(
             synthesize_config(str(path), scalars, len(tokens.data) if tokens is not None else None, shapes)
@@ -90,7 +95,7 @@ class GGUFStore(WeightStore):
             if self._reader is None:
                 raise WeightsError(f"the weight store for {self.path} is closed")
             self._metadata = {
-                k: _value(self.path, k, f) for k, f in self._reader.fields.items() if k not in _PSEUDO_FIELDS
+                k: field_value(self.path, k, f) for k, f in self._reader.fields.items() if k not in PSEUDO_FIELDS
             }
         return self._metadata
 
@@ -136,56 +141,3 @@ class GGUFStore(WeightStore):
     def _release(self) -> None:
         self._reader = None
         self._by_name = dict.fromkeys(self._by_name)
-
-
-def _read(path: Path) -> GGUFReader:
-    try:
-        with path.open("rb") as fh:
-            magic = fh.read(4)
-    except OSError as exc:
-        raise CorruptWeightsFile(f"{path} cannot be read: {exc}") from exc
-    if magic != GGUF_MAGIC:
-        raise CorruptWeightsFile(
-            f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r}); "
-            "the file is damaged or of another format"
-        )
-    try:
-        reader = GGUFReader(path, "r")
-    except Exception as exc:  # GGUFReader fails with ValueError/IndexError/KeyError/... on bad files
-        raise CorruptWeightsFile(
-            f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc}); "
-            f"it is probably truncated or damaged ({path.stat().st_size} bytes): re-download it"
-        ) from exc
-    if reader.byte_order != "I":
-        raise CorruptWeightsFile(f"{path} is a big-endian GGUF file; only little-endian files are supported")
-    return reader
-
-
-def _check_extent(path: Path, t: Any, shape: tuple[int, ...], file_size: int) -> None:
-    if t.tensor_type not in GGML_QUANT_SIZES:
-        raise CorruptWeightsFile(f"{path}: tensor {t.name} has unknown GGML type {t.tensor_type}")
-    try:
-        nbytes = tensor_nbytes(t.tensor_type, shape)
-    except ValueError as exc:
-        raise CorruptWeightsFile(f"{path}: tensor {t.name} of shape {list(shape)}: {exc}") from exc
-    end = int(t.data_offset) + nbytes
-    if end > file_size or int(t.data.nbytes) != nbytes:
-        raise CorruptWeightsFile(
-            f"{path}: tensor {t.name} needs bytes {t.data_offset}..{end} but the file has {file_size} bytes; "
-            "the file is truncated: re-download it"
-        )
-
-
-def _is_scalar(field: Any) -> bool:
-    return bool(field.types) and field.types[0] != GGUFValueType.ARRAY and field.name not in _PSEUDO_FIELDS
-
-
-def _value(path: Path, key: str, field: Any) -> Any:
-    """A metadata field as a python value; float32 scalars get their shortest decimal form."""
-    try:
-        value = field.contents()
-    except UnicodeDecodeError as exc:
-        raise CorruptWeightsFile(f"{path}: GGUF metadata {key} holds text that is not UTF-8 ({exc})") from exc
-    if field.types == [GGUFValueType.FLOAT32]:
-        value = float(str(np.float32(value)))
-    return value

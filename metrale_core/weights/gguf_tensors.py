@@ -22,8 +22,8 @@ import numpy as np
 from attrs import frozen
 
 from metrale_core.weights.gguf_dequant import dequantize
+from metrale_core.weights.gguf_file import check_tensor_extent, field_value, is_scalar_field, open_gguf
 from metrale_core.weights.gguf_hf import PERMUTED_ARCHS, hf_name
-from metrale_core.weights.gguf_store import _check_extent, _is_scalar, _read, _value
 
 __all__ = ["GGUFTensors", "read_gguf_tensors"]
 
@@ -56,12 +56,12 @@ class GGUFTensors:
 def read_gguf_tensors(path: str | Path) -> GGUFTensors:
     """Read and dequantize every tensor of the GGUF file at ``path``."""
     path = Path(path)
-    reader = _read(path)
+    reader = open_gguf(path)
     size = path.stat().st_size
     tensors: dict[str, np.ndarray] = {}
     for t in reader.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        _check_extent(path, t, shape, size)
+        check_tensor_extent(path, t, shape, size)
         tensors[t.name] = dequantize(t.data, t.tensor_type, shape)
-    metadata = {k: _value(path, k, f) for k, f in reader.fields.items() if _is_scalar(f)}
+    metadata = {k: field_value(path, k, f) for k, f in reader.fields.items() if is_scalar_field(f)}
     return GGUFTensors(path, metadata, tensors)

@@ -8,46 +8,9 @@ import torch
 
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.sampling.params import SamplingParams
+from metrale_core.testing.smollm2 import CAPITAL_CHAT_IDS
 
-CHAT_PROMPT_IDS = [
-    1,
-    9690,
-    198,
-    2683,
-    359,
-    253,
-    5356,
-    5646,
-    11173,
-    3365,
-    3511,
-    308,
-    34519,
-    28,
-    7018,
-    411,
-    407,
-    19712,
-    8182,
-    2,
-    198,
-    1,
-    4093,
-    198,
-    1780,
-    314,
-    260,
-    3575,
-    282,
-    4649,
-    47,
-    2,
-    198,
-    1,
-    520,
-    9531,
-    198,
-]
+CHAT_PROMPT_IDS = list(CAPITAL_CHAT_IDS)
 CHAT_NEW_IDS = [504, 3575, 282, 4649, 314, 7042, 30, 2]
 
 

@@ -12,49 +12,12 @@ import pytest
 from metrale_core.chat_template import render_chat_template
 from metrale_core.errors import ConfigError, InvalidRequest
 from metrale_core.testing.requires import missing
+from metrale_core.testing.smollm2 import CAPITAL_CHAT_IDS
 from metrale_core.tokenizer import Tokenizer
 
 SMOL = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 QWEN3 = Path(os.environ.get("METRALE_QWEN3_TOKENIZER_DIR") or Path.home() / ".cache/metrale/tokenizers/qwen3")
-CHAT_IDS = [
-    1,
-    9690,
-    198,
-    2683,
-    359,
-    253,
-    5356,
-    5646,
-    11173,
-    3365,
-    3511,
-    308,
-    34519,
-    28,
-    7018,
-    411,
-    407,
-    19712,
-    8182,
-    2,
-    198,
-    1,
-    4093,
-    198,
-    1780,
-    314,
-    260,
-    3575,
-    282,
-    4649,
-    47,
-    2,
-    198,
-    1,
-    520,
-    9531,
-    198,
-]
+CHAT_IDS = list(CAPITAL_CHAT_IDS)
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],

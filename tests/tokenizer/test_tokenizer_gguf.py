@@ -9,50 +9,13 @@ import pytest
 
 from metrale_core.errors import WeightsError
 from metrale_core.testing.requires import missing, needs_file
+from metrale_core.testing.smollm2 import CAPITAL_CHAT_IDS
 from metrale_core.tokenizer import Tokenizer, TokenizerError, read_gguf_metadata
 
 SMOL = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 needs_smol = needs_file(SMOL, "met pulls it on first use; scripts/fetch-test-data.sh fetches it")
 
-CHAT_IDS = [
-    1,
-    9690,
-    198,
-    2683,
-    359,
-    253,
-    5356,
-    5646,
-    11173,
-    3365,
-    3511,
-    308,
-    34519,
-    28,
-    7018,
-    411,
-    407,
-    19712,
-    8182,
-    2,
-    198,
-    1,
-    4093,
-    198,
-    1780,
-    314,
-    260,
-    3575,
-    282,
-    4649,
-    47,
-    2,
-    198,
-    1,
-    520,
-    9531,
-    198,
-]
+CHAT_IDS = list(CAPITAL_CHAT_IDS)
 
 TEXTS = [
     "Once upon a time",

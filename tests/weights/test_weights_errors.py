@@ -13,7 +13,7 @@ from weights_testutil import hf_to_gguf, tiny_hf_model
 
 from metrale_core.errors import CorruptWeightsFile, MissingWeightsFile, ShapeMismatch, WeightsError
 from metrale_core.weights import open_weights
-from metrale_core.weights.gguf_store import _check_extent
+from metrale_core.weights.gguf_file import check_tensor_extent
 
 
 @pytest.fixture(scope="module")
@@ -154,11 +154,11 @@ def test_gguf_extent_check_names_tensor_and_sizes(gguf_file: Path) -> None:
     t = reader.tensors[-1]
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
     size = gguf_file.stat().st_size
-    _check_extent(gguf_file, t, shape, size)  # the intact file passes
+    check_tensor_extent(gguf_file, t, shape, size)  # the intact file passes
     with pytest.raises(CorruptWeightsFile, match=rf"tensor {re.escape(t.name)} needs bytes .* has {size - 1} bytes"):
-        _check_extent(gguf_file, t, shape, size - 1)
+        check_tensor_extent(gguf_file, t, shape, size - 1)
     with pytest.raises(CorruptWeightsFile, match=rf"tensor {re.escape(t.name)} of shape \[{shape[0]}, 33\].*block"):
-        _check_extent(gguf_file, t, (shape[0], 33), size)
+        check_tensor_extent(gguf_file, t, (shape[0], 33), size)
 
 
 def test_garbage_gguf(tmp_path: Path) -> None:

@@ -7,47 +7,10 @@ import torch
 from qwen3_harness import SMOL_GGUF as GGUF
 from qwen3_harness import PagedRunner, load, needs_smol
 
+from metrale_core.testing.smollm2 import CAPITAL_CHAT_IDS
 from metrale_core.weights import open_weights
 
-CHAT_PROMPT = [
-    1,
-    9690,
-    198,
-    2683,
-    359,
-    253,
-    5356,
-    5646,
-    11173,
-    3365,
-    3511,
-    308,
-    34519,
-    28,
-    7018,
-    411,
-    407,
-    19712,
-    8182,
-    2,
-    198,
-    1,
-    4093,
-    198,
-    1780,
-    314,
-    260,
-    3575,
-    282,
-    4649,
-    47,
-    2,
-    198,
-    1,
-    520,
-    9531,
-    198,
-]
+CHAT_PROMPT = list(CAPITAL_CHAT_IDS)
 
 pytestmark = [
     pytest.mark.slow,

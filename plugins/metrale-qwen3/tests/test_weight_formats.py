@@ -32,6 +32,7 @@ from metrale_core.layers.linear import (
     resolve_weight_format,
 )
 from metrale_core.testing.requires import cpu_isa_params, missing, use_cpu_isa
+from metrale_core.testing.smollm2 import CAPITAL_CHAT_IDS
 from metrale_core.weights import open_weights
 from metrale_core.weights.gguf_dequant import dequantize
 from metrale_core.weights.store import RawTensor
@@ -224,45 +225,7 @@ def test_weight_format_comes_from_options_then_environment(monkeypatch):
 # --- the real model -------------------------------------------------------------------------
 
 PROMPTS = [
-    [
-        1,
-        9690,
-        198,
-        2683,
-        359,
-        253,
-        5356,
-        5646,
-        11173,
-        3365,
-        3511,
-        308,
-        34519,
-        28,
-        7018,
-        411,
-        407,
-        19712,
-        8182,
-        2,
-        198,
-        1,
-        4093,
-        198,
-        1780,
-        314,
-        260,
-        3575,
-        282,
-        4649,
-        47,
-        2,
-        198,
-        1,
-        520,
-        9531,
-        198,
-    ],
+    list(CAPITAL_CHAT_IDS),
     [6403, 1980, 253, 655],
     [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30],
 ]
