@@ -16,16 +16,7 @@ import argparse
 from metrale_core import hookimpl
 from metrale_core.api import LogitProcessorSpec, PositionKind, lazy_factory
 
-__all__ = ["DEFAULTS", "metrale_engine_flags", "metrale_logit_processors"]
-
-#: Flag dest -> default (also what ``DrySettings.from_options`` falls back to).
-DEFAULTS = {
-    "dry_multiplier": 0.0,
-    "dry_base": 1.75,
-    "dry_allowed_length": 2,
-    "dry_penalty_last_n": 0,
-    "dry_breaker_ids": (),
-}
+__all__ = ["DEFAULTS", "FLAGS", "metrale_engine_flags", "metrale_logit_processors"]
 
 
 def _token_ids(text: str) -> tuple[int, ...]:
@@ -51,40 +42,25 @@ def metrale_logit_processors(register):
     )
 
 
+#: The flags: dest, default, type, metavar, help (``--dry-multiplier`` for ``dry_multiplier``).
+FLAGS: tuple[tuple[str, object, object, str, str], ...] = (
+    ("dry_multiplier", 0.0, float, "X", "DRY repeat penalty strength; 0 turns it off (default: 0)"),
+    ("dry_base", 1.75, float, "X", "DRY: growth of the penalty per repeated token (default: 1.75)"),
+    ("dry_allowed_length", 2, int, "N", "DRY: repeats up to this long are free (default: 2)"),
+    ("dry_penalty_last_n", 0, int, "N", "DRY: look back this many tokens; 0 = whole context (default: 0)"),
+    (
+        "dry_breaker_ids",
+        (),
+        _token_ids,
+        "IDS",
+        "DRY: comma-separated token ids no repeat may span (e.g. the newline token)",
+    ),
+)
+#: Flag dest -> default (also what ``DrySettings.from_options`` falls back to).
+DEFAULTS = {dest: default for dest, default, *_ in FLAGS}
+
+
 @hookimpl
 def metrale_engine_flags(parser):
-    parser.add_argument(
-        "--dry-multiplier",
-        type=float,
-        default=DEFAULTS["dry_multiplier"],
-        metavar="X",
-        help="DRY repeat penalty strength; 0 turns it off (default: 0)",
-    )
-    parser.add_argument(
-        "--dry-base",
-        type=float,
-        default=DEFAULTS["dry_base"],
-        metavar="X",
-        help="DRY: growth of the penalty per repeated token (default: 1.75)",
-    )
-    parser.add_argument(
-        "--dry-allowed-length",
-        type=int,
-        default=DEFAULTS["dry_allowed_length"],
-        metavar="N",
-        help="DRY: repeats up to this long are free (default: 2)",
-    )
-    parser.add_argument(
-        "--dry-penalty-last-n",
-        type=int,
-        default=DEFAULTS["dry_penalty_last_n"],
-        metavar="N",
-        help="DRY: look back this many tokens; 0 = whole context (default: 0)",
-    )
-    parser.add_argument(
-        "--dry-breaker-ids",
-        type=_token_ids,
-        default=DEFAULTS["dry_breaker_ids"],
-        metavar="IDS",
-        help="DRY: comma-separated token ids no repeat may span (e.g. the newline token)",
-    )
+    for dest, default, kind, metavar, help_text in FLAGS:
+        parser.add_argument("--" + dest.replace("_", "-"), type=kind, default=default, metavar=metavar, help=help_text)
