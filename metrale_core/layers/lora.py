@@ -20,9 +20,12 @@ Invariants:
 - Rows are grouped by slot (:class:`LoRARows`), so a row's delta is computed from that row and
   its adapter only; rows of other adapters or the base never change it.
 - The output head is never wrapped (``build_linear(..., output_head=True)`` is not recorded).
-- Two paths with one storage (slot-stacked ``A`` ``[S, R, in]``, ``B`` ``[S, out, R]``): torch
-  (``forward_native``, grouped matmuls; the CPU path and the oracle) and a CuPy kernel
-  (``kernels/lora.cu``, per-row shrink then expand).
+- Paths over one storage (slot-stacked ``A`` ``[S, R, in]``, ``B`` ``[S, out, R]``): torch
+  grouped matmuls (``LoRAApply.forward_native``: four small products per adapter group; one
+  adapter in the step, or rows too unevenly spread over the slots), torch batched products on CPU
+  (``LoRALinear._batched``: the rows gathered per slot, two ``bmm`` for every adapter at once) and
+  a CuPy kernel (``kernels/lora.cu``, per-row shrink then expand).  All give each row
+  ``x[t] @ A_s.T @ B_s.T`` of its own slot only.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ __all__ = [
     "LoRALinear",
     "LoRAPart",
     "LoRARows",
+    "SlotBatches",
     "active_rows",
     "attach_lora",
     "build_linear",
@@ -115,18 +119,15 @@ class LoRARows:
     slots: torch.Tensor
     #: ``(slot, rows)`` per adapter slot present; ``rows`` a slice when contiguous, else ``[n]`` int64.
     groups: tuple[tuple[int, Any], ...]
-    #: ``(slots, width, dtype)`` -> the ``[T, slots * width]`` 0/1 column mask (built once per step).
-    _masks: dict = field(factory=dict, eq=False, repr=False)
+    #: ``num_slots`` -> :class:`SlotBatches` of the step (built once per step, on first use).
+    _batches: dict = field(factory=dict, eq=False, repr=False)
 
-    def column_mask(self, num_slots: int, width: int, dtype: torch.dtype) -> torch.Tensor:
-        """1 where column ``c`` of a slot-stacked ``[T, num_slots * width]`` product belongs to the
-        row's own slot (``c // width == slots[t]``), else 0; cached for the step."""
-        key = (num_slots, width, dtype)
-        mask = self._masks.get(key)
-        if mask is None:
-            owner = torch.arange(num_slots * width, device=self.slots.device) // width
-            mask = self._masks[key] = (self.slots[:, None].long() == owner[None, :]).to(dtype)
-        return mask
+    def slot_batches(self, num_slots: int) -> SlotBatches:
+        """The step's rows laid out as equal-sized batches per slot (see :class:`SlotBatches`)."""
+        batches = self._batches.get(num_slots)
+        if batches is None:
+            batches = self._batches[num_slots] = SlotBatches.build(self, num_slots)
+        return batches
 
     @classmethod
     def from_slots(cls, slots: Sequence[int], device: torch.device | str = "cpu") -> LoRARows | None:
@@ -146,6 +147,49 @@ class LoRARows:
         return cls(torch.tensor(list(slots), dtype=torch.int32, device=device), tuple(groups))
 
 
+@frozen
+class SlotBatches:
+    """The adapter rows of one step as ``span`` equal batches of ``depth`` rows, one per slot of
+    ``first .. first + span - 1`` (slots without rows of this step get an empty, all-padding batch):
+    ``rows[i * depth + j]`` is the ``j``-th row of slot ``first + i``; padding entries point at
+    row 0 and are listed in ``padding`` (their inputs are zeroed, so they add exactly zero)."""
+
+    first: int
+    span: int
+    depth: int
+    #: ``[span * depth]`` int64 row index per batch entry.
+    rows: torch.Tensor
+    #: ``[P]`` int64 positions of the padding entries in ``rows`` (None: no padding).
+    padding: torch.Tensor | None
+    #: Rows in the batches (padding included) / adapter rows of the step.
+    fill: float
+
+    @classmethod
+    def build(cls, rows: LoRARows, num_slots: int) -> SlotBatches:
+        slots = rows.slots.tolist()
+        by_slot: dict[int, list[int]] = {}
+        for t, s in enumerate(slots):
+            if s >= 0:
+                by_slot.setdefault(int(s), []).append(t)
+        first, last = min(by_slot), max(by_slot)
+        span, depth = last - first + 1, max(len(r) for r in by_slot.values())
+        index: list[int] = []
+        padding: list[int] = []
+        for s in range(first, last + 1):
+            own = by_slot.get(s, [])
+            padding.extend(range(len(index) + len(own), len(index) + depth))
+            index.extend(own + [0] * (depth - len(own)))
+        device = rows.slots.device
+        return cls(
+            first,
+            span,
+            depth,
+            torch.tensor(index, dtype=torch.int64, device=device),
+            torch.tensor(padding, dtype=torch.int64, device=device) if padding else None,
+            len(index) / sum(len(r) for r in by_slot.values()),
+        )
+
+
 @contextlib.contextmanager
 def active_rows(rows: LoRARows | None) -> Iterator[None]:
     """Make ``rows`` the row -> adapter map every :class:`LoRALinear` reads during the block."""
@@ -157,9 +201,9 @@ def active_rows(rows: LoRARows | None) -> Iterator[None]:
 
 
 _THREADS = 128
-#: Largest ``slots x width`` for which a CPU projection applies every slot in one masked product
-#: (``LoRALinear._dense``): the extra multiply-adds stay small next to the base projection's.
-DENSE_MAX_COLUMNS = 256
+#: Most padding rows per adapter row for which a CPU projection runs all slots in two batched
+#: products (``LoRALinear._batched``) rather than four small products per adapter group.
+BATCHED_MAX_FILL = 2.0
 
 
 class LoRAApply(CustomOp):
@@ -248,10 +292,12 @@ class LoRALinear:
         self.ranks = [0] * num_slots
         #: Contiguous ``(A, B.T)`` per slot for the CPU path (None: empty slot).
         self.packed: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_slots
-        #: CPU, few small slots: every slot in one product, ``[S * width, out]`` = the slots'
-        #: scaled ``B.T`` stacked (see :meth:`_dense`).
-        self.dense = torch.device(device).type == "cpu" and num_slots * width <= DENSE_MAX_COLUMNS
-        self.bt = torch.zeros(num_slots * width, self.out_features, dtype=dtype, device=device) if self.dense else None
+        #: The CPU's batched path: every slot's scaled ``B.T`` ``[S, width, out]``, contiguous.
+        self.bt = (
+            torch.zeros(num_slots, width, self.out_features, dtype=dtype, device=device)
+            if torch.device(device).type == "cpu"
+            else None
+        )
         self.op = LoRAApply(device)
 
     def __getattr__(self, name: str) -> Any:  # bias, weight, dense ... of the base
@@ -284,8 +330,7 @@ class LoRALinear:
             None if col == 0 else (self.a[slot, :col].contiguous(), self.b[slot, :, :col].T.contiguous())
         )
         if self.bt is not None:
-            width = self.a.shape[1]
-            self.bt[slot * width : (slot + 1) * width] = self.b[slot].T
+            self.bt[slot] = self.b[slot].T
 
     def clear_slot(self, slot: int) -> None:
         self.ranks[slot] = 0
@@ -298,20 +343,26 @@ class LoRALinear:
             return y
         if rows.slots.shape[0] != x.shape[0]:
             raise RuntimeError(f"LoRA row map has {rows.slots.shape[0]} rows but the projection got {x.shape[0]}")
-        if self.bt is not None and x.dtype == self.a.dtype and y.dtype == self.a.dtype:
-            return self._dense(y, x, rows)
+        if self.bt is not None and len(rows.groups) > 1 and x.dtype == self.a.dtype and y.dtype == self.a.dtype:
+            batches = rows.slot_batches(self.a.shape[0])
+            if batches.fill <= BATCHED_MAX_FILL:
+                return self._batched(y, x, batches)
         return self.op(y, x, rows, self.a, self.b, self.ranks, self.packed)  # y: the base call's fresh result
 
-    def _dense(self, y: torch.Tensor, x: torch.Tensor, rows: LoRARows) -> torch.Tensor:
-        """Every slot at once: ``y += ((x @ A_all.T) * mask) @ B_all.T`` with ``mask`` keeping each
-        row's own slot's columns (zero-padded ranks add zeros).  Three ops per projection however
-        many adapters the step mixes, where the grouped path costs four per adapter: on a CPU
-        these small products are all dispatch overhead."""
-        num_slots, width, _ = self.a.shape
-        shrunk = x @ self.a.view(num_slots * width, -1).T
-        shrunk.mul_(rows.column_mask(num_slots, width, shrunk.dtype))
+    def _batched(self, y: torch.Tensor, x: torch.Tensor, batches: SlotBatches) -> torch.Tensor:
+        """Every slot at once: gather each slot's rows into a ``[span, depth, in]`` batch, shrink
+        and expand with two batched products against the slots' own ``A`` / ``B.T`` (zero-padded
+        ranks add zeros), add the results back to their rows.  Five ops per projection however many
+        adapters the step mixes, where the grouped path costs four per adapter; each row multiplies
+        only its own slot's columns."""
+        lo, hi = batches.first, batches.first + batches.span
+        xs = x.index_select(0, batches.rows)
+        if batches.padding is not None:
+            xs.index_fill_(0, batches.padding, 0.0)
+        xs = xs.view(batches.span, batches.depth, -1)
         assert self.bt is not None
-        return y.addmm_(shrunk, self.bt)
+        delta = torch.bmm(torch.bmm(xs, self.a[lo:hi].transpose(1, 2)), self.bt[lo:hi])
+        return y.index_add_(0, batches.rows, delta.view(-1, y.shape[1]))
 
 
 def _children(obj: Any) -> Iterator[tuple[Any, str | int, Any]]:

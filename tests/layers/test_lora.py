@@ -67,17 +67,20 @@ def _adapter(gen, rank, modules):
     }
 
 
-@pytest.mark.parametrize("dense_columns", [0, 256], ids=["grouped", "dense"])
-def test_wrapped_projection_adds_each_rows_own_adapter(dense_columns, monkeypatch):
-    """Both CPU paths: per adapter group (large slot stacks) and all slots in one masked product."""
+@pytest.mark.parametrize("max_fill", [0.0, 2.0], ids=["grouped", "batched"])
+def test_wrapped_projection_adds_each_rows_own_adapter(max_fill, monkeypatch):
+    """Both CPU paths: per adapter group, and every slot's rows gathered into two batched products
+    (slot 1 holds nothing, so its batch is all padding)."""
     import metrale_core.layers.lora as lora_module
 
-    monkeypatch.setattr(lora_module, "DENSE_MAX_COLUMNS", dense_columns)
+    monkeypatch.setattr(lora_module, "BATCHED_MAX_FILL", max_fill)
+    used = []
+    batched = LoRALinear._batched
+    monkeypatch.setattr(LoRALinear, "_batched", lambda self, *a: used.append(1) or batched(self, *a))
     layer, tensors = _fused()
     targets = attach_lora(layer, num_slots=3, max_rank=4, dtype=torch.float32, device="cpu")
     assert set(targets) == {"m.q_proj", "m.v_proj", "m.down_proj"}
     assert isinstance(layer.qkv, LoRALinear) and layer.qkv.bias is None
-    assert layer.qkv.dense == bool(dense_columns)
     assert attach_lora(layer, 3, 4, torch.float32, "cpu").keys() == targets.keys()  # idempotent
     gen = torch.Generator().manual_seed(1)
     adapters = {0: _adapter(gen, 4, ["m.q_proj", "m.v_proj"]), 2: _adapter(gen, 2, ["m.v_proj", "m.down_proj"])}
@@ -102,6 +105,7 @@ def test_wrapped_projection_adds_each_rows_own_adapter(dense_columns, monkeypatc
             off += n
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(y[[0, 4]], base[[0, 4]])  # base rows untouched
+    assert bool(used) == bool(max_fill)
     with active_rows(LoRARows.from_slots([-1] * 7)):
         assert torch.equal(layer.qkv(x), base)
 
@@ -112,6 +116,16 @@ def test_rows_from_slots_groups_by_adapter():
     groups = dict(rows.groups)
     assert groups[0] == slice(3, 4) and groups[1].tolist() == [0, 1, 4]
     assert rows.slots.dtype == torch.int32
+
+
+def test_slot_batches_pad_each_slot_to_the_deepest():
+    batches = LoRARows.from_slots([3, -1, 1, 3, 3]).slot_batches(num_slots=4)
+    assert (batches.first, batches.span, batches.depth) == (1, 3, 3)
+    # slot 1: row 2 + 2 padding; slot 2: none, 3 padding; slot 3: rows 0, 3, 4
+    assert batches.rows.tolist() == [2, 0, 0, 0, 0, 0, 0, 3, 4]
+    assert batches.padding.tolist() == [1, 2, 3, 4, 5]
+    assert batches.fill == 9 / 4
+    assert LoRARows.from_slots([0, 1]).slot_batches(2).padding is None
 
 
 def test_a_row_map_of_another_size_is_an_error():
