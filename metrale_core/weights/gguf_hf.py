@@ -24,7 +24,12 @@ from metrale_core.errors import CorruptWeightsFile
 __all__ = ["ARCHITECTURES", "PERMUTED_ARCHS", "hf_name", "permute_heads", "synthesize_config", "unpermute_rows"]
 
 #: GGUF ``general.architecture`` -> HF ``architectures`` entry.
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",  # its extra norms map through the same table (metrale-gemma3 reads them)
+}
 PERMUTED_ARCHS = frozenset({"llama"})
 
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
