@@ -95,10 +95,10 @@ def _int_list(value: Any) -> list[int]:
 
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
     """The ``general.*`` and ``tokenizer.*`` metadata of a GGUF file as plain python values."""
-    import gguf
+    from metrale_core.weights.gguf_file import GGUFFile
 
     try:
-        reader = gguf.GGUFReader(str(path), "r")
+        reader = GGUFFile(path)
     except (OSError, ValueError) as exc:
         raise TokenizerError(f"cannot read GGUF metadata from {path}: {exc}") from exc
     return {key: fld.contents() for key, fld in reader.fields.items() if key.startswith(("tokenizer.", "general."))}

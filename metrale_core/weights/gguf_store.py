@@ -1,4 +1,4 @@
-"""GGUF files (llama.cpp's format) read through ``gguf.GGUFReader``, presented with HF names.
+"""GGUF files (llama.cpp's format) read through ``gguf_file.GGUFFile``, presented with HF names.
 
 Owner: ``metrale_core.weights``.  The reader memory-maps the file read-only; tensors are
 dequantized (``gguf_dequant``) one at a time on ``get``.
@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
 from loguru import logger
 
 from metrale_core.errors import CorruptWeightsFile, WeightsError
@@ -29,6 +28,7 @@ from metrale_core.weights.gguf_dequant import dequantize
 from metrale_core.weights.gguf_file import (
     GGUF_MAGIC,
     PSEUDO_FIELDS,
+    GGUFFile,
     check_tensor_extent,
     field_value,
     is_scalar_field,
@@ -48,7 +48,7 @@ class GGUFStore(WeightStore):
     def __init__(self, path: Path) -> None:
         reader = open_gguf(path)
         #: None once released (:meth:`_release`).
-        self._reader: GGUFReader | None = reader
+        self._reader: GGUFFile | None = reader
         self._metadata: dict[str, Any] | None = None
         size = path.stat().st_size
         shapes: dict[str, tuple[int, ...]] = {}
@@ -59,7 +59,7 @@ class GGUFStore(WeightStore):
         scalars = {k: field_value(path, k, f) for k, f in reader.fields.items() if is_scalar_field(f)}
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         config = normalise_config(
-            synthesize_config(str(path), scalars, len(tokens.data) if tokens is not None else None, shapes)
+            synthesize_config(str(path), scalars, tokens.count if tokens is not None else None, shapes)
         )
         self._arch = str(config["model_type"])
         if self._arch not in ARCHITECTURES:
