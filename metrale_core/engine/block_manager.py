@@ -164,9 +164,14 @@ class BlockManager:
         return sum(need if w is None else min(need, self.blocks_for(w)) for w in self.windows)
 
     def _tables(self, seq: BlockHolder) -> list[list[int]]:
-        """``seq``'s block table of every group, group 0 first."""
+        """``seq``'s block table of every group, group 0 first (a holder that only ever grows, such
+        as a drafter's sequence in a side pool, gets its empty group tables on first use)."""
         if self.num_groups == 1:
             return [seq.block_ids]
+        if len(seq.group_block_ids) != self.num_groups - 1:
+            if seq.block_ids:
+                raise RuntimeError(f"{seq!r} holds blocks but not a table for each of the {self.num_groups} KV groups")
+            seq.group_block_ids = [[] for _ in range(self.num_groups - 1)]
         return [seq.block_ids, *seq.group_block_ids]
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
