@@ -24,7 +24,6 @@ Invariants:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from metrale_core.api import (
     AttentionPlan,
@@ -34,6 +33,7 @@ from metrale_core.api import (
     KVLayout,
     ModelInfo,
     PagedKVCache,
+    embed_tokens,
     paged_attention,
     rms_norm,
     rope_cos_sin,
@@ -120,7 +120,7 @@ class Gemma3LM:
         groups = [batch.for_group(g) for g in range(max(group_of) + 1)]
         plans = [AttentionPlan.from_batch(b, d.attn_scale, gather=gather) for b in groups]
         embedding = self.weights.embedding
-        rows = F.embedding(batch.input_ids, self.weights.embed) if embedding is None else embedding(batch.input_ids)
+        rows = embed_tokens(batch.input_ids, self.weights.embed) if embedding is None else embedding(batch.input_ids)
         x = rows * self._embed_scale
         for i, layer in enumerate(self.weights.layers):
             g = group_of[i]

@@ -37,6 +37,7 @@ from metrale_core.api import (
     ShardedStore,
     TensorParallel,
     VocabParallelEmbedding,
+    build_embedding,
     build_linear,
     embed_tokens,
     split_heads,
@@ -67,7 +68,8 @@ class LayerWeights:
 
 @frozen
 class Gemma3Weights:
-    embed: torch.Tensor
+    #: The token table: a tensor, or (``auto`` on a quantized GGUF) its blocks read in place.
+    embed: Any
     layers: tuple[LayerWeights, ...]
     norm: torch.Tensor
     head: Linear
@@ -187,8 +189,9 @@ def load_weights(
             )
         )
     embed_name = name("embed_tokens.weight")
-    embed = store.get(embed_name, dtype=dtype, shape=(V, D)).to(device)
-    head = build_linear(store, [embed_name], [(V, D)], weight_format, dtype, device, dense=embed, output_head=True)
+    embed = build_embedding(store, embed_name, (V, D), weight_format, dtype, device)
+    dense = embed if isinstance(embed, torch.Tensor) else None  # a quantized table: the head keeps its blocks
+    head = build_linear(store, [embed_name], [(V, D)], weight_format, dtype, device, dense=dense, output_head=True)
     embedding = None
     if tp.enabled:
         head = ParallelHead(head, tp, vocab_sizes)
