@@ -42,6 +42,7 @@ from attrs import field, frozen
 from loguru import logger
 
 from metrale_core.kernels import cpu_library, select_path
+from metrale_core.layers import repack_cache
 
 __all__ = [
     "GGUF_KINDS",
@@ -227,6 +228,12 @@ def pack(kind: int, codes: np.ndarray, d: np.ndarray, m: np.ndarray | None) -> n
     return np.concatenate(parts, axis=-1).reshape(t, -1)
 
 
+def records_nbytes(kind: int, out_features: int, in_features: int) -> int:
+    """Bytes of :func:`pack`'s records for an ``[out_features, in_features]`` matrix of ``kind``."""
+    bits, sub, has_m = _KIND_SHAPE[kind]
+    return out_features * (in_features // QK) * (QK * bits // 8 + (QK // sub) * 4 * (1 + has_m))
+
+
 def gguf_kernel() -> ctypes.CDLL | None:
     """The package's C library when the CPU path is chosen for :class:`GGUFLinear`, else None."""
     if select_path("GGUFLinear", torch.device("cpu"), has_kernel=False, cpu_package=PACKAGE) != "cpu":
@@ -266,14 +273,19 @@ def repack(raws: Sequence[Any], native: bool) -> Repacked:
     out_features = sum(int(r.shape[0]) for r in raws)
     if quant_type in _WIDENED:
         _warn_widened(quant_type, kind)
+    key = repack_cache.cache_key([getattr(r, "source", None) for r in raws], kind, (TILE, QK)) if native else None
+    cached = repack_cache.load(key, records_nbytes(kind, out_features, in_features))
+    if cached is not None:
+        return Repacked(kind, out_features, in_features, records=torch.from_numpy(cached))
     chunks: list[tuple[np.ndarray | None, ...]] = []
     for raw in raws:
         for start in range(0, int(raw.shape[0]), REPACK_ROWS):
             _, codes, d, m = decode(_blocks(raw, slice(start, start + REPACK_ROWS)), quant_type)
             chunks.append((pack(kind, codes, d, m),) if native else (codes, d, m))
     if native:
-        records = torch.from_numpy(np.concatenate([c[0] for c in chunks if c[0] is not None]).reshape(-1))
-        return Repacked(kind, out_features, in_features, records=records)
+        flat = np.concatenate([c[0] for c in chunks if c[0] is not None]).reshape(-1)
+        repack_cache.store(key, flat)
+        return Repacked(kind, out_features, in_features, records=torch.from_numpy(flat))
     code_parts, d_parts, m_parts = ([a for part in chunks if (a := part[i]) is not None] for i in range(3))
     return Repacked(
         kind,

@@ -11,6 +11,9 @@ Fixtures:
   skip where ``path`` is absent, fail under ``CI=true``.
 - ``golden``: ``golden(name, text)`` compares with ``<golden_dir>/<name>.trace``; with
   ``--update-goldens`` it writes the file instead.
+- The session's GGUF repack cache (``METRALE_REPACK_CACHE``, unless the environment sets it) is a
+  temporary directory removed at the end: tests neither fill the user's cache with their fixture
+  files nor depend on what an earlier run left there.
 
 Owner: tests of metrale-core and of every plugin (loaded automatically once metrale-core is
 installed).  Invariants: importing this module imports no engine code; fixtures import lazily.
@@ -18,6 +21,9 @@ installed).  Invariants: importing this module imports no engine code; fixtures 
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,16 +32,31 @@ from metrale_core.testing.clock import FakeClock
 from metrale_core.testing.golden import GoldenStore
 from metrale_core.testing.recording_model import RecordingModel
 
+#: ``metrale_core.layers.repack_cache.CACHE_ENV`` (not imported: this module imports no engine code).
+REPACK_CACHE_ENV = "METRALE_REPACK_CACHE"
+_session_cache: str | None = None
+
 #: Engine config the ``tiny_engine`` fixture starts from (keywords override it).
 TINY_ENGINE_DEFAULTS = dict(block_size=4, num_kv_blocks=64, max_prefill_tokens=64, max_num_seqs=8)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    global _session_cache
     config.addinivalue_line(
         "markers",
         "metrale_needs_file(path, hint): the test needs this file; skipped "
         "where it is absent, FAILED under CI=true (metrale_core.testing.requires.needs_file)",
     )
+    if REPACK_CACHE_ENV not in os.environ:
+        _session_cache = os.environ[REPACK_CACHE_ENV] = tempfile.mkdtemp(prefix="metrale-repack-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _session_cache
+    if _session_cache is not None:
+        os.environ.pop(REPACK_CACHE_ENV, None)
+        shutil.rmtree(_session_cache, ignore_errors=True)
+        _session_cache = None
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -35,7 +35,7 @@ from metrale_core.weights.gguf_file import (
     open_gguf,
 )
 from metrale_core.weights.gguf_hf import ARCHITECTURES, hf_name, permute_heads, synthesize_config, unpermute_rows
-from metrale_core.weights.store import RawTensor, WeightStore, normalise_config
+from metrale_core.weights.store import RawSource, RawTensor, WeightStore, normalise_config
 
 __all__ = ["GGUF_MAGIC", "GGUFStore"]  # GGUF_MAGIC re-exported from gguf_file
 
@@ -86,6 +86,9 @@ class GGUFStore(WeightStore):
                         f"{path}: {t.name} has {shapes[t.name][0]} rows, not a multiple of 2 x {heads} heads"
                     )
                 self._heads[name] = heads
+        st = path.stat()
+        #: (resolved path, size, mtime) of the file, the identity of every tensor read from it.
+        self._file_id = (str(path.resolve()), st.st_size, st.st_mtime_ns)
         super().__init__(path, config, list(self._by_name))
         logger.debug("opened {} (arch {}, {} tensors)", path, self._arch, len(self._by_name))
 
@@ -115,7 +118,8 @@ class GGUFStore(WeightStore):
         data = t.data
         if name in self._heads:
             data = unpermute_rows(np.asarray(data), self._heads[name])
-        return RawTensor(data, t.tensor_type.name, self._shapes[name])
+        shape = self._shapes[name]
+        return RawTensor(data, t.tensor_type.name, shape, RawSource(*self._file_id, name, shape))
 
     def _load(self, name: str) -> tuple[torch.Tensor, bool]:
         t = self._by_name[name]

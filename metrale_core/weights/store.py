@@ -27,7 +27,18 @@ import torch
 
 from metrale_core.errors import ShapeMismatch, WeightsError
 
-__all__ = ["RawTensor", "WeightStore", "normalise_config"]
+__all__ = ["RawSource", "RawTensor", "WeightStore", "normalise_config"]
+
+
+class RawSource(NamedTuple):
+    """Where a raw tensor was read whole from: its file (resolved path, size, modification time)
+    and its name and shape there, which identify its bytes (``layers.repack_cache`` keys on it)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    name: str
+    shape: tuple[int, ...]
 
 
 class RawTensor(NamedTuple):
@@ -41,6 +52,8 @@ class RawTensor(NamedTuple):
     data: np.ndarray | torch.Tensor
     quant_type: str
     shape: tuple[int, ...]
+    #: The whole tensor's origin in a file; None for anything derived from it (a shard).
+    source: RawSource | None = None
 
 
 class WeightStore(ABC):

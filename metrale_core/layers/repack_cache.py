@@ -1,0 +1,117 @@
+"""An on-disk cache of GGUF tensors repacked into the C block kernel's layout.
+
+Owner: ``metrale_core.layers`` (:func:`metrale_core.layers.gguf_linear.repack` reads and fills
+it).  Repacking a 0.5B model's blocks takes seconds of numpy at every start; a second start of
+the same file reads the records back instead (``met serve`` on Qwen2.5-Coder-0.5B: /health in
+about half the time).
+
+Invariants:
+- A record set is keyed by everything it is a function of: the layout version, the kernel kind,
+  and per source tensor its file (resolved path, size, modification time), name and shape.  A
+  changed file, or tensors not read whole from a file (a tensor-parallel shard has no source),
+  never hit; a changed layout bumps :data:`LAYOUT_VERSION`.
+- Entries are written to a temporary file and renamed into place, so a reader never sees a
+  partial entry (two processes may write the same entry; the last rename wins, both whole).  An
+  entry of the wrong size is ignored and rewritten.
+- The directory stays under ``METRALE_REPACK_CACHE_MAX`` bytes (default 8 GiB): after a write the
+  least recently used entries go.  ``METRALE_REPACK_CACHE=off`` disables the cache; any other
+  value is its directory (default ``~/.cache/metrale/repack``).  A cache that cannot be read or
+  written is skipped with a DEBUG line, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from loguru import logger
+
+__all__ = ["CACHE_ENV", "CACHE_MAX_ENV", "LAYOUT_VERSION", "cache_dir", "cache_key", "load", "store"]
+
+CACHE_ENV = "METRALE_REPACK_CACHE"
+CACHE_MAX_ENV = "METRALE_REPACK_CACHE_MAX"
+#: Bump when the record layout of ``gguf_qmatmul.c`` (or ``gguf_linear.pack``) changes.
+LAYOUT_VERSION = 1
+_DEFAULT_MAX = 8 << 30
+_OFF = {"0", "off", "false", "no", "none"}
+
+
+def cache_dir() -> Path | None:
+    """The cache directory, or None when ``METRALE_REPACK_CACHE`` turns the cache off."""
+    raw = os.environ.get(CACHE_ENV, "").strip()
+    if raw.lower() in _OFF:
+        return None
+    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "metrale" / "repack"
+
+
+def cache_key(sources: Sequence[Any], kind: int, extra: Sequence[int] = ()) -> str | None:
+    """The key of the records of ``sources`` (each a ``RawSource``; None: not cacheable)."""
+    if not sources or any(s is None for s in sources):
+        return None
+    parts = [f"v{LAYOUT_VERSION}", f"k{kind}", *(str(e) for e in extra)]
+    for s in sources:
+        parts.append(f"{s.path}|{s.size}|{s.mtime_ns}|{s.name}|{'x'.join(map(str, s.shape))}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _entry(root: Path, key: str) -> Path:
+    return root / key[:2] / f"{key}.bin"
+
+
+def load(key: str | None, nbytes: int) -> np.ndarray | None:
+    """The cached records of ``key`` (``nbytes`` uint8), or None."""
+    root = cache_dir()
+    if key is None or root is None:
+        return None
+    path = _entry(root, key)
+    try:
+        if path.stat().st_size != nbytes:
+            return None
+        data = np.fromfile(path, dtype=np.uint8)
+        os.utime(path)  # least recently used goes first
+    except OSError:
+        return None
+    return data if data.size == nbytes else None
+
+
+def store(key: str | None, records: np.ndarray) -> None:
+    """Write ``records`` as the entry of ``key`` (atomically), then trim the cache to its limit."""
+    root = cache_dir()
+    if key is None or root is None:
+        return
+    path = _entry(root, key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(np.ascontiguousarray(records, dtype=np.uint8).data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _trim(root)
+    except OSError as exc:
+        logger.debug("repack cache: cannot write {}: {}", path, exc)
+
+
+def _trim(root: Path) -> None:
+    limit = int(os.environ.get(CACHE_MAX_ENV) or _DEFAULT_MAX)
+    entries = []
+    for p in root.glob("*/*.bin"):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        entries.append((st.st_mtime_ns, st.st_size, p))
+    total = sum(size for _, size, _ in entries)
+    for _, size, p in sorted(entries, key=lambda e: e[0]):
+        if total <= limit:
+            break
+        p.unlink(missing_ok=True)
+        total -= size

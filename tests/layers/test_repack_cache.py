@@ -1,0 +1,133 @@
+"""The on-disk cache of repacked GGUF records: a second build of the same tensors reads the records
+back (no repacking) and multiplies bit-equal; a changed file, a shard (no source), a damaged entry
+or a cache switched off never serve stale records; the directory keeps under its size limit."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+
+from metrale_core.layers import gguf_linear as gl
+from metrale_core.layers import repack_cache
+from metrale_core.testing import pytest_plugin
+from metrale_core.weights.gguf_store import GGUFStore
+
+N, K = 32, 256
+
+
+def _write(path, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), "llama")
+    w.add_embedding_length(K)
+    w.add_head_count(8)
+    w.add_block_count(1)
+    w.add_context_length(64)
+    for name, kind in (("blk.0.a.weight", GGMLQuantizationType.Q8_0), ("blk.0.b.weight", GGMLQuantizationType.Q8_0)):
+        w.add_tensor(name, quantize(rng.standard_normal((N, K)).astype(np.float32), kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _raw(path, name="a.weight"):
+    store = GGUFStore(path)
+    return store.get_raw(next(n for n, g in store.gguf_names.items() if g == f"blk.0.{name}"))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv(repack_cache.CACHE_ENV, str(root))
+    if gl.gguf_kernel() is None:
+        pytest.fail("the C GGUF kernel is not built: the cache serves only its records")
+    return root
+
+
+def _entries(root):
+    return sorted(root.glob("*/*.bin"))
+
+
+def _no_repacking(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("repacked although the records were cached")
+
+    monkeypatch.setattr(gl, "decode", refuse)
+
+
+def test_pytest_sessions_use_their_own_cache():
+    assert pytest_plugin.REPACK_CACHE_ENV == repack_cache.CACHE_ENV
+    assert os.environ[repack_cache.CACHE_ENV]  # set for the session (or by the caller)
+
+
+@pytest.mark.parametrize("quant_type", sorted(gl.GGUF_KINDS))
+def test_records_nbytes_is_what_pack_writes(quant_type):
+    kind, per_block, size = gl.GGUF_KINDS[quant_type]
+    k = 256
+    blocks = np.random.default_rng(1).integers(0, 256, size=(16, k // per_block, size), dtype=np.uint8)
+    with np.errstate(invalid="ignore"):  # random bytes: some fp16 scales are NaN (sizes only matter)
+        _, codes, d, m = gl.decode(blocks, quant_type)
+    assert gl.pack(kind, codes, d, m).nbytes == gl.records_nbytes(kind, 16, k)
+
+
+def test_a_second_build_reads_the_records_back(cache, tmp_path, monkeypatch):
+    path = _write(tmp_path / "m.gguf")
+    x = torch.randn(5, K, generator=torch.Generator().manual_seed(0))
+    first = gl.gguf_linear([_raw(path), _raw(path, "b.weight")])
+    assert len(_entries(cache)) == 1
+    _no_repacking(monkeypatch)
+    second = gl.gguf_linear([_raw(path), _raw(path, "b.weight")])
+    assert torch.equal(first.weight.records, second.weight.records)
+    assert torch.equal(first(x), second(x))
+
+
+def test_a_changed_file_misses(cache, tmp_path):
+    path = _write(tmp_path / "m.gguf")
+    gl.gguf_linear([_raw(path)])
+    _write(path, seed=1)  # new contents, new mtime
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    fresh = gl.gguf_linear([_raw(path)])
+    assert len(_entries(cache)) == 2
+    store = GGUFStore(path)
+    weight = store.get(next(n for n, g in store.gguf_names.items() if g == "blk.0.a.weight"))
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(fresh(x), x @ weight.T, rtol=0.01, atol=0.05)  # the new weights
+
+
+def test_a_tensor_without_a_source_is_not_cached(cache, tmp_path):
+    raw = _raw(_write(tmp_path / "m.gguf"))
+    gl.gguf_linear([raw._replace(source=None)])
+    assert not cache.exists() or not _entries(cache)
+
+
+def test_a_damaged_entry_is_ignored_and_rewritten(cache, tmp_path, monkeypatch):
+    path = _write(tmp_path / "m.gguf")
+    good = gl.gguf_linear([_raw(path)]).weight.records.clone()
+    (entry,) = _entries(cache)
+    entry.write_bytes(entry.read_bytes()[:-7])
+    again = gl.gguf_linear([_raw(path)]).weight.records
+    assert torch.equal(again, good) and entry.stat().st_size == good.numel()
+
+
+def test_off_means_no_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(repack_cache.CACHE_ENV, "off")
+    assert repack_cache.cache_dir() is None
+    gl.gguf_linear([_raw(_write(tmp_path / "m.gguf"))])
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_cache_keeps_under_its_limit(cache, tmp_path, monkeypatch):
+    path = _write(tmp_path / "m.gguf")
+    one = gl.records_nbytes(gl.GGUF_KINDS["Q8_0"][0], N, K)
+    monkeypatch.setenv(repack_cache.CACHE_MAX_ENV, str(one + one // 2))
+    gl.gguf_linear([_raw(path)])
+    oldest = _entries(cache)
+    gl.gguf_linear([_raw(path, "b.weight")])
+    left = _entries(cache)
+    assert len(left) == 1 and left != oldest  # the least recently used entry went
