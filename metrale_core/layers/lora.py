@@ -20,12 +20,14 @@ Invariants:
 - Rows are grouped by slot (:class:`LoRARows`), so a row's delta is computed from that row and
   its adapter only; rows of other adapters or the base never change it.
 - The output head is never wrapped (``build_linear(..., output_head=True)`` is not recorded).
-- Paths over one storage (slot-stacked ``A`` ``[S, R, in]``, ``B`` ``[S, out, R]``): torch
-  grouped matmuls (``LoRAApply.forward_native``: four small products per adapter group; one
-  adapter in the step, or rows too unevenly spread over the slots), torch batched products on CPU
-  (``LoRALinear._batched``: the rows gathered per slot, two ``bmm`` for every adapter at once) and
-  a CuPy kernel (``kernels/lora.cu``, per-row shrink then expand).  All give each row
-  ``x[t] @ A_s.T @ B_s.T`` of its own slot only.
+- Paths over one storage (slot-stacked ``A`` ``[S, R, in]``, ``B`` ``[S, out, R]``): on CPU the
+  C kernel (``kernels/cpu/lora_apply.c``, float32: every slot in one call, reading only the
+  parts' own blocks of the weights, which bound the work at a few rows per adapter); where it does
+  not run (``METRALE_KERNELS=native``, no compiler, other dtypes) torch batched products
+  (``LoRALinear._batched``: the rows gathered per slot, two ``bmm``) or grouped matmuls
+  (``LoRAApply.forward_native``: four small products per adapter group; one adapter in the step,
+  or rows too unevenly spread over the slots); on GPU a CuPy kernel (``kernels/lora.cu``, per-row
+  shrink then expand).  All give each row ``x[t] @ A_s.T @ B_s.T`` of its own slot only.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from metrale_core.kernels import CustomOp
+from metrale_core.kernels import CustomOp, cpu_library, select_path
 from metrale_core.kernels.cuda import i32, i64, ptr, torch_stream
 from metrale_core.layers import linear as _linear
 
@@ -122,6 +124,24 @@ class LoRARows:
     #: ``num_slots`` -> :class:`SlotBatches` of the step (built once per step, on first use).
     _batches: dict = field(factory=dict, eq=False, repr=False)
 
+    def slot_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(order, starts)`` int64: the adapter rows sorted by slot (stable) and, per slot ``s``,
+        ``order[starts[s]:starts[s + 1]]`` its rows (the C kernel's input; built once per step)."""
+        csr = self._batches.get("csr")
+        if csr is None:
+            slots = self.slots.tolist()
+            num = max(slots) + 1
+            order = sorted((t for t, s in enumerate(slots) if s >= 0), key=lambda t: slots[t])
+            counts = [0] * (num + 1)
+            for s in slots:
+                if s >= 0:
+                    counts[s + 1] += 1
+            for s in range(num):
+                counts[s + 1] += counts[s]
+            csr = (torch.tensor(order, dtype=torch.int64), torch.tensor(counts, dtype=torch.int64))
+            self._batches["csr"] = csr
+        return csr
+
     def slot_batches(self, num_slots: int) -> SlotBatches:
         """The step's rows laid out as equal-sized batches per slot (see :class:`SlotBatches`)."""
         batches = self._batches.get(num_slots)
@@ -201,6 +221,18 @@ def active_rows(rows: LoRARows | None) -> Iterator[None]:
 
 
 _THREADS = 128
+#: Rows of one slot the C kernel multiplies together (``ROWS`` in ``lora_apply.c``).
+_C_ROWS = 8
+PACKAGE = "metrale_core.layers"
+
+
+def lora_kernel() -> Any:
+    """The package's C library when the CPU path is chosen for LoRA, else None (torch paths)."""
+    if select_path("LoRALinear", torch.device("cpu"), has_kernel=False, cpu_package=PACKAGE) != "cpu":
+        return None
+    return cpu_library(PACKAGE)
+
+
 #: Most padding rows per adapter row for which a CPU projection runs all slots in two batched
 #: products (``LoRALinear._batched``) rather than four small products per adapter group.
 BATCHED_MAX_FILL = 2.0
@@ -298,6 +330,12 @@ class LoRALinear:
             if torch.device(device).type == "cpu"
             else None
         )
+        #: Per slot and part: ``(first column, rank)`` in ``A`` / ``B.T`` (rank 0: nothing).
+        self.part_cols = torch.zeros(num_slots, len(self.parts), 2, dtype=torch.int32)
+        #: Per part: ``(first output, outputs)``.
+        self.part_out = torch.tensor([[p.offset, p.out_features] for p in self.parts], dtype=torch.int32)
+        self.kernel: Any = lora_kernel() if self.bt is not None and dtype == torch.float32 else None
+        self._scratch = torch.empty(0, dtype=torch.float32)
         self.op = LoRAApply(device)
 
     def __getattr__(self, name: str) -> Any:  # bias, weight, dense ... of the base
@@ -313,13 +351,15 @@ class LoRALinear:
         parts the adapter does not target get nothing."""
         self.a[slot].zero_()
         self.b[slot].zero_()
+        self.part_cols[slot].zero_()
         col = 0
-        for part in self.parts:
+        for p, part in enumerate(self.parts):
             entry = weights.get(part.module)
             if entry is None:
                 continue
             a, b, scale = entry
             r = int(a.shape[0])
+            self.part_cols[slot, p, 0], self.part_cols[slot, p, 1] = col, r
             self.a[slot, col : col + r] = a.to(self.a.dtype)
             self.b[slot, part.offset : part.offset + part.out_features, col : col + r] = (b.float() * scale).to(
                 self.b.dtype
@@ -335,6 +375,7 @@ class LoRALinear:
     def clear_slot(self, slot: int) -> None:
         self.ranks[slot] = 0
         self.packed[slot] = None
+        self.part_cols[slot].zero_()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -343,11 +384,44 @@ class LoRALinear:
             return y
         if rows.slots.shape[0] != x.shape[0]:
             raise RuntimeError(f"LoRA row map has {rows.slots.shape[0]} rows but the projection got {x.shape[0]}")
+        if self.kernel is not None and x.dtype == torch.float32 and y.dtype == torch.float32 and y.is_contiguous():
+            return self._native(y, x, rows)
         if self.bt is not None and len(rows.groups) > 1 and x.dtype == self.a.dtype and y.dtype == self.a.dtype:
             batches = rows.slot_batches(self.a.shape[0])
             if batches.fill <= BATCHED_MAX_FILL:
                 return self._batched(y, x, batches)
         return self.op(y, x, rows, self.a, self.b, self.ranks, self.packed)  # y: the base call's fresh result
+
+    def _native(self, y: torch.Tensor, x: torch.Tensor, rows: LoRARows) -> torch.Tensor:
+        """Every slot in one call of the C kernel (``lora_apply.c``): it reads only the parts' own
+        blocks of each adapter's weights, once per group of rows of a slot."""
+        order, starts = rows.slot_rows()
+        x = x.contiguous()
+        num_slots, width, k = self.a.shape
+        assert self.bt is not None
+        threads = torch.get_num_threads()
+        if self._scratch.numel() < threads * _C_ROWS * width:  # one group's shrunk rows per thread
+            self._scratch = torch.empty(threads * _C_ROWS * width, dtype=torch.float32)
+        rc = self.kernel.mt_lora_apply(
+            x.data_ptr(),
+            k,
+            order.data_ptr(),
+            starts.data_ptr(),
+            min(num_slots, starts.numel() - 1),
+            self.a.data_ptr(),
+            self.bt.data_ptr(),
+            width,
+            self.out_features,
+            self.part_cols.data_ptr(),
+            len(self.parts),
+            self.part_out.data_ptr(),
+            y.data_ptr(),
+            self._scratch.data_ptr(),
+            threads,
+        )
+        if rc != 0:
+            raise ValueError(f"mt_lora_apply cannot take x {list(x.shape)} with {self.out_features} outputs")
+        return y
 
     def _batched(self, y: torch.Tensor, x: torch.Tensor, batches: SlotBatches) -> torch.Tensor:
         """Every slot at once: gather each slot's rows into a ``[span, depth, in]`` batch, shrink

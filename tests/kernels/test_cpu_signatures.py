@@ -25,9 +25,14 @@ from metrale_core.kernels.cpu import CPU_VARIANTS, bind_prototypes, build_cpu_li
 from metrale_core.testing.requires import missing
 
 REPO = Path(__file__).resolve().parents[2]
-KERNEL_DIRS = sorted(
-    {p.parent for p in REPO.glob("**/kernels/cpu/*.c") if ".venv" not in p.parts and ".tox" not in p.parts}
-)
+
+
+def _ours(path: Path) -> bool:
+    """Not under a hidden directory (virtual environments: .venv, .venv-bench; .tox; .git)."""
+    return not any(part.startswith(".") for part in path.relative_to(REPO).parts)
+
+
+KERNEL_DIRS = sorted({p.parent for p in REPO.glob("**/kernels/cpu/*.c") if _ours(p)})
 # a top-level, non-static function definition: optional attributes, return type, name, (args) {
 DEFINITION = re.compile(
     r"^(?:__attribute__\(\(.*?\)\)\s*)?(?P<ret>(?:[A-Za-z_]\w*[\s*]+)+?)(?P<name>[A-Za-z_]\w*)"
@@ -113,7 +118,7 @@ def test_a_header_edited_on_one_side_only_breaks_the_build(cc, tmp_path):
 def test_no_module_writes_ctypes_signatures_by_hand():
     offenders = []
     for path in REPO.glob("**/*.py"):
-        if {".venv", ".tox", "tests"} & set(path.parts) or (path.name == "cpu.py" and path.parent.name == "kernels"):
+        if not _ours(path) or "tests" in path.parts or (path.name == "cpu.py" and path.parent.name == "kernels"):
             continue
         if re.search(r"\.(argtypes|restype)\s*=", path.read_text(errors="replace")):
             offenders.append(str(path.relative_to(REPO)))

@@ -67,16 +67,21 @@ def _adapter(gen, rank, modules):
     }
 
 
-@pytest.mark.parametrize("max_fill", [0.0, 2.0], ids=["grouped", "batched"])
-def test_wrapped_projection_adds_each_rows_own_adapter(max_fill, monkeypatch):
-    """Both CPU paths: per adapter group, and every slot's rows gathered into two batched products
-    (slot 1 holds nothing, so its batch is all padding)."""
+@pytest.mark.parametrize("path", ["grouped", "batched", "c-kernel"])
+def test_wrapped_projection_adds_each_rows_own_adapter(path, monkeypatch):
+    """Every CPU path: per adapter group, every slot's rows gathered into two batched products
+    (slot 1 holds nothing, so its batch is all padding), and the C kernel (``lora_apply.c``)."""
     import metrale_core.layers.lora as lora_module
 
-    monkeypatch.setattr(lora_module, "BATCHED_MAX_FILL", max_fill)
+    if path == "c-kernel":
+        assert lora_module.lora_kernel() is not None, "the C kernels build on every x86-64 CPU with AVX2"
+    else:
+        monkeypatch.setattr(lora_module, "lora_kernel", lambda: None)
+    monkeypatch.setattr(lora_module, "BATCHED_MAX_FILL", 2.0 if path == "batched" else 0.0)
     used = []
-    batched = LoRALinear._batched
-    monkeypatch.setattr(LoRALinear, "_batched", lambda self, *a: used.append(1) or batched(self, *a))
+    batched, native = LoRALinear._batched, LoRALinear._native
+    monkeypatch.setattr(LoRALinear, "_batched", lambda self, *a: used.append("batched") or batched(self, *a))
+    monkeypatch.setattr(LoRALinear, "_native", lambda self, *a: used.append("c-kernel") or native(self, *a))
     layer, tensors = _fused()
     targets = attach_lora(layer, num_slots=3, max_rank=4, dtype=torch.float32, device="cpu")
     assert set(targets) == {"m.q_proj", "m.v_proj", "m.down_proj"}
@@ -105,7 +110,7 @@ def test_wrapped_projection_adds_each_rows_own_adapter(max_fill, monkeypatch):
             off += n
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(y[[0, 4]], base[[0, 4]])  # base rows untouched
-    assert bool(used) == bool(max_fill)
+    assert set(used) == ({path} if path != "grouped" else set())
     with active_rows(LoRARows.from_slots([-1] * 7)):
         assert torch.equal(layer.qkv(x), base)
 
@@ -222,3 +227,49 @@ def test_an_adapter_adds_its_exact_delta_on_every_weight_format(fmt, tmp_path):
     delta = torch.cat([scale * (x @ a.T) @ b.T for a, b, scale in (adapter[m] for m in modules)], dim=1)
     torch.testing.assert_close(y[[0, 2, 3]], base[[0, 2, 3]] + delta[[0, 2, 3]], rtol=1e-4, atol=1e-4)
     assert torch.equal(y[[1, 4]], base[[1, 4]])
+
+
+@pytest.mark.parametrize("mix", ["two-slots", "one-slot"])
+def test_the_c_kernel_matches_the_grouped_path_across_row_groups_and_output_tiles(mix):
+    """More rows of one slot than the kernel multiplies together (8), outputs over several tiles of
+    256, a part the adapter does not target, and rows in any order; two slots with rows (each slot
+    on its own thread) and one (the threads share each group's columns and tiles)."""
+    import metrale_core.layers.lora as lora_module
+
+    assert lora_module.lora_kernel() is not None, "the C kernels build on every x86-64 CPU with AVX2"
+    gen = torch.Generator().manual_seed(3)
+    shapes = {"m.q_proj": (600, 100), "m.k_proj": (40, 100), "m.v_proj": (40, 100)}
+    tensors = {f"{m}.weight": torch.randn(*s, generator=gen) for m, s in shapes.items()}
+    qkv = build_linear(
+        _Store(tensors), [f"{m}.weight" for m in shapes], list(shapes.values()), "exact", torch.float32, "cpu"
+    )
+    parts = recorded_parts(qkv)
+    wrappers = {path: LoRALinear(qkv, parts, 3, 8, torch.float32, "cpu") for path in ("c", "torch")}
+    wrappers["torch"].kernel = None
+
+    def weights(rank, modules, scale):
+        return {
+            m: (torch.randn(rank, 100, generator=gen), torch.randn(shapes[m][0], rank, generator=gen), scale)
+            for m in modules
+        }
+
+    adapters = {0: weights(8, list(shapes), 0.5), 2: weights(3, ["m.q_proj", "m.v_proj"], 2.0)}
+    for wrapper in wrappers.values():
+        for slot, weights in adapters.items():
+            wrapper.set_slot(slot, weights)
+    slots = [0] * 11 + [-1, 2, 2, -1] + [0] * 3 + [2] * 9
+    if mix == "one-slot":
+        slots = [-1 if s == 2 else s for s in slots]
+    order = torch.randperm(len(slots), generator=gen).tolist()
+    slots = [slots[i] for i in order]
+    x = torch.randn(len(slots), 100, generator=gen)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # one slot with rows < 2 threads: the shared path
+    try:
+        with active_rows(LoRARows.from_slots(slots)):
+            got, want = wrappers["c"](x), wrappers["torch"](x)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    base = qkv(x)
+    assert torch.equal(got[[i for i, s in enumerate(slots) if s < 0]], base[[i for i, s in enumerate(slots) if s < 0]])
