@@ -121,32 +121,32 @@ class LoRARows:
     slots: torch.Tensor
     #: ``(slot, rows)`` per adapter slot present; ``rows`` a slice when contiguous, else ``[n]`` int64.
     groups: tuple[tuple[int, Any], ...]
-    #: ``num_slots`` -> :class:`SlotBatches` of the step (built once per step, on first use).
-    _batches: dict = field(factory=dict, eq=False, repr=False)
+    #: slot -> its rows, in row order (the source of ``groups`` and of the layouts below).
+    members: dict[int, tuple[int, ...]] = field(eq=False, repr=False)
+    #: The step's layouts for the CPU paths, built once per step on first use.
+    _layouts: dict = field(factory=dict, eq=False, repr=False)
 
     def slot_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(order, starts)`` int64: the adapter rows sorted by slot (stable) and, per slot ``s``,
-        ``order[starts[s]:starts[s + 1]]`` its rows (the C kernel's input; built once per step)."""
-        csr = self._batches.get("csr")
+        ``order[starts[s]:starts[s + 1]]`` its rows (the C kernel's input)."""
+        csr = self._layouts.get("csr")
         if csr is None:
-            slots = self.slots.tolist()
-            num = max(slots) + 1
-            order = sorted((t for t, s in enumerate(slots) if s >= 0), key=lambda t: slots[t])
-            counts = [0] * (num + 1)
-            for s in slots:
-                if s >= 0:
-                    counts[s + 1] += 1
-            for s in range(num):
-                counts[s + 1] += counts[s]
-            csr = (torch.tensor(order, dtype=torch.int64), torch.tensor(counts, dtype=torch.int64))
-            self._batches["csr"] = csr
+            order: list[int] = []
+            starts = [0]
+            for slot in range(max(self.members) + 1):
+                order.extend(self.members.get(slot, ()))
+                starts.append(len(order))
+            csr = self._layouts["csr"] = (
+                torch.tensor(order, dtype=torch.int64),
+                torch.tensor(starts, dtype=torch.int64),
+            )
         return csr
 
-    def slot_batches(self, num_slots: int) -> SlotBatches:
+    def slot_batches(self) -> SlotBatches:
         """The step's rows laid out as equal-sized batches per slot (see :class:`SlotBatches`)."""
-        batches = self._batches.get(num_slots)
+        batches = self._layouts.get("batches")
         if batches is None:
-            batches = self._batches[num_slots] = SlotBatches.build(self, num_slots)
+            batches = self._layouts["batches"] = SlotBatches.build(self)
         return batches
 
     @classmethod
@@ -164,7 +164,8 @@ class LoRARows:
                 groups.append((s, slice(rows[0], rows[-1] + 1)))
             else:
                 groups.append((s, torch.tensor(rows, dtype=torch.int64, device=device)))
-        return cls(torch.tensor(list(slots), dtype=torch.int32, device=device), tuple(groups))
+        members = {s: tuple(rows) for s, rows in by_slot.items()}
+        return cls(torch.tensor(list(slots), dtype=torch.int32, device=device), tuple(groups), members)
 
 
 @frozen
@@ -185,18 +186,14 @@ class SlotBatches:
     fill: float
 
     @classmethod
-    def build(cls, rows: LoRARows, num_slots: int) -> SlotBatches:
-        slots = rows.slots.tolist()
-        by_slot: dict[int, list[int]] = {}
-        for t, s in enumerate(slots):
-            if s >= 0:
-                by_slot.setdefault(int(s), []).append(t)
+    def build(cls, rows: LoRARows) -> SlotBatches:
+        by_slot = rows.members
         first, last = min(by_slot), max(by_slot)
         span, depth = last - first + 1, max(len(r) for r in by_slot.values())
         index: list[int] = []
         padding: list[int] = []
         for s in range(first, last + 1):
-            own = by_slot.get(s, [])
+            own = list(by_slot.get(s, ()))
             padding.extend(range(len(index) + len(own), len(index) + depth))
             index.extend(own + [0] * (depth - len(own)))
         device = rows.slots.device
@@ -387,7 +384,7 @@ class LoRALinear:
         if self.kernel is not None and x.dtype == torch.float32 and y.dtype == torch.float32 and y.is_contiguous():
             return self._native(y, x, rows)
         if self.bt is not None and len(rows.groups) > 1 and x.dtype == self.a.dtype and y.dtype == self.a.dtype:
-            batches = rows.slot_batches(self.a.shape[0])
+            batches = rows.slot_batches()
             if batches.fill <= BATCHED_MAX_FILL:
                 return self._batched(y, x, batches)
         return self.op(y, x, rows, self.a, self.b, self.ranks, self.packed)  # y: the base call's fresh result

@@ -124,13 +124,13 @@ def test_rows_from_slots_groups_by_adapter():
 
 
 def test_slot_batches_pad_each_slot_to_the_deepest():
-    batches = LoRARows.from_slots([3, -1, 1, 3, 3]).slot_batches(num_slots=4)
+    batches = LoRARows.from_slots([3, -1, 1, 3, 3]).slot_batches()
     assert (batches.first, batches.span, batches.depth) == (1, 3, 3)
     # slot 1: row 2 + 2 padding; slot 2: none, 3 padding; slot 3: rows 0, 3, 4
     assert batches.rows.tolist() == [2, 0, 0, 0, 0, 0, 0, 3, 4]
     assert batches.padding.tolist() == [1, 2, 3, 4, 5]
     assert batches.fill == 9 / 4
-    assert LoRARows.from_slots([0, 1]).slot_batches(2).padding is None
+    assert LoRARows.from_slots([0, 1]).slot_batches().padding is None
 
 
 def test_a_row_map_of_another_size_is_an_error():
