@@ -146,7 +146,7 @@ async def chat_completions(request: Request) -> Response:
     structured = chat_structured_output(host, req, prompt_text)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    jobs = plan_jobs(
+    jobs = await plan_jobs(
         host, req, [prompt], max_tokens=max_tokens, logprobs=logprobs, extras_factory=extras, structured=structured
     )
     choices = {job.index: _Choice(job.index, parsed=job.extras is not None) for job in jobs}

@@ -65,7 +65,7 @@ async def completions(request: Request) -> Response:
     if req.echo and req.logprobs is not None:
         raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)", param="echo")
     prompts = await off_loop(_prompts, served.tokenizer, req.prompt, served.engine.max_model_len)
-    jobs = plan_jobs(
+    jobs = await plan_jobs(
         host,
         req,
         prompts,

@@ -35,6 +35,7 @@ from metrale_core.sampling.params import SamplingParams
 from metrale_core.server.common import adapter_extras
 from metrale_core.server.errors import APIError
 from metrale_core.server.guards import check_bias_vocab
+from metrale_core.server.offload import off_loop
 
 __all__ = ["Job", "Jobs", "plan_jobs", "run_jobs", "sampling_params", "stop_lists"]
 
@@ -116,7 +117,7 @@ def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> i
     return requested
 
 
-def plan_jobs(
+async def plan_jobs(
     host: Any,
     req: Any,
     prompts: Sequence[list[int]],
@@ -125,14 +126,24 @@ def plan_jobs(
     logprobs: int | None,
     extras_factory=None,
     structured: Any = None,
-) -> list[Job]:
+) -> Jobs:
     """One job per (prompt, choice), validated against the engine; raises 4xx / 503.
 
-    ``structured``: the request's ``StructuredOutput`` (``server.structured``), or None."""
+    ``structured``: the request's ``StructuredOutput`` (``server.structured``), or None.  A
+    constrained request is validated on a frontend worker thread: compiling its grammar (and, for
+    the first one, the structured-output plugin's tokenizer index) is CPU work the event loop
+    must not do."""
     engine = host.ready().engine
     host.check_capacity(len(prompts) * req.n)
     check_bias_vocab(getattr(req, "logit_bias", None), engine.model.info.vocab_size)
     adapter = adapter_extras(host, getattr(req, "model", None))
+    args = (engine, req, prompts, max_tokens, logprobs, extras_factory, structured, adapter)
+    jobs = await off_loop(_validated_jobs, *args) if structured is not None else _validated_jobs(*args)
+    jobs.admission = host.admit(len(jobs))
+    return jobs
+
+
+def _validated_jobs(engine, req, prompts, max_tokens, logprobs, extras_factory, structured, adapter) -> Jobs:
     jobs = Jobs()
     for p, prompt in enumerate(prompts):
         limit = _max_tokens(max_tokens, len(prompt), engine.max_model_len)
@@ -148,7 +159,6 @@ def plan_jobs(
             if adapter:
                 extras = {**(extras or {}), **adapter}
             jobs.append(Job(index=p * req.n + i, prompt_ids=ids, params=params, extras=extras))
-    jobs.admission = host.admit(len(jobs))
     return jobs
 
 

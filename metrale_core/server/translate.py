@@ -84,7 +84,7 @@ async def start_chat(host: Any, req: Any, *, max_tokens: int | None) -> ChatRun:
     prompt, prompt_text = await off_loop(chat_prompt, served.tokenizer, req, served.engine.max_model_len)
     extras = parser_factory(host, req, prompt_text)
     structured = chat_structured_output(host, req, prompt_text)
-    jobs = plan_jobs(
+    jobs = await plan_jobs(
         host, req, [prompt], max_tokens=max_tokens, logprobs=None, extras_factory=extras, structured=structured
     )
     return ChatRun(host=host, jobs=jobs, prompt_tokens=len(prompt))

@@ -1,8 +1,9 @@
 """``StructuredProcessor``: the logit processor that masks constrained rows with llguidance.
 
 Owner: built once per engine by the ``structured-output`` ``LogitProcessorSpec`` factory, bound to
-the engine's tokenizer by ``metrale_engine_started`` (:meth:`StructuredProcessor.bind`).  The
-server thread calls :meth:`validate_params` at admission (compiles, caches, or refuses with a
+the engine's tokenizer by ``metrale_engine_started`` (:meth:`StructuredProcessor.bind`: cheap; the
+llguidance tokenizer index is built by the first :meth:`validate_params`).  The server calls
+:meth:`validate_params` at admission, off the event loop (compiles, caches, or refuses with a
 ``StructuredOutputError`` naming the field); the engine thread calls ``__call__`` per step.
 
 Per sequence, ``seq.extras["structured"]`` holds a :class:`RowState`: the llguidance matcher, the
@@ -33,6 +34,7 @@ Invariants:
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -95,8 +97,10 @@ class StructuredProcessor:
     handles_structured_output = True
 
     def __init__(self, config: Any = None, num_threads: int = 2) -> None:
-        #: Set by :meth:`bind` (None: the tokenizer has no tokenizer.json form).
-        self.compiler: Compiler | None = None
+        #: Set by :meth:`bind` (None: unbound, or the tokenizer has no tokenizer.json form).
+        self._tokenizer: Any = None
+        self._compiler: Compiler | None = None
+        self._compiler_lock = threading.Lock()
         self.num_threads = num_threads
         self._executor: llguidance.LLExecutor | None = None
         self._eos: tuple[int, ...] = ()
@@ -110,11 +114,7 @@ class StructuredProcessor:
 
     # --- set-up ----------------------------------------------------------------------------------
     def bind(self, tokenizer: Any, vocab_size: int, eos_ids) -> None:
-        """Build (or reuse) the llguidance tokenizer of the engine's tokenizer."""
-        import llguidance
-
-        from metrale_structured.compiler import Compiler
-
+        """Remember the engine's tokenizer; its llguidance index is built on first use (:attr:`compiler`)."""
         backend = getattr(tokenizer, "backend", None)
         if backend is None or not hasattr(backend, "to_str"):
             logger.warning(
@@ -122,10 +122,31 @@ class StructuredProcessor:
             )
             return
         self._eos = tuple(sorted(int(e) for e in eos_ids))
-        n_vocab = max(int(vocab_size), int(tokenizer.vocab_size))
         self._model_vocab = int(vocab_size)
-        self.compiler = Compiler(backend.to_str(), n_vocab, self._eos, int(tokenizer.vocab_size))
+        self._tokenizer = tokenizer
+
+    @property
+    def compiler(self) -> Compiler | None:
+        """The llguidance compiler of the bound tokenizer, built by the first caller (None: unbound,
+        or the tokenizer has no tokenizer.json form).  Building it takes about a second and 100 MB
+        for a 150k vocabulary, so an engine that never sees a constrained request never pays it;
+        the server asks for it off the event loop (``validate_params`` at admission), so served
+        constrained rows reach the engine thread with it built."""
+        if self._compiler is None and self._tokenizer is not None:
+            with self._compiler_lock:
+                if self._compiler is None:
+                    self._compiler = self._build_compiler(self._tokenizer)
+        return self._compiler
+
+    def _build_compiler(self, tokenizer: Any) -> Compiler:
+        import llguidance
+
+        from metrale_structured.compiler import Compiler
+
+        n_vocab = max(self._model_vocab, int(tokenizer.vocab_size))
+        compiler = Compiler(tokenizer.backend.to_str(), n_vocab, self._eos, int(tokenizer.vocab_size))
         self._executor = llguidance.LLExecutor(self.num_threads)
+        return compiler
 
     def wants_row(self, row: Any) -> bool:
         return row.params.structured is not None
@@ -136,22 +157,24 @@ class StructuredProcessor:
         spec = params.structured
         if spec is None:
             return
-        if self.compiler is None:
+        compiler = self.compiler
+        if compiler is None:
             raise StructuredOutputError(
                 f"{spec.field}: constrained decoding needs the model's "
                 "tokenizer (tokenizer.json), and this engine has none",
                 param=spec.field,
             )
         try:
-            self.compiler.matcher(spec.kind, spec.value, spec.field)
+            compiler.matcher(spec.kind, spec.value, spec.field)
         except GrammarError as exc:
             raise StructuredOutputError(str(exc), param=spec.field) from None
 
     # --- per step --------------------------------------------------------------------------------
     def _bound(self) -> Compiler:
         """The compiler of a bound processor (constrained rows exist only then: validate_params)."""
-        assert self.compiler is not None, "a constrained row reached an unbound structured processor"
-        return self.compiler
+        compiler = self.compiler
+        assert compiler is not None, "a constrained row reached an unbound structured processor"
+        return compiler
 
     def _marks_of(self, spec: Any) -> tuple[int | None, int | None]:
         key = (spec.reasoning_start, spec.reasoning_end)
@@ -204,7 +227,7 @@ class StructuredProcessor:
         rows only; ``__call__`` joins it, and uses it only for the same rows at the same
         lengths)."""
         self._settle()
-        if not self.overlap or self.compiler is None or any(getattr(r, "seq", r) is not r for r in ctx.rows):
+        if not self.overlap or self._compiler is None or any(getattr(r, "seq", r) is not r for r in ctx.rows):
             return
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
@@ -301,7 +324,7 @@ class StructuredProcessor:
         import llguidance.numpy as llnp
 
         compiler, executor = self._bound(), self._executor
-        assert executor is not None  # made with the compiler in bind()
+        assert executor is not None  # made with the compiler
         words = (max(vocab, compiler.n_vocab) + 31) // 32
         if self._bitmask.shape[0] < num_rows or self._bitmask.shape[1] != words:
             self._bitmask = np.zeros((max(num_rows, 2 * self._bitmask.shape[0]), words), dtype=np.int32)

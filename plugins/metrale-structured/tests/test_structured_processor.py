@@ -262,3 +262,28 @@ def test_a_prepared_mask_equals_the_computed_one_and_a_stale_one_is_not_used(pro
     assert masks(rows, prepare_then_commit) == [{b}, {b, c}]
     assert STATS.prepared_steps == prepared + 1
     assert rows[0].extras["structured"].consumed == 1  # never advanced twice
+
+
+def test_tokenizer_index_built_on_first_constrained_request_only(tokenizer):
+    """bind is cheap (no llguidance tokenizer: about a second and 100 MB on a 150k vocabulary);
+    the first validate_params builds it once, and every later caller shares it."""
+    from metrale_structured.processor import StructuredProcessor
+
+    p = StructuredProcessor()
+    p.bind(tokenizer, MODEL_VOCAB, tokenizer.eos_token_ids)
+    assert p._compiler is None
+    p.validate_params(SamplingParams(max_tokens=4))  # unconstrained: nothing built
+    assert p._compiler is None
+    p.validate_params(row("regex", "ab").params)
+    built = p._compiler
+    assert built is not None and p.compiler is built
+    assert allowed(p, [row("regex", "ab")]) == [{ord("a")}]
+    assert p.compiler is built
+
+
+def test_unbound_processor_refuses_constrained_requests():
+    from metrale_structured.processor import StructuredProcessor
+
+    p = StructuredProcessor()
+    with pytest.raises(StructuredOutputError, match="needs the model's tokenizer"):
+        p.validate_params(row("regex", "a").params)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 
 import jsonschema
 import openai
@@ -367,3 +369,46 @@ def test_mixed_concurrent_streams_and_metrics(served):
     assert requests and float(requests[0].split()[1]) >= 10
     assert "metrale:structured_mask_seconds_count" in metrics
     assert "metrale:structured_compile_seconds_sum" in metrics
+
+
+def test_first_constrained_request_builds_the_index_off_the_event_loop(served):
+    """The llguidance tokenizer index is built by the first constrained request, on a frontend
+    worker thread: /health keeps answering fast while it builds (slowed here to 1.5 s)."""
+    import httpx
+
+    _, server, host, _ = served
+    proc = host.ready().engine.output_processor.pipeline.processor("structured-output")
+    proc._compiler = None  # as after start: nothing built yet
+    real = proc._build_compiler
+
+    def slow(tokenizer):
+        time.sleep(1.5)
+        return real(tokenizer)
+
+    proc._build_compiler = slow
+    result = {}
+
+    def send():
+        result["reply"] = chat_text(
+            client(server),
+            stream=False,
+            messages=ASK,
+            max_tokens=8,
+            temperature=0,
+            extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+        )
+
+    thread = threading.Thread(target=send)
+    started = time.perf_counter()
+    thread.start()
+    worst = 0.0
+    while thread.is_alive() and time.perf_counter() - started < 1.2:
+        t0 = time.perf_counter()
+        assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+        worst = max(worst, time.perf_counter() - t0)
+        time.sleep(0.05)
+    thread.join(120)
+    del proc._build_compiler
+    assert result["reply"][0] in ("yes", "no")
+    assert proc._compiler is not None
+    assert worst < 0.5, f"/health took {worst:.2f} s while the first constrained request compiled"
