@@ -13,6 +13,11 @@ Invariants:
 - Entries are written to a temporary file and renamed into place, so a reader never sees a
   partial entry (two processes may write the same entry; the last rename wins, both whole).  An
   entry of the wrong size is ignored and rewritten.
+- A hit is mapped, not read (private copy-on-write mapping, never written): a warm start costs
+  no copy and no fresh anonymous pages (Qwen2.5-Coder-0.5B: 0.1 s for 620 MB of records, against
+  0.9 s reading them), the pages are the page cache's (shared by every process serving the
+  file, reclaimable under memory pressure), and a mapping outlives its entry being replaced or
+  trimmed (rename and unlink leave the mapped inode alone).
 - The directory stays under ``METRALE_REPACK_CACHE_MAX`` bytes (default 8 GiB): after a write the
   least recently used entries go.  ``METRALE_REPACK_CACHE=off`` disables the cache; any other
   value is its directory (default ``~/.cache/metrale/repack``).  A cache that cannot be read or
@@ -64,7 +69,7 @@ def _entry(root: Path, key: str) -> Path:
 
 
 def load(key: str | None, nbytes: int) -> np.ndarray | None:
-    """The cached records of ``key`` (``nbytes`` uint8), or None."""
+    """The cached records of ``key`` (``nbytes`` uint8, mapped from the entry), or None."""
     root = cache_dir()
     if key is None or root is None:
         return None
@@ -72,9 +77,9 @@ def load(key: str | None, nbytes: int) -> np.ndarray | None:
     try:
         if path.stat().st_size != nbytes:
             return None
-        data = np.fromfile(path, dtype=np.uint8)
+        data = np.memmap(path, dtype=np.uint8, mode="c")
         os.utime(path)  # least recently used goes first
-    except OSError:
+    except (OSError, ValueError):
         return None
     return data if data.size == nbytes else None
 

@@ -131,3 +131,30 @@ def test_the_cache_keeps_under_its_limit(cache, tmp_path, monkeypatch):
     gl.gguf_linear([_raw(path, "b.weight")])
     left = _entries(cache)
     assert len(left) == 1 and left != oldest  # the least recently used entry went
+
+
+def _mapped_from(ptr: int, path) -> bool:
+    """Whether address ``ptr`` lies in a mapping of the file ``path`` (``/proc/self/maps``)."""
+    for line in open("/proc/self/maps"):
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].strip() == str(path):
+            lo, hi = (int(v, 16) for v in fields[0].split("-"))
+            if lo <= ptr < hi:
+                return True
+    return False
+
+
+def test_a_hit_is_mapped_and_outlives_its_entry(cache, tmp_path, monkeypatch):
+    """A warm build maps the entry (no copy); replacing and then trimming the entry leaves the
+    mapped records, and the layer's output, as they were."""
+    path = _write(tmp_path / "m.gguf")
+    x = torch.randn(4, K, generator=torch.Generator().manual_seed(3))
+    expected = gl.gguf_linear([_raw(path)])(x)
+    (entry,) = _entries(cache)
+    _no_repacking(monkeypatch)
+    warm = gl.gguf_linear([_raw(path)])
+    assert _mapped_from(warm.weight.records.data_ptr(), entry.resolve())
+    key = entry.stem
+    repack_cache.store(key, np.zeros(entry.stat().st_size, np.uint8))  # replaced (a new inode) ...
+    entry.unlink()  # ... then trimmed
+    assert torch.equal(warm(x), expected)
