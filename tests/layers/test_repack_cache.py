@@ -5,6 +5,7 @@ or a cache switched off never serve stale records; the directory keeps under its
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,7 +136,7 @@ def test_the_cache_keeps_under_its_limit(cache, tmp_path, monkeypatch):
 
 def _mapped_from(ptr: int, path) -> bool:
     """Whether address ``ptr`` lies in a mapping of the file ``path`` (``/proc/self/maps``)."""
-    for line in open("/proc/self/maps"):
+    for line in Path("/proc/self/maps").read_text().splitlines():
         fields = line.split(maxsplit=5)
         if len(fields) == 6 and fields[5].strip() == str(path):
             lo, hi = (int(v, 16) for v in fields[0].split("-"))
