@@ -9,6 +9,8 @@ prompts, greedy, ``ignore_eos``, one client process (this one, httpx/asyncio):
   concurrent streams (first byte sent to the last stream's end);
 - the same build in-process (``LLMEngine`` built from the same default flags, stepped directly):
   the same three figures, so ``HTTP / in-process`` is the serving path's cost;
+- the three targets take turns figure by figure within each repetition (``--reps``, medians
+  reported), so a noisy machine's slow spells fall on all of them alike and the ratios hold;
 - ``met serve``'s peak RSS (VmHWM: load plus all of the above) and start to ``/health`` 200
   (first start in this run, then a warm start);
 - llama.cpp's ``system_info`` line (from llama-server's log), and the engine-against-engine stretch
@@ -221,98 +223,155 @@ async def _stream_once(client, url: str, prompt: str, n: int) -> tuple[float, fl
     return sent, first, last, n
 
 
-async def http_figures(url: str, prompt_500: str, args, pid: int | None = None) -> dict:
-    import httpx
+class HttpTarget:
+    """One server's three figures over HTTP, one repetition at a time (``rep`` picks the prompt)."""
 
-    limits = httpx.Limits(max_connections=args.streams + 4, max_keepalive_connections=args.streams + 4)
-    async with httpx.AsyncClient(timeout=900, limits=limits) as client:
+    def __init__(self, client, url: str, prompt_500: str, args, pid: int | None = None) -> None:
+        self.client, self.url, self.prompt_500, self.args, self.pid = client, url, prompt_500, args, pid
+
+    async def warm_up(self) -> None:  # opens the connections
         await asyncio.gather(
-            *(_stream(client, url, PROMPTS[i % len(PROMPTS)], 4) for i in range(args.streams))
-        )  # warm-up, opens the connections
-        decode = []
-        for rep in range(args.reps):
-            _, first, last, n = await _stream(client, url, PROMPTS[rep % len(PROMPTS)], args.decode_tokens)
-            decode.append((n - 1) / (last - first))
-        prefill = []
-        for rep in range(args.reps):
-            body = _body(f"{rep} {time.time()} " + prompt_500, 1, False)
+            *(_stream(self.client, self.url, PROMPTS[i % len(PROMPTS)], 4) for i in range(self.args.streams))
+        )
+
+    async def decode1(self, rep: int) -> float:
+        _, first, last, n = await _stream(self.client, self.url, PROMPTS[rep % len(PROMPTS)], self.args.decode_tokens)
+        return (n - 1) / (last - first)
+
+    async def prefill(self, rep: int) -> float:
+        import httpx
+
+        body = _body(f"{rep} {time.time()} " + self.prompt_500, 1, False)
+        t0 = time.perf_counter()
+        try:
+            r = await self.client.post(self.url + "/v1/completions", json=body)
+        except httpx.RemoteProtocolError:  # a kept-alive connection the server had closed
             t0 = time.perf_counter()
-            try:
-                r = await client.post(url + "/v1/completions", json=body)
-            except httpx.RemoteProtocolError:  # a kept-alive connection the server had closed
-                t0 = time.perf_counter()
-                r = await client.post(url + "/v1/completions", json=body)
-            r.raise_for_status()
-            prefill.append(r.json()["usage"]["prompt_tokens"] / (time.perf_counter() - t0))
-        agg, loop_cpu = [], []
-        for _ in range(args.reps):
-            t0, cpu0 = time.perf_counter(), main_thread_cpu_s(pid)
-            runs = await asyncio.gather(
-                *(_stream(client, url, PROMPTS[i % len(PROMPTS)], args.decode_tokens) for i in range(args.streams))
+            r = await self.client.post(self.url + "/v1/completions", json=body)
+        r.raise_for_status()
+        return r.json()["usage"]["prompt_tokens"] / (time.perf_counter() - t0)
+
+    async def decode_n(self, rep: int) -> tuple[float, float]:
+        """(aggregate tok/s, the server's main-thread CPU microseconds per token)."""
+        t0, cpu0 = time.perf_counter(), main_thread_cpu_s(self.pid)
+        runs = await asyncio.gather(
+            *(
+                _stream(self.client, self.url, PROMPTS[i % len(PROMPTS)], self.args.decode_tokens)
+                for i in range(self.args.streams)
             )
-            tokens = sum(n for *_, n in runs)
-            agg.append(tokens / (time.perf_counter() - t0))
-            loop_cpu.append((main_thread_cpu_s(pid) - cpu0) / tokens * 1e6)
-    return {
-        "decode1": statistics.median(decode),
-        "prefill": statistics.median(prefill),
-        "decodeN": statistics.median(agg),
-        "loop_us_per_token": statistics.median(loop_cpu),
-    }
+        )
+        tokens = sum(n for *_, n in runs)
+        return tokens / (time.perf_counter() - t0), (main_thread_cpu_s(self.pid) - cpu0) / tokens * 1e6
 
 
 # --- in-process --------------------------------------------------------------------------------
 
 
-def in_process(path: Path, prompt_500: str, args) -> dict:
-    """The same three figures from an ``LLMEngine`` built from ``met serve``'s default flags."""
-    from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_options_from_args
-    from metrale_core.engine import LLMEngine
-    from metrale_core.loading import load_model
-    from metrale_core.plugins import load_registry
-    from metrale_core.sampling.params import SamplingParams
+class InProcess:
+    """The same three figures from an ``LLMEngine`` built from ``met serve``'s default flags,
+    stepped directly in this process."""
 
-    registry = load_registry()
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--no-tui", action="store_true")
-    add_engine_flags(parser, registry)
-    flags = parser.parse_args(shlex.split(args.met_flags))
-    loaded = load_model(str(path), load_options_from_args(flags), registry, progress=False)
-    engine = LLMEngine(loaded.model, engine_config_from_args(flags), tokenizer=loaded.tokenizer, registry=registry)
-    tok = loaded.tokenizer
-    counter = iter(range(1 << 30))
+    def __init__(self, path: Path, prompt_500: str, args) -> None:
+        from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_options_from_args
+        from metrale_core.engine import LLMEngine
+        from metrale_core.loading import load_model
+        from metrale_core.plugins import load_registry
 
-    def run(prompts: list[list[int]], n: int) -> tuple[float, float, float, int]:
+        registry = load_registry()
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--no-tui", action="store_true")
+        add_engine_flags(parser, registry)
+        flags = parser.parse_args(shlex.split(args.met_flags))
+        loaded = load_model(str(path), load_options_from_args(flags), registry, progress=False)
+        self.engine = LLMEngine(
+            loaded.model, engine_config_from_args(flags), tokenizer=loaded.tokenizer, registry=registry
+        )
+        self.tok, self.prompt_500, self.args = loaded.tokenizer, prompt_500, args
+        self.short = [self.tok.encode(p) for p in PROMPTS]
+        self.counter = iter(range(1 << 30))
+
+    def _run(self, prompts: list[list[int]], n: int) -> tuple[float, float, float, int]:
+        from metrale_core.sampling.params import SamplingParams
+
         params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
         for p in prompts:
-            engine.add_request(f"r{next(counter)}", list(p), params)
+            self.engine.add_request(f"r{next(self.counter)}", list(p), params)
         t0 = time.perf_counter()
         first = last = NAN
         produced = 0
-        while engine.has_unfinished():
-            got = sum(len(o.new_token_ids) for o in engine.step())
+        while self.engine.has_unfinished():
+            got = sum(len(o.new_token_ids) for o in self.engine.step())
             if got:
                 last = time.perf_counter()
                 first = last if first != first else first
                 produced += got
         return t0, first, last, produced
 
-    short = [tok.encode(p) for p in PROMPTS]
-    run([short[i % len(short)] for i in range(args.streams)], 4)  # warm-up
-    decode, prefill, agg = [], [], []
+    def warm_up(self) -> None:
+        self._run([self.short[i % len(self.short)] for i in range(self.args.streams)], 4)
+
+    def decode1(self, rep: int) -> float:
+        _, first, last, n = self._run([self.short[rep % len(self.short)]], self.args.decode_tokens)
+        return (n - 1) / (last - first)
+
+    def prefill(self, rep: int) -> float:
+        ids = self.tok.encode(f"{rep} {time.time()} " + self.prompt_500)
+        t0, first, _, _ = self._run([ids], 1)
+        return len(ids) / (first - t0)
+
+    def decode_n(self, rep: int) -> float:
+        t0, _, last, n = self._run(
+            [self.short[i % len(self.short)] for i in range(self.args.streams)], self.args.decode_tokens
+        )
+        return n / (last - t0)
+
+
+async def interleaved(targets: dict, args) -> dict:
+    """Each figure of each target, repetition by repetition, the targets taking turns within a
+    repetition: a noisy machine's slow spells fall on all of them alike, so the ratios hold."""
+    figures: dict = {name: {"decode1": [], "prefill": [], "decodeN": [], "loop": []} for name in targets}
+    for target in targets.values():
+        await target.warm_up() if isinstance(target, HttpTarget) else target.warm_up()
     for rep in range(args.reps):
-        _, first, last, n = run([short[rep % len(short)]], args.decode_tokens)
-        decode.append((n - 1) / (last - first))
-        ids = tok.encode(f"{rep} {time.time()} " + prompt_500)
-        t0, first, _, _ = run([ids], 1)
-        prefill.append(len(ids) / (first - t0))
-        t0, _, last, n = run([short[i % len(short)] for i in range(args.streams)], args.decode_tokens)
-        agg.append(n / (last - t0))
+        for figure in ("decode1", "prefill", "decodeN"):
+            for name, target in targets.items():
+                method = {"decode1": target.decode1, "prefill": target.prefill, "decodeN": target.decode_n}[figure]
+                value = await method(rep) if isinstance(target, HttpTarget) else method(rep)
+                if isinstance(value, tuple):
+                    value, loop_us = value
+                    figures[name]["loop"].append(loop_us)
+                figures[name][figure].append(value)
+        print(
+            f"  rep {rep + 1}: "
+            + "; ".join(
+                f"{name} " + "/".join(f"{figures[name][f][-1]:.1f}" for f in ("decode1", "prefill", "decodeN"))
+                for name in targets
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
     return {
-        "decode1": statistics.median(decode),
-        "prefill": statistics.median(prefill),
-        "decodeN": statistics.median(agg),
+        name: {
+            "decode1": statistics.median(f["decode1"]),
+            "prefill": statistics.median(f["prefill"]),
+            "decodeN": statistics.median(f["decodeN"]),
+            **({"loop_us_per_token": statistics.median(f["loop"])} if f["loop"] else {}),
+        }
+        for name, f in figures.items()
     }
+
+
+async def measure(servers: dict, inproc: InProcess, prompt_500: str, args) -> dict:
+    import httpx
+
+    limits = httpx.Limits(max_connections=2 * args.streams + 8, max_keepalive_connections=2 * args.streams + 8)
+    async with httpx.AsyncClient(timeout=900, limits=limits) as client:
+        targets: dict = {}
+        for name, srv in servers.items():
+            targets[name] = HttpTarget(client, srv.url, prompt_500, args, srv.proc.pid if name == "met_http" else None)
+            if name == "met_http":
+                targets["met_inproc"] = inproc
+        return await interleaved(targets, args)
 
 
 # --- llama-bench ---------------------------------------------------------------------------------
@@ -351,31 +410,29 @@ def bench_model(name: str, args, logs: Path) -> dict:
     met = met_serve(path, args, logs / f"met-{name}.log")
     row["health_first_s"] = met.start_s
     print(f"[{name}] met serve up in {met.start_s:.1f} s", file=sys.stderr, flush=True)
+    servers = {"met_http": met}
+    binary = args.llamacpp_bin / "llama-server"
     try:
-        row["met_http"] = asyncio.run(http_figures(met.url, prompt_500, args, met.proc.pid))
+        torch.set_num_threads(args.threads)
+        inproc = InProcess(path, prompt_500, args)
+        if binary.exists():
+            servers["llama_http"] = llama_server(binary, path, args, logs / f"llama-server-{name}.log")
+        row.update(asyncio.run(measure(servers, inproc, prompt_500, args)))
         row["met_rss_mb"] = peak_rss_mb(met.proc.pid)
+        if "llama_http" in servers:
+            row["llama_rss_mb"] = peak_rss_mb(servers["llama_http"].proc.pid)
     finally:
-        met.stop()
+        for srv in servers.values():
+            srv.stop()
+    del inproc
     warm = met_serve(path, args, logs / f"met-{name}-warm.log")
     row["health_warm_s"] = warm.start_s
     warm.stop()
-    print(f"[{name}] met serve over HTTP: {row['met_http']}", file=sys.stderr, flush=True)
-
-    torch.set_num_threads(args.threads)
-    row["met_inproc"] = in_process(path, prompt_500, args)
-    print(f"[{name}] in-process: {row['met_inproc']}", file=sys.stderr, flush=True)
-
-    binary = args.llamacpp_bin / "llama-server"
+    for key in ("met_http", "met_inproc", "llama_http"):
+        if key in row:
+            print(f"[{name}] {key}: {row[key]}", file=sys.stderr, flush=True)
     if binary.exists():
-        log = logs / f"llama-server-{name}.log"
-        srv = llama_server(binary, path, args, log)
-        try:
-            row["llama_http"] = asyncio.run(http_figures(srv.url, prompt_500, args))
-            row["llama_rss_mb"] = peak_rss_mb(srv.proc.pid)
-        finally:
-            srv.stop()
         row["llama_system_info"] = system_info(binary, path, args.threads)
-        print(f"[{name}] llama-server: {row['llama_http']}", file=sys.stderr, flush=True)
     ik = args.ik_bin / "llama-bench"
     row["ik"] = llama_bench(ik, path, args.threads) if ik.exists() else None
     return row
