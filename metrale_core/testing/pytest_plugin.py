@@ -34,29 +34,29 @@ from metrale_core.testing.recording_model import RecordingModel
 
 #: ``metrale_core.layers.repack_cache.CACHE_ENV`` (not imported: this module imports no engine code).
 REPACK_CACHE_ENV = "METRALE_REPACK_CACHE"
-_session_cache: str | None = None
+#: The repack cache directory a session made (on its ``Config``: an in-process nested session,
+#: ``pytester.runpytest``, finds the variable set and neither makes nor removes one).
+_SESSION_CACHE = pytest.StashKey[str]()
 
 #: Engine config the ``tiny_engine`` fixture starts from (keywords override it).
 TINY_ENGINE_DEFAULTS = dict(block_size=4, num_kv_blocks=64, max_prefill_tokens=64, max_num_seqs=8)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _session_cache
     config.addinivalue_line(
         "markers",
         "metrale_needs_file(path, hint): the test needs this file; skipped "
         "where it is absent, FAILED under CI=true (metrale_core.testing.requires.needs_file)",
     )
     if REPACK_CACHE_ENV not in os.environ:
-        _session_cache = os.environ[REPACK_CACHE_ENV] = tempfile.mkdtemp(prefix="metrale-repack-")
+        config.stash[_SESSION_CACHE] = os.environ[REPACK_CACHE_ENV] = tempfile.mkdtemp(prefix="metrale-repack-")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    global _session_cache
-    if _session_cache is not None:
+    made = config.stash.get(_SESSION_CACHE, None)
+    if made is not None:
         os.environ.pop(REPACK_CACHE_ENV, None)
-        shutil.rmtree(_session_cache, ignore_errors=True)
-        _session_cache = None
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -20,6 +20,8 @@ from metrale_core.weights.gguf_store import GGUFStore
 
 N, K = 32, 256
 
+pytest_plugins = ["pytester"]
+
 
 def _write(path, seed: int = 0):
     rng = np.random.default_rng(seed)
@@ -65,6 +67,17 @@ def _no_repacking(monkeypatch):
 def test_pytest_sessions_use_their_own_cache():
     assert pytest_plugin.REPACK_CACHE_ENV == repack_cache.CACHE_ENV
     assert os.environ[repack_cache.CACHE_ENV]  # set for the session (or by the caller)
+
+
+def test_a_nested_session_leaves_the_outer_sessions_cache(pytester):
+    """An in-process ``pytester`` session finds the variable set: at its end the outer session's
+    cache directory and variable are still there (they once went, failing later tests)."""
+    outer = os.environ[repack_cache.CACHE_ENV]
+    existed = Path(outer).is_dir()
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert os.environ.get(repack_cache.CACHE_ENV) == outer
+    assert Path(outer).is_dir() == existed
 
 
 @pytest.mark.parametrize("quant_type", sorted(gl.GGUF_KINDS))
