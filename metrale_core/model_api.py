@@ -93,6 +93,7 @@ __all__ = [
     "RecurrentLayout",
     "VerifyCommitLM",
     "gather_blocks",
+    "zeroed_pages",
 ]
 
 
@@ -313,6 +314,24 @@ def gather_blocks(storage: torch.Tensor, block_ids: torch.Tensor, dtype: torch.d
     return gathered.reshape(shape).to(dtype)
 
 
+def zeroed_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A zeroed tensor; on the CPU a private anonymous mapping, which the kernel hands out as
+    zero pages committed on first write: a KV pool costs resident memory only as its blocks fill
+    (as llama.cpp's does), where ``torch.zeros`` writes, and so commits, every page at start."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    import math
+    import mmap
+
+    import numpy as np
+
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.from_numpy(np.frombuffer(pages, dtype=np.uint8)).view(dtype).view(shape)
+
+
 @define
 class PagedKVCache:
     """The paged K/V pool: one K and one V tensor per attention layer.
@@ -347,8 +366,8 @@ class PagedKVCache:
         v_shape = (num_blocks, block_size, layout.num_kv_heads, layout.v_dim)
         groups = layout.groups
         size = min(groups.group_size, layout.num_layers)
-        k = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(size)]
-        v = [torch.zeros(v_shape, dtype=layout.dtype, device=device) for _ in range(size)]
+        k = [zeroed_pages(shape, layout.dtype, device) for _ in range(size)]
+        v = [zeroed_pages(v_shape, layout.dtype, device) for _ in range(size)]
         index = [groups.locate(layer)[1] for layer in range(layout.num_layers)]
         return cls(
             k=[k[j] for j in index],
