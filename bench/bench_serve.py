@@ -438,6 +438,17 @@ def bench_model(name: str, args, logs: Path) -> dict:
     return row
 
 
+def kv_pool_bytes(args) -> int:
+    """``met serve``'s ``--kv-cache-memory`` with the benchmark's flags (its default unless given)."""
+    from metrale_core.cli.flags import add_engine_flags
+    from metrale_core.plugins import load_registry
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--no-tui", action="store_true")
+    add_engine_flags(parser, load_registry())
+    return parser.parse_args(shlex.split(args.met_flags)).kv_cache_memory
+
+
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b == b and b else "n/a"
 
@@ -472,8 +483,10 @@ def report(rows: list[dict], args) -> None:
             f"met serve event loop (main thread) CPU at {args.streams} streams: "
             f"{row['met_http']['loop_us_per_token']:.0f} us per token"
         )
+        kv_mb = kv_pool_bytes(args) / 2**20
         print(
-            f"met serve peak RSS {row['met_rss_mb']:.0f} MiB (GGUF {row['gguf_mb']:.0f} MiB); "
+            f"met serve peak RSS {row['met_rss_mb']:.0f} MiB (target: GGUF {row['gguf_mb']:.0f} + KV pool "
+            f"{kv_mb:.0f} + 400 = {row['gguf_mb'] + kv_mb + 400:.0f} MiB); "
             + (f"llama-server {row['llama_rss_mb']:.0f} MiB; " if "llama_rss_mb" in row else "")
             + f"start to /health 200: first {row['health_first_s']:.1f} s, "
             f"warm {row['health_warm_s']:.1f} s"
