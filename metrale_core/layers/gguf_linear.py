@@ -391,9 +391,18 @@ def fallback_matmul(x: torch.Tensor, w: Repacked, fine: bool = True) -> torch.Te
 
 
 _local = threading.local()
+#: ``mq_gguf_scratch_bytes(rows, k)`` by ``(rows, k)``: a pure function of its arguments, asked per
+#: projection per step (a ctypes round trip each, otherwise).
+_scratch_sizes: dict[tuple[int, int], int] = {}
 
 
-def _scratch(nbytes: int) -> int:
+def _scratch(lib: ctypes.CDLL, rows: int, k: int) -> int:
+    """This thread's scratch buffer for an ``[rows, k]`` input (grown on demand)."""
+    nbytes = _scratch_sizes.get((rows, k))
+    if nbytes is None:
+        if len(_scratch_sizes) > 4096:
+            _scratch_sizes.clear()
+        nbytes = _scratch_sizes[(rows, k)] = lib.mq_gguf_scratch_bytes(rows, k)
     buf = getattr(_local, "buf", None)
     if buf is None or buf.numel() < nbytes:
         buf = _local.buf = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8)
@@ -419,7 +428,7 @@ def native_matmul(
         w.kind,
         int(fine),
         y.data_ptr(),
-        _scratch(lib.mq_gguf_scratch_bytes(rows, k)),
+        _scratch(lib, rows, k),
         threads or torch.get_num_threads(),
     )
     if rc != 0:
@@ -443,13 +452,14 @@ class GGUFLinear:
         return self.weight.out_features
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).float()
+        flat = x.dim() == 2 and x.dtype is torch.float32  # the decoders' case: no reshape, no casts
+        x2 = x if flat else x.reshape(-1, x.shape[-1]).float()
         if self.kernel is not None:
             y = native_matmul(self.kernel, x2, self.weight, self.fine)
         else:
             y = fallback_matmul(x2, self.weight, self.fine)
-        y = y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+        if not flat:
+            y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
 

@@ -152,7 +152,7 @@ class Gemma3LM:
         eps = d.rms_norm_eps
         h = rms_norm(x, w.input_norm, eps, unit_offset=True)
         q_size, kv_size = self.num_heads * d.head_dim, self.num_kv_heads * d.head_dim
-        q, k, v = w.qkv(h).split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = w.qkv(h).split_with_sizes([q_size, kv_size, kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, d.head_dim)
         k = k.reshape(-1, self.num_kv_heads, d.head_dim)
         v = v.reshape(-1, self.num_kv_heads, d.head_dim)

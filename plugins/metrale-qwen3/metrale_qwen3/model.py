@@ -139,7 +139,7 @@ class DecoderLM:
         h = ops.rms_norm(x, w.input_norm, d.rms_norm_eps)
         qkv = w.qkv(h)
         q_size, kv_size = self.num_heads * d.head_dim, self.num_kv_heads * d.head_dim
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = qkv.split_with_sizes([q_size, kv_size, kv_size], dim=-1)
         q = q.view(-1, self.num_heads, d.head_dim)
         k = k.view(-1, self.num_kv_heads, d.head_dim)
         v = v.view(-1, self.num_kv_heads, d.head_dim)
