@@ -161,6 +161,21 @@ def torch_stream(device: torch.device) -> Iterator[None]:
     import cupy
 
     with cupy.cuda.Device(device.index or 0):
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream)
+        pointer = torch.cuda.current_stream(device).cuda_stream
+        wrap = getattr(cupy.cuda.Stream, "from_external", None)  # CuPy >= 14 (ExternalStream deprecated)
+        stream = wrap(_StreamHandle(pointer)) if wrap is not None else cupy.cuda.ExternalStream(pointer)
         with stream:
             yield
+
+
+class _StreamHandle:
+    """A raw ``cudaStream_t`` under the CUDA stream protocol (``__cuda_stream__``: version 0 and
+    the handle), which CuPy 14's ``Stream.from_external`` takes."""
+
+    __slots__ = ("pointer",)
+
+    def __init__(self, pointer: int) -> None:
+        self.pointer = pointer
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return 0, self.pointer
