@@ -27,6 +27,7 @@ from metrale_core.kernels.custom_op import (
     KERNELS_ENV,
     CustomOp,
     KernelPath,
+    cpu_layer_library,
     requested_path,
     select_path,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "check_tensor",
     "compile_ptx",
     "compile_runtime_source",
+    "cpu_layer_library",
     "cpu_library",
     "cpu_unavailable_reason",
     "cupy_unavailable_reason",

@@ -32,7 +32,7 @@ from metrale_core.errors import ConfigError
 from metrale_core.kernels.cpu import cpu_library, cpu_unavailable_reason
 from metrale_core.kernels.cuda import cupy_unavailable_reason, load_raw_module
 
-__all__ = ["KERNELS_ENV", "CustomOp", "KernelPath", "requested_path", "select_path"]
+__all__ = ["KERNELS_ENV", "CustomOp", "KernelPath", "cpu_layer_library", "requested_path", "select_path"]
 
 #: Environment variable forcing a path for every op: ``native``, ``cuda`` or ``cpu`` (unset/``auto``:
 #: choose).
@@ -105,6 +105,14 @@ def select_path(op: str, device: torch.device, has_kernel: bool = True, cpu_pack
     else:
         _log_once(op, reason if cpu_package is not None else cuda_reason, level="DEBUG")
     return "native"
+
+
+def cpu_layer_library(op: str, package: str) -> Any:
+    """``package``'s C library (``ctypes.CDLL``) when :func:`select_path` picks the CPU path for
+    ``op``, a layer with a C kernel and no CUDA one; None: the layer runs its torch path."""
+    if select_path(op, torch.device("cpu"), has_kernel=False, cpu_package=package) != "cpu":
+        return None
+    return cpu_library(package)
 
 
 class CustomOp:

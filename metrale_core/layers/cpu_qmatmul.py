@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from loguru import logger
 
-from metrale_core.kernels import cpu_library, select_path
+from metrale_core.kernels import cpu_layer_library
 from metrale_core.kernels.cpu import cpu_flags, cpu_isa
 
 __all__ = [
@@ -56,9 +56,7 @@ _amx_asked: set = set()
 def kernel() -> ctypes.CDLL | None:
     """The package's C library when the CPU path is chosen for the quantized matmul, else None.
     On CPUs with AMX-INT8 the first call also turns the AMX path on (see :func:`set_amx`)."""
-    if select_path("BlockQuantLinear", torch.device("cpu"), has_kernel=False, cpu_package=PACKAGE) != "cpu":
-        return None
-    lib = cpu_library(PACKAGE)
+    lib = cpu_layer_library("BlockQuantLinear", PACKAGE)
     if lib is not None and lib not in _amx_asked:  # signatures: bound from qmatmul.h at load
         _amx_asked.add(lib)
         amx = set_amx(lib, True)

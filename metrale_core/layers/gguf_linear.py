@@ -41,8 +41,9 @@ import torch
 from attrs import field, frozen
 from loguru import logger
 
-from metrale_core.kernels import cpu_library, select_path
+from metrale_core.kernels import cpu_layer_library
 from metrale_core.layers import repack_cache
+from metrale_core.layers.cpu_qmatmul import PACKAGE  # the C library of metrale_core.layers
 
 __all__ = [
     "GGUF_KINDS",
@@ -61,7 +62,6 @@ __all__ = [
     "repack",
 ]
 
-PACKAGE = "metrale_core.layers"
 QK = 32
 QK_K = 256
 TILE = 16
@@ -236,9 +236,7 @@ def records_nbytes(kind: int, out_features: int, in_features: int) -> int:
 
 def gguf_kernel() -> ctypes.CDLL | None:
     """The package's C library when the CPU path is chosen for :class:`GGUFLinear`, else None."""
-    if select_path("GGUFLinear", torch.device("cpu"), has_kernel=False, cpu_package=PACKAGE) != "cpu":
-        return None
-    return cpu_library(PACKAGE)
+    return cpu_layer_library("GGUFLinear", PACKAGE)
 
 
 @frozen

@@ -43,9 +43,10 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from metrale_core.kernels import CustomOp, cpu_library, select_path
+from metrale_core.kernels import CustomOp, cpu_layer_library
 from metrale_core.kernels.cuda import i32, i64, ptr, torch_stream
 from metrale_core.layers import linear as _linear
+from metrale_core.layers.cpu_qmatmul import PACKAGE  # the C library of metrale_core.layers
 
 __all__ = [
     "LoRAApply",
@@ -220,14 +221,11 @@ def active_rows(rows: LoRARows | None) -> Iterator[None]:
 _THREADS = 128
 #: Rows of one slot the C kernel multiplies together (``ROWS`` in ``lora_apply.c``).
 _C_ROWS = 8
-PACKAGE = "metrale_core.layers"
 
 
 def lora_kernel() -> Any:
     """The package's C library when the CPU path is chosen for LoRA, else None (torch paths)."""
-    if select_path("LoRALinear", torch.device("cpu"), has_kernel=False, cpu_package=PACKAGE) != "cpu":
-        return None
-    return cpu_library(PACKAGE)
+    return cpu_layer_library("LoRALinear", PACKAGE)
 
 
 #: Most padding rows per adapter row for which a CPU projection runs all slots in two batched
