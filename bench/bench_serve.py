@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import os
 import shlex
@@ -272,16 +273,13 @@ class InProcess:
     stepped directly in this process."""
 
     def __init__(self, path: Path, prompt_500: str, args) -> None:
-        from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_options_from_args
+        from metrale_core.cli.flags import engine_config_from_args, load_options_from_args
         from metrale_core.engine import LLMEngine
         from metrale_core.loading import load_model
         from metrale_core.plugins import load_registry
 
         registry = load_registry()
-        parser = argparse.ArgumentParser()
-        parser.add_argument("--no-tui", action="store_true")
-        add_engine_flags(parser, registry)
-        flags = parser.parse_args(shlex.split(args.met_flags))
+        flags = met_flags(args, registry)
         loaded = load_model(str(path), load_options_from_args(flags), registry, progress=False)
         self.engine = LLMEngine(
             loaded.model, engine_config_from_args(flags), tokenizer=loaded.tokenizer, registry=registry
@@ -326,35 +324,38 @@ class InProcess:
         return n / (last - t0)
 
 
+#: Each figure and the method of a target (``HttpTarget`` / ``InProcess``) that measures it.
+FIGURES = {"decode1": "decode1", "prefill": "prefill", "decodeN": "decode_n"}
+
+
+async def _settled(value):
+    """``value``, awaited first when a coroutine (the HTTP targets' methods are, in-process not)."""
+    return await value if inspect.isawaitable(value) else value
+
+
 async def interleaved(targets: dict, args) -> dict:
     """Each figure of each target, repetition by repetition, the targets taking turns within a
     repetition: a noisy machine's slow spells fall on all of them alike, so the ratios hold."""
-    figures: dict = {name: {"decode1": [], "prefill": [], "decodeN": [], "loop": []} for name in targets}
+    figures: dict = {name: {**{f: [] for f in FIGURES}, "loop": []} for name in targets}
     for target in targets.values():
-        await target.warm_up() if isinstance(target, HttpTarget) else target.warm_up()
+        await _settled(target.warm_up())
     for rep in range(args.reps):
-        for figure in ("decode1", "prefill", "decodeN"):
+        for figure, method in FIGURES.items():
             for name, target in targets.items():
-                method = {"decode1": target.decode1, "prefill": target.prefill, "decodeN": target.decode_n}[figure]
-                value = await method(rep) if isinstance(target, HttpTarget) else method(rep)
+                value = await _settled(getattr(target, method)(rep))
                 if isinstance(value, tuple):
                     value, loop_us = value
                     figures[name]["loop"].append(loop_us)
                 figures[name][figure].append(value)
         print(
             f"  rep {rep + 1}: "
-            + "; ".join(
-                f"{name} " + "/".join(f"{figures[name][f][-1]:.1f}" for f in ("decode1", "prefill", "decodeN"))
-                for name in targets
-            ),
+            + "; ".join(f"{name} " + "/".join(f"{figures[name][f][-1]:.1f}" for f in FIGURES) for name in targets),
             file=sys.stderr,
             flush=True,
         )
     return {
         name: {
-            "decode1": statistics.median(f["decode1"]),
-            "prefill": statistics.median(f["prefill"]),
-            "decodeN": statistics.median(f["decodeN"]),
+            **{figure: statistics.median(f[figure]) for figure in FIGURES},
             **({"loop_us_per_token": statistics.median(f["loop"])} if f["loop"] else {}),
         }
         for name, f in figures.items()
@@ -438,15 +439,15 @@ def bench_model(name: str, args, logs: Path) -> dict:
     return row
 
 
-def kv_pool_bytes(args) -> int:
-    """``met serve``'s ``--kv-cache-memory`` with the benchmark's flags (its default unless given)."""
+def met_flags(args, registry=None) -> argparse.Namespace:
+    """``met serve``'s engine flags as the benchmark passes them (``--met-flags``; defaults else)."""
     from metrale_core.cli.flags import add_engine_flags
     from metrale_core.plugins import load_registry
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--no-tui", action="store_true")
-    add_engine_flags(parser, load_registry())
-    return parser.parse_args(shlex.split(args.met_flags)).kv_cache_memory
+    add_engine_flags(parser, registry if registry is not None else load_registry())
+    return parser.parse_args(shlex.split(args.met_flags))
 
 
 def _ratio(a: float, b: float) -> str:
@@ -483,7 +484,7 @@ def report(rows: list[dict], args) -> None:
             f"met serve event loop (main thread) CPU at {args.streams} streams: "
             f"{row['met_http']['loop_us_per_token']:.0f} us per token"
         )
-        kv_mb = kv_pool_bytes(args) / 2**20
+        kv_mb = met_flags(args).kv_cache_memory / 2**20
         print(
             f"met serve peak RSS {row['met_rss_mb']:.0f} MiB (target: GGUF {row['gguf_mb']:.0f} + KV pool "
             f"{kv_mb:.0f} + 400 = {row['gguf_mb'] + kv_mb + 400:.0f} MiB); "
