@@ -325,7 +325,7 @@ def zeroed_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
 
     import numpy as np
 
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
     pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
