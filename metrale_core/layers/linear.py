@@ -82,6 +82,7 @@ __all__ = [
     "block_linear",
     "build_embedding",
     "build_linear",
+    "build_tied_head",
     "embed_tokens",
     "gguf_blocks",
     "int4_from_gguf",
@@ -534,6 +535,22 @@ def build_embedding(
         _check_shapes(store, [name], [shape])
         return gguf_linear.QuantEmbedding(store.get_raw(name), dtype)
     return store.get(name, dtype=dtype, shape=shape).to(device)
+
+
+def build_tied_head(
+    store: Any,
+    name: str,
+    table: torch.Tensor | gguf_linear.QuantEmbedding,
+    shape: tuple[int, int],
+    fmt: str,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> Linear:
+    """The output head tied to the token table ``table`` (:func:`build_embedding` of ``name``): the
+    dense table itself when it is a tensor; a table kept in its GGUF blocks gives a head that
+    multiplies those blocks (never a dense copy)."""
+    dense = table if isinstance(table, torch.Tensor) else None
+    return build_linear(store, [name], [shape], fmt, dtype, device, dense=dense, output_head=True)
 
 
 def embed_tokens(ids: torch.Tensor, table: torch.Tensor | gguf_linear.QuantEmbedding) -> torch.Tensor:

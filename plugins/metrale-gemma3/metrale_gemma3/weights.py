@@ -39,6 +39,7 @@ from metrale_core.api import (
     VocabParallelEmbedding,
     build_embedding,
     build_linear,
+    build_tied_head,
     embed_tokens,
     split_heads,
     split_range,
@@ -190,8 +191,7 @@ def load_weights(
         )
     embed_name = name("embed_tokens.weight")
     embed = build_embedding(store, embed_name, (V, D), weight_format, dtype, device)
-    dense = embed if isinstance(embed, torch.Tensor) else None  # a quantized table: the head keeps its blocks
-    head = build_linear(store, [embed_name], [(V, D)], weight_format, dtype, device, dense=dense, output_head=True)
+    head: Any = build_tied_head(store, embed_name, embed, (V, D), weight_format, dtype, device)
     embedding = None
     if tp.enabled:
         head = ParallelHead(head, tp, vocab_sizes)

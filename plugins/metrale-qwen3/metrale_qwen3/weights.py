@@ -34,6 +34,7 @@ from metrale_core.api import (
     VocabParallelEmbedding,
     build_embedding,
     build_linear,
+    build_tied_head,
     embed_tokens,
     split_heads,
     split_range,
@@ -176,12 +177,12 @@ def load_weights(
     embed = build_embedding(store, "model.embed_tokens.weight", (V, D), weight_format, dtype, device)
     tied = dims.tie_word_embeddings or "lm_head.weight" not in store
     head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"
-    if isinstance(embed, torch.Tensor) and (tied or weight_format == "exact"):
-        lm_head = embed if tied else get("lm_head.weight", (V, D))
+    if tied:
+        head: Any = build_tied_head(store, head_name, embed, (V, D), weight_format, dtype, device)
+        lm_head = embed if isinstance(embed, torch.Tensor) else None
+    else:  # under exact the head's own dense tensor (build_embedding gives a tensor there too)
+        lm_head = get("lm_head.weight", (V, D)) if weight_format == "exact" else None
         head = build_linear(store, [head_name], [(V, D)], weight_format, dtype, device, dense=lm_head, output_head=True)
-    else:
-        lm_head = None
-        head = build_linear(store, [head_name], [(V, D)], weight_format, dtype, device, output_head=True)
     embedding = None
     if tp.enabled:
         head = ParallelHead(head, tp, vocab_sizes)
