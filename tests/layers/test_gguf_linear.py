@@ -126,6 +126,28 @@ def test_native_kernel_every_type_and_row_count(
         _check(coarse(x_all[:rows]), x_all[:rows], r, codes_t, d_t, m_t, fine=False)
 
 
+@pytest.mark.skipif(len(cpu_isa_params()) < 2, reason="the CPU runs one C variant: nothing to compare")
+@pytest.mark.parametrize("t", TYPES)
+def test_isa_variants_give_the_same_bits(store: GGUFStore, t: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The AVX512-VNNI tiles and the AVX2 tiles compute the same int32 dot products and the same
+    float steps, so every variant gives the same bits (the test above checks each against the
+    oracles; this one, that a machine's choice of variant never changes an answer)."""
+    r = raw(store, t)
+    x = torch.randn(64, K, generator=torch.Generator().manual_seed(7))
+    outs = {}
+    for isa in cpu_isa_params():
+        use_cpu_isa(monkeypatch, isa, gl.PACKAGE)
+        lin = gl.gguf_linear([r])
+        assert lin.kernel is not None
+        outs[isa] = [lin(x[:rows]) for rows in (1, 3, 4, 5, 64)] + [
+            gl.GGUFLinear(lin.weight, lin.kernel, fine=False)(x[:rows]) for rows in (1, 64)
+        ]
+    first, *rest = outs.values()
+    for other in rest:
+        for a, b in zip(first, other, strict=True):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("t", TYPES)
 def test_torch_fallback_every_type(store: GGUFStore, t: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("METRALE_KERNELS", "native")

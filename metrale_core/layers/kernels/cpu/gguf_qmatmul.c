@@ -1,6 +1,7 @@
 /* GGUF block kernels: y[R, N] = x[R, K] @ W[N, K]^T for the GGUF types whose blocks are not
- * qmatmul.c's (Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, IQ4_NL, IQ4_XS, and Q2_K / Q3_K repacked), on AVX2
- * (the AVX512 variant of the library compiles this same AVX2 code).
+ * qmatmul.c's (Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, IQ4_NL, IQ4_XS, and Q2_K / Q3_K repacked), on AVX2,
+ * and in the AVX512 variant of the library with AVX512-VNNI tiles (tile_rows_vnni) over the same
+ * records and the same activation quantization, giving the same bits.
  *
  * Owner: metrale_core.layers.gguf_linear (repacks a GGUF tensor into the layout below and calls
  * mq_gguf_linear); metrale_core.kernels.cpu builds it with the package's other C files.
@@ -190,11 +191,95 @@ static inline __attribute__((always_inline)) void tile_rows(
     }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* The AVX512-VNNI tile: all 16 channels of a record line in one 512-bit vector, one vpdpbusd per
+ * group of 4 k (u8 x s8 into int32).  4-bit codes are the unsigned operand as they are; for
+ * signed 8-bit codes the activations are the unsigned operand, offset by 128 (a ^ 0x80), and
+ * 128 * (the sub-block's code sum, one more vpdpbusd per group, shared by the rows) is taken off.
+ * The int32 dot products are the AVX2 tile's exactly, and the float steps are the same ones per
+ * lane in the same order, so both variants give the same bits. */
+static inline __attribute__((always_inline)) __m512i bcast4_512(const int8_t *p) {
+    int32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) __m512i sub_dot_vnni(const __m512i w[8], const int8_t *q, int bits,
+                                                                   int g0, int g1, __m512i wsum) {
+    __m512i acc = _mm512_setzero_si512();
+    if (bits == 4) {
+        for (int g = g0; g < g1; g++) acc = _mm512_dpbusd_epi32(acc, w[g], bcast4_512(q + 4 * g));
+        return acc;
+    }
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int g = g0; g < g1; g++) acc = _mm512_dpbusd_epi32(acc, _mm512_xor_si512(bcast4_512(q + 4 * g), flip), w[g]);
+    return _mm512_sub_epi32(acc, _mm512_slli_epi32(wsum, 7));
+}
+
+static inline __attribute__((always_inline)) void tile_rows_vnni(
+        const uint8_t *rec, int nb, int kind, int fine, const int8_t *qa, const int8_t *ql, const float *da,
+        const float *sa32, const float *sa16, int K, int rows, float *y, int ldy) {
+    const int bits = kind_bits(kind), subs = kind_subs(kind), has_m = kind_has_m(kind);
+    const int record = mq_gguf_record_bytes(kind), codes = bits == 4 ? 256 : 512;
+    const __m512i low4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+    __m512 f[GROUP];
+    for (int r = 0; r < rows; r++) f[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *p = rec + (size_t)b * record;
+        for (int line = 0; line < record; line += 64)
+            _mm_prefetch((const char *)(p + PREFETCH * record + line), _MM_HINT_T0);
+        const float *sc = (const float *)(p + codes);
+        __m512i w[8], wsum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        if (bits == 4) {
+            for (int j = 0; j < 4; j++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(p + 64 * j));
+                w[j] = _mm512_and_si512(v, low4);
+                w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            }
+        } else {
+            for (int g = 0; g < 8; g++) {
+                w[g] = _mm512_loadu_si512((const void *)(p + 64 * g));
+                wsum[g * subs / 8] = _mm512_dpbusd_epi32(wsum[g * subs / 8], ones, w[g]);
+            }
+        }
+        __m512 dw[2], mw[2];
+        for (int s = 0; s < subs; s++) {
+            dw[s] = _mm512_loadu_ps(sc + 16 * s);
+            if (has_m) mw[s] = _mm512_loadu_ps(sc + 16 * subs + 16 * s);
+        }
+        for (int r = 0; r < rows; r++) {
+            const int8_t *q = qa + (size_t)r * K + b * QK;
+            __m512i dot[2];
+            for (int s = 0; s < subs; s++) {
+                const int g0 = s * 8 / subs, g1 = (s + 1) * 8 / subs;
+                dot[s] = sub_dot_vnni(w, q, bits, g0, g1, wsum[s]);
+                if (fine)  /* 255 * dot(hi) + dot(lo): |.| < 2^31 */
+                    dot[s] = _mm512_add_epi32(_mm512_mullo_epi32(dot[s], _mm512_set1_epi32(255)),
+                                              sub_dot_vnni(w, ql + (size_t)r * K + b * QK, bits, g0, g1, wsum[s]));
+            }
+            const int at = r * nb + b;
+            const __m512 a = _mm512_set1_ps(da[at]);
+            for (int s = 0; s < subs; s++) {
+                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[s]), _mm512_mul_ps(dw[s], a), f[r]);
+                if (has_m) {
+                    const float sm = subs == 1 ? sa32[at] : sa16[2 * at + s];
+                    f[r] = _mm512_fmadd_ps(mw[s], _mm512_set1_ps(sm), f[r]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) _mm512_storeu_ps(y + (size_t)r * ldy, f[r]);
+}
+#define TILE_ROWS tile_rows_vnni
+#else
+#define TILE_ROWS tile_rows
+#endif
+
 #define MQ_TILE_ARGS const uint8_t *rec, int nb, const int8_t *qa, const int8_t *ql, const float *da, \
                      const float *sa32, const float *sa16, int K, float *y, int ldy
 /* KIND = kind + N_KINDS * fine */
 #define MQ_TILE_BODY(KIND, ROWS) \
-    tile_rows(rec, nb, (KIND) % N_KINDS, (KIND) / N_KINDS, qa, ql, da, sa32, sa16, K, ROWS, y, ldy)
+    TILE_ROWS(rec, nb, (KIND) % N_KINDS, (KIND) / N_KINDS, qa, ql, da, sa32, sa16, K, ROWS, y, ldy)
 MQ_TILE_FNS(gguf_tile, 0) MQ_TILE_FNS(gguf_tile, 1) MQ_TILE_FNS(gguf_tile, 2) MQ_TILE_FNS(gguf_tile, 3)
 MQ_TILE_FNS(gguf_tile, 4) MQ_TILE_FNS(gguf_tile, 5) MQ_TILE_FNS(gguf_tile, 6) MQ_TILE_FNS(gguf_tile, 7)
 MQ_TILE_FNS(gguf_tile, 8) MQ_TILE_FNS(gguf_tile, 9)
