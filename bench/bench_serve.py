@@ -460,6 +460,10 @@ def report(rows: list[dict], args) -> None:
         f"{args.streams} streams, prefill ~{args.prefill_tokens} tokens, median of {args.reps}; "
         f"met serve flags: {args.met_flags or '(default)'}; load avg {os.getloadavg()[0]:.2f}"
     )
+    from metrale_core.kernels.cpu import selected_isa
+
+    isa, why = selected_isa()
+    print(f"met C kernels: the {isa or 'torch (no C)'} build ({why})")
     for row in rows:
         print(f"\n== {row['file']} ({row['gguf_mb']:.0f} MiB)")
         if "llama_system_info" in row:

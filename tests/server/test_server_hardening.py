@@ -318,7 +318,9 @@ def test_chaos_good_streams_keep_their_solo_output(hostile):
                 assert "error" not in event, event
                 for choice in event["choices"]:
                     delta = choice["delta"]
-                    pieces.append((delta.get("content") or "") + (delta.get("reasoning_content") or ""))
+                    # an event may carry the end of the reasoning and the start of the answer
+                    # (deltas coalesced while the client lagged): the reasoning came first
+                    pieces.append((delta.get("reasoning_content") or "") + (delta.get("content") or ""))
                     finish = choice["finish_reason"] or finish
         return "".join(pieces) + f"|{finish}"
 
