@@ -96,6 +96,8 @@ DEFAULT_WEIGHT_FORMAT = "auto"
 WEIGHT_FORMAT_ENV = "METRALE_WEIGHT_FORMAT"
 #: Activation dtype fed to the quantized CPU kernels (they want activations and scales alike).
 QUANT_ACT_DTYPE = torch.bfloat16
+#: Int8Linear's codes are padded along K to a multiple of this (torch's int8pack kernel needs it).
+INT8PACK_K = 16
 _GROUP = 32
 #: Calls with at most this many rows (times planes) use torch's packed kernels; larger ones the
 #: bfloat16 copy (crossover measured on SmolLM2's shapes, 2 threads: ~8 rows).
@@ -179,9 +181,13 @@ def _batched(dense: torch.Tensor | None, row_planes: int, limit: int) -> TypeGua
 @frozen
 class Int8Linear:
     """Per-output-channel symmetric int8: ``W[n] = scales[n] * qweight[n]`` (``torch._weight_int8pack_mm``;
-    only for shapes that are not whole blocks of 32 or tiles of 16 channels)."""
+    only for shapes that are not whole blocks of 32 or tiles of 16 channels).
 
-    qweight: torch.Tensor  # [N, K] int8
+    ``qweight`` has zero columns up to a multiple of :data:`INT8PACK_K` and the input is padded to
+    match: torch 2.13's kernel crashes (SIGSEGV) on AVX512-BF16 CPUs for bfloat16 inputs whose K
+    is not a multiple of 16 (seen on AMD Zen 4 with K = 24, 40, 100 and 2 or more rows)."""
+
+    qweight: torch.Tensor  # [N, K padded to INT8PACK_K] int8
     scales: torch.Tensor  # [N] in QUANT_ACT_DTYPE
     bias: torch.Tensor | None = None
     #: [N, K] bfloat16 copy for calls with more than SMALL_BATCH_ROWS rows (None: always int8).
@@ -196,7 +202,8 @@ class Int8Linear:
         if _batched(self.dense, x.shape[0], SMALL_BATCH_ROWS):
             y = F.linear(xq, self.dense)
         else:
-            y = torch._weight_int8pack_mm(xq, self.qweight, self.scales)
+            pad = self.qweight.shape[1] - xq.shape[-1]
+            y = torch._weight_int8pack_mm(F.pad(xq, (0, pad)) if pad else xq, self.qweight, self.scales)
         return _add_bias(y.to(x.dtype), self.bias)
 
 
@@ -343,6 +350,7 @@ def quantize_int8(
         return block_linear(codes, d_np, np.float32(-128.0) * d_np, 8, bias, dense)
     scales = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
     q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    q = F.pad(q, (0, -k % INT8PACK_K))  # zero columns: see Int8Linear
     return Int8Linear(q.contiguous(), scales.to(QUANT_ACT_DTYPE), bias, _batch_copy(dense))
 
 

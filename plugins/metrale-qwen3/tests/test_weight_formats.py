@@ -186,6 +186,22 @@ def test_int8_is_symmetric_per_block_within_half_a_step(rows, kernel_path):
         assert ((got - w)[:, 32:].abs() <= w[:, 32:].abs().amax(1, keepdim=True) / 127 * 0.51 + slack).all()
 
 
+@pytest.mark.parametrize("k", [24, 40, 100])
+def test_int8_rows_of_any_width_and_row_count(k):
+    """K that is not a multiple of 16: torch's int8pack kernel segfaulted on AVX512-BF16 CPUs for
+    such K (bfloat16 inputs, 2+ rows) until the codes were padded; every row count now runs and
+    matches the dequantized matrix."""
+    torch.manual_seed(0)
+    w = torch.randn(24, k)
+    lin = quantize_int8(w)
+    assert isinstance(lin, Int8Linear) and lin.qweight.shape == (24, -(-k // 16) * 16)
+    deq = lin.qweight[:, :k].float() * lin.scales.float()[:, None]
+    for rows in (1, 2, 3, 4, 5, 16, 17):
+        x = torch.randn(rows, k)
+        ref = x.bfloat16().float() @ deq.T
+        assert (lin(x) - ref).abs().max() <= 0.02 * ref.abs().max()
+
+
 @pytest.mark.parametrize("rows", [48, 40])
 def test_quantized_projections_multiply_batches_by_their_bfloat16_copy(rows, kernel_path):
     torch.manual_seed(0)
