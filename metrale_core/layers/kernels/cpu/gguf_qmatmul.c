@@ -68,9 +68,12 @@ size_t mq_gguf_scratch_bytes(int R, int K) {
 /* Activations per block of 32 (see the header): hi = round(t), t = x * 127 / amax, and with `fine`
  * lo = clamp(round(255 t) - 255 hi, -127, 127); the scale da = amax / 127 (coarse) or
  * amax / (127 * 255) (fine), and sa32 / sa16 = da * the sub-block sums of the codes (hi, or
- * 255 hi + lo) -- IEEE division, round to nearest even, as gguf_linear.quantize_activations. */
-static void quantize_row(const float *x, int K, int fine, int8_t *hi, int8_t *lo, float *da, float *sa32,
-                         float *sa16) {
+ * 255 hi + lo) -- IEEE division, round to nearest even, as gguf_linear.quantize_activations.
+ * With `flip` the stored codes are hi ^ 0x80 and lo ^ 0x80 (hi + 128, lo + 128 as unsigned bytes:
+ * the VNNI tiles' operand for signed 8-bit weights); the sums are of the codes themselves. */
+static void quantize_row(const float *x, int K, int fine, int flip, int8_t *hi, int8_t *lo, float *da,
+                         float *sa32, float *sa16) {
+    const __m256i sign = _mm256_set1_epi8((char)0x80);
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), n255 = _mm256_set1_epi32(255);
     const __m256i lo_min = _mm256_set1_epi32(-127), lo_max = _mm256_set1_epi32(127);
@@ -97,10 +100,12 @@ static void quantize_row(const float *x, int K, int fine, int8_t *hi, int8_t *lo
         const int s0 = mt256_reduce_add_epi32(_mm256_add_epi32(code[0], code[1]));
         const int s1 = mt256_reduce_add_epi32(_mm256_add_epi32(code[2], code[3]));
         const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256((__m256i *)(hi + b * QK), _mm256_permutevar8x32_epi32(packed, order));
+        __m256i out = _mm256_permutevar8x32_epi32(packed, order);
+        _mm256_storeu_si256((__m256i *)(hi + b * QK), flip ? _mm256_xor_si256(out, sign) : out);
         if (fine) {
             const __m256i lp = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
-            _mm256_storeu_si256((__m256i *)(lo + b * QK), _mm256_permutevar8x32_epi32(lp, order));
+            out = _mm256_permutevar8x32_epi32(lp, order);
+            _mm256_storeu_si256((__m256i *)(lo + b * QK), flip ? _mm256_xor_si256(out, sign) : out);
         }
         const float d = amax / (fine ? 32385.0f : 127.0f);
         da[b] = d;
@@ -194,7 +199,8 @@ static inline __attribute__((always_inline)) void tile_rows(
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* The AVX512-VNNI tile: all 16 channels of a record line in one 512-bit vector, one vpdpbusd per
  * group of 4 k (u8 x s8 into int32).  4-bit codes are the unsigned operand as they are; for
- * signed 8-bit codes the activations are the unsigned operand, offset by 128 (a ^ 0x80), and
+ * signed 8-bit codes the activations are the unsigned operand, offset by 128 (stored as a ^ 0x80
+ * by quantize_row, so the tile spends no instruction on it), and
  * 128 * (the sub-block's code sum, one more vpdpbusd per group, shared by the rows) is taken off.
  * The int32 dot products are the AVX2 tile's exactly, and the float steps are the same ones per
  * lane in the same order, so both variants give the same bits. */
@@ -211,8 +217,7 @@ static inline __attribute__((always_inline)) __m512i sub_dot_vnni(const __m512i 
         for (int g = g0; g < g1; g++) acc = _mm512_dpbusd_epi32(acc, w[g], bcast4_512(q + 4 * g));
         return acc;
     }
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    for (int g = g0; g < g1; g++) acc = _mm512_dpbusd_epi32(acc, _mm512_xor_si512(bcast4_512(q + 4 * g), flip), w[g]);
+    for (int g = g0; g < g1; g++) acc = _mm512_dpbusd_epi32(acc, bcast4_512(q + 4 * g), w[g]);  /* q: a ^ 0x80 */
     return _mm512_sub_epi32(acc, _mm512_slli_epi32(wsum, 7));
 }
 
@@ -271,8 +276,10 @@ static inline __attribute__((always_inline)) void tile_rows_vnni(
     for (int r = 0; r < rows; r++) _mm512_storeu_ps(y + (size_t)r * ldy, f[r]);
 }
 #define TILE_ROWS tile_rows_vnni
+#define FLIP_S8 1  /* 8-bit kinds: activations stored offset by 128 (see quantize_row) */
 #else
 #define TILE_ROWS tile_rows
+#define FLIP_S8 0
 #endif
 
 #define MQ_TILE_ARGS const uint8_t *rec, int nb, const int8_t *qa, const int8_t *ql, const float *da, \
@@ -303,12 +310,13 @@ int mq_gguf_linear(const float *x, int R, int K, const uint8_t *w, int N, int ki
     float *da = (float *)(((uintptr_t)(ql + (size_t)R * K) + 63) & ~(uintptr_t)63);
     float *sa32 = da + (size_t)R * nb, *sa16 = sa32 + (size_t)R * nb;
     const gguf_tile_fn *fns = gguf_tile_table[kind + N_KINDS * fine];
+    const int flip = FLIP_S8 && kind_bits(kind) == 8;
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
         for (int r = 0; r < R; r++)
-            quantize_row(x + (size_t)r * K, K, fine, qa + (size_t)r * K, ql + (size_t)r * K, da + (size_t)r * nb,
-                         sa32 + (size_t)r * nb, sa16 + (size_t)r * 2 * nb);
+            quantize_row(x + (size_t)r * K, K, fine, flip, qa + (size_t)r * K, ql + (size_t)r * K,
+                         da + (size_t)r * nb, sa32 + (size_t)r * nb, sa16 + (size_t)r * 2 * nb);
 #pragma omp for schedule(static)
         for (int t = 0; t < tiles; t++) {
             const uint8_t *rec = w + (size_t)t * tile_bytes;
