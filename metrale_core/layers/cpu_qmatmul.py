@@ -142,8 +142,6 @@ def qmatmul(
     x = x.contiguous()
     rows, k = x.shape
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    if rows == 0:  # a step with no row for this projection (no logits row in a prefill chunk)
-        return y
     rc = lib.mq_linear(
         x.data_ptr(),
         rows,
@@ -178,8 +176,6 @@ def qmatmul_bf16(
     x = x.contiguous()
     rows, k = x.shape
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    if rows == 0:  # a step with no row for this projection (no logits row in a prefill chunk)
-        return y
     rc = lib.mq_linear_bf16(
         x.data_ptr(),
         rows,

@@ -415,8 +415,6 @@ def native_matmul(
     x = x.contiguous()
     rows, k = x.shape
     y = torch.empty(rows, w.out_features, dtype=torch.float32)
-    if rows == 0:  # a step with no row for this projection (no logits row in a prefill chunk)
-        return y
     rc = lib.mq_gguf_linear(
         x.data_ptr(),
         rows,

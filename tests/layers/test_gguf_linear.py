@@ -121,6 +121,7 @@ def test_native_kernel_every_type_and_row_count(
         _check(y, x, r, codes_t, d_t, m_t)
         # batch invariance: each row equals that row multiplied alone, bit for bit
         assert torch.equal(y, torch.cat(alone[:rows]))
+    assert lin(x_all[:0]).shape == (0, N)  # a step with no row for this projection: R = 0 in C
     coarse = gl.GGUFLinear(lin.weight, lin.kernel, fine=False)  # int8 activations, as llama.cpp
     for rows in (1, 5, 64):
         _check(coarse(x_all[:rows]), x_all[:rows], r, codes_t, d_t, m_t, fine=False)

@@ -135,6 +135,18 @@ def test_quantized_matmul_matches_its_reference(bits, rows, matmul_path):
     assert (want - exact).abs().max() < 0.02 * exact.abs().max()
 
 
+def test_zero_rows_are_an_empty_product(matmul_path):
+    """A step with no row for a projection (no logits row in a prefill chunk): the C entry point
+    takes R = 0 and returns an empty result (a negative R is still refused)."""
+    codes, d = np.zeros((32, 64)), np.ones((32, 2), np.float32) * 0.01
+    packed = cpu_qmatmul.pack(codes, d, np.zeros_like(d), 4)
+    assert cpu_qmatmul.qmatmul(matmul_path, torch.empty(0, 64), packed, 32, 4).shape == (0, 32)
+    assert matmul_path.mq_linear(0, -1, 64, packed.data_ptr(), 32, 4, 0, 0, 1) == -1
+    if "avx512_bf16" in cpu_flags() and (lib := cpu_qmatmul.bf16_kernel()) is not None:
+        wb = cpu_qmatmul.pack_bf16(torch.randn(32, 64))
+        assert cpu_qmatmul.qmatmul_bf16(lib, torch.empty(0, 64), wb, 32).shape == (0, 32)
+
+
 @pytest.mark.parametrize("rows", [1, 3, 4, 9])
 def test_bf16_kernel_keeps_float32_products(rows):
     """bfloat16 weights times bfloat16-rounded activations, summed and returned in float32 (what

@@ -302,7 +302,8 @@ static const gguf_tile_fn gguf_tile_table[2 * N_KINDS][MQ_TILE_ROWS] = {
  * 8-bit); returns 0, or -1 for bad arguments. */
 int mq_gguf_linear(const float *x, int R, int K, const uint8_t *w, int N, int kind, int fine, float *y,
                    void *scratch, int threads) {
-    if (R <= 0 || K % QK || N % TILE || kind < 0 || kind >= N_KINDS || threads <= 0) return -1;
+    if (R < 0 || K % QK || N % TILE || kind < 0 || kind >= N_KINDS || threads <= 0) return -1;
+    if (R == 0) return 0;  /* a step with no row for this projection */
     fine = fine != 0;
     const int nb = K / QK, tiles = N / TILE;
     const size_t tile_bytes = (size_t)nb * mq_gguf_record_bytes(kind);

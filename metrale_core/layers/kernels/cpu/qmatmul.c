@@ -274,7 +274,8 @@ __attribute__((target("amx-tile,amx-int8"))) static void amx_tile_8(
 /* y[R, N] = x[R, K] @ W^T for W packed as described above; returns 0, or -1 for bad arguments. */
 int mq_linear(const float *x, int R, int K, const uint8_t *w, int N, int bits, float *y,
               void *scratch, int threads) {
-    if (R <= 0 || K % QK || N % TILE || (bits != 4 && bits != 8) || threads <= 0) return -1;
+    if (R < 0 || K % QK || N % TILE || (bits != 4 && bits != 8) || threads <= 0) return -1;
+    if (R == 0) return 0;  /* a step with no row for this projection */
     const int nb = K / QK, tiles = N / TILE, rows = padded_rows(R);
     const int amx = amx_enabled && R >= AMX_MIN_ROWS;
     const size_t tile_bytes = (size_t)nb * mq_record_bytes(bits);
@@ -361,7 +362,8 @@ static const bf16_tile_fn BF16_TILE_FNS[ROW_GROUP] = {bf16_tile_1, bf16_tile_2, 
 
 __attribute__((target("avx512bf16"))) int mq_linear_bf16(const float *x, int R, int K, const uint16_t *w,
                                                          int N, float *y, void *scratch, int threads) {
-    if (R <= 0 || K % 32 || N % TILE || threads <= 0) return -1;
+    if (R < 0 || K % 32 || N % TILE || threads <= 0) return -1;
+    if (R == 0) return 0;
     uint16_t *xb = (uint16_t *)scratch;
 #pragma omp parallel num_threads(threads)
     {

@@ -136,7 +136,8 @@ static const tile_fn TILE_FNS[2][MQ_TILE_ROWS] = {MQ_TILE_ROW(tile, 4), MQ_TILE_
 /* y[R, N] = x[R, K] @ W^T for W packed as qmatmul.c describes; returns 0, or -1 for bad arguments. */
 int mq_linear(const float *x, int R, int K, const uint8_t *w, int N, int bits, float *y,
               void *scratch, int threads) {
-    if (R <= 0 || K % QK || N % TILE || (bits != 4 && bits != 8) || threads <= 0) return -1;
+    if (R < 0 || K % QK || N % TILE || (bits != 4 && bits != 8) || threads <= 0) return -1;
+    if (R == 0) return 0;  /* a step with no row for this projection */
     const int nb = K / QK, tiles = N / TILE;
     const size_t tile_bytes = (size_t)nb * mq_record_bytes(bits);
     int8_t *qa = (int8_t *)scratch;
