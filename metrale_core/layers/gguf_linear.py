@@ -31,14 +31,16 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
 import torch
-from attrs import field, frozen
+from attrs import define, field, frozen
 from loguru import logger
 
 from metrale_core.kernels import cpu_layer_library
@@ -432,6 +434,33 @@ def native_matmul(
     return y
 
 
+@define
+class ActivationPrecision:
+    """How the :class:`GGUFLinear` s of one model quantize their activations, shared by all of
+    them so one decision at load (``metrale_core.activation_probe``) sets the whole model:
+    ``fine`` 15-bit (``255 * hi + lo``), else int8 as llama.cpp (half the integer work).
+    ``members`` counts the projections that read it, ``native`` whether they all run the C kernel."""
+
+    fine: bool = True
+    members: int = 0
+    native: bool = True
+
+
+_SCOPE: ContextVar[ActivationPrecision | None] = ContextVar("metrale_activation_precision", default=None)
+
+
+@contextlib.contextmanager
+def activation_precision_scope() -> Iterator[ActivationPrecision]:
+    """A fresh :class:`ActivationPrecision` that every :func:`gguf_linear` built inside the block
+    shares (the loader wraps one model's construction in it)."""
+    cell = ActivationPrecision()
+    token = _SCOPE.set(cell)
+    try:
+        yield cell
+    finally:
+        _SCOPE.reset(token)
+
+
 @frozen
 class GGUFLinear:
     """A projection kept as GGUF blocks (any type of :data:`GGUF_KINDS`), multiplied by the C
@@ -440,12 +469,16 @@ class GGUFLinear:
     weight: Repacked
     kernel: Any = field(default=None, repr=False)
     bias: torch.Tensor | None = None
-    #: 15-bit activations (255 * hi + lo); False: int8 as llama.cpp (half the integer work).
-    fine: bool = True
+    precision: ActivationPrecision = field(factory=ActivationPrecision, repr=False)
 
     @property
     def out_features(self) -> int:
         return self.weight.out_features
+
+    @property
+    def fine(self) -> bool:
+        """15-bit activations (``255 * hi + lo``); False: int8 as llama.cpp."""
+        return self.precision.fine
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.dim() == 2 and x.dtype is torch.float32  # the decoders' case: no reshape, no casts
@@ -459,13 +492,20 @@ class GGUFLinear:
         return y if self.bias is None else y + self.bias
 
 
-def gguf_linear(raws: Sequence[Any], bias: torch.Tensor | None = None, fine: bool = True) -> GGUFLinear:
-    """The :class:`GGUFLinear` of GGUF tensors ``raws`` (fused along rows; one GGML type)."""
+def gguf_linear(
+    raws: Sequence[Any], bias: torch.Tensor | None = None, precision: ActivationPrecision | None = None
+) -> GGUFLinear:
+    """The :class:`GGUFLinear` of GGUF tensors ``raws`` (fused along rows; one GGML type),
+    reading ``precision`` (default: the enclosing :func:`activation_precision_scope`'s, else
+    its own, 15-bit)."""
     lib = gguf_kernel()
     n = sum(int(r.shape[0]) for r in raws)
     if lib is not None and (n % TILE or int(raws[0].shape[1]) % QK):
         lib = None
-    return GGUFLinear(repack(raws, native=lib is not None), lib, bias, fine)
+    cell = precision or _SCOPE.get() or ActivationPrecision()
+    cell.members += 1
+    cell.native = cell.native and lib is not None
+    return GGUFLinear(repack(raws, native=lib is not None), lib, bias, cell)
 
 
 # --- token tables --------------------------------------------------------------------------------

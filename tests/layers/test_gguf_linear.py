@@ -122,9 +122,12 @@ def test_native_kernel_every_type_and_row_count(
         # batch invariance: each row equals that row multiplied alone, bit for bit
         assert torch.equal(y, torch.cat(alone[:rows]))
     assert lin(x_all[:0]).shape == (0, N)  # a step with no row for this projection: R = 0 in C
-    coarse = gl.GGUFLinear(lin.weight, lin.kernel, fine=False)  # int8 activations, as llama.cpp
+    # int8 activations, as llama.cpp: as close to their own oracle, and as batch-invariant
+    coarse = gl.GGUFLinear(lin.weight, lin.kernel, precision=gl.ActivationPrecision(fine=False))
+    coarse_alone = [coarse(x_all[i : i + 1]) for i in range(max(ROWS))]
     for rows in (1, 5, 64):
         _check(coarse(x_all[:rows]), x_all[:rows], r, codes_t, d_t, m_t, fine=False)
+        assert torch.equal(coarse(x_all[:rows]), torch.cat(coarse_alone[:rows]))
 
 
 @pytest.mark.skipif(len(cpu_isa_params()) < 2, reason="the CPU runs one C variant: nothing to compare")
@@ -141,12 +144,29 @@ def test_isa_variants_give_the_same_bits(store: GGUFStore, t: str, monkeypatch: 
         lin = gl.gguf_linear([r])
         assert lin.kernel is not None
         outs[isa] = [lin(x[:rows]) for rows in (1, 3, 4, 5, 64)] + [
-            gl.GGUFLinear(lin.weight, lin.kernel, fine=False)(x[:rows]) for rows in (1, 64)
+            gl.GGUFLinear(lin.weight, lin.kernel, precision=gl.ActivationPrecision(fine=False))(x[:rows])
+            for rows in (1, 64)
         ]
     first, *rest = outs.values()
     for other in rest:
         for a, b in zip(first, other, strict=True):
             assert torch.equal(a, b)
+
+
+def test_one_scope_shares_one_precision(store: GGUFStore) -> None:
+    """The projections built inside one activation_precision_scope read one cell, so the load's
+    decision (fine or int8) switches the whole model and nothing outside it."""
+    with gl.activation_precision_scope() as cell:
+        a = gl.gguf_linear([raw(store, "Q4_K")])
+        b = gl.gguf_linear([raw(store, "Q8_0")])
+    outside = gl.gguf_linear([raw(store, "Q4_K")])
+    assert a.precision is cell and b.precision is cell and cell.members == 2
+    assert outside.precision is not cell and outside.fine
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(3))
+    fine = a(x)
+    cell.fine = False
+    assert not a.fine and not b.fine and outside.fine
+    assert not torch.equal(a(x), fine) and torch.equal(outside(x), fine)
 
 
 @pytest.mark.parametrize("t", TYPES)
@@ -160,7 +180,7 @@ def test_torch_fallback_every_type(store: GGUFStore, t: str, monkeypatch: pytest
     for rows in (1, 5, 64):
         x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
         _check(lin(x), x, r, codes_t, torch.from_numpy(d), None if m is None else torch.from_numpy(m))
-    coarse = gl.GGUFLinear(lin.weight, None, fine=False)
+    coarse = gl.GGUFLinear(lin.weight, None, precision=gl.ActivationPrecision(fine=False))
     _check(coarse(x), x, r, codes_t, torch.from_numpy(d), None if m is None else torch.from_numpy(m), fine=False)
 
 
