@@ -62,7 +62,7 @@ _REGISTRATION = {
         "ToolCallParserSpec",
     ),
     "metrale_core.plugins": ("LazyFactory", "lazy_factory", "load_registry"),
-    "metrale_core.loading": ("model_from_store",),
+    "metrale_core.model_build": ("model_from_store",),
     "metrale_core.errors": (
         "ConfigError",
         "CorruptWeightsFile",
@@ -366,9 +366,6 @@ if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block
         split_range,
         split_unit,
     )
-    from metrale_core.loading import (
-        model_from_store,
-    )
     from metrale_core.model_api import (
         CausalLM,
         ForwardBatch,
@@ -379,6 +376,9 @@ if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block
         PlainKVCodec,
         RecurrentLayout,
         gather_blocks,
+    )
+    from metrale_core.model_build import (
+        model_from_store,
     )
     from metrale_core.parallel.distributed import Rendezvous
     from metrale_core.parallel.executors import free_port

@@ -1,19 +1,16 @@
 """From a path on disk to a ready model: weight store, loader plugin, model and tokenizer.
 
 Owner: the CLI and the server call :func:`load_model` once at start-up; every other model (a
-speculative draft model, an MTP layer) is built by the same :func:`model_from_store`.
+speculative draft model, an MTP layer) is built by the same ``model_build.model_from_store``
+(re-exported here), which the engine may import; this module sits above the engine.
 
 Invariants:
-- The loader is chosen by what the checkpoint declares (``model_type`` / ``architectures``)
-  among the installed model-loader plugins; an unknown one is an ``UnknownArchitecture`` error
-  listing what is installed.
-- A requested weight format the chosen loader does not declare (``ModelLoaderSpec
-  .weight_formats``) is a ``ConfigError`` before any weight is read, never silently ignored.
-- A tensor-parallel group of more than one rank reaches only a loader whose spec declares
-  ``tensor_parallel``; any other loader is a ``ConfigError`` saying why, before any weight is read.
 - Progress is shown on stderr (one bar over the tensors read) and never on stdout.
-- The built model gets a ``weight_store`` attribute (the open ``WeightStore``) unless it already
-  has one, so engine-side plugins (FP8 KV scales) can read the checkpoint and its path.
+- What ``model_from_store`` guarantees (loader choice, format and tensor-parallel checks, the
+  ``weight_store`` attribute) holds for the model :func:`load_model` returns.
+- The GGUF projections of the model :func:`load_model` builds share one activation precision,
+  chosen once before it returns (``metrale_core.activation_probe``; not under tensor parallelism of
+  more than one rank, which keeps 15-bit).
 """
 
 from __future__ import annotations
@@ -21,16 +18,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attrs import frozen
-from loguru import logger
 
-from metrale_core.components import LoadOptions, ModelLoaderSpec
-from metrale_core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from metrale_core.registry import Registry
+from metrale_core.components import LoadOptions
+from metrale_core.layers.gguf_linear import activation_precision_scope
+from metrale_core.model_build import model_from_store
 
 __all__ = ["LoadedModel", "load_model", "model_from_store", "resolve_model_path"]
 
@@ -44,6 +38,10 @@ class LoadedModel:
     tokenizer: Any
     loader_name: str
     path: Path
+    #: The GGUF projections' shared activation precision and how it was chosen (None: the model
+    #: has no GGUF projection).
+    activation_precision: Any = None
+    activation_probe: Any = None
 
 
 class _ProgressStore:
@@ -94,46 +92,6 @@ def resolve_model_path(model: str | Path | None, *, progress: bool = True) -> Pa
     return Path(model).expanduser()
 
 
-def model_from_store(
-    store: Any, options: LoadOptions, registry: Registry, *, reading: Any = None
-) -> tuple[ModelLoaderSpec, Any]:
-    """The model of an open weight store through the loader ``registry`` picks for its config:
-    the one loading function of every model (the target in :func:`load_model`, a speculative
-    draft model or MTP layer through ``ProposerContext.load_model``).
-
-    ``reading`` (a wrapper of ``store``, e.g. with a progress bar) is what the loader reads from;
-    the model's ``weight_store`` is ``store``.  Returns the loader's spec and the model.
-    """
-    spec = registry.find_model_loader(store.config)
-    wanted = options.weight_format
-    if wanted is not None and wanted != "auto" and wanted not in spec.weight_formats:  # auto: every loader
-        raise ConfigError(
-            f"--weight-format {wanted} is not available for this checkpoint: its "
-            f"loader {spec.name!r} honours {', '.join(spec.weight_formats)}"
-        )
-    tp = options.tensor_parallel
-    if tp is not None and tp.world > 1 and not spec.tensor_parallel:
-        why = f": {spec.tensor_parallel_note}" if spec.tensor_parallel_note else ""
-        raise ConfigError(
-            f"the {spec.name!r} loader does not support tensor parallelism "
-            f"(--tensor-parallel-size {tp.world}){why}; use --tensor-parallel-size 1"
-        )
-    path = getattr(store, "path", None)
-    logger.info(
-        "loading {} with the '{}' loader ({} tensors)",
-        path if path is not None else store,
-        spec.name,
-        len(store.names()),
-    )
-    model_obj = spec.factory(reading if reading is not None else store, options)
-    drop_pages = getattr(store, "drop_resident_pages", None)
-    if drop_pages is not None:  # GGUF: the repacked tensors are copies; the file's pages can go
-        drop_pages()
-    if getattr(model_obj, "weight_store", None) is None:
-        model_obj.weight_store = store
-    return spec, model_obj
-
-
 def load_model(
     model: str | Path | None,
     options: LoadOptions | None = None,
@@ -155,14 +113,34 @@ def load_model(
     registry = registry if registry is not None else load_registry()
     path = resolve_model_path(model, progress=progress)
     store = open_weights(path)
-    if progress and sys.stderr.isatty():
-        from tqdm import tqdm
+    with activation_precision_scope() as precision:
+        if progress and sys.stderr.isatty():
+            from tqdm import tqdm
 
-        with tqdm(total=len(store.names()), desc="loading weights", unit="tensor", file=sys.stderr, leave=False) as bar:
-            spec, model_obj = model_from_store(store, options, registry, reading=_ProgressStore(store, bar, on_tensor))
-    elif on_tensor is not None:
-        spec, model_obj = model_from_store(store, options, registry, reading=_ProgressStore(store, None, on_tensor))
-    else:
-        spec, model_obj = model_from_store(store, options, registry)
+            with tqdm(
+                total=len(store.names()), desc="loading weights", unit="tensor", file=sys.stderr, leave=False
+            ) as bar:
+                reading = _ProgressStore(store, bar, on_tensor)
+                spec, model_obj = model_from_store(store, options, registry, reading=reading)
+        elif on_tensor is not None:
+            spec, model_obj = model_from_store(store, options, registry, reading=_ProgressStore(store, None, on_tensor))
+        else:
+            spec, model_obj = model_from_store(store, options, registry)
     tokenizer = Tokenizer.from_store(store)
-    return LoadedModel(model=model_obj, store=store, tokenizer=tokenizer, loader_name=spec.name, path=path)
+    probe = None
+    tp = options.tensor_parallel
+    if precision.members and (tp is None or tp.world == 1):
+        from metrale_core.activation_probe import choose_activation_precision
+
+        probe = choose_activation_precision(
+            model_obj, tokenizer, precision, source=path if path.is_file() else None, native=precision.native
+        )
+    return LoadedModel(
+        model=model_obj,
+        store=store,
+        tokenizer=tokenizer,
+        loader_name=spec.name,
+        path=path,
+        activation_precision=precision if precision.members else None,
+        activation_probe=probe,
+    )

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from loguru import logger
 
-__all__ = ["CACHE_ENV", "CACHE_MAX_ENV", "LAYOUT_VERSION", "cache_dir", "cache_key", "load", "store"]
+__all__ = ["CACHE_ENV", "CACHE_MAX_ENV", "LAYOUT_VERSION", "cache_dir", "cache_key", "file_key", "load", "store"]
 
 CACHE_ENV = "METRALE_REPACK_CACHE"
 CACHE_MAX_ENV = "METRALE_REPACK_CACHE_MAX"
@@ -61,6 +61,17 @@ def cache_key(sources: Sequence[Any], kind: int, extra: Sequence[int] = ()) -> s
     parts = [f"v{LAYOUT_VERSION}", f"k{kind}", *(str(e) for e in extra)]
     for s in sources:
         parts.append(f"{s.path}|{s.size}|{s.mtime_ns}|{s.name}|{'x'.join(map(str, s.shape))}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def file_key(path: Path, *extra: str) -> str | None:
+    """The key of a small result derived from the whole file ``path`` (its path, size and
+    modification time) and ``extra`` (what else it depends on); None when the file is not there."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    parts = [f"v{LAYOUT_VERSION}", f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}", *extra]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
