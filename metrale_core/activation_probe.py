@@ -114,9 +114,14 @@ def _probe_logits(model: Any, ids: list[int]) -> torch.Tensor:
     return capture.logits
 
 
-def _mean_kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
-    lp, lq = torch.log_softmax(p_logits, dim=-1), torch.log_softmax(q_logits, dim=-1)
-    return float((lp.exp() * (lp - lq)).sum(-1).double().mean())
+def _mean_kl(p_logits: torch.Tensor, q_logits: torch.Tensor, chunk: int = 16) -> float:
+    """Mean over rows of KL(p || q), ``chunk`` rows at a time (a 150k vocabulary's temporaries
+    stay ~10 MB each)."""
+    total = 0.0
+    for i in range(0, p_logits.shape[0], chunk):
+        lp, lq = torch.log_softmax(p_logits[i : i + chunk], dim=-1), torch.log_softmax(q_logits[i : i + chunk], dim=-1)
+        total += float((lp.exp() * (lp - lq)).sum(-1).double().sum())
+    return total / p_logits.shape[0]
 
 
 def _fixed(cell: ActivationPrecision) -> ProbeResult | None:

@@ -24,8 +24,9 @@ def qwen2_gguf(tmp_path):
     return path
 
 
-def test_embedded_model_measures_and_stays_15_bit(monkeypatch):
+def test_embedded_model_measures_and_stays_15_bit(monkeypatch, tmp_path):
     monkeypatch.delenv(ap.ACTIVATIONS_ENV, raising=False)
+    monkeypatch.setenv("METRALE_REPACK_CACHE", str(tmp_path / "cache"))  # nothing measured yet
     loaded = load_model(None, progress=False)
     probe = loaded.activation_probe
     assert probe is not None and probe.fine and loaded.activation_precision.fine
