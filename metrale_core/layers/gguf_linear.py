@@ -21,8 +21,9 @@ codes are multiplied by torch (:func:`fallback_matmul`): exact integer dot produ
 sub-block in float32 matmuls, then the scales -- the same maths in another order of float sums.
 
 Invariants:
-- Repacking goes tensor by tensor and row chunk by row chunk (:data:`REPACK_ROWS` rows), so the
-  peak extra memory of a load is one chunk's temporaries, never a dequantized matrix.
+- Repacking goes tensor by tensor and row chunk by row chunk (:data:`REPACK_ROWS` rows, up to
+  :data:`REPACK_THREADS` chunks at once on as many threads), so the peak extra memory of a load is
+  a few chunks' temporaries, never a dequantized matrix; the records are the same in any order.
 - A row's result depends only on that row (the kernel splits channel tiles between threads and
   fixes each row's order of sums): batch-invariant by construction.
 - ``decode(...)`` reproduces ``gguf.quants.dequantize`` exactly: ``codes * d + m`` equals it in
@@ -33,8 +34,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import Any
 
@@ -69,6 +72,8 @@ QK_K = 256
 TILE = 16
 #: Rows decoded and packed at a time while loading (bounds the load's temporaries).
 REPACK_ROWS = 1024
+#: Chunks repacked at once, on as many threads (at most one per core).
+REPACK_THREADS = 4
 
 # kinds of the C kernel: (code bits, sub-block size, has m) -- the enum of gguf_qmatmul.c
 K_U4_32_M, K_S8_32, K_S8_32_M, K_S8_16, K_S8_16_M = range(5)
@@ -277,11 +282,14 @@ def repack(raws: Sequence[Any], native: bool) -> Repacked:
     cached = repack_cache.load(key, records_nbytes(kind, out_features, in_features))
     if cached is not None:
         return Repacked(kind, out_features, in_features, records=torch.from_numpy(cached))
-    chunks: list[tuple[np.ndarray | None, ...]] = []
-    for raw in raws:
-        for start in range(0, int(raw.shape[0]), REPACK_ROWS):
-            _, codes, d, m = decode(_blocks(raw, slice(start, start + REPACK_ROWS)), quant_type)
-            chunks.append((pack(kind, codes, d, m),) if native else (codes, d, m))
+
+    def one(job: tuple[Any, int]) -> tuple[np.ndarray | None, ...]:
+        raw, start = job
+        _, codes, d, m = decode(_blocks(raw, slice(start, start + REPACK_ROWS)), quant_type)
+        return (pack(kind, codes, d, m),) if native else (codes, d, m)
+
+    jobs = [(raw, start) for raw in raws for start in range(0, int(raw.shape[0]), REPACK_ROWS)]
+    chunks = list(_repack_pool().map(one, jobs))  # numpy releases the GIL: chunks decode side by side
     if native:
         flat = np.concatenate([c[0] for c in chunks if c[0] is not None]).reshape(-1)
         repack_cache.store(key, flat)
@@ -295,6 +303,19 @@ def repack(raws: Sequence[Any], native: bool) -> Repacked:
         d=torch.from_numpy(np.concatenate(d_parts)),
         m=torch.from_numpy(np.concatenate(m_parts)) if m_parts else None,
     )
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _repack_pool() -> ThreadPoolExecutor:
+    """The threads repacking chunks (one per core, at most :data:`REPACK_THREADS`), made once."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(min(REPACK_THREADS, os.cpu_count() or 1), thread_name_prefix="metrale-repack")
+        return _pool
 
 
 _warned: set[str] = set()

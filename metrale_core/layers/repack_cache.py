@@ -18,10 +18,13 @@ Invariants:
   0.9 s reading them), the pages are the page cache's (shared by every process serving the
   file, reclaimable under memory pressure), and a mapping outlives its entry being replaced or
   trimmed (rename and unlink leave the mapped inode alone).
-- The directory stays under ``METRALE_REPACK_CACHE_MAX`` bytes (default 8 GiB): after a write the
-  least recently used entries go.  ``METRALE_REPACK_CACHE=off`` disables the cache; any other
-  value is its directory (default ``~/.cache/metrale/repack``).  A cache that cannot be read or
-  written is skipped with a DEBUG line, never an error.
+- The directory stays under ``METRALE_REPACK_CACHE_MAX`` bytes (default 8 GiB): when a write
+  takes this process's running total of it (its size at the process's last scan plus what the
+  process wrote since) past the limit, it is rescanned and the least recently used entries go.
+  (One scan per load, not one per tensor; another process's writes are seen at the next scan.)
+  ``METRALE_REPACK_CACHE=off`` disables the cache; any other value is its directory (default
+  ``~/.cache/metrale/repack``).  A cache that cannot be read or written is skipped with a DEBUG
+  line, never an error.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -96,7 +100,7 @@ def load(key: str | None, nbytes: int) -> np.ndarray | None:
 
 
 def store(key: str | None, records: np.ndarray) -> None:
-    """Write ``records`` as the entry of ``key`` (atomically), then trim the cache to its limit."""
+    """Write ``records`` as the entry of ``key`` (atomically), then keep the cache to its limit."""
     root = cache_dir()
     if key is None or root is None:
         return
@@ -111,13 +115,31 @@ def store(key: str | None, records: np.ndarray) -> None:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        _trim(root)
+        _written(root, records.nbytes)
     except OSError as exc:
         logger.debug("repack cache: cannot write {}: {}", path, exc)
 
 
-def _trim(root: Path) -> None:
+#: Per cache directory: its bytes at this process's last scan plus what this process wrote since.
+_totals: dict[Path, int] = {}
+_totals_lock = threading.Lock()
+
+
+def _written(root: Path, nbytes: int) -> None:
+    """Account ``nbytes`` just written to ``root``; rescan and trim it only when the running total
+    passes the limit (or on this process's first write there), not after every write."""
     limit = int(os.environ.get(CACHE_MAX_ENV) or _DEFAULT_MAX)
+    with _totals_lock:
+        total = _totals.get(root)
+        if total is None or total + nbytes > limit:
+            _totals[root] = _trim(root, limit)
+        else:
+            _totals[root] = total + nbytes
+
+
+def _trim(root: Path, limit: int) -> int:
+    """Remove the least recently used entries of ``root`` until it holds at most ``limit`` bytes;
+    returns what it holds then."""
     entries = []
     for p in root.glob("*/*.bin"):
         try:
@@ -131,3 +153,4 @@ def _trim(root: Path) -> None:
             break
         p.unlink(missing_ok=True)
         total -= size
+    return total

@@ -147,6 +147,21 @@ def test_the_cache_keeps_under_its_limit(cache, tmp_path, monkeypatch):
     assert len(left) == 1 and left != oldest  # the least recently used entry went
 
 
+def test_one_scan_per_process_until_the_limit(cache, tmp_path, monkeypatch):
+    """The directory is scanned on this process's first write there, then only when the running
+    total passes the limit: not once per tensor."""
+    path = _write(tmp_path / "m.gguf")
+    scans: list = []
+    real = repack_cache._trim
+    monkeypatch.setattr(repack_cache, "_trim", lambda root, limit: scans.append(root) or real(root, limit))
+    one = gl.records_nbytes(gl.GGUF_KINDS["Q8_0"][0], N, K)
+    monkeypatch.setenv(repack_cache.CACHE_MAX_ENV, str(3 * one))
+    gl.gguf_linear([_raw(path)])
+    gl.gguf_linear([_raw(path, "b.weight")])
+    gl.gguf_linear([_raw(path), _raw(path, "b.weight")])  # the third entry passes the limit
+    assert len(scans) == 2 and len(_entries(cache)) == 2
+
+
 def _mapped_from(ptr: int, path) -> bool:
     """Whether address ``ptr`` lies in a mapping of the file ``path`` (``/proc/self/maps``)."""
     for line in Path("/proc/self/maps").read_text().splitlines():
