@@ -7,11 +7,12 @@ Owner: ``metrale_core.layers``; ``linear.build_linear`` (format ``auto``) builds
 Every supported GGML type is, per output channel and sub-block of ``S`` (32 or 16) weights,
 ``W = d * q + m`` with small integer codes ``q`` and float32 ``d``/``m`` that are *exact*
 products of the file's fp16 scales and its sub-block scales (:func:`decode`).  The C kernel
-(``kernels/cpu/gguf_qmatmul.c``, AVX2; the file header has the record layout) multiplies by those
-codes with activations quantized per block of 32 -- by default to 15 bits (``255 * hi + lo``,
-two int8 dot products: twice llama.cpp's integer work, the same weight bytes), because int8
-activations (llama.cpp's Q8_0; ``fine=False`` here) flip near-tied greedy choices, e.g. the
-embedded SmolLM2's answer to "What is the capital of France?" (top-2 logits 0.08 apart).
+(``kernels/cpu/gguf_qmatmul.c``, AVX2 and AVX512-VNNI, the same bits; the file header has the
+record layout) multiplies by those codes with activations quantized per block of 32, to 15 bits
+(``255 * hi + lo``, two int8 dot products: twice llama.cpp's integer work, the same weight bytes)
+or to int8 as llama.cpp's Q8_0 -- one :class:`ActivationPrecision` per model, which the load
+chooses by measuring both (``metrale_core.activation_probe``): int8 flips near-tied greedy
+choices on some models, e.g. the embedded SmolLM2's answer to "What is the capital of France?".
 (llama.cpp quantizes activations per 256 for K-quants; per 32 is finer.)  Q2_K and Q3_K have no
 kernel of their own: their codes (2-3 bits, scales per 16) are repacked into the 8-bit, per-16
 kind, exactly but at 1.25-1.5 bytes per weight instead of 0.33-0.43 (logged as a WARNING).
