@@ -28,30 +28,20 @@ from pathlib import Path
 
 import numpy as np
 
+from metrale_core.activation_probe import PROBE_TEXT
 from metrale_core.testing.chunked_weights import model_by_name
 
 REPO = Path(__file__).resolve().parents[1]
-TEXT = """The lighthouse stood at the edge of the cliff, its white paint peeling after decades of
-salt wind. Every evening the keeper climbed the spiral stairs, trimmed the wick and watched the
-ships pass far out at sea. Nobody in the village remembered when the light had last failed.
-
-def merge_sorted(a, b):
-    \"\"\"Merge two sorted lists into one sorted list.\"\"\"
-    out, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        if a[i] <= b[j]:
-            out.append(a[i])
-            i += 1
-        else:
-            out.append(b[j])
-            j += 1
-    return out + a[i:] + b[j:]
-
+#: The load-time probe's text, then more prose.
+TEXT = (
+    PROBE_TEXT
+    + """
 Water evaporates from the oceans, condenses into clouds and falls again as rain or snow. Rivers
 carry it back to the sea, and the cycle begins again; along the way it shapes valleys, feeds
 forests and fills the wells that towns depend on. A hash table stores values under keys: a hash
 function turns each key into an index, and collisions are resolved by chaining or probing.
 """
+)
 
 _LLAMA = """
 import json, sys
@@ -68,40 +58,13 @@ print(json.dumps({"version": llama_cpp.__version__,
 """
 
 
-class _Capture:
-    """Wraps a model so one prefill returns (and keeps) the logits of every row."""
-
-    def __init__(self, model) -> None:
-        self.model, self.info, self.logits = model, model.info, None
-
-    def make_state_pool(self, n):
-        return self.model.make_state_pool(n)
-
-    def forward(self, batch, kv, state=None):
-        import torch
-        from attrs import evolve
-
-        every = evolve(batch, logits_rows=torch.arange(batch.num_rows, device=batch.input_ids.device))
-        self.logits = self.model.forward(every, kv, state).float().numpy()
-        return torch.from_numpy(self.logits[batch.logits_rows.cpu().numpy()])
-
-
 def metrale_logits(path: Path, fmt: str | None, ids: list[int]) -> np.ndarray:
+    from metrale_core.activation_probe import all_position_logits
     from metrale_core.components import LoadOptions
-    from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.loading import load_model
-    from metrale_core.sampling.params import SamplingParams
 
     loaded = load_model(path, LoadOptions(weight_format=fmt), progress=False)
-    capture = _Capture(loaded.model)
-    engine = LLMEngine(
-        capture, EngineConfig(block_size=16, kv_cache_memory=256 << 20, max_prefill_tokens=len(ids) + 16)
-    )
-    engine.add_request("q", ids, SamplingParams(temperature=0.0, max_tokens=1))
-    while engine.has_unfinished():
-        engine.step()
-    assert capture.logits is not None and capture.logits.shape[0] == len(ids)
-    return capture.logits
+    return all_position_logits(loaded.model, ids, kv_cache_memory=256 << 20).numpy()
 
 
 def llama_logits(python: str, path: Path, ids: list[int], threads: int) -> tuple[np.ndarray, dict]:

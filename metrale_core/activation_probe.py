@@ -43,7 +43,15 @@ from metrale_core.errors import ConfigError
 from metrale_core.layers import repack_cache
 from metrale_core.layers.gguf_linear import ActivationPrecision
 
-__all__ = ["ACTIVATIONS_ENV", "MAX_KL", "PROBE_TEXT", "PROBE_TOKENS", "ProbeResult", "choose_activation_precision"]
+__all__ = [
+    "ACTIVATIONS_ENV",
+    "MAX_KL",
+    "PROBE_TEXT",
+    "PROBE_TOKENS",
+    "ProbeResult",
+    "all_position_logits",
+    "choose_activation_precision",
+]
 
 #: Environment variable: ``auto`` (default: measure), ``fine`` (15-bit) or ``int8``.
 ACTIVATIONS_ENV = "METRALE_GGUF_ACTIVATIONS"
@@ -98,16 +106,18 @@ class _AllRows:
         return logits[batch.logits_rows]
 
 
-def _probe_logits(model: Any, ids: list[int]) -> torch.Tensor:
+def all_position_logits(model: Any, ids: list[int], kv_cache_memory: int = 64 << 20) -> torch.Tensor:
+    """Float32 logits ``[len(ids), vocab]`` of every position of ``ids``, from one prefill of
+    ``model`` through the engine (the probe's, and ``bench/bench_quality.py``'s teacher forcing)."""
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.sampling.params import SamplingParams
 
     capture = _AllRows(model)
     engine = LLMEngine(
         capture,
-        EngineConfig(block_size=16, kv_cache_memory=64 << 20, max_prefill_tokens=len(ids) + 16, max_num_seqs=1),
+        EngineConfig(block_size=16, kv_cache_memory=kv_cache_memory, max_prefill_tokens=len(ids) + 16, max_num_seqs=1),
     )
-    engine.add_request("activation-probe", ids, SamplingParams(temperature=0.0, max_tokens=1))
+    engine.add_request("all-positions", ids, SamplingParams(temperature=0.0, max_tokens=1))
     while engine.has_unfinished():
         engine.step()
     assert capture.logits is not None and capture.logits.shape[0] == len(ids)
@@ -137,9 +147,9 @@ def _fixed(cell: ActivationPrecision) -> ProbeResult | None:
 def _measure(model: Any, tokenizer: Any, cell: ActivationPrecision) -> float:
     ids = tokenizer.encode(PROBE_TEXT)[:PROBE_TOKENS]
     cell.fine = True
-    fine = _probe_logits(model, ids)
+    fine = all_position_logits(model, ids)
     cell.fine = False
-    coarse = _probe_logits(model, ids)
+    coarse = all_position_logits(model, ids)
     return _mean_kl(fine, coarse)
 
 
