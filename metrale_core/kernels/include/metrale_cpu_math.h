@@ -14,6 +14,7 @@
 #define METRALE_CPU_MATH_H
 
 #include <immintrin.h>
+#include <stdint.h>
 
 /* Horizontal reductions of one 256-bit vector, in both variants (AVX512F implies AVX2): for
  * kernels written over __m256 whatever the build's widest vector is. */
@@ -34,7 +35,21 @@ static inline int mt256_reduce_add_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* The four bytes at p (any alignment) in every 32-bit lane: the activation operand of the int8
+ * dot-product kernels (one group of 4 k against 8 or 16 channels). */
+static inline __attribute__((always_inline)) __m256i mt256_bcast4(const void *p) {
+    int32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
 #if defined(__AVX512F__)
+
+static inline __attribute__((always_inline)) __m512i mt512_bcast4(const void *p) {
+    int32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
 
 #define MT_LANES 16
 typedef __m512 mt_vf;

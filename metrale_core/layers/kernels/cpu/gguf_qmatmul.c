@@ -115,12 +115,6 @@ static void quantize_row(const float *x, int K, int fine, int flip, int8_t *hi, 
     }
 }
 
-static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *p) {
-    int32_t v;
-    __builtin_memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
 /* `rows` (<= GROUP) activation rows times one tile of 16 channels, in two halves of 8 channels;
  * inlined with constant kind / rows so the loops unroll. */
 /* The exact int32 dot product of sub-block s (k-groups g0..g1) of codes w with activations q. */
@@ -129,11 +123,11 @@ static inline __attribute__((always_inline)) __m256i sub_dot(const __m256i w[8],
     const __m256i ones16 = _mm256_set1_epi16(1);
     __m256i acc = _mm256_setzero_si256();
     if (bits == 4) {  /* pairs <= 3840, eight groups <= 30720: int16 holds them */
-        for (int g = g0; g < g1; g++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(w[g], bcast4(q + 4 * g)));
+        for (int g = g0; g < g1; g++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(w[g], mt256_bcast4(q + 4 * g)));
         return _mm256_madd_epi16(acc, ones16);
     }
     for (int g = g0; g < g1; g++) {  /* |w| <= 128, |q| <= 127: a pair fits int16 */
-        const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(bcast4(q + 4 * g), w[g]));
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(mt256_bcast4(q + 4 * g), w[g]));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones16));
     }
     return acc;
@@ -204,20 +198,14 @@ static inline __attribute__((always_inline)) void tile_rows(
  * 128 * (the sub-block's code sum, one more vpdpbusd per group, shared by the rows) is taken off.
  * The int32 dot products are the AVX2 tile's exactly, and the float steps are the same ones per
  * lane in the same order, so both variants give the same bits. */
-static inline __attribute__((always_inline)) __m512i bcast4_512(const int8_t *p) {
-    int32_t v;
-    __builtin_memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
 static inline __attribute__((always_inline)) __m512i sub_dot_vnni(const __m512i w[8], const int8_t *q, int bits,
                                                                    int g0, int g1, __m512i wsum) {
     __m512i acc = _mm512_setzero_si512();
     if (bits == 4) {
-        for (int g = g0; g < g1; g++) acc = _mm512_dpbusd_epi32(acc, w[g], bcast4_512(q + 4 * g));
+        for (int g = g0; g < g1; g++) acc = _mm512_dpbusd_epi32(acc, w[g], mt512_bcast4(q + 4 * g));
         return acc;
     }
-    for (int g = g0; g < g1; g++) acc = _mm512_dpbusd_epi32(acc, bcast4_512(q + 4 * g), w[g]);  /* q: a ^ 0x80 */
+    for (int g = g0; g < g1; g++) acc = _mm512_dpbusd_epi32(acc, mt512_bcast4(q + 4 * g), w[g]);  /* q: a ^ 0x80 */
     return _mm512_sub_epi32(acc, _mm512_slli_epi32(wsum, 7));
 }
 

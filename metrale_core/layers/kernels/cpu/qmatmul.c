@@ -39,6 +39,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "metrale_cpu_math.h"
 #include "metrale_qmatmul_tiles.h"
 #include "qmatmul.h"
 
@@ -99,12 +100,6 @@ static void quantize_row(const float *x, int K, int8_t *qa, float *da, float *sa
     }
 }
 
-static inline __attribute__((always_inline)) __m512i bcast4(const int8_t *p) {
-    int32_t v;
-    __builtin_memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
 /* Prefetch the record PREFETCH_RECORDS ahead of record p. */
 static inline void prefetch_ahead(const uint8_t *p, int record) {
     for (int line = 0; line < record; line += 64)
@@ -146,8 +141,8 @@ static inline __attribute__((always_inline)) void tile_rows(
             const int8_t *q = qa + (size_t)r * K + b * QK;
             __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
             for (int g = 0; g < 4; g++) {
-                a0 = _mm512_dpbusd_epi32(a0, w[g], bcast4(q + 4 * g));
-                a1 = _mm512_dpbusd_epi32(a1, w[g + 4], bcast4(q + 4 * (g + 4)));
+                a0 = _mm512_dpbusd_epi32(a0, w[g], mt512_bcast4(q + 4 * g));
+                a1 = _mm512_dpbusd_epi32(a1, w[g + 4], mt512_bcast4(q + 4 * (g + 4)));
             }
             const int at = r * (K / QK) + b;
             __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1));

@@ -61,12 +61,6 @@ static void quantize_row(const float *x, int K, int8_t *qa, float *da, float *sa
     }
 }
 
-static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *p) {
-    int32_t v;
-    __builtin_memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
 static inline void prefetch_ahead(const uint8_t *p, int record) {
     for (int line = 0; line < record; line += 64)
         _mm_prefetch((const char *)(p + PREFETCH_RECORDS * record + line), _MM_HINT_T0);
@@ -103,12 +97,12 @@ static inline __attribute__((always_inline)) void tile_rows(
                 __m256i dot;
                 if (bits == 4) {
                     __m256i acc = _mm256_setzero_si256();
-                    for (int g = 0; g < 8; g++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(w[g], bcast4(q + 4 * g)));
+                    for (int g = 0; g < 8; g++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(w[g], mt256_bcast4(q + 4 * g)));
                     dot = _mm256_madd_epi16(acc, ones16);
                 } else {
                     dot = _mm256_setzero_si256();
                     for (int g = 0; g < 8; g++) {
-                        const __m256i a = bcast4(q + 4 * g);
+                        const __m256i a = mt256_bcast4(q + 4 * g);
                         const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(a, w[g]));
                         dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones16));
                     }
