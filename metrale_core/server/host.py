@@ -7,9 +7,9 @@ Invariants:
 - The model loads on a worker thread after the server is listening: ``/health`` answers 503
   (``model_not_loaded``) until the ``AsyncEngine`` (or the served model's ``async_front``, e.g.
   data-parallel replicas) runs, then 200; a failed load stays 503 with the reason.
-- That thread is its own and ends with the load (never a pooled executor thread): a live thread
-  that has run torch's parallel CPU ops keeps an OpenMP thread team, and with one alive the engine
-  thread's CPU forward runs at half speed on a 2-core machine (SmolLM2 int4: 36 vs 71 tok/s).
+- That thread is its own and ends with the load (``offload.in_own_thread``, never a pooled
+  executor thread): a live thread that has run torch ops keeps an OpenMP thread team, and with one
+  alive the engine thread's CPU forward runs at half speed on a 2-core machine (see ``offload``).
 - Admission is bounded: at most ``engine.max_num_seqs`` (times the data-parallel replicas)
   ``+ config.max_waiting`` engine requests are in flight; one more is a 503 with
   ``Retry-After`` before any work starts.  A request is
@@ -26,7 +26,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -36,35 +35,12 @@ from attrs import define, field, frozen
 from loguru import logger
 
 from metrale_core.server.errors import APIError
+from metrale_core.server.offload import in_own_thread
 
 if TYPE_CHECKING:
     from metrale_core.registry import Registry
 
 __all__ = ["EngineHost", "ServedModel", "ServerConfig"]
-
-
-async def _in_own_thread(fn: Callable[[], Any]) -> Any:
-    """``await fn()`` run on a new thread that exits when ``fn`` returns (see the invariants)."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future = loop.create_future()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if done.cancelled():
-            return
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(result)
-
-    def run() -> None:
-        try:
-            result, error = fn(), None
-        except BaseException as exc:
-            result, error = None, exc
-        loop.call_soon_threadsafe(settle, result, error)
-
-    threading.Thread(target=run, name="metrale-loader", daemon=True).start()
-    return await done
 
 
 @frozen
@@ -152,9 +128,9 @@ class EngineHost:
 
         started = time.monotonic()
         try:
-            served = await _in_own_thread(loader)
+            served = await in_own_thread(loader)
             async_engine = (served.async_front or AsyncEngine)(served.engine)
-            await _in_own_thread(async_engine.start)  # a replica pool waits for its processes
+            await in_own_thread(async_engine.start)  # a replica pool waits for its processes
         except Exception as exc:
             self.status, self.error = "failed", type(exc).__name__
             logger.error("model load failed: {}: {}", type(exc).__name__, exc)

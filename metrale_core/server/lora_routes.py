@@ -7,13 +7,16 @@ Invariants:
   (``--allow-runtime-lora``); the API key applies (they sit on the guarded router).
 - A bad adapter (missing files, a pickled ``.bin``, rank above ``--max-lora-rank``, shapes that do
   not match the base) is a 400 whose message names the file; nothing changes and the server
-  keeps serving.  Parsing runs off the event loop.
+  keeps serving.  Loading runs off the event loop, on a thread of its own that ends with it (it
+  runs torch ops; a pooled thread would keep an OpenMP team and slow the engine, see
+  ``server.offload``).
 - Unloading an adapter in use lets its running requests finish on it; new requests naming it
   get 404.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from attrs import frozen
@@ -23,7 +26,7 @@ from metrale_core.engine.adapter_key import adapter_of
 from metrale_core.errors import ConfigError
 from metrale_core.server.common import lora_bank, read_request
 from metrale_core.server.errors import APIError
-from metrale_core.server.offload import off_loop
+from metrale_core.server.offload import in_own_thread
 from metrale_core.server.openapi import body_operation
 
 __all__ = ["LoadLoRARequest", "UnloadLoRARequest", "load_lora_adapter", "unload_lora_adapter"]
@@ -75,7 +78,7 @@ async def load_lora_adapter(request: Request) -> dict[str, Any]:
     if bank.key_for(name) is not None:
         raise APIError(400, f"a LoRA adapter named {name!r} is already loaded", param="lora_name")
     try:
-        await off_loop(bank.load, name, req.lora_path)
+        await in_own_thread(functools.partial(bank.load, name, req.lora_path), name="metrale-lora-load")
     except ConfigError as exc:
         raise APIError(400, str(exc), param="lora_path") from None
     return {"status": "ok", "lora_name": name, "message": f"LoRA adapter {name!r} added"}

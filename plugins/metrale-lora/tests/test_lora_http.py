@@ -5,6 +5,7 @@ four adapters in rotation gives the outputs of a server that never evicts."""
 from __future__ import annotations
 
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -167,10 +168,18 @@ def test_model_picks_the_adapter_and_eviction_changes_nothing(lora_server):
 
 
 def test_runtime_load_and_unload(lora_server, checkpoints):
-    server, _, client = lora_server(max_loras=2, runtime=True, api_key="k3y")
+    server, host, client = lora_server(max_loras=2, runtime=True, api_key="k3y")
     url = server.url + "/v1/"
     auth = {"Authorization": "Bearer k3y"}
     before = _complete(client, "a0", "abc")
+    bank = host.served.engine.runner.lora
+    loaded_on: list[threading.Thread] = []
+
+    def spied_load(*args, **kwargs):
+        loaded_on.append(threading.current_thread())
+        return type(bank).load(bank, *args, **kwargs)
+
+    bank.load = spied_load
     assert (
         httpx.post(
             url + "load_lora_adapter", json={"lora_name": "again", "lora_path": str(checkpoints / "a0")}
@@ -182,6 +191,11 @@ def test_runtime_load_and_unload(lora_server, checkpoints):
     )
     assert r.status_code == 200, r.text
     assert _complete(client, "again", "abc") == before
+    # the load (torch ops) ran on a thread of its own, now gone: no pooled thread keeps an OpenMP
+    # team next to the engine's
+    assert loaded_on and loaded_on[0].name == "metrale-lora-load"
+    loaded_on[0].join(5)
+    assert not loaded_on[0].is_alive()
     for path, named in ((checkpoints / "pickled", "adapter_model.bin"), (checkpoints / "missing", "missing")):
         r = httpx.post(url + "load_lora_adapter", headers=auth, json={"lora_name": "bad", "lora_path": str(path)})
         assert r.status_code == 400 and named in r.json()["error"]["message"], r.text
