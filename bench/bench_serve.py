@@ -1,7 +1,8 @@
 """Benchmark: ``met serve`` against natively built llama.cpp (and ik_llama.cpp), ratios from one run.
 
 For each model (the embedded SmolLM2-135M Q4_1 and Qwen2.5-Coder-0.5B Q4_K_M), same GGUF, same
-prompts, greedy, ``ignore_eos``, one client process (this one, httpx/asyncio):
+prompts, greedy, ``ignore_eos``, one client process (this one: ``sse_client`` for the streams, whose
+per-token CPU is printed, httpx for the rest):
 
 - ``met serve`` with default flags (plus ``--met-flags``) and ``llama-server -np 16`` over HTTP:
   decode tok/s of 1 stream (SSE, first to last token), prefill tok/s of a ~500-token prompt
@@ -31,6 +32,7 @@ import asyncio
 import inspect
 import json
 import os
+import resource
 import shlex
 import socket
 import statistics
@@ -41,6 +43,9 @@ import time
 from pathlib import Path
 
 from metrale_core.testing.chunked_weights import model_by_name
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sse_client import SSEClient
 
 ANCHORS = Path.home() / ".cache" / "metrale-anchors"
 PROMPTS = [
@@ -192,52 +197,34 @@ def _body(prompt: str, max_tokens: int, stream: bool) -> dict:
     }
 
 
-async def _stream(client, url: str, prompt: str, n: int) -> tuple[float, float, float, int]:
-    """(sent, first token, last token, tokens) of one SSE completion of ``n`` tokens; retried
-    once when a kept-alive connection turns out closed (llama-server closes some)."""
-    import httpx
-
-    try:
-        return await _stream_once(client, url, prompt, n)
-    except httpx.RemoteProtocolError:
-        return await _stream_once(client, url, prompt, n)
-
-
-async def _stream_once(client, url: str, prompt: str, n: int) -> tuple[float, float, float, int]:
-    sent = time.perf_counter()
-    first = last = NAN
-    text = []
-    async with client.stream("POST", url + "/v1/completions", json=_body(prompt, n, True)) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                raise SystemExit(f"stream failed: {event}")
-            choices = event.get("choices") or []
-            if choices and choices[0].get("text"):
-                last = time.perf_counter()
-                if first != first:  # NaN: the first one
-                    first = last
-                text.append(choices[0]["text"])
-    return sent, first, last, n
+def thread_cpu_s() -> float:
+    """CPU seconds of the calling thread: the client's own cost, charged to the cores it shares."""
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime
 
 
 class HttpTarget:
-    """One server's three figures over HTTP, one repetition at a time (``rep`` picks the prompt)."""
+    """One server's three figures over HTTP, one repetition at a time (``rep`` picks the prompt).
+
+    Streams go through :class:`sse_client.SSEClient` (the lean client: httpx costs more CPU per
+    token than the server path it would measure); the one-shot prefill request through httpx."""
 
     def __init__(self, client, url: str, prompt_500: str, args, pid: int | None = None) -> None:
         self.client, self.url, self.prompt_500, self.args, self.pid = client, url, prompt_500, args, pid
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.sse = SSEClient(host, int(port))
+
+    def _stream(self, prompt: str, n: int):
+        return self.sse.stream("/v1/completions", _body(prompt, n, True))
 
     async def warm_up(self) -> None:  # opens the connections
-        await asyncio.gather(
-            *(_stream(self.client, self.url, PROMPTS[i % len(PROMPTS)], 4) for i in range(self.args.streams))
-        )
+        await asyncio.gather(*(self._stream(PROMPTS[i % len(PROMPTS)], 4) for i in range(self.args.streams)))
 
     async def decode1(self, rep: int) -> float:
-        _, first, last, n = await _stream(self.client, self.url, PROMPTS[rep % len(PROMPTS)], self.args.decode_tokens)
-        return (n - 1) / (last - first)
+        _, first, last, events = await self._stream(PROMPTS[rep % len(PROMPTS)], self.args.decode_tokens)
+        if events < 2:
+            raise SystemExit(f"{self.url}: {events} events with text in a {self.args.decode_tokens}-token stream")
+        return (self.args.decode_tokens - 1) / (last - first)
 
     async def prefill(self, rep: int) -> float:
         import httpx
@@ -252,17 +239,19 @@ class HttpTarget:
         r.raise_for_status()
         return r.json()["usage"]["prompt_tokens"] / (time.perf_counter() - t0)
 
-    async def decode_n(self, rep: int) -> tuple[float, float]:
-        """(aggregate tok/s, the server's main-thread CPU microseconds per token)."""
-        t0, cpu0 = time.perf_counter(), main_thread_cpu_s(self.pid)
-        runs = await asyncio.gather(
-            *(
-                _stream(self.client, self.url, PROMPTS[i % len(PROMPTS)], self.args.decode_tokens)
-                for i in range(self.args.streams)
-            )
+    async def decode_n(self, rep: int) -> tuple[float, float, float]:
+        """(aggregate tok/s, the server's main-thread CPU us per token, the client's CPU us per
+        token)."""
+        t0, cpu0, client0 = time.perf_counter(), main_thread_cpu_s(self.pid), thread_cpu_s()
+        await asyncio.gather(
+            *(self._stream(PROMPTS[i % len(PROMPTS)], self.args.decode_tokens) for i in range(self.args.streams))
         )
-        tokens = sum(n for *_, n in runs)
-        return tokens / (time.perf_counter() - t0), (main_thread_cpu_s(self.pid) - cpu0) / tokens * 1e6
+        tokens = self.args.streams * self.args.decode_tokens
+        return (
+            tokens / (time.perf_counter() - t0),
+            (main_thread_cpu_s(self.pid) - cpu0) / tokens * 1e6,
+            (thread_cpu_s() - client0) / tokens * 1e6,
+        )
 
 
 # --- in-process --------------------------------------------------------------------------------
@@ -336,7 +325,7 @@ async def _settled(value):
 async def interleaved(targets: dict, args) -> dict:
     """Each figure of each target, repetition by repetition, the targets taking turns within a
     repetition: a noisy machine's slow spells fall on all of them alike, so the ratios hold."""
-    figures: dict = {name: {**{f: [] for f in FIGURES}, "loop": []} for name in targets}
+    figures: dict = {name: {**{f: [] for f in FIGURES}, "loop": [], "client": []} for name in targets}
     for target in targets.values():
         await _settled(target.warm_up())
     for rep in range(args.reps):
@@ -344,8 +333,9 @@ async def interleaved(targets: dict, args) -> dict:
             for name, target in targets.items():
                 value = await _settled(getattr(target, method)(rep))
                 if isinstance(value, tuple):
-                    value, loop_us = value
+                    value, loop_us, client_us = value
                     figures[name]["loop"].append(loop_us)
+                    figures[name]["client"].append(client_us)
                 figures[name][figure].append(value)
         print(
             f"  rep {rep + 1}: "
@@ -357,6 +347,7 @@ async def interleaved(targets: dict, args) -> dict:
         name: {
             **{figure: statistics.median(f[figure]) for figure in FIGURES},
             **({"loop_us_per_token": statistics.median(f["loop"])} if f["loop"] else {}),
+            **({"client_us_per_token": statistics.median(f["client"])} if f["client"] else {}),
         }
         for name, f in figures.items()
     }
@@ -485,8 +476,13 @@ def report(rows: list[dict], args) -> None:
             + (f"tg128 {ik.get('tg128', NAN):.1f}, pp512 {ik.get('pp512', NAN):.1f}" if ik else "not built")
         )
         print(
-            f"met serve event loop (main thread) CPU at {args.streams} streams: "
-            f"{row['met_http']['loop_us_per_token']:.0f} us per token"
+            f"CPU per token at {args.streams} streams: met serve event loop (main thread) "
+            f"{row['met_http']['loop_us_per_token']:.0f} us; the client (this process, on the same cores) "
+            + ", ".join(
+                f"{row[key]['client_us_per_token']:.0f} us against {label}"
+                for key, label in (("met_http", "met serve"), ("llama_http", "llama-server"))
+                if key in row
+            )
         )
         kv_mb = met_flags(args).kv_cache_memory / 2**20
         print(
