@@ -102,6 +102,14 @@ def add_parser(sub, registry) -> argparse.ArgumentParser:
         "GET /v1/responses/{id} (LRU; 0 stores none; default: 1024)",
     )
     http.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        default=20.0,
+        metavar="MS",
+        help="a stream's tokens are sent at most this often, merged (the first and last at once); "
+        "fewer wake-ups and writes leave the cores to the model; 0 sends every step (default: 20)",
+    )
+    http.add_argument(
         "--shutdown-grace",
         type=float,
         default=10.0,
@@ -275,6 +283,7 @@ def run(args, registry) -> int:
         shutdown_grace_s=args.shutdown_grace,
         pooling=args.pooling,
         responses_store_size=args.responses_store_size,
+        stream_interval_ms=args.stream_interval_ms,
     )
     from metrale_core.tui.launch import use_dashboard
 

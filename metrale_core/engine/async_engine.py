@@ -14,6 +14,14 @@ Invariants:
   ``steps`` counts the engine steps it spans), so a slow event loop does less work per token
   instead of more; the final delta is never merged into a later one, and an exception is raised
   in its place in the order it came.
+- Paced streams (``stream_interval_s`` > 0, the server's default 20 ms): a request's first delta
+  with tokens and its final delta are handed over at once; deltas in between are held on the
+  engine thread and handed over merged once ``stream_interval_s`` has passed since the request's
+  last hand-over (checked every step, so a held delta waits at most the interval plus one step).
+  Every token still arrives in order and the time to the first token is unchanged, but the event
+  loop wakes, and the responses write, once per interval instead of once per step: on a small
+  machine each wake-up and write (and the client's read) takes a core, and the interpreter lock,
+  from the forward.  0 hands every step's delta over.
 - An exception inside a step fails the requests of that step with ``"error"``; the loop goes on.
 - ``shutdown()`` aborts what is left, delivers the final deltas and joins the thread.
 """
@@ -23,19 +31,21 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
 from typing import Any
 
-from attrs import evolve
 from loguru import logger
 
 from metrale_core.engine.engine import LLMEngine
-from metrale_core.engine.output import RequestOutput, merge_outputs
+from metrale_core.engine.output import RequestOutput, coalesce
 from metrale_core.errors import InvalidRequest, MetraleError
 from metrale_core.sampling.params import SamplingParams
 
+import os
+_XSYNC = int(os.environ.get("XSYNC", "0"))
 __all__ = ["AsyncEngine", "EngineStopped", "step_or_fail"]
 
 
@@ -46,9 +56,21 @@ class EngineStopped(MetraleError):
 class AsyncEngine:
     """Runs ``engine.step()`` in a daemon thread while requests are pending."""
 
-    def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.01) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        idle_wait_s: float = 0.01,
+        stream_interval_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.engine = engine
         self.idle_wait_s = idle_wait_s
+        self.stream_interval_s = stream_interval_s
+        self._clock = clock
+        #: Paced streams: request id -> when a delta with tokens was last handed over.
+        self._handed: dict[str, float] = {}
+        #: Paced streams: request id -> deltas held since (in order).
+        self._held: dict[str, list[RequestOutput]] = {}
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()
@@ -116,9 +138,7 @@ class AsyncEngine:
                     if isinstance(nxt, BaseException):
                         raise nxt
                     waiting.append(nxt)
-                if len(waiting) > 1:
-                    steps = sum(o.steps for o in waiting if o.new_token_ids)
-                    item = evolve(merge_outputs(waiting), steps=max(steps, 1))
+                item = coalesce(waiting)
                 finished = item.finished
                 yield item
         finally:
@@ -136,9 +156,26 @@ class AsyncEngine:
                 continue
             outputs = step_or_fail(engine)
             self._deliver(outputs)
+            if _XSYNC and outputs:
+                self._settle()
             if not outputs and engine.scheduler.last_plan.is_empty:
                 self._drain(block=True, timeout=self.idle_wait_s)
         self._close()
+
+    def _settle(self) -> None:
+        loops = {t[0] for t in self._streams.values()}
+        for loop in loops:
+            ev = threading.Event()
+            def later(n=_XSYNC):
+                if n <= 0:
+                    ev.set()
+                else:
+                    loop.call_soon(later, n - 1)
+            try:
+                loop.call_soon_threadsafe(later)
+            except RuntimeError:
+                continue
+            ev.wait(0.05)
 
     def _drain(self, block: bool, timeout: float | None = None) -> None:
         try:
@@ -157,6 +194,8 @@ class AsyncEngine:
             return
         if item[0] == "abort":
             self.engine.abort(item[1])
+            self._handed.pop(item[1], None)
+            self._held.pop(item[1], None)
             return
         _, request_id, prompt, params, timeout_s, extras = item
         try:
@@ -165,12 +204,39 @@ class AsyncEngine:
             self._send([(request_id, exc)])
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
-        """Hand one step's outputs to their consumers; a request nobody listens to any more is
-        aborted."""
+        """Hand one step's outputs to their consumers (paced, see the invariants); a request
+        nobody listens to any more is aborted."""
+        if self.stream_interval_s > 0:
+            outputs = self._paced(outputs)
         unfinished = {out.request_id for out in outputs if not out.finished}
         for request_id in self._send([(out.request_id, out) for out in outputs]):
             if request_id in unfinished:
                 self.engine.abort(request_id)
+
+    def _paced(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """The deltas to hand over now: this step's, merged with what each request had held,
+        where it finished, has had no tokens handed over yet, or was last handed over at least
+        ``stream_interval_s`` ago; plus held deltas of requests this step did not run that are
+        due.  The rest is held."""
+        now, interval = self._clock(), self.stream_interval_s
+        ready: list[RequestOutput] = []
+        for out in outputs:
+            rid = out.request_id
+            pending = [*self._held.pop(rid, ()), out]
+            last = self._handed.get(rid)
+            if out.finished or last is None or now - last >= interval:
+                ready.append(coalesce(pending))
+                if out.finished:
+                    self._handed.pop(rid, None)
+                elif any(o.new_token_ids for o in pending):
+                    self._handed[rid] = now
+            else:
+                self._held[rid] = pending
+        stepped = {out.request_id for out in outputs}
+        for rid in [r for r in self._held if r not in stepped and now - self._handed[r] >= interval]:
+            ready.append(coalesce(self._held.pop(rid)))
+            self._handed[rid] = now
+        return ready
 
     def _send(self, items: list[tuple[str, Any]]) -> list[str]:
         """Put each ``(request_id, item)`` on its consumer's stream with one wake-up per event

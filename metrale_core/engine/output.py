@@ -39,7 +39,7 @@ from metrale_core.engine.request import Sequence
 from metrale_core.engine.scheduler import Scheduler, SchedulerOutput
 from metrale_core.streamparse.base import held_back_len
 
-__all__ = ["OutputProcessor", "RequestOutput", "merge_outputs"]
+__all__ = ["OutputProcessor", "RequestOutput", "coalesce", "merge_outputs"]
 
 
 @frozen
@@ -86,6 +86,15 @@ def merge_outputs(outputs: Seq[RequestOutput]) -> RequestOutput:
     if any(o.logprobs is not None for o in outputs):
         changes["logprobs"] = sum((tuple(o.logprobs or ()) for o in outputs), ())
     return evolve(outputs[-1], **changes)
+
+
+def coalesce(outputs: Seq[RequestOutput]) -> RequestOutput:
+    """:func:`merge_outputs` of deltas handed over together, with ``steps`` the engine steps they
+    span (the steps of those with tokens; at least 1)."""
+    if len(outputs) == 1:
+        return outputs[0]
+    steps = sum(o.steps for o in outputs if o.new_token_ids)
+    return evolve(merge_outputs(outputs), steps=max(steps, 1))
 
 
 def _parse(seq: Sequence, delta: str, finished: bool) -> tuple:

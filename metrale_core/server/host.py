@@ -77,6 +77,9 @@ class ServerConfig:
     pooling: str | None = None
     #: Responses kept for ``previous_response_id`` / ``GET /v1/responses/{id}`` (LRU; 0: none).
     responses_store_size: int = 1024
+    #: A stream's deltas are handed over at most this often, merged (``AsyncEngine``'s pacing;
+    #: 0: every step).  Data-parallel replicas hand every step over.
+    stream_interval_ms: float = 20.0
     #: Seconds in-flight requests get to finish at shutdown before they are aborted.
     shutdown_grace_s: float = 10.0
     #: Unix time the server started (``created`` of ``/v1/models``).
@@ -129,7 +132,10 @@ class EngineHost:
         started = time.monotonic()
         try:
             served = await in_own_thread(loader)
-            async_engine = (served.async_front or AsyncEngine)(served.engine)
+            if served.async_front is not None:
+                async_engine = served.async_front(served.engine)
+            else:
+                async_engine = AsyncEngine(served.engine, stream_interval_s=self.config.stream_interval_ms / 1000)
             await in_own_thread(async_engine.start)  # a replica pool waits for its processes
         except Exception as exc:
             self.status, self.error = "failed", type(exc).__name__

@@ -216,3 +216,74 @@ def test_merge_outputs_concatenates_in_order():
     )
     assert [t for t, *_ in m.logprobs] == [1, 2, 3] and m.parsed == ("p",)
     assert merge_outputs([RequestOutput("r", (1,)), RequestOutput("r", (2,))]).logprobs is None
+
+
+class _Recording(AsyncEngine):
+    """Records what each hand-over carries (``_send``'s items), then hands it over as usual."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.handed: list[list] = []
+
+    def _send(self, items):
+        self.handed.append([item for _, item in items])
+        return super()._send(items)
+
+
+def _stepping_clock(engine, step_s: float):
+    """A clock that advances ``step_s`` with each ``engine.step()`` (a model of that pace)."""
+    now = [0.0]
+    step = engine.step
+
+    def timed_step():
+        now[0] += step_s
+        return step()
+
+    engine.step = timed_step
+    return lambda: now[0]
+
+
+@pytest.mark.parametrize(("interval_s", "sizes"), [(0.02, [1, 4, 4, 3]), (0.0, [1] * 12)])
+def test_paced_streams_hand_over_merged_deltas_at_the_interval(make_engine, run, tokens, interval_s, sizes):
+    """6 ms steps, 20 ms interval: the first token at once, then four steps' tokens per hand-over,
+    the final delta at once; the consumer gets every token in order and every step counted."""
+    prompt, params = [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=12, logprobs=1)
+    e = make_engine()
+    e.add_request("x", prompt, params)
+    alone = run(e)["x"]
+    engine = make_engine()
+    eng = _Recording(engine, stream_interval_s=interval_s, clock=_stepping_clock(engine, 0.006))
+    eng.start()
+    try:
+        deltas = asyncio.run(collect(eng.generate(prompt, params, request_id="x")))
+    finally:
+        eng.shutdown()
+    handed = [d for batch in eng.handed for d in batch]
+    assert [len(d.new_token_ids) for d in handed] == sizes
+    assert [d.steps for d in handed] == sizes
+    assert [d.finished for d in handed] == [False] * (len(sizes) - 1) + [True]
+    assert tokens(deltas) == tokens(alone)
+    assert "".join(d.text_delta for d in deltas) == "".join(d.text_delta for d in alone)
+    assert [t for d in deltas for t, *_ in d.logprobs] == tokens(alone)
+    assert sum(d.steps for d in deltas) == 12
+    assert not eng._held and not eng._handed  # nothing left behind for a finished request
+
+
+def test_paced_deltas_of_a_request_not_stepped_are_handed_over_when_due(make_engine):
+    """Held tokens of a request the next steps do not run (preempted, say) still go out once the
+    interval has passed, carried by another request's step; an abort drops what is held."""
+    from metrale_core.engine.output import RequestOutput
+
+    now = [0.0]
+    eng = AsyncEngine(make_engine(), stream_interval_s=0.02, clock=lambda: now[0])
+    first = eng._paced([RequestOutput("a", (1,), "x"), RequestOutput("b", (5,), "p")])
+    assert [(o.request_id, o.new_token_ids) for o in first] == [("a", (1,)), ("b", (5,))]
+    now[0] = 0.01
+    assert eng._paced([RequestOutput("a", (2,), "y"), RequestOutput("b", (6,), "q")]) == []
+    now[0] = 0.025  # only b steps; a's held token is due
+    due = eng._paced([RequestOutput("b", (7,), "r")])
+    assert sorted((o.request_id, o.new_token_ids, o.text_delta) for o in due) == [("a", (2,), "y"), ("b", (6, 7), "qr")]
+    now[0] = 0.03
+    assert eng._paced([RequestOutput("b", (8,), "s")]) == []
+    eng._handle(("abort", "b"))
+    assert "b" not in eng._held and "b" not in eng._handed
