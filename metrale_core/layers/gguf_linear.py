@@ -152,13 +152,14 @@ def decode(blocks: np.ndarray, quant_type: str) -> tuple[int, np.ndarray, np.nda
     elif quant_type in ("Q5_0", "Q5_1"):
         d = _f16(b[..., 0:2])
         off = 4 if quant_type == "Q5_1" else 2
-        qh = np.ascontiguousarray(b[..., off : off + 4]).view("<u4")[..., 0]
-        high = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
-        q = _nibbles(b[..., off + 4 : off + 20]) | (high << 4)
+        high = np.unpackbits(b[..., off : off + 4], axis=-1, bitorder="little")  # bit j of the LE u32
+        q = _nibbles(b[..., off + 4 : off + 20])
+        q |= high << 4
         if quant_type == "Q5_1":
             m = _f16(b[..., 2:4])
         else:
-            q = q.astype(np.int8) - np.int8(16)
+            q -= 16  # 0..31 -> -16..15, wrapping in uint8: the int8 view is the code
+            q = q.view(np.int8)
     elif quant_type == "Q8_0":
         d = _f16(b[..., 0:2])
         q = b[..., 2:34].view(np.int8)
@@ -217,23 +218,34 @@ def decode(blocks: np.ndarray, quant_type: str) -> tuple[int, np.ndarray, np.nda
         m = np.asarray(m, dtype=np.float32).reshape(n, k // sub)
     else:
         m = None
-    codes = np.ascontiguousarray(q.reshape(n, k)).astype(np.uint8 if kind == K_U4_32_M else np.int8)
+    codes = np.ascontiguousarray(q.reshape(n, k)).astype(np.uint8 if kind == K_U4_32_M else np.int8, copy=False)
     return kind, codes, d, m
 
 
-def pack(kind: int, codes: np.ndarray, d: np.ndarray, m: np.ndarray | None) -> np.ndarray:
-    """The kernel's records (``uint8``, see ``gguf_qmatmul.c``) of ``decode``'s output."""
+def pack(
+    kind: int, codes: np.ndarray, d: np.ndarray, m: np.ndarray | None, out: np.ndarray | None = None
+) -> np.ndarray:
+    """The kernel's records (``uint8``, see ``gguf_qmatmul.c``) of ``decode``'s output, written
+    into ``out`` (``records_nbytes`` uint8) when given."""
     bits, sub, has_m = _KIND_SHAPE[kind]
     n, k = codes.shape
     t, nb, subs = n // TILE, k // QK, QK // sub
     c = codes.view(np.uint8).reshape(t, TILE, nb, 8, 4).transpose(0, 2, 3, 1, 4)  # [T, nb, g, c, i]
+    code_bytes = QK * bits // 8 * TILE
+    scale_bytes = subs * TILE * 4
+    shape = (t, nb, code_bytes + scale_bytes * (1 + has_m))
+    out = np.empty(shape, dtype=np.uint8) if out is None else out.reshape(shape)
     if bits == 4:
-        c = c[:, :, :4] | (c[:, :, 4:] << 4)
-    parts = [np.ascontiguousarray(c).reshape(t, nb, -1)]
-    for s in (d, m) if has_m else (d,):
+        packed = out[..., :code_bytes].reshape(t, nb, 4, TILE, 4)
+        np.left_shift(c[:, :, 4:], 4, out=packed)
+        packed |= c[:, :, :4]
+    else:
+        out[..., :code_bytes].reshape(t, nb, 8, TILE, 4)[...] = c
+    for i, s in enumerate((d, m) if has_m else (d,)):
         s = np.asarray(s, dtype=np.float32).reshape(t, TILE, nb, subs).transpose(0, 2, 3, 1)
-        parts.append(np.ascontiguousarray(s).view(np.uint8).reshape(t, nb, -1))
-    return np.concatenate(parts, axis=-1).reshape(t, -1)
+        start = code_bytes + i * scale_bytes
+        out[..., start : start + scale_bytes].view(np.float32).reshape(t, nb, subs, TILE)[...] = s
+    return out.reshape(t, -1)
 
 
 def records_nbytes(kind: int, out_features: int, in_features: int) -> int:
@@ -279,22 +291,39 @@ def repack(raws: Sequence[Any], native: bool) -> Repacked:
     out_features = sum(int(r.shape[0]) for r in raws)
     if quant_type in _WIDENED:
         _warn_widened(quant_type, kind)
-    key = repack_cache.cache_key([getattr(r, "source", None) for r in raws], kind, (TILE, QK)) if native else None
-    cached = repack_cache.load(key, records_nbytes(kind, out_features, in_features))
-    if cached is not None:
-        return Repacked(kind, out_features, in_features, records=torch.from_numpy(cached))
-
-    def one(job: tuple[Any, int]) -> tuple[np.ndarray | None, ...]:
-        raw, start = job
-        _, codes, d, m = decode(_blocks(raw, slice(start, start + REPACK_ROWS)), quant_type)
-        return (pack(kind, codes, d, m),) if native else (codes, d, m)
-
-    jobs = [(raw, start) for raw in raws for start in range(0, int(raw.shape[0]), REPACK_ROWS)]
-    chunks = list(_repack_pool().map(one, jobs))  # numpy releases the GIL: chunks decode side by side
+    jobs = []
+    row0 = 0  # the raw's first row in the fused matrix
+    for raw in raws:
+        jobs += [(raw, start, row0 + start) for start in range(0, int(raw.shape[0]), REPACK_ROWS)]
+        row0 += int(raw.shape[0])
     if native:
-        flat = np.concatenate([c[0] for c in chunks if c[0] is not None]).reshape(-1)
-        repack_cache.store(key, flat)
+        nbytes = records_nbytes(kind, out_features, in_features)
+        key = repack_cache.cache_key([getattr(r, "source", None) for r in raws], kind, (TILE, QK))
+        cached = repack_cache.load(key, nbytes)
+        if cached is not None:
+            return Repacked(kind, out_features, in_features, records=torch.from_numpy(cached))
+        reservation = repack_cache.reserve(key, nbytes)
+        flat, per_row = reservation.records, nbytes // out_features
+
+        def into_records(job: tuple[Any, int, int]) -> None:
+            raw, start, row = job
+            _, codes, d, m = decode(_blocks(raw, slice(start, start + REPACK_ROWS)), quant_type)
+            pack(kind, codes, d, m, out=flat[row * per_row : (row + codes.shape[0]) * per_row])
+
+        try:
+            list(_repack_pool().map(into_records, jobs))  # numpy releases the GIL: chunks side by side
+        except BaseException:
+            reservation.discard()
+            raise
+        reservation.commit()
         return Repacked(kind, out_features, in_features, records=torch.from_numpy(flat))
+
+    def one(job: tuple[Any, int, int]) -> tuple[np.ndarray, ...]:
+        raw, start, _ = job
+        _, codes, d, m = decode(_blocks(raw, slice(start, start + REPACK_ROWS)), quant_type)
+        return codes, d, m
+
+    chunks = list(_repack_pool().map(one, jobs))
     code_parts, d_parts, m_parts = ([a for part in chunks if (a := part[i]) is not None] for i in range(3))
     return Repacked(
         kind,

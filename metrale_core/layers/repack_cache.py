@@ -13,6 +13,11 @@ Invariants:
 - Entries are written to a temporary file and renamed into place, so a reader never sees a
   partial entry (two processes may write the same entry; the last rename wins, both whole).  An
   entry of the wrong size is ignored and rewritten.
+- A miss is filled in place (:func:`reserve`): the repack writes its records straight into a
+  shared mapping of the temporary file, whose blocks are allocated first (``posix_fallocate``, so
+  a full disk is an ``OSError`` and an anonymous buffer, never a ``SIGBUS`` later), and the
+  process serves from that mapping after the rename: no second copy and no ``write`` of the
+  records (Qwen2.5-Coder-0.5B: 0.9 s of a first load was writing them, 0.5 s joining chunks).
 - A hit is mapped, not read (private copy-on-write mapping, never written): a warm start costs
   no copy and no fresh anonymous pages (Qwen2.5-Coder-0.5B: 0.1 s for 620 MB of records, against
   0.9 s reading them), the pages are the page cache's (shared by every process serving the
@@ -40,7 +45,18 @@ from typing import Any
 import numpy as np
 from loguru import logger
 
-__all__ = ["CACHE_ENV", "CACHE_MAX_ENV", "LAYOUT_VERSION", "cache_dir", "cache_key", "file_key", "load", "store"]
+__all__ = [
+    "CACHE_ENV",
+    "CACHE_MAX_ENV",
+    "LAYOUT_VERSION",
+    "Reservation",
+    "cache_dir",
+    "cache_key",
+    "file_key",
+    "load",
+    "reserve",
+    "store",
+]
 
 CACHE_ENV = "METRALE_REPACK_CACHE"
 CACHE_MAX_ENV = "METRALE_REPACK_CACHE_MAX"
@@ -118,6 +134,56 @@ def store(key: str | None, records: np.ndarray) -> None:
         _written(root, records.nbytes)
     except OSError as exc:
         logger.debug("repack cache: cannot write {}: {}", path, exc)
+
+
+class Reservation:
+    """Records being written: :attr:`records` (``nbytes`` uint8, writable) is a shared mapping of
+    the entry's temporary file, or plain memory when there is no cache (or it cannot take the
+    entry); :meth:`commit` renames the file into place, :meth:`discard` drops it."""
+
+    def __init__(self, records: np.ndarray, root: Path | None = None, tmp: str | None = None, path: Path | None = None):
+        self.records, self._root, self._tmp, self._path = records, root, tmp, path
+
+    def commit(self) -> None:
+        if self._tmp is None:
+            return
+        tmp, self._tmp = self._tmp, None
+        try:
+            os.replace(tmp, self._path)
+        except OSError as exc:
+            logger.debug("repack cache: cannot write {}: {}", self._path, exc)
+            Path(tmp).unlink(missing_ok=True)
+            return
+        _written(self._root, self.records.nbytes)
+
+    def discard(self) -> None:
+        if self._tmp is not None:
+            Path(self._tmp).unlink(missing_ok=True)
+            self._tmp = None
+
+
+def reserve(key: str | None, nbytes: int) -> Reservation:
+    """Where to write the ``nbytes`` records of ``key``: in place in the cache when it can take
+    them (see the invariants), else in memory."""
+    root = cache_dir()
+    if key is None or root is None or nbytes == 0:
+        return Reservation(np.empty(nbytes, dtype=np.uint8))
+    path = _entry(root, key)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        finally:
+            os.close(fd)
+        records = np.memmap(tmp, dtype=np.uint8, mode="r+", shape=(nbytes,))
+    except (OSError, ValueError) as exc:
+        logger.debug("repack cache: cannot write {}: {}", path, exc)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        return Reservation(np.empty(nbytes, dtype=np.uint8))
+    return Reservation(records, root, tmp, path)
 
 
 #: Per cache directory: its bytes at this process's last scan plus what this process wrote since.

@@ -187,3 +187,44 @@ def test_a_hit_is_mapped_and_outlives_its_entry(cache, tmp_path, monkeypatch):
     repack_cache.store(key, np.zeros(entry.stat().st_size, np.uint8))  # replaced (a new inode) ...
     entry.unlink()  # ... then trimmed
     assert torch.equal(warm(x), expected)
+
+
+def test_a_miss_is_written_in_place(cache, tmp_path):
+    """A cold build packs straight into the entry: its records are a mapping of the entry after
+    the rename, the entry holds exactly them, and no temporary file is left."""
+    path = _write(tmp_path / "m.gguf")
+    layer = gl.gguf_linear([_raw(path), _raw(path, "b.weight")])
+    (entry,) = _entries(cache)
+    records = layer.weight.records
+    assert _mapped_from(records.data_ptr(), entry.resolve())
+    assert entry.read_bytes() == records.numpy().tobytes()
+    assert not list(cache.glob("*/*.tmp"))
+
+
+def test_a_cache_that_cannot_take_the_entry_falls_back_to_memory(cache, tmp_path, monkeypatch):
+    """No room for the entry (the blocks cannot be allocated): the records are built in memory,
+    bit-equal to a build without a cache, and nothing is left in the cache."""
+    import errno
+
+    path = _write(tmp_path / "m.gguf")
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    built = gl.gguf_linear([_raw(path)]).weight.records
+    assert not _entries(cache) and not list(cache.glob("*/*.tmp"))
+    monkeypatch.setenv(repack_cache.CACHE_ENV, "off")
+    assert torch.equal(built, gl.gguf_linear([_raw(path)]).weight.records)
+
+
+def test_a_failed_repack_leaves_no_temporary_file(cache, tmp_path, monkeypatch):
+    path = _write(tmp_path / "m.gguf")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("decode failed")
+
+    monkeypatch.setattr(gl, "decode", broken)
+    with pytest.raises(RuntimeError, match="decode failed"):
+        gl.gguf_linear([_raw(path)])
+    assert not _entries(cache) and not list(cache.glob("*/*.tmp"))
