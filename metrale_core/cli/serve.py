@@ -244,7 +244,12 @@ def _serving(args, jobs: list, serve) -> int:
 
     uvicorn re-raises SIGTERM once it has shut down gracefully; with tensor parallelism that
     signal raises :class:`_Terminated` here instead of killing the process, so the workers are
-    told to stop (exit code 143 as before); a failed job exits 1 with its reason on stderr."""
+    told to stop (exit code 143 as before); a failed job exits 1 with its reason on stderr.
+
+    Once the jobs are stopped and the group left, a tensor-parallel rank 0 exits at once
+    (:func:`_exit_now`): under load, torch's C++ teardown at interpreter exit sometimes aborts
+    ("terminate called without an active exception", exit -6 instead of 143; about 1 start in 9
+    on a busy 2-core machine), and nothing of ours is left to run by then."""
     import signal
 
     tensor_parallel = (getattr(args, "tensor_parallel_size", 1) or 1) > 1
@@ -262,7 +267,22 @@ def _serving(args, jobs: list, serve) -> int:
             if driver.failed is not None:
                 print(f"met serve: error: {driver.failed}", file=sys.stderr, flush=True)
                 code = 1
+    if tensor_parallel:
+        _exit_now(code)
     return code
+
+
+def _exit_now(code: int) -> None:
+    """Flush the logs and standard streams, then leave without the interpreter's teardown."""
+    from loguru import logger
+
+    logger.complete()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def run(args, registry) -> int:
