@@ -44,8 +44,6 @@ from metrale_core.engine.output import RequestOutput, coalesce
 from metrale_core.errors import InvalidRequest, MetraleError
 from metrale_core.sampling.params import SamplingParams
 
-import os
-_XSYNC = int(os.environ.get("XSYNC", "0"))
 __all__ = ["AsyncEngine", "EngineStopped", "step_or_fail"]
 
 
@@ -156,26 +154,9 @@ class AsyncEngine:
                 continue
             outputs = step_or_fail(engine)
             self._deliver(outputs)
-            if _XSYNC and outputs:
-                self._settle()
             if not outputs and engine.scheduler.last_plan.is_empty:
                 self._drain(block=True, timeout=self.idle_wait_s)
         self._close()
-
-    def _settle(self) -> None:
-        loops = {t[0] for t in self._streams.values()}
-        for loop in loops:
-            ev = threading.Event()
-            def later(n=_XSYNC):
-                if n <= 0:
-                    ev.set()
-                else:
-                    loop.call_soon(later, n - 1)
-            try:
-                loop.call_soon_threadsafe(later)
-            except RuntimeError:
-                continue
-            ev.wait(0.05)
 
     def _drain(self, block: bool, timeout: float | None = None) -> None:
         try:
