@@ -15,8 +15,9 @@ Invariants:
   libgomp counts more threads than CPUs and cuts every team's spin-wait short: the engine
   thread's forward then sleeps and wakes between its ~300 parallel regions a step and decodes at
   half speed (SmolLM2 189 -> 79 tok/s on 2 cores).  Torch work goes to :func:`in_own_thread`,
-  whose thread (and team) ends with the work.  A runaway chat template is stopped by the template's own time
-  budget (``metrale_core.chat_template``), so a worker is never lost for good.
+  whose thread (and team) ends with the work.
+- A runaway chat template is stopped by the template's own time budget
+  (``metrale_core.chat_template``), so a worker is never lost for good.
 """
 
 from __future__ import annotations
