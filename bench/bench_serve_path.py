@@ -3,8 +3,9 @@
 ``met serve``'s app (real uvicorn, its own process) on the tests' scripted model (a forward that
 costs next to nothing), 1 and 16 SSE streams of 256 tokens from this process; prints the server
 process's CPU time (user + system, from /proc) per streamed token, its event loop's (main thread)
-per token and per SSE event, the events sent and the rate.  The figure is what the event loop, the engine bridge and the engine's bookkeeping cost a
-real model's step on a 2-core machine.  Compare two builds back to back (same load).  Not a test.
+per token and per SSE event, the events sent and the rate.  The figure is what the event loop, the
+engine bridge and the engine's bookkeeping cost a real model's step on a 2-core machine.  Compare
+two builds back to back (same load).  Not a test.
 
     python bench/bench_serve_path.py [--port 18771] [--tokens 256] [--step-ms 0]
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
+import contextlib
 import subprocess
 import sys
 import tempfile
@@ -83,10 +84,8 @@ def main() -> None:
         tasks = [task] if task else [p.name for p in Path(f"/proc/{proc.pid}/task").iterdir()]
         total = 0
         for t in tasks:
-            try:
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
                 total += int(Path(f"/proc/{proc.pid}/task/{t}/schedstat").read_text().split()[0])
-            except OSError:  # a thread that ended meanwhile
-                pass
         return total / 1e9
 
     client = SSEClient("127.0.0.1", args.port)

@@ -318,7 +318,7 @@ def repack(raws: Sequence[Any], native: bool) -> Repacked:
         reservation.commit()
         return Repacked(kind, out_features, in_features, records=torch.from_numpy(flat))
 
-    def one(job: tuple[Any, int, int]) -> tuple[np.ndarray, ...]:
+    def one(job: tuple[Any, int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         raw, start, _ = job
         _, codes, d, m = decode(_blocks(raw, slice(start, start + REPACK_ROWS)), quant_type)
         return codes, d, m

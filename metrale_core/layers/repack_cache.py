@@ -145,7 +145,7 @@ class Reservation:
         self.records, self._root, self._tmp, self._path = records, root, tmp, path
 
     def commit(self) -> None:
-        if self._tmp is None:
+        if self._tmp is None or self._path is None or self._root is None:
             return
         tmp, self._tmp = self._tmp, None
         try:
