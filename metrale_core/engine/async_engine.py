@@ -191,6 +191,8 @@ class AsyncEngine:
             outputs = self._paced(outputs)
         unfinished = {out.request_id for out in outputs if not out.finished}
         for request_id in self._send([(out.request_id, out) for out in outputs]):
+            self._handed.pop(request_id, None)
+            self._held.pop(request_id, None)
             if request_id in unfinished:
                 self.engine.abort(request_id)
 

@@ -287,3 +287,20 @@ def test_paced_deltas_of_a_request_not_stepped_are_handed_over_when_due(make_eng
     assert eng._paced([RequestOutput("b", (8,), "s")]) == []
     eng._handle(("abort", "b"))
     assert "b" not in eng._held and "b" not in eng._handed
+
+
+def test_paced_state_of_a_request_whose_consumer_is_gone_is_dropped(make_engine):
+    """A hand-over that finds no consumer (the client went away) aborts the request and forgets
+    its pacing state, so a long-running server keeps none for requests nobody reads."""
+    from metrale_core.engine.output import RequestOutput
+
+    now = [0.0]
+    eng = AsyncEngine(make_engine(), stream_interval_s=0.02, clock=lambda: now[0])
+    eng._deliver([RequestOutput("gone", (1,), "x")])  # nobody listens: handed over, found lost
+    assert "gone" not in eng._handed and "gone" not in eng._held
+    eng._paced([RequestOutput("c", (1,), "x")])
+    now[0] = 0.01
+    eng._paced([RequestOutput("c", (2,), "y")])  # held
+    now[0] = 0.03
+    eng._deliver([RequestOutput("c", (3,), "z")])  # due, merged, and its consumer is gone
+    assert not eng._held and not eng._handed
