@@ -218,6 +218,19 @@ def test_a_cache_that_cannot_take_the_entry_falls_back_to_memory(cache, tmp_path
     assert torch.equal(built, gl.gguf_linear([_raw(path)]).weight.records)
 
 
+def test_without_posix_fallocate_the_records_are_stored_whole(cache, tmp_path, monkeypatch):
+    """An OS without ``posix_fallocate`` (macOS, Windows) builds the records in memory and stores
+    them at the end: the next build reads them back."""
+    path = _write(tmp_path / "m.gguf")
+    monkeypatch.delattr(os, "posix_fallocate")
+    built = gl.gguf_linear([_raw(path)]).weight.records
+    (entry,) = _entries(cache)
+    assert not _mapped_from(built.data_ptr(), entry.resolve())
+    assert entry.read_bytes() == built.numpy().tobytes()
+    _no_repacking(monkeypatch)
+    assert torch.equal(gl.gguf_linear([_raw(path)]).weight.records, built)
+
+
 def test_a_failed_repack_leaves_no_temporary_file(cache, tmp_path, monkeypatch):
     path = _write(tmp_path / "m.gguf")
 
