@@ -56,9 +56,6 @@ class SSEClient:
             self._drop_idle()
             return await self._stream_once(path, body)
 
-    async def close(self) -> None:
-        self._drop_idle()
-
     def _drop_idle(self) -> None:
         while self._idle:
             self._idle.pop().transport.close()

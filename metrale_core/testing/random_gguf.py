@@ -1,7 +1,7 @@
 """A small random Qwen2 written as a GGUF of mixed block types, for tests of the GGUF path.
 
-Owner: the tests of batch invariance (tests/e2e) and of the load-time activation probe
-(tests/engine).  Invariants: deterministic (seeded) weights; transformers' Qwen2 is the source,
+Owner: the tests of batch invariance (``tests/e2e``) and of the load-time activation probe
+(``tests/test_activation_probe.py``).  Invariants: deterministic (seeded) weights; transformers' Qwen2 is the source,
 so the file's maths is a real model's.
 """
 
