@@ -15,7 +15,14 @@ from __future__ import annotations
 import argparse
 import re
 
-__all__ = ["add_engine_flags", "engine_config_from_args", "load_engine_model", "load_options_from_args", "parse_size"]
+__all__ = [
+    "add_engine_flags",
+    "engine_config_from_args",
+    "load_engine_model",
+    "load_options_from_args",
+    "parse_size",
+    "positive_int",
+]
 
 #: Namespace attribute listing the dests of the flags plugins added (-> ``plugin_options``).
 PLUGIN_FLAGS_DEST = "_metrale_plugin_flags"
@@ -35,7 +42,7 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -75,7 +82,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
     )
     model.add_argument(
         "--tensor-parallel-size",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="split the model over N ranks (tensor parallelism; each rank keeps its shard of the "
@@ -91,7 +98,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
     )
     model.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="CPU threads for torch's kernels (default: torch's choice, one per core)",
@@ -112,14 +119,14 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
         help="KV cache storage: bf16, fp16, fp32 or fp8 (E4M3, needs the "
         "metrale-fp8 plugin) (default: the model dtype)",
     )
-    group.add_argument("--block-size", type=_positive_int, default=16, help="tokens per KV block (default: 16)")
+    group.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default: 16)")
     group.add_argument(
         "--max-prefill-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=2048,
         help="prompt tokens prefilled per step; longer prompts are chunked (default: 2048)",
     )
-    group.add_argument("--max-num-seqs", type=_positive_int, default=64, help="sequences running at once (default: 64)")
+    group.add_argument("--max-num-seqs", type=positive_int, default=64, help="sequences running at once (default: 64)")
     group.add_argument(
         "--recurrent-state-memory",
         type=parse_size,
@@ -130,7 +137,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
     )
     group.add_argument(
         "--max-model-len",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="longest prompt + output (default: the model's context)",
     )

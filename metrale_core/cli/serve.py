@@ -23,7 +23,13 @@ import os
 import sys
 from pathlib import Path
 
-from metrale_core.cli.flags import add_engine_flags, engine_config_from_args, load_engine_model, parse_size
+from metrale_core.cli.flags import (
+    add_engine_flags,
+    engine_config_from_args,
+    load_engine_model,
+    parse_size,
+    positive_int,
+)
 from metrale_core.errors import ConfigError
 
 __all__ = ["add_parser", "build_loader", "replica_served", "run", "served_name", "serving_loader"]
@@ -109,6 +115,14 @@ def add_parser(sub, registry) -> argparse.ArgumentParser:
         metavar="MS",
         help="a stream's tokens are sent at most this often, merged (the first and last at once); "
         "fewer wake-ups and writes leave the cores to the model; 0 sends every step (default: 20)",
+    )
+    http.add_argument(
+        "--max-tool-calls",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="most calls one forced tool_choice=required turn may make, when parallel_tool_calls is not "
+        "false (the grammar ends the list there; default: 8)",
     )
     http.add_argument(
         "--shutdown-grace",
@@ -303,6 +317,7 @@ def run(args, registry) -> int:
         pooling=args.pooling,
         responses_store_size=args.responses_store_size,
         stream_interval_ms=args.stream_interval_ms,
+        max_tool_calls=args.max_tool_calls,
     )
     from metrale_core.tui.launch import use_dashboard
 

@@ -80,6 +80,9 @@ class ServerConfig:
     #: A stream's deltas are handed over at most this often, merged (``AsyncEngine``'s pacing;
     #: 0: every step).  Data-parallel replicas hand every step over.
     stream_interval_ms: float = 20.0
+    #: Most calls a forced ``tool_choice: "required"`` turn may make (the grammar ends the list
+    #: there): a model that repeats its call otherwise runs to the end of its context.
+    max_tool_calls: int = 8
     #: Seconds in-flight requests get to finish at shutdown before they are aborted.
     shutdown_grace_s: float = 10.0
     #: Unix time the server started (``created`` of ``/v1/models``).

@@ -14,8 +14,9 @@ Accepted (one source per request, else a 400 naming both fields):
 - llama.cpp ``json_schema`` (a schema object) and ``grammar`` (GBNF; a grammar starting with
   ``%llguidance`` is Lark); both together is a 400 ("Cannot use both json_schema and grammar");
 - chat ``tool_choice``: ``"required"`` or a named function forces a call in the model's tool-call
-  format (``tool_calls`` kind): a named function exactly once; ``required`` one or more calls,
-  exactly one when ``parallel_tool_calls`` is false.
+  format (``tool_calls`` kind): a named function exactly once; ``required`` one to
+  ``max_tool_calls`` calls (the server's ``--max-tool-calls``, default 8), exactly one when
+  ``parallel_tool_calls`` is false.
 
 Invariants: the record's ``value`` is compact JSON for schemas (key order kept: llguidance writes
 properties in the schema's order), so equal constraints share one compiled grammar.
@@ -144,7 +145,9 @@ def served_chat_template(host: Any) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def _forced_tools(req: Any, tools: list[dict] | None, fmt: str | None) -> tuple[str, str, str] | None:
+def _forced_tools(
+    req: Any, tools: list[dict] | None, fmt: str | None, max_calls: int
+) -> tuple[str, str, str] | None:
     choice = getattr(req, "tool_choice", None)
     if not tools or choice is None or choice in ("none", "auto"):
         return None
@@ -154,6 +157,8 @@ def _forced_tools(req: Any, tools: list[dict] | None, fmt: str | None) -> tuple[
         "tools": [{"name": t["function"]["name"], "parameters": t["function"]["parameters"]} for t in chosen],
         # a named function is called once; "required" allows several unless parallel is off
         "parallel": choice == "required" and getattr(req, "parallel_tool_calls", None) is not False,
+        # the bound on a parallel list: without one a model repeating its call fills the context
+        "max_calls": max_calls,
     }
     return "tool_calls", json.dumps(value), "tool_choice"
 
@@ -165,12 +170,14 @@ def structured_output(
     tool_fmt: str | None = None,
     reasoning: bool = False,
     starts_in_reasoning: bool = False,
+    max_tool_calls: int = 8,
 ) -> StructuredOutput | None:
     """The request's constraint, or None; a 400 naming the field for a malformed one.
 
     ``tools`` are the request's template tools and ``tool_fmt`` the tool-call format (chat only);
     ``reasoning``: a reasoning format applies, so the constraint starts after ``</think>``
-    (``starts_in_reasoning``: the prompt already opened ``<think>``).
+    (``starts_in_reasoning``: the prompt already opened ``<think>``); ``max_tool_calls`` bounds
+    the calls of a forced ``required`` turn.
     """
     sources = [
         (s[2], s)
@@ -178,7 +185,7 @@ def structured_output(
             _response_format(getattr(req, "response_format", None)),
             _vllm(getattr(req, "structured_outputs", None)),
             _llama_cpp(req),
-            _forced_tools(req, tools, tool_fmt),
+            _forced_tools(req, tools, tool_fmt, max_tool_calls),
         )
         if s
     ]
@@ -215,4 +222,5 @@ def chat_structured_output(host: Any, req: Any, prompt_text: str) -> StructuredO
         tool_fmt=tool_format(host) if tools else None,
         reasoning=thinking,
         starts_in_reasoning=prompt_text.rstrip().endswith("<think>"),
+        max_tool_calls=host.config.max_tool_calls,
     )

@@ -9,8 +9,8 @@ Kinds:
 - ``grammar``: llama.cpp GBNF (``grammar_from("gbnf", ...)``); ``lark``: llguidance Lark;
 - ``tool_calls``: the calls in the model's own tool-call wire format (the tool parser's format:
   ``hermes``, ``qwen3_coder``, ``glm47``) with each function's arguments constrained to its
-  ``parameters`` schema; one or more calls (exactly one when ``parallel`` is false), nothing
-  before or after them.
+  ``parameters`` schema; one to ``max_calls`` calls (exactly one when ``parallel`` is false;
+  unbounded when ``max_calls`` is absent or 0), nothing before or after them.
 
 Invariants: every failure raises :class:`GrammarError` with a message fit for a 400 (which field,
 what is wrong); nothing here can loop on user input (all sizes are bounded by the input).
@@ -224,7 +224,12 @@ def tool_call_lark(
         calls.append(f"call_{i}")
     rules.insert(0, f"call: {' | '.join(calls)}")
     sep = _lit(NL, special)
-    rules.insert(0, "start: call" if not parallel else f"start: call ({sep} call)*")
+    max_calls = int(spec.get("max_calls") or 0)
+    if not parallel or max_calls == 1:
+        rules.insert(0, "start: call")
+    else:
+        more = f"{{0,{max_calls - 1}}}" if max_calls > 1 else "*"
+        rules.insert(0, f"start: call ({sep} call){more}")
     return "\n".join(rules) + "\n"
 
 

@@ -287,3 +287,23 @@ def test_unbound_processor_refuses_constrained_requests():
     p = StructuredProcessor()
     with pytest.raises(StructuredOutputError, match="needs the model's tokenizer"):
         p.validate_params(row("regex", "a").params)
+
+
+@pytest.mark.parametrize("max_calls", [1, 2, 3])
+def test_parallel_tool_calls_end_at_max_calls(proc, max_calls):
+    """A forced ``required`` list accepts up to ``max_calls`` calls; after the last one nothing but
+    the end is allowed (the bound that keeps a model repeating its call from filling the context)."""
+    tools = [{"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}]
+    call = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    spec = json.dumps({"format": "hermes", "tools": tools, "parallel": True, "max_calls": max_calls})
+    matcher = proc.compiler.matcher("tool_calls", spec, "tool_choice")
+    tok = proc.compiler.tok
+    for i in range(max_calls):
+        ids = tok.tokenize_str(("\n" if i else "") + call)
+        assert matcher.validate_tokens(ids) == len(ids) and matcher.consume_tokens(ids), i
+        assert matcher.is_accepting()
+    more = tok.tokenize_str("\n" + call)
+    assert matcher.validate_tokens(more) < len(more)  # no further call may start
+    unbounded = proc.compiler.matcher("tool_calls", json.dumps({**json.loads(spec), "max_calls": 0}), "tool_choice")
+    ids = tok.tokenize_str("\n".join([call] * (max_calls + 1)))
+    assert unbounded.validate_tokens(ids) == len(ids)

@@ -247,12 +247,12 @@ def test_pathological_regex_compiles_in_bounded_time_or_is_refused(served):
     assert time.perf_counter() - started < 30
 
 
-def _tool_reply(c, choice, parallel, stream):
+def _tool_reply(c, choice, parallel, stream, max_tokens=80):
     kw = dict(
         messages=WEATHER,
         tools=TOOLS,
         tool_choice=choice,
-        max_tokens=80,
+        max_tokens=max_tokens,
         temperature=0,
         extra_body={"chat_template_kwargs": {"enable_thinking": False}},
     )
@@ -315,6 +315,25 @@ def _forced_calls(c):
         _check_calls(calls, finish, exactly_one=True)
         calls, finish = _tool_reply(c, "required", None, stream)
         _check_calls(calls, finish, may_run_on=True)
+
+
+def test_forced_required_calls_end_at_the_servers_bound(served):
+    """``tool_choice="required"`` with parallel calls allowed and room for many more tokens: the
+    list ends after ``max_tool_calls`` calls with ``finish_reason == "tool_calls"`` (the embedded
+    model otherwise repeats its call until the context is full)."""
+    import attrs
+
+    _, server, host, _ = served
+    previous = host.config
+    host.config = attrs.evolve(previous, max_tool_calls=2)
+    try:
+        c = client(server)
+        for stream in (False, True):
+            calls, finish = _tool_reply(c, "required", None, stream, max_tokens=200)
+            assert 1 <= len(calls) <= 2, calls
+            _check_calls(calls, finish)
+    finally:
+        host.config = previous
 
 
 def test_mixed_concurrent_streams_and_metrics(served):
