@@ -145,9 +145,7 @@ def served_chat_template(host: Any) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def _forced_tools(
-    req: Any, tools: list[dict] | None, fmt: str | None, max_calls: int
-) -> tuple[str, str, str] | None:
+def _forced_tools(req: Any, tools: list[dict] | None, fmt: str | None, max_calls: int) -> tuple[str, str, str] | None:
     choice = getattr(req, "tool_choice", None)
     if not tools or choice is None or choice in ("none", "auto"):
         return None
