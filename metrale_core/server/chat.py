@@ -132,7 +132,7 @@ class _Choice:
     tags=["openai"],
     summary="Create a chat completion (OpenAI-compatible)",
     status_code=200,
-    operation_class=body_operation(ChatCompletionRequest, stream=True),
+    operation_class=body_operation(ChatCompletionRequest, stream=True, ok="ChatCompletion"),
 )
 async def chat_completions(request: Request) -> Response:
     host = request.app.state.host

@@ -51,7 +51,7 @@ def _prompts(tokenizer: Any, prompt: Any, max_model_len: int) -> list[list[int]]
     tags=["openai"],
     summary="Create a completion (legacy OpenAI API)",
     status_code=200,
-    operation_class=body_operation(CompletionRequest, stream=True),
+    operation_class=body_operation(CompletionRequest, stream=True, ok="Completion"),
 )
 async def completions(request: Request) -> Response:
     host = request.app.state.host

@@ -75,7 +75,7 @@ def _encode(vector: Any, fmt: str) -> Any:
     tags=["openai"],
     status_code=200,
     summary="Create embeddings (OpenAI-compatible)",
-    operation_class=body_operation(EmbeddingRequest),
+    operation_class=body_operation(EmbeddingRequest, ok="EmbeddingList"),
 )
 async def create_embeddings(request: Request) -> Response:
     host = request.app.state.host

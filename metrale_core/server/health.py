@@ -15,7 +15,7 @@ from metrale_core.server.openapi import documented
 __all__ = ["health", "live"]
 
 
-@get("/health", tags=["ops"], sync_to_thread=False, operation_class=documented(None, (500, 503)))
+@get("/health", tags=["ops"], sync_to_thread=False, operation_class=documented(None, (500, 503), ok="Health"))
 def health(request: Request) -> Response:
     """Ready to serve: 200 ``{"status": "ok"}``; otherwise an OpenAI-shaped 503."""
     host = request.app.state.host
@@ -40,7 +40,7 @@ def health(request: Request) -> Response:
     return Response(body)
 
 
-@get("/health/live", tags=["ops"], sync_to_thread=False, operation_class=documented(None, (500,)))
+@get("/health/live", tags=["ops"], sync_to_thread=False, operation_class=documented(None, (500,), ok="Liveness"))
 def live(request: Request) -> dict[str, str]:
     """The process is up (whether or not the model has loaded)."""
     return {"status": request.app.state.host.status}

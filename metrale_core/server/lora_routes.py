@@ -62,7 +62,12 @@ def _runtime_bank(host: Any) -> Any:
     return bank
 
 
-@post("/v1/load_lora_adapter", tags=["lora"], status_code=200, operation_class=body_operation(LoadLoRARequest))
+@post(
+    "/v1/load_lora_adapter",
+    tags=["lora"],
+    status_code=200,
+    operation_class=body_operation(LoadLoRARequest, ok="LoRAStatus"),
+)
 async def load_lora_adapter(request: Request) -> dict[str, Any]:
     """Load a PEFT LoRA adapter as a new model name."""
     host = request.app.state.host
@@ -84,7 +89,12 @@ async def load_lora_adapter(request: Request) -> dict[str, Any]:
     return {"status": "ok", "lora_name": name, "message": f"LoRA adapter {name!r} added"}
 
 
-@post("/v1/unload_lora_adapter", tags=["lora"], status_code=200, operation_class=body_operation(UnloadLoRARequest))
+@post(
+    "/v1/unload_lora_adapter",
+    tags=["lora"],
+    status_code=200,
+    operation_class=body_operation(UnloadLoRARequest, ok="LoRAStatus"),
+)
 async def unload_lora_adapter(request: Request) -> dict[str, Any]:
     """Unload a LoRA adapter by name."""
     host = request.app.state.host

@@ -50,7 +50,7 @@ def _adapter_names(host: Any) -> list[str]:
     operation_id="listModels",
     tags=["openai"],
     sync_to_thread=False,
-    operation_class=documented(None, (401, 500)),
+    operation_class=documented(None, (401, 500), ok="ModelList"),
 )
 def list_models(request: Request) -> dict[str, Any]:
     """List the served model and its LoRA adapters."""
@@ -63,7 +63,7 @@ def list_models(request: Request) -> dict[str, Any]:
     operation_id="retrieveModel",
     tags=["openai"],
     sync_to_thread=False,
-    operation_class=documented(None, (401, 404, 500)),
+    operation_class=documented(None, (401, 404, 500), ok="Model"),
 )
 def get_model(request: Request, model: Annotated[str, PathParameter()]) -> dict[str, Any]:
     """Describe one model (404 unless it is the served one)."""

@@ -12,6 +12,8 @@ Invariants:
 - Every status a route can answer is documented with OpenAI's error body (``ERROR_STATUSES``
   for JSON-body routes: 400, 401, 404, 413, 415, 500, 503), and nothing it cannot answer.
 - A streaming route documents both ``application/json`` and ``text/event-stream`` for 200.
+- A route's 200 JSON body is documented by name from ``openapi_bodies`` (``ok=...``), so the
+  schema fuzz checks the bodies, not only the statuses.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def json_schema(tp: Any) -> Schema:
             title=tp.__name__,
             properties=props,
             required=required or None,
+            # the request records are read with forbid_extra_keys: an unknown field is a 400
+            additional_properties=False,
             description=(tp.__doc__ or "").strip() or None,
         )
     return Schema()
@@ -159,11 +163,20 @@ def _error_response(status: int, errors: str = "openai") -> OpenAPIResponse:
 
 @cache
 def documented(
-    model: type | None = None, statuses: tuple[int, ...] = ERROR_STATUSES, stream: bool = False, errors: str = "openai"
+    model: type | None = None,
+    statuses: tuple[int, ...] = ERROR_STATUSES,
+    stream: bool = False,
+    errors: str = "openai",
+    ok: str | None = None,
 ) -> type[Operation]:
     """An ``Operation`` class documenting a JSON request body of type ``model`` (if any) and
-    exactly the error ``statuses`` the route can answer (plus its 200), with error bodies in
-    the ``errors`` API's shape (``"openai"`` or ``"anthropic"``)."""
+    exactly the error ``statuses`` the route can answer (plus its 200, whose JSON body is the
+    schema ``openapi_bodies.BODIES[ok]`` when ``ok`` names one), with error bodies in the
+    ``errors`` API's shape (``"openai"`` or ``"anthropic"``)."""
+    from metrale_core.server.openapi_bodies import body_schema, stream_schema
+
+    body = body_schema(ok) if ok is not None else None
+    events = stream_schema(ok) if stream and ok is not None else Schema(type=OpenAPIType.STRING)
 
     @dataclass
     class DocumentedOperation(Operation):
@@ -172,21 +185,28 @@ def documented(
                 self.request_body = RequestBody(
                     required=True, content={"application/json": OpenAPIMediaType(schema=json_schema(model))}
                 )
-            ok = (self.responses or {}).get("200") or OpenAPIResponse(description="OK")
+            whole = body or Schema(type=OpenAPIType.OBJECT)
+            ok_response: OpenAPIResponse | Reference
             if stream:
-                ok = OpenAPIResponse(
+                ok_response = OpenAPIResponse(
                     description='The whole response, or server-sent events with "stream": true',
                     content={
-                        "application/json": OpenAPIMediaType(schema=Schema(type=OpenAPIType.OBJECT)),
-                        "text/event-stream": OpenAPIMediaType(schema=Schema(type=OpenAPIType.STRING)),
+                        "application/json": OpenAPIMediaType(schema=whole),
+                        "text/event-stream": OpenAPIMediaType(schema=events),
                     },
                 )
-            self.responses = {"200": ok, **{str(s): _error_response(s, errors) for s in statuses}}
+            elif body is not None:
+                ok_response = OpenAPIResponse(
+                    description="OK", content={"application/json": OpenAPIMediaType(schema=body)}
+                )
+            else:
+                ok_response = (self.responses or {}).get("200") or OpenAPIResponse(description="OK")
+            self.responses = {"200": ok_response, **{str(s): _error_response(s, errors) for s in statuses}}
 
     DocumentedOperation.__name__ = f"{getattr(model, '__name__', 'Route')}Operation"
     return DocumentedOperation
 
 
-def body_operation(model: type, stream: bool = False, errors: str = "openai") -> type[Operation]:
+def body_operation(model: type, stream: bool = False, errors: str = "openai", ok: str | None = None) -> type[Operation]:
     """:func:`documented` for a route with a JSON body of type ``model``."""
-    return documented(model, ERROR_STATUSES, stream, errors)
+    return documented(model, ERROR_STATUSES, stream, errors, ok)

@@ -7,7 +7,8 @@ Invariants:
 - One private cattrs converter with ``forbid_extra_keys``: a field OpenAI does not document
   (nor the vLLM extensions listed here) is a 400 naming its path (``messages[0].foo: unknown
   field``); documented fields are all accepted.
-- Scalar types are strict, as JSON is: ``"2"`` is not an integer, ``true`` is not a number.
+- Scalar types are strict, as JSON is: ``"2"`` is not an integer, ``true`` is not a number;
+  ``2.0`` is the integer 2, as JSON Schema (and the OpenAPI document) count integers.
 - Every error message starts with the path of the offending value (``messages[1].role: ...``);
   :class:`~metrale_core.server.errors.APIError` carries the first path as ``param``.
 - Range checks (``temperature`` in [0, 2], ``n`` >= 1, ...) live in :func:`check_ranges`, one
@@ -271,6 +272,11 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_integral(v: Any) -> bool:
+    """An integer as JSON Schema counts them: ``3`` or ``3.0`` (not ``true``, not ``3.5``)."""
+    return _is_int(v) or (isinstance(v, float) and v.is_integer())
+
+
 def _strict(check: Callable[[Any], bool], what: str, convert: Callable = lambda v: v):
     def hook(value: Any, _type: Any) -> Any:
         if not check(value):
@@ -320,7 +326,7 @@ def _prompt_hook(value: Any, _type: Any) -> Any:
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
     conv.register_structure_hook(str, _strict(lambda v: isinstance(v, str), "a string"))
-    conv.register_structure_hook(int, _strict(_is_int, "an integer"))
+    conv.register_structure_hook(int, _strict(_is_integral, "an integer", int))
     conv.register_structure_hook(float, _strict(lambda v: _is_int(v) or isinstance(v, float), "a number", float))
     conv.register_structure_hook(bool, _strict(lambda v: isinstance(v, bool), "true or false"))
     conv.register_structure_hook_func(

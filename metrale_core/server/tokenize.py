@@ -22,7 +22,7 @@ from metrale_core.server.schemas import DetokenizeRequest, TokenizeRequest
 __all__ = ["detokenize", "tokenize"]
 
 
-@post("/tokenize", tags=["tokenizer"], status_code=200, operation_class=body_operation(TokenizeRequest))
+@post("/tokenize", tags=["tokenizer"], status_code=200, operation_class=body_operation(TokenizeRequest, ok="Tokenized"))
 async def tokenize(request: Request) -> dict[str, Any]:
     """Token ids of a prompt or a conversation."""
     host = request.app.state.host
@@ -52,7 +52,12 @@ def _tokens(tok: Any, req: TokenizeRequest, max_model_len: int) -> list[int]:
     return tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
 
 
-@post("/detokenize", tags=["tokenizer"], status_code=200, operation_class=body_operation(DetokenizeRequest))
+@post(
+    "/detokenize",
+    tags=["tokenizer"],
+    status_code=200,
+    operation_class=body_operation(DetokenizeRequest, ok="Detokenized"),
+)
 async def detokenize(request: Request) -> dict[str, Any]:
     """The text of token ids."""
     host = request.app.state.host

@@ -171,3 +171,16 @@ def test_bad_input_is_a_4xx_naming_the_field(served, body, field):
     assert 400 <= r.status_code < 500, (r.status_code, r.text)
     error = r.json()["error"]
     assert field in error["message"] and set(error) == {"message", "type", "param", "code"}
+
+
+def test_bodies_match_the_documented_schema(served):
+    """Float and base64 lists validate against the OpenAPI document's ``EmbeddingList``."""
+    from openapi_checks import Checked, documented_schema
+
+    server = served[0]
+    operation = documented_schema(server.url, "tiny")["/v1/embeddings"]["POST"]
+    checked = Checked()
+    for body in ({"model": "tiny", "input": TEXTS}, {"model": "tiny", "input": "x", "encoding_format": "base64"}):
+        response = checked.call(operation.Case(body=body, media_type="application/json"), server.url)
+        assert response.status_code == 200, response.text[:300]
+    assert not checked.mismatches, "\n".join(checked.mismatches)

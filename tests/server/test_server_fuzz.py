@@ -11,17 +11,9 @@ together.  The server has a small context so generated ``max_tokens`` / ``n`` st
 
 from __future__ import annotations
 
-import httpx
 import pytest
-import schemathesis
 from hypothesis import HealthCheck, settings
-from schemathesis.checks import not_a_server_error
-from schemathesis.core.failures import FailureGroup
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
+from openapi_checks import Checked, documented_schema
 
 MAX_EXAMPLES = 10
 
@@ -37,9 +29,14 @@ def fuzz_url(fuzz_server):
 
 
 @pytest.fixture(scope="module")
+def roomy_url(start_server):
+    """A server with room for tool definitions in the prompt (the byte tokenizer is verbose)."""
+    return start_server(engine_options={"max_model_len": 2048, "max_num_seqs": 8})[0].url
+
+
+@pytest.fixture(scope="module")
 def api_schema(fuzz_url):
-    document = httpx.get(fuzz_url + "/schema/openapi.json", timeout=30).json()
-    return schemathesis.openapi.from_dict(document)
+    return documented_schema(fuzz_url, "scripted")
 
 
 def _operations(schema) -> list:
@@ -57,9 +54,7 @@ def test_generated_requests_get_documented_answers(api_schema, fuzz_url):
         "/detokenize",
         "/v1/models",
     }
-    seen: dict[int, int] = {}
-    checked: dict[str, set[int]] = {}
-    mismatches: list[str] = []
+    checked = Checked()
     for operation in operations:
 
         @given(case=operation.as_strategy())
@@ -71,28 +66,69 @@ def test_generated_requests_get_documented_answers(api_schema, fuzz_url):
             database=None,
         )
         def run(case):
-            response = case.call(base_url=fuzz_url, timeout=60)
-            seen[response.status_code] = seen.get(response.status_code, 0) + 1
-            try:
-                case.validate_response(
-                    response,
-                    checks=[
-                        not_a_server_error,
-                        status_code_conformance,
-                        content_type_conformance,
-                        response_schema_conformance,
-                    ],
-                )
-            except (Exception, FailureGroup) as exc:  # collect all, report together
-                first = str(exc).strip().splitlines()
-                mismatches.append(f"{case.method} {case.path} -> {response.status_code}: {' | '.join(first[:6])}")
-            checked.setdefault(f"{case.method} {case.path}", set()).add(response.status_code)
+            checked.call(case, fuzz_url)
 
         run()
-    assert not mismatches, "\n".join(mismatches)
+    assert not checked.mismatches, "\n".join(checked.mismatches)
     # the fuzz reached the handlers: accepted requests and refused ones, and nothing else
-    assert seen.get(200, 0) > 0 and seen.get(400, 0) > 0, seen
-    assert all(status < 500 for status in seen), seen
-    # bodies were checked on every generating API
-    for route in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/embeddings"):
-        assert checked.get(f"POST {route}"), (route, checked)
+    assert checked.seen.get(200, 0) > 0 and checked.seen.get(400, 0) > 0, checked.seen
+    assert all(status < 500 for status in checked.seen), checked.seen
+
+
+M = "scripted"
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+#: Requests each generating route must answer with a 200 whose body (or every streamed event)
+#: matches the document: plain text, reasoning, tool calls, logprobs, n > 1 (embeddings: their own
+#: test, on a model with hidden states).
+VALID_BODIES: dict[str, list[dict]] = {
+    "/v1/chat/completions": [
+        {"model": M, "messages": ASK, "max_tokens": 12, "logprobs": True, "top_logprobs": 2, "n": 2},
+        {"model": M, "messages": ASK, "max_tokens": 12, "stream": True, "stream_options": {"include_usage": True}},
+        {"model": M, "messages": [{"role": "user", "content": "ponder"}], "max_tokens": 40},
+        {"model": M, "messages": [{"role": "user", "content": "ponder"}], "max_tokens": 40, "stream": True},
+        {"model": M, "messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER_TOOL]},
+        {"model": M, "messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER_TOOL], "stream": True},
+    ],
+    "/v1/completions": [
+        {"model": M, "prompt": "Once", "max_tokens": 8, "logprobs": 2},
+        {"model": M, "prompt": "Once", "max_tokens": 8, "echo": True},
+        {"model": M, "prompt": ["a", "b"], "max_tokens": 8, "stream": True},
+    ],
+    "/v1/responses": [
+        {"model": M, "input": "What is the capital of France?", "max_output_tokens": 16},
+        {"model": M, "input": "ponder", "max_output_tokens": 40, "stream": True},
+        {"model": M, "input": "weather?", "tools": [{"type": "function", "name": "get_weather"}], "stream": True},
+    ],
+    "/v1/messages": [
+        {"model": M, "max_tokens": 16, "messages": ASK},
+        {"model": M, "max_tokens": 40, "messages": [{"role": "user", "content": "ponder"}], "stream": True},
+        {
+            "model": M,
+            "max_tokens": 60,
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+            "stream": True,
+        },
+    ],
+    "/v1/messages/count_tokens": [{"model": M, "messages": ASK}],
+    "/tokenize": [{"model": M, "prompt": "hello"}, {"model": M, "messages": ASK}],
+    "/detokenize": [{"model": M, "tokens": [104, 105]}],
+}
+
+
+def test_valid_requests_get_bodies_and_events_as_documented(api_schema, roomy_url):
+    """Each generating route answers valid requests (whole and streamed) with 200s whose bodies, and
+    every server-sent event, validate against the document's schemas."""
+    checked = Checked()
+    for path, bodies in VALID_BODIES.items():
+        operation = api_schema[path]["POST"]
+        for body in bodies:
+            response = checked.call(operation.Case(body=body, media_type="application/json"), roomy_url)
+            assert response.status_code == 200, (path, body, response.text[:300])
+            if body.get("stream"):
+                assert response.headers["content-type"][0].startswith("text/event-stream"), (path, body)
+    assert not checked.mismatches, "\n".join(checked.mismatches)

@@ -96,7 +96,7 @@ async def _start(request: Request) -> tuple[Any, MessagesRequest, ChatRun, str]:
     tags=["anthropic"],
     status_code=200,
     summary="Create a message (Anthropic Messages API)",
-    operation_class=body_operation(MessagesRequest, errors="anthropic"),
+    operation_class=body_operation(MessagesRequest, errors="anthropic", stream=True, ok="Message"),
 )
 async def create_message(request: Request) -> Response | Stream:
     host, req, run, name = await _start(request)
@@ -250,7 +250,7 @@ async def _sse(events: AsyncIterator[tuple[str, dict]]) -> AsyncIterator[bytes]:
     tags=["anthropic"],
     summary="Count the input tokens of a Messages request",
     status_code=200,
-    operation_class=body_operation(CountTokensRequest, errors="anthropic"),
+    operation_class=body_operation(CountTokensRequest, errors="anthropic", ok="MessageTokensCount"),
 )
 async def count_tokens(request: Request) -> Response:
     host = request.app.state.host

@@ -136,7 +136,7 @@ async def _start(request: Request, req: ResponsesRequest) -> tuple[ChatRun, list
     tags=["openai"],
     status_code=200,
     summary="Create a model response (OpenAI Responses API)",
-    operation_class=body_operation(ResponsesRequest),
+    operation_class=body_operation(ResponsesRequest, stream=True, ok="ResponseObject"),
 )
 async def create_response(request: Request) -> Response | Stream:
     req = await read_request(request, ResponsesRequest)
@@ -219,7 +219,7 @@ def _not_found(response_id: str) -> APIError:
     tags=["openai"],
     summary="Retrieve a stored response",
     sync_to_thread=False,
-    operation_class=documented(None, (401, 404, 500)),
+    operation_class=documented(None, (401, 404, 500), ok="ResponseObject"),
 )
 def get_response(request: Request, response_id: Annotated[str, PathParameter()]) -> Response:
     stored = _store(request).get(response_id)
@@ -235,7 +235,7 @@ def get_response(request: Request, response_id: Annotated[str, PathParameter()])
     summary="Delete a stored response",
     status_code=200,
     sync_to_thread=False,
-    operation_class=documented(None, (401, 404, 500)),
+    operation_class=documented(None, (401, 404, 500), ok="ResponseDeleted"),
 )
 def delete_response(request: Request, response_id: Annotated[str, PathParameter()]) -> Response:
     if not _store(request).delete(response_id):
