@@ -20,6 +20,8 @@ Mapping:
 - ``reasoning.effort`` ``none`` -> ``enable_thinking=False``; another effort -> ``True``; absent ->
   the template's default.
 - ``max_output_tokens``, ``temperature``, ``top_p`` as is.
+- ``include`` (any value) and ``truncation`` other than ``disabled`` are a 400 naming the field and
+  value: this server does not drop input items to fit, and returns no extra included data.
 """
 
 from __future__ import annotations
@@ -213,6 +215,14 @@ def _refused(req: ResponsesRequest) -> None:
             raise _bad(name, "not supported by this server")
     if req.top_logprobs:
         raise _bad("top_logprobs", "not supported by the Responses API of this server")
+    if req.include:
+        raise _bad("include[0]", f"{req.include[0]!r} is not supported by this server (no include values are)")
+    if req.truncation not in (None, "disabled"):
+        raise _bad(
+            "truncation",
+            f"only 'disabled' is supported by this server (an input too long for the context is a 400), "
+            f"got {req.truncation!r}",
+        )
     checks = (
         ("max_output_tokens", req.max_output_tokens, lambda v: v >= 1, "must be >= 1"),
         ("temperature", req.temperature, lambda v: 0.0 <= v <= 2.0, "must be between 0 and 2"),
