@@ -60,7 +60,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
         "-m",
         metavar="PATH",
         default=None,
-        help="HF checkpoint directory or .gguf file (default: the embedded "
+        help="HF checkpoint directory, .gguf file or hub name ORG/NAME[:QUANT] (default: the embedded "
         "SmolLM2-135M-Instruct, fetched on first use)",
     )
     model.add_argument(
@@ -202,8 +202,10 @@ def load_engine_model(args: argparse.Namespace, registry, model, *, progress: bo
     """The ``LoadedModel`` the flags describe: over ``--tensor-parallel-size`` ranks through the
     ``--distributed-executor-backend`` executor (plain ``load_model`` for one rank).  On CPU without
     ``--threads`` each rank of the ``mp`` executor gets an equal share of this machine's cores."""
+    from metrale_core.hub import resolve_model_arg
     from metrale_core.parallel.launch import check_engine_config, load_parallel
 
+    model = resolve_model_arg(model)  # a hub name (ORG/NAME[:QUANT]) -> its path in the HF cache
     size = getattr(args, "tensor_parallel_size", 1) or 1
     check_engine_config(engine_config_from_args(args), size)
     options = load_options_from_args(args)

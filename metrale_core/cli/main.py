@@ -94,9 +94,10 @@ def _run_plugins(args, registry) -> int:
 
 def _add_optional_commands(sub, registry) -> None:
     """Commands whose modules may be absent in a minimal install (e.g. the server)."""
-    from metrale_core.cli import worker
+    from metrale_core.cli import hub_cmd, worker
 
     worker.add_parser(sub, registry)
+    hub_cmd.add_parser(sub, registry)
     try:
         from metrale_core.cli import serve
     except ImportError:

@@ -158,9 +158,14 @@ def _model_path(args) -> str | None:
 
 
 def served_name(model: str | None) -> str:
-    """The default ``model`` name clients use: the checkpoint's file or directory name."""
+    """The default ``model`` name clients use: the checkpoint's file or directory name, or a hub
+    name's repo id ``ORG/NAME`` as vLLM does."""
+    from metrale_core.hub import is_hub_name, parse_spec
+
     if model is None:
         return DEFAULT_NAME
+    if is_hub_name(model):
+        return parse_spec(model).repo_id
     path = Path(model).expanduser()
     return path.stem if path.suffix == ".gguf" else (path.resolve().name or str(model))
 
