@@ -1,8 +1,8 @@
 """Benchmark: ``met serve`` against natively built llama.cpp (and ik_llama.cpp), ratios from one run.
 
 For each model (the embedded SmolLM2-135M Q4_1 and Qwen2.5-Coder-0.5B Q4_K_M), same GGUF, same
-prompts, greedy, ``ignore_eos``, one client process (this one: ``sse_client`` for the streams, whose
-per-token CPU is printed, httpx for the rest):
+prompts, greedy, ``ignore_eos``, one client process (this one: ``metrale_core.bench.sse_client``,
+``met bench serve``'s client, for the streams, whose per-token CPU is printed, httpx for the rest):
 
 - ``met serve`` with default flags (plus ``--met-flags``) and ``llama-server -np 16`` over HTTP:
   decode tok/s of 1 stream (SSE, first to last token), prefill tok/s of a ~500-token prompt
@@ -42,10 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from metrale_core.bench.sse_client import SSEClient
 from metrale_core.testing.chunked_weights import model_by_name
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sse_client import SSEClient
 
 ANCHORS = Path.home() / ".cache" / "metrale-anchors"
 PROMPTS = [
@@ -206,7 +204,7 @@ def thread_cpu_s() -> float:
 class HttpTarget:
     """One server's three figures over HTTP, one repetition at a time (``rep`` picks the prompt).
 
-    Streams go through :class:`sse_client.SSEClient` (the lean client: httpx costs more CPU per
+    Streams go through :class:`metrale_core.bench.sse_client.SSEClient` (the lean client: httpx costs more CPU per
     token than the server path it would measure); the one-shot prefill request through httpx."""
 
     def __init__(self, client, url: str, prompt_500: str, args, pid: int | None = None) -> None:
@@ -221,10 +219,12 @@ class HttpTarget:
         await asyncio.gather(*(self._stream(PROMPTS[i % len(PROMPTS)], 4) for i in range(self.args.streams)))
 
     async def decode1(self, rep: int) -> float:
-        _, first, last, events = await self._stream(PROMPTS[rep % len(PROMPTS)], self.args.decode_tokens)
-        if events < 2:
-            raise SystemExit(f"{self.url}: {events} events with text in a {self.args.decode_tokens}-token stream")
-        return (self.args.decode_tokens - 1) / (last - first)
+        timing = await self._stream(PROMPTS[rep % len(PROMPTS)], self.args.decode_tokens)
+        if timing.events < 2:
+            raise SystemExit(
+                f"{self.url}: {timing.events} events with text in a {self.args.decode_tokens}-token stream"
+            )
+        return (self.args.decode_tokens - 1) / (timing.last - timing.first)
 
     async def prefill(self, rep: int) -> float:
         import httpx

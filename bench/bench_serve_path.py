@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from metrale_core.bench.sse_client import SSEClient
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-from sse_client import SSEClient  # noqa: E402
 
 
 def serve(port: int, step_ms: float) -> None:
@@ -92,7 +92,7 @@ def main() -> None:
 
     async def one(n: int) -> int:
         body = {"model": "s", "prompt": "hello", "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True}
-        return (await client.stream("/v1/completions", body))[3]
+        return (await client.stream("/v1/completions", body)).events
 
     async def run() -> None:
         await asyncio.gather(*(one(8) for _ in range(16)))  # warm-up: opens the connections
