@@ -9,7 +9,8 @@ Routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` (+ ``GE
 ``/v1/responses/{id}``), ``/v1/embeddings``, ``/v1/messages`` (+ ``/count_tokens``, Anthropic
 auth and error shape), ``/v1/models``, ``/tokenize``,
 ``/detokenize``, ``/health``, ``/health/live``, ``/metrics``, the OpenAPI schema under
-``/schema``; other OpenAI routes answer 501.
+``/schema``, ``/`` (the browser chat page, outside the API-key guard; ``server.webui``); other
+OpenAI routes answer 501.
 
 Invariants:
 - Every error body is OpenAI-shaped (``errors.exception_handlers``).
@@ -46,6 +47,7 @@ from metrale_core.server.metrics import ServerMetrics, metrics_route
 from metrale_core.server.models import get_model, list_models
 from metrale_core.server.responses import ResponseStore, response_handlers
 from metrale_core.server.tokenize import detokenize, tokenize
+from metrale_core.server.webui import webui_handlers
 
 if TYPE_CHECKING:
     from metrale_core.registry import Registry
@@ -153,7 +155,7 @@ def create_app(
         ],
     )
     return Litestar(
-        route_handlers=[api, messages_router(), health, live, metrics_route],
+        route_handlers=[api, messages_router(), *webui_handlers, health, live, metrics_route],
         lifespan=[lifespan],
         exception_handlers=exception_handlers(),
         middleware=[_access_log],
