@@ -163,9 +163,10 @@ class ScriptedLM:
 SCRIPTED_ENGINE = {"block_size": 16, "num_kv_blocks": 512, "max_num_seqs": 32, "max_prefill_tokens": 2048}
 
 
-def scripted_served(tokenizer, engine_options=None, registry=None):
+def scripted_served(tokenizer, engine_options=None, registry=None, model_class=None):
     """The scripted model served (a ``ServedModel``): ``tokenizer`` is a ``Tokenizer`` or the
-    directory of one (picklable, so a data-parallel replica process can build it too)."""
+    directory of one (picklable, so a data-parallel replica process can build it too);
+    ``model_class`` a ``ScriptedLM`` subclass to serve instead."""
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.server import ServedModel
     from metrale_core.tokenizer import Tokenizer
@@ -177,7 +178,7 @@ def scripted_served(tokenizer, engine_options=None, registry=None):
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = Tokenizer.from_dir(tokenizer)
     engine = LLMEngine(
-        ScriptedLM(tokenizer),
+        (model_class or ScriptedLM)(tokenizer),
         EngineConfig(**{**SCRIPTED_ENGINE, **(engine_options or {})}),
         tokenizer=tokenizer,
         registry=registry,

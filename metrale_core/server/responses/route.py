@@ -8,8 +8,10 @@ continues a stored conversation for ``previous_response_id``) and run on the one
 Streamed: ``response.created`` -> ``response.in_progress`` -> the item events of
 ``events.OutputBuilder`` -> ``response.completed`` (or ``response.incomplete`` when
 ``max_output_tokens`` cut it), each with its ``event:`` line and a ``sequence_number`` counting
-from 0.  A failure after the first byte is one ``error`` event (``{"type": "error", "code",
-"message", "param"}``).
+from 0.  An engine failure after the first byte (the step raised, or the server is shutting down)
+closes the open items and ends with ``response.failed`` (``status: "failed"``, ``error: {code,
+message}``), as OpenAI's stream does; any other failure after the first byte is one ``error`` event
+(``{"type": "error", "code", "message", "param"}``).
 
 Invariants:
 - Errors are OpenAI-shaped (the app's handlers); bad input is a 4xx naming the field; an unknown
@@ -17,7 +19,8 @@ Invariants:
 - With ``store`` (the default) the finished response and its conversation go to the app's
   ``ResponseStore`` (bounded LRU, ``--responses-store-size``), whole or streamed.
 - ``usage``: ``input_tokens`` of the rendered prompt, ``output_tokens`` every generated token,
-  ``reasoning_tokens`` not counted separately (0).
+  ``reasoning_tokens`` the tokens of the reasoning items' text (re-encoded with the model's
+  tokenizer, so the think tags are not counted), never more than ``output_tokens``.
 """
 
 from __future__ import annotations
@@ -50,7 +53,21 @@ def _store(request: Request) -> ResponseStore:
     return request.app.state.responses
 
 
-def _body(req: ResponsesRequest, meta: dict, status: str, items: list[dict], run: ChatRun | None) -> dict[str, Any]:
+def _reasoning_tokens(run: ChatRun, items: list[dict]) -> int:
+    text = "".join(part["text"] for item in items if item["type"] == "reasoning" for part in item["content"])
+    if not text:
+        return 0
+    return min(run.output_tokens, len(run.host.ready().tokenizer.encode(text, add_special_tokens=False)))
+
+
+def _body(
+    req: ResponsesRequest,
+    meta: dict,
+    status: str,
+    items: list[dict],
+    run: ChatRun | None,
+    error: APIError | None = None,
+) -> dict[str, Any]:
     tools = [
         {
             "type": "function",
@@ -67,14 +84,14 @@ def _body(req: ResponsesRequest, meta: dict, status: str, items: list[dict], run
             "input_tokens": run.prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": run.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": _reasoning_tokens(run, items)},
             "total_tokens": run.prompt_tokens + run.output_tokens,
         }
     return {
         **meta,
         "object": "response",
         "status": status,
-        "error": None,
+        "error": None if error is None else {"code": error.code or error.type, "message": error.message},
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": req.instructions,
         "max_output_tokens": req.max_output_tokens,
@@ -171,7 +188,10 @@ async def _stream(
             for event in builder.feed(p):
                 yield event
         if out.finished and (failure := engine_failure(out)) is not None:
-            raise failure
+            for event in builder.finish():
+                yield event
+            yield {"type": "response.failed", "response": _body(req, meta, "failed", builder.items, run, failure)}
+            return
     for event in builder.finish():
         yield event
     status = _status(run)
