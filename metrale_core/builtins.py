@@ -12,7 +12,13 @@ Invariants:
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.components import ExecutorSpec, SamplerSpec, SchedulerSpec, ToolCallParserSpec
+from metrale_core.components import (
+    ExecutorSpec,
+    LogitProcessorSpec,
+    SamplerSpec,
+    SchedulerSpec,
+    ToolCallParserSpec,
+)
 from metrale_core.plugins import lazy_factory
 
 
@@ -23,6 +29,19 @@ def metrale_samplers(register):
             name="default",
             factory=lazy_factory("metrale_core.sampling.sampler:DefaultSampler"),
             description="torch sampler: greedy, temperature, top-k/top-p/min-p, penalties, seeds",
+        )
+    )
+
+
+@hookimpl
+def metrale_logit_processors(register):
+    register(
+        LogitProcessorSpec(
+            name="reasoning-budget",
+            factory=lazy_factory("metrale_core.sampling.reasoning_budget:ReasoningBudgetProcessor"),
+            # before structured output (50): the grammar starts after the forced </think>
+            order=40,
+            description="ends the reasoning of a request with a budget (thinking_token_budget) once it is spent",
         )
     )
 

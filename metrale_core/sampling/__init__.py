@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         ObserverWroteLogits,
     )
     from metrale_core.sampling.position import PositionKind
+    from metrale_core.sampling.reasoning_budget import ReasoningBudget
     from metrale_core.sampling.sampler import DefaultSampler, truncate
     from metrale_core.sampling.structured import StructuredOutput, StructuredOutputError
 
@@ -50,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "LogitProcessorFailed": "pipeline",
     "ObserverWroteLogits": "pipeline",
     "PositionKind": "position",
+    "ReasoningBudget": "reasoning_budget",
     "DefaultSampler": "sampler",
     "truncate": "sampler",
     "StructuredOutput": "structured",
@@ -79,6 +81,7 @@ __all__ = [
     "ObserverWroteLogits",
     "PositionKind",
     "ProcessorContext",
+    "ReasoningBudget",
     "RowLike",
     "SampleOutput",
     "Sampler",

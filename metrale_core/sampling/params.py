@@ -13,6 +13,7 @@ from typing import Any
 
 from attrs import field, frozen, validators
 
+from metrale_core.sampling.reasoning_budget import ReasoningBudget
 from metrale_core.sampling.structured import StructuredOutput
 
 __all__ = ["SamplingParams"]
@@ -69,6 +70,11 @@ class SamplingParams:
     #: processor that handles structured output; None = unconstrained.
     structured: StructuredOutput | None = field(
         default=None, validator=validators.optional(validators.instance_of(StructuredOutput))
+    )
+    #: At most this many tokens of reasoning, then its end is forced (the built-in
+    #: ``reasoning-budget`` processor); None = unbounded.
+    reasoning_budget: ReasoningBudget | None = field(
+        default=None, validator=validators.optional(validators.instance_of(ReasoningBudget))
     )
 
     @property

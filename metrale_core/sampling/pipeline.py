@@ -10,7 +10,8 @@ Invariants:
   processor with a ``wants_row(row)`` method sees only the rows it wants (and is skipped, with no
   copy of the logits, when it wants none).
 - A request with a ``structured`` constraint is refused by :meth:`LogitPipeline.validate` unless
-  some processor declares ``handles_structured_output = True``.
+  some processor declares ``handles_structured_output = True``; one with a ``reasoning_budget``
+  unless some processor declares ``handles_reasoning_budget = True``.
 - A read-only processor (observer) sees the logits after every processor of lower order (the
   masks) and before penalties and bias; if it writes them the pipeline raises
   :class:`ObserverWroteLogits` naming it.
@@ -126,6 +127,13 @@ class LogitPipeline:
                 "needs a structured-output plugin, and none is installed (pip install "
                 "metrale-structured)",
                 param=structured.field or "response_format",
+            )
+        budget = getattr(params, "reasoning_budget", None)
+        if budget is not None and not any(getattr(i, "handles_reasoning_budget", False) for _, i in self._stages):
+            raise StructuredOutputError(
+                f"{budget.field}: a reasoning budget needs the built-in reasoning-budget processor, which "
+                "this engine was built without (METRALE_DISABLE_PLUGINS names builtins?)",
+                param=budget.field,
             )
         for _, instance in self._stages:
             check = getattr(instance, "validate_params", None)

@@ -40,6 +40,7 @@ from metrale_core.server.openapi import body_operation
 from metrale_core.server.schemas import ChatCompletionRequest
 from metrale_core.server.streaming import sse_response
 from metrale_core.server.structured import chat_structured_output
+from metrale_core.server.thinking_budget import chat_reasoning_budget
 
 __all__ = ["chat_completions", "engine_failure"]
 
@@ -147,7 +148,14 @@ async def chat_completions(request: Request) -> Response:
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     jobs = await plan_jobs(
-        host, req, [prompt], max_tokens=max_tokens, logprobs=logprobs, extras_factory=extras, structured=structured
+        host,
+        req,
+        [prompt],
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        extras_factory=extras,
+        structured=structured,
+        reasoning_budget=chat_reasoning_budget(host, req, prompt_text),
     )
     choices = {job.index: _Choice(job.index, parsed=job.extras is not None) for job in jobs}
     namer = TokenNamer(served.tokenizer) if req.logprobs else None

@@ -64,7 +64,13 @@ def stop_lists(stop: str | list[str] | None) -> tuple[str, ...]:
 
 
 def sampling_params(
-    req: Any, *, max_tokens: int, logprobs: int | None, seed_offset: int = 0, structured: Any = None
+    req: Any,
+    *,
+    max_tokens: int,
+    logprobs: int | None,
+    seed_offset: int = 0,
+    structured: Any = None,
+    reasoning_budget: Any = None,
 ) -> SamplingParams:
     """The engine's ``SamplingParams`` for one choice of ``req`` (chat or completion request)."""
     seed = None if req.seed is None else (req.seed + seed_offset) & ((1 << 64) - 1)
@@ -87,6 +93,7 @@ def sampling_params(
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
             structured=structured,
+            reasoning_budget=reasoning_budget,
         )
     except (TypeError, ValueError) as exc:
         raise APIError(400, f"bad sampling parameter: {exc}") from None
@@ -126,10 +133,12 @@ async def plan_jobs(
     logprobs: int | None,
     extras_factory=None,
     structured: Any = None,
+    reasoning_budget: Any = None,
 ) -> Jobs:
     """One job per (prompt, choice), validated against the engine; raises 4xx / 503.
 
-    ``structured``: the request's ``StructuredOutput`` (``server.structured``), or None.  A
+    ``structured``: the request's ``StructuredOutput`` (``server.structured``), or None;
+    ``reasoning_budget``: its ``ReasoningBudget`` (``server.thinking_budget``), or None.  A
     constrained request is validated on a frontend worker thread: compiling its grammar (and, for
     the first one, the structured-output plugin's tokenizer index) is CPU work the event loop
     must not do."""
@@ -137,18 +146,27 @@ async def plan_jobs(
     host.check_capacity(len(prompts) * req.n)
     check_bias_vocab(getattr(req, "logit_bias", None), engine.model.info.vocab_size)
     adapter = adapter_extras(host, getattr(req, "model", None))
-    args = (engine, req, prompts, max_tokens, logprobs, extras_factory, structured, adapter)
+    args = (engine, req, prompts, max_tokens, logprobs, extras_factory, structured, reasoning_budget, adapter)
     jobs = await off_loop(_validated_jobs, *args) if structured is not None else _validated_jobs(*args)
     jobs.admission = host.admit(len(jobs))
     return jobs
 
 
-def _validated_jobs(engine, req, prompts, max_tokens, logprobs, extras_factory, structured, adapter) -> Jobs:
+def _validated_jobs(
+    engine, req, prompts, max_tokens, logprobs, extras_factory, structured, reasoning_budget, adapter
+) -> Jobs:
     jobs = Jobs()
     for p, prompt in enumerate(prompts):
         limit = _max_tokens(max_tokens, len(prompt), engine.max_model_len)
         for i in range(req.n):
-            params = sampling_params(req, max_tokens=limit, logprobs=logprobs, seed_offset=i, structured=structured)
+            params = sampling_params(
+                req,
+                max_tokens=limit,
+                logprobs=logprobs,
+                seed_offset=i,
+                structured=structured,
+                reasoning_budget=reasoning_budget,
+            )
             try:
                 ids = engine.validate_request("validate", prompt, params)
             except InvalidRequest as exc:

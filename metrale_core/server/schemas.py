@@ -223,6 +223,8 @@ class ChatCompletionRequest(_SamplingRequest):
     # vLLM extensions
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    #: At most this many reasoning tokens, then ``</think>`` is forced (``server.thinking_budget``).
+    thinking_token_budget: int | None = None
 
 
 @frozen(kw_only=True)
@@ -493,6 +495,7 @@ BOUNDS: dict[str, Bound] = {
     "top_logprobs": Bound(0, 20, text="must be between 0 and 20"),
     "logprobs": Bound(0, 20, text="must be between 0 and 20"),
     "seed": Bound(-(1 << 63), 1 << 64, high_open=True, text="must fit in 64 bits"),
+    "thinking_token_budget": Bound(0, None, text="must be >= 0"),
 }
 
 

@@ -31,6 +31,7 @@ from metrale_core.server.errors import APIError
 from metrale_core.server.generation import Job, plan_jobs, run_jobs
 from metrale_core.server.offload import off_loop
 from metrale_core.server.structured import chat_structured_output
+from metrale_core.server.thinking_budget import chat_reasoning_budget
 
 __all__ = ["ChatRun", "Piece", "pieces", "renamed", "start_chat"]
 
@@ -77,15 +78,26 @@ class ChatRun:
                 yield out
 
 
-async def start_chat(host: Any, req: Any, *, max_tokens: int | None) -> ChatRun:
+async def start_chat(
+    host: Any, req: Any, *, max_tokens: int | None, budget_field: str = "thinking_token_budget"
+) -> ChatRun:
     """Render (off the event loop), validate and plan ``req`` (a ``ChatCompletionRequest``) as one
-    engine request, with chat's structured-output constraint (``text.format`` and the like)."""
+    engine request, with chat's structured-output constraint (``text.format`` and the like) and
+    reasoning budget (``budget_field``: what the API calls ``thinking_token_budget``)."""
     served = host.ready()
     prompt, prompt_text = await off_loop(chat_prompt, served.tokenizer, req, served.engine.max_model_len)
     extras = parser_factory(host, req, prompt_text)
     structured = chat_structured_output(host, req, prompt_text)
+    budget = chat_reasoning_budget(host, req, prompt_text, field=budget_field)
     jobs = await plan_jobs(
-        host, req, [prompt], max_tokens=max_tokens, logprobs=None, extras_factory=extras, structured=structured
+        host,
+        req,
+        [prompt],
+        max_tokens=max_tokens,
+        logprobs=None,
+        extras_factory=extras,
+        structured=structured,
+        reasoning_budget=budget,
     )
     return ChatRun(host=host, jobs=jobs, prompt_tokens=len(prompt))
 

@@ -46,7 +46,7 @@ MESSAGES = {
     "top_k": 5,
     "stop_sequences": ["zz"],
     "tool_choice": {"type": "auto"},
-    "thinking": {"type": "enabled", "budget_tokens": 16},
+    "thinking": {"type": "enabled", "budget_tokens": 2},
     "tools": [{"name": "f", "description": "d", "input_schema": PARAMS}],
     "messages": [
         {"role": "user", "content": [{"type": "text", "text": "hi"}]},

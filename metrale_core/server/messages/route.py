@@ -84,7 +84,7 @@ async def _start(request: Request) -> tuple[Any, MessagesRequest, ChatRun, str]:
     name = check_model(host, req.model)
     chat = to_chat(req)
     try:
-        run = await start_chat(host, chat, max_tokens=req.max_tokens)
+        run = await start_chat(host, chat, max_tokens=req.max_tokens, budget_field="thinking.budget_tokens")
     except APIError as exc:  # name the Messages field for what chat knows as response_format
         raise renamed(exc, "response_format", "output_config.format") from None
     return host, req, run, name

@@ -15,6 +15,9 @@ Mapping:
   ``none`` -> ``auto``/``required``/named/``none``.
 - ``thinking.type`` ``enabled``/``adaptive`` -> ``enable_thinking=True``; ``disabled`` or absent ->
   ``enable_thinking=False`` (templates that do not know the flag ignore it).
+- ``thinking.budget_tokens`` (``enabled``) -> ``thinking_token_budget``: the reasoning is ended
+  (``</think>`` forced) once it has that many tokens; it must be less than ``max_tokens``, as
+  Anthropic's API requires (its minimum of 1,024 is not: small models think briefly).
 - ``stop_sequences`` -> ``stop``; ``max_tokens``, ``temperature``, ``top_p``, ``top_k`` as is.
 
 Invariants:
@@ -191,6 +194,13 @@ def _tool_choice(choice: dict | None, tools: list[Tool] | None) -> Any:
     raise _bad("tool_choice.type", f"must be 'auto', 'any', 'tool' or 'none', got {kind!r}")
 
 
+def _budget(thinking: dict | None) -> int | None:
+    """``thinking.budget_tokens`` of an ``enabled`` thinking config (checked by :func:`_thinking`)."""
+    if thinking is None or thinking.get("type") != "enabled":
+        return None
+    return thinking.get("budget_tokens")
+
+
 def _thinking(thinking: dict | None) -> bool:
     if thinking is None:
         return False
@@ -256,9 +266,13 @@ def to_chat(req: CountTokensRequest) -> ChatCompletionRequest:
         response_format=_response_format(req.output_config),
         tool_choice=_tool_choice(req.tool_choice, tools),
         chat_template_kwargs={"enable_thinking": _thinking(req.thinking)},
+        thinking_token_budget=_budget(req.thinking),
     )
     if isinstance(req, MessagesRequest):
         _ranges(req)
+        budget = fields["thinking_token_budget"]
+        if budget is not None and budget >= req.max_tokens:
+            raise _bad("thinking.budget_tokens", f"must be less than max_tokens ({req.max_tokens}), got {budget}")
         fields.update(
             max_tokens=req.max_tokens,
             stop=req.stop_sequences,
