@@ -13,7 +13,9 @@ Invariants:
   for JSON-body routes: 400, 401, 404, 413, 415, 500, 503), and nothing it cannot answer.
 - A streaming route documents both ``application/json`` and ``text/event-stream`` for 200.
 - A route's 200 JSON body is documented by name from ``openapi_bodies`` (``ok=...``), so the
-  schema fuzz checks the bodies, not only the statuses.
+  schema fuzz checks the bodies, not only the statuses; its OpenAPI links too
+  (``openapi_bodies.LINKS``: a created response -> get / delete / continue it), which the
+  stateful fuzz follows.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from functools import cache
 from typing import Any
 
 import attrs
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, Reference, RequestBody, Schema
+from litestar.openapi.spec import Link, OpenAPIMediaType, OpenAPIResponse, Operation, Reference, RequestBody, Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
 __all__ = ["ERROR_SCHEMA", "ERROR_STATUSES", "body_operation", "documented", "json_schema"]
@@ -173,9 +175,10 @@ def documented(
     exactly the error ``statuses`` the route can answer (plus its 200, whose JSON body is the
     schema ``openapi_bodies.BODIES[ok]`` when ``ok`` names one), with error bodies in the
     ``errors`` API's shape (``"openai"`` or ``"anthropic"``)."""
-    from metrale_core.server.openapi_bodies import body_schema, stream_schema
+    from metrale_core.server.openapi_bodies import LINKS, body_schema, stream_schema
 
     body = body_schema(ok) if ok is not None else None
+    links: dict[str, Link | Reference] = {name: Link(**spec) for name, spec in LINKS.get(ok or "", {}).items()}
     events = stream_schema(ok) if stream and ok is not None else Schema(type=OpenAPIType.STRING)
 
     @dataclass
@@ -194,10 +197,11 @@ def documented(
                         "application/json": OpenAPIMediaType(schema=whole),
                         "text/event-stream": OpenAPIMediaType(schema=events),
                     },
+                    links=links or None,
                 )
             elif body is not None:
                 ok_response = OpenAPIResponse(
-                    description="OK", content={"application/json": OpenAPIMediaType(schema=body)}
+                    description="OK", content={"application/json": OpenAPIMediaType(schema=body)}, links=links or None
                 )
             else:
                 ok_response = (self.responses or {}).get("200") or OpenAPIResponse(description="OK")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from litestar.openapi.spec import Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
-__all__ = ["BODIES", "STREAMS", "body_schema", "stream_schema"]
+__all__ = ["BODIES", "LINKS", "STREAMS", "body_schema", "stream_schema"]
 
 
 class _Optional:
@@ -356,6 +356,22 @@ STREAMS: dict[str, Schema] = {
     "Completion": sse(Schema(one_of=[COMPLETION_CHUNK, STREAM_ERROR]), done=True),
     "ResponseObject": sse(RESPONSE_EVENT),
     "Message": sse(MESSAGE_EVENT),
+}
+
+
+_STORED_ID = "$response.body#/id"
+
+#: OpenAPI links of a documented body by name (``Link`` keyword arguments): what a client can do
+#: next with what it got.  A stored Response can be read, deleted, or continued.
+LINKS: dict[str, dict[str, dict]] = {
+    "ResponseObject": {
+        "GetStoredResponse": {"operation_id": "getResponse", "parameters": {"response_id": _STORED_ID}},
+        "DeleteStoredResponse": {"operation_id": "deleteResponse", "parameters": {"response_id": _STORED_ID}},
+        "ContinueConversation": {
+            "operation_id": "createResponse",
+            "request_body": {"previous_response_id": _STORED_ID},
+        },
+    },
 }
 
 

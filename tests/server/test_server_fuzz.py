@@ -132,3 +132,58 @@ def test_valid_requests_get_bodies_and_events_as_documented(api_schema, roomy_ur
             if body.get("stream"):
                 assert response.headers["content-type"][0].startswith("text/event-stream"), (path, body)
     assert not checked.mismatches, "\n".join(checked.mismatches)
+
+
+#: Valid ``POST /v1/responses`` bodies for the stateful run (the stateless fuzz above covers the
+#: invalid ones): ``previous_response_id`` comes only from the ``ContinueConversation`` link.
+RESPONSES_BODY = {
+    "type": "object",
+    "required": ["model", "input"],
+    "additionalProperties": False,
+    "properties": {
+        "model": {"type": "string"},
+        "input": {"enum": ["What is the capital of France?", "Please ponder 2+2.", "count"]},
+        "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": 8},
+        "store": {"type": "boolean"},
+        "stream": {"type": "boolean"},
+    },
+}
+
+
+def test_stateful_responses_follow_the_documented_links(fuzz_url):
+    """The Responses operations as a state machine over the document's links: a created response
+    is read (``GetStoredResponse``), deleted (``DeleteStoredResponse``) or continued with
+    ``previous_response_id`` (``ContinueConversation``); every answer on the way is checked
+    against the document as in the stateless fuzz."""
+    schema = documented_schema(fuzz_url, "scripted", bodies={"/v1/responses": RESPONSES_BODY})
+    machine = schema.include(path_regex="^/v1/responses").as_state_machine()
+    checked = Checked()
+    steps: list[tuple[str, str, int, str | None]] = []
+
+    class Responses(machine):  # type: ignore[misc, valid-type]
+        def call(self, case, **kwargs):
+            response = checked.call(case, fuzz_url)
+            body = case.body if isinstance(case.body, dict) else {}
+            steps.append((case.method, case.path, response.status_code, body.get("previous_response_id")))
+            return response
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
+            pass  # checked.call validated it and collected any mismatch
+
+    Responses.run(
+        settings=settings(
+            max_examples=25,
+            stateful_step_count=4,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        )
+    )
+    assert not checked.mismatches, "\n".join(checked.mismatches)
+    by_route = {(method, path, status) for method, path, status, _ in steps}
+    assert ("POST", "/v1/responses", 200) in by_route, by_route
+    assert ("GET", "/v1/responses/{response_id}", 200) in by_route, by_route
+    assert ("DELETE", "/v1/responses/{response_id}", 200) in by_route, by_route
+    continued = [status for method, _, status, previous in steps if method == "POST" and previous]
+    assert 200 in continued, steps
