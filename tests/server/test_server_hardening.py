@@ -148,14 +148,21 @@ def test_streams_are_counted_at_admission(start_server):
     body = {"prompt": "abc", "max_tokens": 2000, "ignore_eos": True, "stream": True}
 
     async def burst() -> list[int]:
+        # an admitted stream stays open until every request of the burst has its answer: one that
+        # closed early would free its slot for a later one, however loaded the machine is
+        answered, everyone = [0], asyncio.Event()
         async with httpx.AsyncClient(timeout=60) as client:
 
             async def one() -> int:
                 async with client.stream("POST", server.url + "/v1/completions", json=body) as resp:
                     status = resp.status_code
+                    answered[0] += 1
+                    if answered[0] == 40:
+                        everyone.set()
                     if status == 200:
                         async for _ in resp.aiter_lines():
                             break
+                        await everyone.wait()
                     return status
 
             return await asyncio.gather(*[one() for _ in range(40)])
