@@ -7,7 +7,14 @@ server's RSS (MiB, from ``/proc/PID/status``); a flat RSS column means no leak (
 14).  Not a test: run by hand.
 
     python bench/soak_http.py [--model PATH | --tiny] [--requests 2000] [--window 500]
-                              [--trace DIR]
+                              [--full [--lora]] [--met-flags '--weight-format int4'] [--trace DIR]
+
+``--full`` cycles the real mix of issue 33 instead: the above plus tools (auto and forced
+``required``, streamed), ``json_schema``, ``n=3``, Responses and Messages (whole and streamed),
+embeddings, a stream the client drops after its first bytes, and two more 400s; ``--lora`` adds a
+random SmolLM2-shaped PEFT adapter (``--lora soak-lora=DIR``) and chat / completion requests to it.
+Every request's status is checked (a wrong one stops the soak), and at the end ``/metrics`` must
+show the engine idle (0 running, 0 waiting, 0 KV use).
 
 ``--trace DIR`` tells leak from allocator high-water: the server runs under ``tracemalloc``
 (10 frames) and, at every window, writes ``DIR/snap-N.pickle`` (a tracemalloc snapshot), and
@@ -48,11 +55,36 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def requests_mix(max_tokens: int) -> list[tuple[str, dict, int]]:
-    """(path, body, expected status) of one cycle."""
-    chat = {"messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0, "max_tokens": max_tokens}
-    comp = {"prompt": "Once upon a time", "temperature": 0, "max_tokens": max_tokens}
-    return [
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+def requests_mix(
+    max_tokens: int, model: str, lora: str | None = None, full: bool = False
+) -> list[tuple[str, dict, int]]:
+    """(path, body, expected status) of one cycle.  ``full`` adds the real mix of issue 33 (tools,
+    forced tools, json_schema, n > 1, the LoRA adapter ``lora``, Responses, Messages, embeddings,
+    a dropped stream, more 400s); a body with ``"disconnect": True`` is a stream the client drops
+    after its first bytes (the server must abort it and free its blocks)."""
+    chat = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Name a colour."}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    }
+    comp = {"model": model, "prompt": "Once upon a time", "temperature": 0, "max_tokens": max_tokens}
+    mix = [
         ("/v1/chat/completions", chat, 200),
         ("/v1/chat/completions", {**chat, "stream": True}, 200),
         ("/v1/completions", comp, 200),
@@ -62,14 +94,57 @@ def requests_mix(max_tokens: int) -> list[tuple[str, dict, int]]:
         ("/v1/completions", {"prompt": "z" * (1 << 20), "max_tokens": 1}, 400),
         ("/v1/chat/completions", {**chat, "seed": 7, "temperature": 0.8}, 200),
     ]
+    if not full:
+        return mix
+    weather = {**chat, "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}
+    messages = {"model": model, "max_tokens": max_tokens, "messages": chat["messages"]}
+    mix += [
+        ("/v1/chat/completions", {**weather, "tools": [WEATHER_TOOL], "max_tokens": 48}, 200),
+        (
+            "/v1/chat/completions",
+            {**weather, "tools": [WEATHER_TOOL], "tool_choice": "required", "max_tokens": 64, "stream": True},
+            200,
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                **chat,
+                "max_tokens": 48,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
+            },
+            200,
+        ),
+        ("/v1/chat/completions", {**chat, "n": 3, "temperature": 0.7, "seed": 1}, 200),
+        ("/v1/responses", {"model": model, "input": "Name a colour.", "max_output_tokens": max_tokens}, 200),
+        (
+            "/v1/responses",
+            {"model": model, "input": "Name a fruit.", "max_output_tokens": max_tokens, "stream": True},
+            200,
+        ),
+        ("/v1/messages", messages, 200),
+        ("/v1/messages", {**messages, "stream": True}, 200),
+        ("/v1/embeddings", {"model": model, "input": ["a red apple", "a green pear"]}, 200),
+        ("/v1/chat/completions", {**chat, "max_tokens": 200, "stream": True, "disconnect": True}, 200),
+        ("/v1/chat/completions", {**chat, "temperature": 5}, 400),
+        ("/v1/messages", {"model": model, "messages": chat["messages"]}, 400),  # max_tokens is required
+    ]
+    if lora is not None:
+        mix += [
+            ("/v1/chat/completions", {**chat, "model": lora}, 200),
+            ("/v1/completions", {**comp, "model": lora, "stream": True}, 200),
+        ]
+    return mix
 
 
 async def one(client: httpx.AsyncClient, url: str, path: str, body: dict, status: int) -> float:
     start = time.perf_counter()
+    disconnect = body.get("disconnect", False)
+    body = {k: v for k, v in body.items() if k != "disconnect"}
     if body.get("stream"):
         async with client.stream("POST", url + path, json=body) as resp:
             async for _ in resp.aiter_bytes():
-                pass
+                if disconnect:
+                    break
     else:
         resp = await client.post(url + path, json=body)
     if resp.status_code != status:
@@ -77,10 +152,39 @@ async def one(client: httpx.AsyncClient, url: str, path: str, body: dict, status
     return (time.perf_counter() - start) * 1000
 
 
+def cpu_line() -> str:
+    """This machine's CPU and the features the kernels pick by (every benchmark prints it)."""
+    from metrale_core.bench.report import machine_info, machine_line
+
+    return "machine: " + machine_line(machine_info())
+
+
+def gauges(url: str) -> str:
+    """The engine's running / waiting requests and KV use from ``/metrics`` (all 0 when idle)."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    wanted = ("metrale:num_requests_running", "metrale:num_requests_waiting", "metrale:kv_cache_usage_perc")
+    found = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            found[name.split(":", 1)[1]] = float(line.rsplit(" ", 1)[1])
+    return ", ".join(f"{k} {v:g}" for k, v in found.items())
+
+
 async def soak(
-    url: str, pid: int, total: int, window: int, concurrency: int, max_tokens: int, trace: str | None = None
+    url: str,
+    pid: int,
+    total: int,
+    window: int,
+    concurrency: int,
+    max_tokens: int,
+    trace: str | None = None,
+    full: bool = False,
+    lora: str | None = None,
 ) -> None:
-    mix = requests_mix(max_tokens)
+    model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    mix = requests_mix(max_tokens, model, lora, full)
+    print(f"mix of {len(mix)} requests per cycle, model {model}", flush=True)
     queue: asyncio.Queue = asyncio.Queue()
     for i in range(total):
         queue.put_nowait(mix[i % len(mix)])
@@ -134,6 +238,29 @@ def tiny_checkpoint(directory: str) -> str:
     Qwen3ForCausalLM(config).save_pretrained(directory)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(tok_dir, name), directory)
+    return directory
+
+
+def smollm2_adapter(directory: str) -> str:
+    """A random rank-8 PEFT LoRA adapter (q/k/v/o) shaped for SmolLM2-135M, saved in ``directory``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(  # SmolLM2-135M's shapes; a tiny vocabulary, since the adapter has no embeddings
+        vocab_size=64,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    lora = LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False
+    )
+    get_peft_model(LlamaForCausalLM(config), lora).save_pretrained(directory)
     return directory
 
 
@@ -220,7 +347,9 @@ def traced_growth(directory: str, first: int, last: int, top: int = 15) -> None:
     print("gc object count growth by type: " + ", ".join(f"{k} {d:+d}" for d, k in grown))
 
 
-def start_server(model: str | None, threads: int, trace: str | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(
+    model: str | None, threads: int, trace: str | None = None, extra: list[str] | None = None
+) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -238,6 +367,7 @@ def start_server(model: str | None, threads: int, trace: str | None = None) -> t
         "128M",
         "--max-num-seqs",
         "8",
+        *(extra or []),
     ]
     if model:
         cmd.insert(4, model)
@@ -272,6 +402,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the real mix (issue 33): tools, json_schema, n>1, Responses, Messages, embeddings, drops, 400s",
+    )
+    parser.add_argument(
+        "--lora",
+        action="store_true",
+        help="with --full, serve a random SmolLM2-shaped PEFT adapter as 'soak-lora' and send it requests",
+    )
+    parser.add_argument("--met-flags", default="", help="extra met serve flags, e.g. '--weight-format int4'")
+    parser.add_argument(
         "--trace",
         default=None,
         metavar="DIR",
@@ -284,11 +425,29 @@ def main() -> None:
     model = tiny_checkpoint(tmp.name) if args.tiny else args.model
     if args.trace:
         os.makedirs(args.trace, exist_ok=True)
-    proc, url = start_server(model, args.threads, args.trace)
+    extra = args.met_flags.split()
+    lora = None
+    if args.lora:
+        lora = "soak-lora"
+        extra += ["--lora", f"{lora}={smollm2_adapter(os.path.join(tmp.name, 'adapter'))}"]
+    proc, url = start_server(model, args.threads, args.trace, extra)
     try:
+        print(cpu_line(), flush=True)
         started = time.perf_counter()
-        asyncio.run(soak(url, proc.pid, args.requests, args.window, args.concurrency, args.max_tokens, args.trace))
-        print(f"{args.requests} requests in {time.perf_counter() - started:.1f}s", flush=True)
+        asyncio.run(
+            soak(
+                url,
+                proc.pid,
+                args.requests,
+                args.window,
+                args.concurrency,
+                args.max_tokens,
+                args.trace,
+                full=args.full,
+                lora=lora,
+            )
+        )
+        print(f"{args.requests} requests in {time.perf_counter() - started:.1f}s; idle: {gauges(url)}", flush=True)
         windows = args.requests // args.window
         if args.trace and windows >= 2:
             traced_growth(args.trace, min(2, windows - 1), windows)
