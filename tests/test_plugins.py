@@ -99,6 +99,7 @@ def test_fake_distribution_registers_its_components(install, warnings_log):
     # built-ins are a plugin like any other, listed first
     assert reg.plugins[0].name == "builtins" and reg.plugins[0].distribution == "metrale-core"
     assert reg.plugins[0].components == {
+        "logit_processors": ["reasoning-budget"],
         "samplers": ["default"],
         "schedulers": ["fcfs"],
         "tool_call_parsers": ["hermes", "qwen3_coder", "glm47"],
