@@ -36,7 +36,7 @@ from metrale_core.server.generation import Job, run_jobs
 from metrale_core.server.openapi import body_operation
 from metrale_core.server.schemas import Prompt
 
-__all__ = ["EmbeddingRequest", "create_embeddings"]
+__all__ = ["EmbeddingRequest", "create_embeddings", "embed"]
 
 
 @frozen(kw_only=True)
@@ -69,36 +69,17 @@ def _encode(vector: Any, fmt: str) -> Any:
     return vector.tolist()
 
 
-@post(
-    "/v1/embeddings",
-    operation_id="createEmbedding",
-    tags=["openai"],
-    status_code=200,
-    summary="Create embeddings (OpenAI-compatible)",
-    operation_class=body_operation(EmbeddingRequest, ok="EmbeddingList"),
-)
-async def create_embeddings(request: Request) -> Response:
-    host = request.app.state.host
-    req = await read_request(request, EmbeddingRequest)
-    name = check_model(host, req.model)
+async def embed(host: Any, name: str, value: Any) -> tuple[list[Any], int]:
+    """The pooled vectors of ``value`` (what ``input`` may be) in input order, and the tokens
+    they took; 400 before any work when the model cannot pool or an input is invalid."""
     served = host.ready()
-    if req.encoding_format not in ("float", "base64"):
-        raise APIError(
-            400, f"encoding_format: must be 'float' or 'base64', got {req.encoding_format!r}", param="encoding_format"
-        )
-    if req.dimensions is not None:
-        raise APIError(
-            400,
-            "dimensions: not supported; this model's embeddings have a fixed size and cannot be shortened",
-            param="dimensions",
-        )
     engine = served.engine
     if not can_pool(engine.model):
         raise APIError(
             400, f"model: {name!r} cannot produce embeddings (its model has no hidden-state output)", param="model"
         )
     mode = host.config.pooling or default_pooling(engine.model)
-    prompts = _inputs(served.tokenizer, req.input)
+    prompts = _inputs(served.tokenizer, value)
     host.check_capacity(len(prompts))
     params = SamplingParams(temperature=0.0, max_tokens=1)
     jobs = []
@@ -118,10 +99,36 @@ async def create_embeddings(request: Request) -> Response:
             if out.embedding is None:
                 raise APIError(500, "the engine finished an embedding request without a vector", type="server_error")
             vectors[index] = out.embedding
-    tokens = sum(len(p) for p in prompts)
+    return [vectors[i] for i in range(len(prompts))], sum(len(p) for p in prompts)
+
+
+@post(
+    "/v1/embeddings",
+    operation_id="createEmbedding",
+    tags=["openai"],
+    status_code=200,
+    summary="Create embeddings (OpenAI-compatible)",
+    operation_class=body_operation(EmbeddingRequest, ok="EmbeddingList"),
+)
+async def create_embeddings(request: Request) -> Response:
+    host = request.app.state.host
+    req = await read_request(request, EmbeddingRequest)
+    name = check_model(host, req.model)
+    host.ready()
+    if req.encoding_format not in ("float", "base64"):
+        raise APIError(
+            400, f"encoding_format: must be 'float' or 'base64', got {req.encoding_format!r}", param="encoding_format"
+        )
+    if req.dimensions is not None:
+        raise APIError(
+            400,
+            "dimensions: not supported; this model's embeddings have a fixed size and cannot be shortened",
+            param="dimensions",
+        )
+    vectors, tokens = await embed(host, name, req.input)
     data = [
-        {"object": "embedding", "index": i, "embedding": _encode(vectors[i], req.encoding_format)}
-        for i in range(len(prompts))
+        {"object": "embedding", "index": i, "embedding": _encode(vector, req.encoding_format)}
+        for i, vector in enumerate(vectors)
     ]
     return Response(
         {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
