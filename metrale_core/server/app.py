@@ -45,6 +45,7 @@ from metrale_core.server.lora_routes import load_lora_adapter, unload_lora_adapt
 from metrale_core.server.messages import messages_router
 from metrale_core.server.metrics import ServerMetrics, metrics_route
 from metrale_core.server.models import get_model, list_models
+from metrale_core.server.ollama import ollama_router
 from metrale_core.server.responses import ResponseStore, response_handlers
 from metrale_core.server.tokenize import detokenize, tokenize
 from metrale_core.server.webui import webui_handlers
@@ -155,7 +156,7 @@ def create_app(
         ],
     )
     return Litestar(
-        route_handlers=[api, messages_router(), *webui_handlers, health, live, metrics_route],
+        route_handlers=[api, messages_router(), ollama_router(), *webui_handlers, health, live, metrics_route],
         lifespan=[lifespan],
         exception_handlers=exception_handlers(),
         middleware=[_access_log],

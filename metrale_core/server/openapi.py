@@ -11,7 +11,8 @@ Invariants:
   ``maximum``, ``exclusiveMinimum`` ...) and string enums from the fields' ``enum`` metadata.
 - Every status a route can answer is documented with OpenAI's error body (``ERROR_STATUSES``
   for JSON-body routes: 400, 401, 404, 413, 415, 500, 503), and nothing it cannot answer.
-- A streaming route documents both ``application/json`` and ``text/event-stream`` for 200.
+- A streaming route documents both ``application/json`` and its stream's media type for 200
+  (``text/event-stream``; Ollama's routes ``application/x-ndjson``, one JSON object per line).
 - A route's 200 JSON body is documented by name from ``openapi_bodies`` (``ok=...``), so the
   schema fuzz checks the bodies, not only the statuses; its OpenAPI links too
   (``openapi_bodies.LINKS``: a created response -> get / delete / continue it), which the
@@ -137,12 +138,21 @@ ANTHROPIC_ERROR_SCHEMA = Schema(
     },
 )
 
+#: Ollama's error object (the ``/api`` routes answer errors in this shape).
+OLLAMA_ERROR_SCHEMA = Schema(
+    type=OpenAPIType.OBJECT,
+    title="OllamaErrorResponse",
+    required=["error"],
+    properties={"error": Schema(type=OpenAPIType.STRING)},
+)
+
 #: Error shapes by API.
-_ERROR_SCHEMAS = {"openai": ERROR_SCHEMA, "anthropic": ANTHROPIC_ERROR_SCHEMA}
+_ERROR_SCHEMAS = {"openai": ERROR_SCHEMA, "anthropic": ANTHROPIC_ERROR_SCHEMA, "ollama": OLLAMA_ERROR_SCHEMA}
 
 _DESCRIPTIONS = {
     400: "Invalid request (the message names the field)",
     401: "Missing or wrong API key",
+    403: "Not permitted on this server (the message says what to do instead)",
     404: "Unknown model",
     405: "Method not allowed",
     413: "Request body too large",
@@ -174,12 +184,14 @@ def documented(
     """An ``Operation`` class documenting a JSON request body of type ``model`` (if any) and
     exactly the error ``statuses`` the route can answer (plus its 200, whose JSON body is the
     schema ``openapi_bodies.BODIES[ok]`` when ``ok`` names one), with error bodies in the
-    ``errors`` API's shape (``"openai"`` or ``"anthropic"``)."""
+    ``errors`` API's shape (``"openai"``, ``"anthropic"`` or ``"ollama"``)."""
     from metrale_core.server.openapi_bodies import LINKS, body_schema, stream_schema
 
     body = body_schema(ok) if ok is not None else None
     links: dict[str, Link | Reference] = {name: Link(**spec) for name, spec in LINKS.get(ok or "", {}).items()}
-    events = stream_schema(ok) if stream and ok is not None else Schema(type=OpenAPIType.STRING)
+    media, events = (
+        stream_schema(ok) if stream and ok is not None else ("text/event-stream", Schema(type=OpenAPIType.STRING))
+    )
 
     @dataclass
     class DocumentedOperation(Operation):
@@ -192,10 +204,10 @@ def documented(
             ok_response: OpenAPIResponse | Reference
             if stream:
                 ok_response = OpenAPIResponse(
-                    description='The whole response, or server-sent events with "stream": true',
+                    description=f'The whole response, or a {media} stream with "stream": true',
                     content={
                         "application/json": OpenAPIMediaType(schema=whole),
-                        "text/event-stream": OpenAPIMediaType(schema=events),
+                        media: OpenAPIMediaType(schema=events),
                     },
                     links=links or None,
                 )

@@ -10,7 +10,8 @@ Invariants:
   fields are allowed (clients ignore unknown fields, and plugins may add some).
 - A field the route may send as ``null`` is documented as nullable (``anyOf`` with ``null``).
 - The shapes follow the APIs the routes speak: OpenAI's chat completion, completion,
-  embedding list, model list and Responses object; Anthropic's message; Ollama's replies.
+  embedding list, model list and Responses object; Anthropic's message; Ollama's replies
+  (``server.ollama.bodies``, on this module's helpers).
 """
 
 from __future__ import annotations
@@ -375,11 +376,20 @@ LINKS: dict[str, dict[str, dict]] = {
 }
 
 
+def _ollama() -> tuple[dict[str, Schema], dict[str, Schema]]:
+    from metrale_core.server.ollama.bodies import OLLAMA_BODIES, OLLAMA_STREAMS  # built on this module's helpers
+
+    return OLLAMA_BODIES, OLLAMA_STREAMS
+
+
 def body_schema(name: str) -> Schema:
     """The documented body called ``name`` (a ``KeyError`` names an undocumented one)."""
-    return BODIES[name]
+    return BODIES[name] if name in BODIES else _ollama()[0][name]
 
 
-def stream_schema(name: str) -> Schema:
-    """One server-sent event of the stream of the route whose whole body is ``name``."""
-    return STREAMS[name]
+def stream_schema(name: str) -> tuple[str, Schema]:
+    """``(media type, schema of one event)`` of the stream of the route whose whole body is
+    ``name``: a server-sent event, or one line of Ollama's NDJSON streams."""
+    if name in STREAMS:
+        return "text/event-stream", STREAMS[name]
+    return "application/x-ndjson", _ollama()[1][name]

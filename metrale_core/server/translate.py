@@ -79,13 +79,23 @@ class ChatRun:
 
 
 async def start_chat(
-    host: Any, req: Any, *, max_tokens: int | None, budget_field: str = "thinking_token_budget"
+    host: Any,
+    req: Any,
+    *,
+    max_tokens: int | None,
+    budget_field: str = "thinking_token_budget",
+    raw_prompt: str | None = None,
 ) -> ChatRun:
     """Render (off the event loop), validate and plan ``req`` (a ``ChatCompletionRequest``) as one
     engine request, with chat's structured-output constraint (``text.format`` and the like) and
-    reasoning budget (``budget_field``: what the API calls ``thinking_token_budget``)."""
+    reasoning budget (``budget_field``: what the API calls ``thinking_token_budget``).
+    ``raw_prompt``: this text is the whole prompt (tokenized with the model's special tokens),
+    not the chat template's rendering of ``req.messages`` (Ollama's ``raw``)."""
     served = host.ready()
-    prompt, prompt_text = await off_loop(chat_prompt, served.tokenizer, req, served.engine.max_model_len)
+    if raw_prompt is None:
+        prompt, prompt_text = await off_loop(chat_prompt, served.tokenizer, req, served.engine.max_model_len)
+    else:
+        prompt, prompt_text = await off_loop(served.tokenizer.encode, raw_prompt, True), raw_prompt
     extras = parser_factory(host, req, prompt_text)
     structured = chat_structured_output(host, req, prompt_text)
     budget = chat_reasoning_budget(host, req, prompt_text, field=budget_field)
