@@ -21,6 +21,7 @@ __all__ = [
     "load_engine_model",
     "load_options_from_args",
     "parse_size",
+    "positive_float",
     "positive_int",
 ]
 
@@ -49,6 +50,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
 
 
@@ -95,6 +106,14 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
         help="where the ranks run: mp (worker processes here; the default for N > 1), "
         "env (ranks started by torchrun / 'met worker': MASTER_ADDR, MASTER_PORT, "
         "WORLD_SIZE, RANK), ray (the metrale-ray plugin) or uni (one process)",
+    )
+    model.add_argument(
+        "--distributed-timeout",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="how long a tensor-parallel collective (and a remote data-parallel replica's link) waits "
+        "for a silent rank or host before the job is declared lost (default: 60)",
     )
     model.add_argument(
         "--threads",
@@ -219,5 +238,13 @@ def load_engine_model(args: argparse.Namespace, registry, model, *, progress: bo
         threads = max(1, (os.cpu_count() or 1) // size)  # the mp ranks share this machine's cores
         torch.set_num_threads(threads)
     return load_parallel(
-        model, options, registry, size=size, backend=backend, threads=threads, progress=progress, on_tensor=on_tensor
+        model,
+        options,
+        registry,
+        size=size,
+        backend=backend,
+        threads=threads,
+        progress=progress,
+        on_tensor=on_tensor,
+        timeout_s=getattr(args, "distributed_timeout", None),
     )

@@ -12,7 +12,9 @@ Invariants:
   each replica process rebuilds the engine from the same flags (:func:`replica_served`); see
   :func:`serving_loader`.  Data and tensor parallelism are not combined yet (a clear error).
 - With ``--tensor-parallel-size`` > 1 the workers are stopped when the server stops (Ctrl-C,
-  SIGTERM); a lost worker stops the server, which exits 1 with the reason.
+  SIGTERM).  A lost worker (or its host) fails the requests in flight and the server stays up,
+  answering 503 ``engine_failed`` with the reason (``ServedModel.fault``) on ``/health`` and new
+  requests; stopped afterwards, it exits 1 with the reason on stderr.
 """
 
 from __future__ import annotations
@@ -180,12 +182,15 @@ def build_loader(args, registry, model: str | None, on_tensor=None, jobs: list |
 
         loaded = load_engine_model(args, registry, model, progress=False, on_tensor=on_tensor)
         driver = getattr(loaded.model, "driver", None)
-        if driver is not None:
-            if jobs is not None:
-                jobs.append(driver)
-            driver.on_failure.append(_stop_server)
+        if driver is not None and jobs is not None:
+            jobs.append(driver)
         engine = LLMEngine(loaded.model, engine_config_from_args(args), tokenizer=loaded.tokenizer, registry=registry)
-        return ServedModel(engine=engine, tokenizer=loaded.tokenizer, model_type=loaded.store.config.get("model_type"))
+        return ServedModel(
+            engine=engine,
+            tokenizer=loaded.tokenizer,
+            model_type=loaded.store.config.get("model_type"),
+            fault=(lambda: driver.failed) if driver is not None else None,
+        )
 
     return load
 
@@ -242,13 +247,6 @@ def serving_loader(args, registry, model: str | None, on_tensor=None, jobs: list
         return attrs.evolve(loader(), async_front=front)
 
     return load
-
-
-def _stop_server(reason: str) -> None:
-    """A tensor-parallel rank is gone: stop serving (as on SIGTERM); ``run`` exits non-zero."""
-    import signal
-
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 class _Terminated(Exception):

@@ -5,15 +5,20 @@ Owner: ``metrale_core.parallel``; rank 0 (``launch``) and every worker (``worker
 (torchrun's variables; the ``mp`` and ``ray`` executors set them for the workers they start).
 
 Invariants:
-- Two groups: the forward's collectives (``TensorParallel.group``: gloo on CPU, NCCL on CUDA;
-  a stuck collective fails after ``$METRALE_TP_TIMEOUT`` seconds, default 300) and a gloo control
-  group for the step broadcast, which waits as long as the server idles.
+- Three groups.  :func:`join` makes the *setup* group (gloo, :data:`SETUP_TIMEOUT`): the
+  rendezvous, the load spec and the load statuses, which may wait as long as the slowest rank
+  starts or loads.  :func:`open_groups` then makes, with the job's ``--distributed-timeout``
+  (rank 0 sends it in the load spec, so every rank uses the same), the forward's group
+  (``TensorParallel.group``: gloo on CPU, NCCL on CUDA) and a gloo *control* group for the step
+  broadcast and rank 0's heartbeat: any collective of a running job that waits longer than that
+  raises, so a lost host (a link down kills no process) is noticed in bounded time on every side.
 - A worker on CUDA uses device ``cuda:$LOCAL_RANK`` (else ``cuda:$RANK``).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -25,15 +30,23 @@ from attrs import frozen
 from metrale_core.errors import ConfigError
 from metrale_core.layers.parallel import TensorParallel
 
-__all__ = ["ENV_KEYS", "Rendezvous", "join", "leave", "rendezvous_from_env", "step_timeout"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "ENV_KEYS",
+    "SETUP_TIMEOUT",
+    "Rendezvous",
+    "join",
+    "leave",
+    "local_address",
+    "open_groups",
+    "rendezvous_from_env",
+]
 
 ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
-_IDLE = timedelta(days=365)
-
-
-def step_timeout() -> timedelta:
-    """How long one collective of the forward may wait for the other ranks."""
-    return timedelta(seconds=float(os.environ.get("METRALE_TP_TIMEOUT", "300")))
+#: ``--distributed-timeout``'s default: how long a collective of a running job waits for a rank.
+DEFAULT_TIMEOUT_S = 60.0
+#: How long the rendezvous and the load wait for the slowest rank.
+SETUP_TIMEOUT = timedelta(hours=1)
 
 
 @frozen
@@ -78,8 +91,18 @@ def device_for(device: str, rank: int) -> str:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
 
 
-def join(rdv: Rendezvous, device: str = "cpu") -> tuple[TensorParallel, Any]:
-    """Join the job: ``(TensorParallel of the forward, the control group)``."""
+def local_address(rdv: Rendezvous) -> str:
+    """This host's address on the route to rank 0 (how the other ranks name this one)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((rdv.addr, rdv.port))  # UDP: no packet is sent
+            return str(sock.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
+
+
+def join(rdv: Rendezvous, device: str = "cpu") -> Any:
+    """Join the job (the rendezvous): the setup group."""
     on_cuda = torch.device(device).type == "cuda"
     if on_cuda:
         torch.cuda.set_device(torch.device(device))
@@ -88,10 +111,19 @@ def join(rdv: Rendezvous, device: str = "cpu") -> tuple[TensorParallel, Any]:
         init_method=f"tcp://{rdv.addr}:{rdv.port}",
         rank=rdv.rank,
         world_size=rdv.world,
-        timeout=step_timeout(),
+        timeout=SETUP_TIMEOUT,
     )
-    control = dist.new_group(backend="gloo", timeout=_IDLE)
-    return TensorParallel(rdv.rank, rdv.world, dist.group.WORLD), control
+    return dist.new_group(backend="gloo", timeout=SETUP_TIMEOUT)
+
+
+def open_groups(rdv: Rendezvous, device: str, timeout_s: float) -> tuple[TensorParallel, Any]:
+    """The running job's groups, whose collectives fail after ``timeout_s``:
+    ``(TensorParallel of the forward, the control group)``."""
+    timeout = timedelta(seconds=timeout_s)
+    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+    forward = dist.new_group(backend=backend, timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=timeout)
+    return TensorParallel(rdv.rank, rdv.world, forward), control
 
 
 def leave() -> None:

@@ -5,9 +5,11 @@ Owner: ``met serve`` / ``met generate`` (through :func:`load_for_engine`) and th
 Invariants:
 - Size 1 with the ``uni`` (or default) executor is exactly ``loading.load_model``: no process
   group, no wrapper.
-- Otherwise rank 0 starts the workers through the executor, sends them what to load, loads its
-  own shard and waits for every rank's load: a rank that cannot load (a tensor that cannot be
-  split, a loader without tensor parallelism) fails the whole start with its reason.
+- Otherwise rank 0 starts the workers through the executor, sends them what to load (and the
+  job's ``--distributed-timeout``), loads its own shard and waits for every rank's load: a rank
+  that cannot load (a tensor that cannot be split, a loader without tensor parallelism) fails
+  the whole start with its reason.  Each worker reports where it runs (its address and pid), so
+  a later failure names the lost rank's host.
 - Tensor parallelism refuses what it does not shard: LoRA adapters, speculative decoding and
   KV codecs other than plain storage (``ConfigError`` naming the flag).
 """
@@ -54,9 +56,13 @@ def load_parallel(
     threads: int | None = None,
     progress: bool = True,
     on_tensor: Any = None,
+    timeout_s: float | None = None,
 ) -> LoadedModel:
     """Load ``model`` over ``size`` ranks placed by the executor ``backend``; rank 0's
-    ``LoadedModel.model`` is a ``DriverModel`` (``model.close()`` / ``model.driver`` stop the job)."""
+    ``LoadedModel.model`` is a ``DriverModel`` (``model.close()`` / ``model.driver`` stop the job).
+    ``timeout_s``: how long a collective of the running job waits for a rank (default
+    ``DEFAULT_TIMEOUT_S``)."""
+    from metrale_core.parallel.distributed import DEFAULT_TIMEOUT_S
     from metrale_core.plugins import load_registry
 
     options = options or LoadOptions()
@@ -69,19 +75,20 @@ def load_parallel(
     if size == 1 and backend == "uni":
         executor.launch(1)
         return load_model(model, options, registry, progress=progress, on_tensor=on_tensor)
+    if timeout_s is not None and timeout_s <= 0:
+        raise ConfigError(f"--distributed-timeout must be > 0, got {timeout_s}")
     path = resolve_model_path(model, progress=progress)
-    driver = parallel_driver(executor, size, options.device)
+    spec = {
+        "model": str(path),
+        "dtype": options.dtype,
+        "device": options.device,
+        "weight_format": options.weight_format,
+        "threads": threads,
+        "timeout_s": timeout_s or DEFAULT_TIMEOUT_S,
+    }
+    driver = parallel_driver(executor, size, options.device, spec)
     try:
         tp = driver.tp
-        driver.send(
-            {
-                "model": str(path),
-                "dtype": options.dtype,
-                "device": options.device,
-                "weight_format": options.weight_format,
-                "threads": threads,
-            }
-        )
         status: str | None = None
         loaded = None
         error: BaseException | None = None
@@ -95,8 +102,9 @@ def load_parallel(
         import torch.distributed as dist
 
         statuses: list[Any] = [None] * size
-        dist.all_gather_object(statuses, status, group=driver.control)
-        failures = [s for s in statuses if s]
+        dist.all_gather_object(statuses, (status, None), group=driver.setup)
+        failures = [s for s, _ in statuses if s]
+        driver.peers = {rank: where for rank, (_, where) in enumerate(statuses) if rank}
         if loaded is None:
             assert error is not None
             raise error
@@ -108,22 +116,34 @@ def load_parallel(
         raise
     from metrale_core.parallel.driver import DriverModel
 
-    logger.info("tensor parallel: {} ranks through the {!r} executor", size, backend)
+    driver.start_heartbeat()
+    logger.info(
+        "tensor parallel: {} ranks through the {!r} executor ({}; collectives time out after {:g}s)",
+        size,
+        backend,
+        ", ".join(f"rank {r}: {w}" for r, w in sorted(driver.peers.items())),
+        driver.timeout_s,
+    )
     return evolve(loaded, model=DriverModel(loaded.model, driver))
 
 
-def parallel_driver(executor: Any, size: int, device: str) -> Any:
-    """Start the workers, join the group as rank 0; the ``Driver`` (its ``tp`` set), closed at exit."""
-    from metrale_core.parallel.distributed import device_for, join
+def parallel_driver(executor: Any, size: int, device: str, spec: dict[str, Any]) -> Any:
+    """Start the workers, join the job as rank 0, send them ``spec`` (what to load, the timeout)
+    and open the running job's groups; the ``Driver`` (its ``tp`` set), closed at exit."""
+    import torch.distributed as dist
+
+    from metrale_core.parallel.distributed import device_for, join, open_groups
     from metrale_core.parallel.driver import Driver
 
     os.environ["METRALE_TP_DEVICE"] = device  # the workers' device kind, inherited by them
     rdv = executor.launch(size)
     try:
-        tp, control = join(rdv, device_for(device, 0))
+        setup = join(rdv, device_for(device, 0))
+        dist.broadcast_object_list([spec], src=0, group=setup)
+        tp, control = open_groups(rdv, device_for(device, 0), spec["timeout_s"])
     except BaseException:
         executor.shutdown(0)
         raise
-    driver = Driver(executor, control, size, tp)
+    driver = Driver(executor, control, size, tp, setup=setup, timeout_s=spec["timeout_s"])
     atexit.register(driver.close)
     return driver

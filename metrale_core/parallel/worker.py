@@ -4,11 +4,14 @@ Owner: ``met worker`` (torchrun / the ``env`` executor), the ``mp`` executor's w
 and the ``ray`` plugin's actors all call :func:`run_worker`.
 
 Invariants:
-- The worker learns what to load from rank 0 (one broadcast after the rendezvous): it needs
-  no model flags of its own, only the torch.distributed variables.
+- The worker learns what to load and the job's ``--distributed-timeout`` from rank 0 (one
+  broadcast on the setup group after the rendezvous): it needs no model flags of its own, only
+  the torch.distributed variables.  With its load status it reports where it runs.
 - Its KV cache is its own shard (its model's ``info.kv``) with rank 0's geometry (blocks, block
   size, storage dtype), allocated on the first step and reallocated only if that changes.
-- It returns 0 after rank 0's ``stop``; a lost rank 0 or a failed step raises (exit non-zero).
+- It returns 0 after rank 0's ``stop``; a rank 0 that is gone or silent (no step and no
+  heartbeat ``ping`` within the timeout, e.g. its host's link is down) or a failed step returns 1
+  with the reason logged: a worker never waits for a lost job longer than the timeout.
 """
 
 from __future__ import annotations
@@ -59,20 +62,28 @@ def run_worker(env: Mapping[str, str] | None = None, registry: Any = None) -> in
     """Join the job described by ``env`` (default: ``os.environ``) as a worker and serve it."""
     from metrale_core.components import LoadOptions
     from metrale_core.loading import load_model
-    from metrale_core.parallel.distributed import device_for, join, leave, rendezvous_from_env
+    from metrale_core.parallel.distributed import (
+        device_for,
+        join,
+        leave,
+        local_address,
+        open_groups,
+        rendezvous_from_env,
+    )
     from metrale_core.parallel.driver import batch_to
 
     _ignore_interrupts()
     _exit_with_parent(os.environ if env is None else env)
     rdv = rendezvous_from_env(env)
     box: list[Any] = [None]
-    tp, control = join(rdv, device_for(os.environ.get("METRALE_TP_DEVICE", "cpu"), rdv.rank))
+    setup = join(rdv, device_for(os.environ.get("METRALE_TP_DEVICE", "cpu"), rdv.rank))
     try:
-        dist.broadcast_object_list(box, src=0, group=control)
+        dist.broadcast_object_list(box, src=0, group=setup)
         spec = box[0]
         if spec.get("threads"):
             torch.set_num_threads(int(spec["threads"]))
         device = device_for(spec["device"], rdv.rank)
+        tp, control = open_groups(rdv, device, spec["timeout_s"])
         options = LoadOptions(
             dtype=spec["dtype"], device=device, weight_format=spec["weight_format"], tensor_parallel=tp
         )
@@ -83,11 +94,24 @@ def run_worker(env: Mapping[str, str] | None = None, registry: Any = None) -> in
         except Exception as exc:
             status = f"rank {rdv.rank}: {type(exc).__name__}: {exc}"
         statuses: list[Any] = [None] * rdv.world
-        dist.all_gather_object(statuses, status, group=control)
-        if model is None or any(statuses):
+        dist.all_gather_object(statuses, (status, f"{local_address(rdv)}, pid {os.getpid()}"), group=setup)
+        if model is None or any(s for s, _ in statuses):
             return 1
         logger.info("tensor parallel rank {}/{} ready: {}", rdv.rank, rdv.world, model)
-        _serve(model, control, device, batch_to)
+        try:
+            _serve(model, control, device, batch_to)
+        except RuntimeError as exc:  # a collective failed or timed out
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            logger.error(
+                "tensor-parallel worker rank {}: lost rank 0 at {}:{} (no answer within {:g}s, or a "
+                "collective failed: {}); exiting",
+                rdv.rank,
+                rdv.addr,
+                rdv.port,
+                spec["timeout_s"],
+                first,
+            )
+            return 1
         return 0
     finally:
         leave()
@@ -103,6 +127,9 @@ def _serve(model: Any, control: Any, device: str, batch_to: Any) -> None:
         message = box[0]
         if message[0] == "stop":
             return
+        if message[0] == "ping":  # rank 0's heartbeat while it idles
+            dist.barrier(group=control)
+            continue
         method, batch, wanted = message
         if wanted is not None and wanted != geometry:
             num_blocks, block_size, dtype = wanted

@@ -21,6 +21,9 @@ Invariants:
   requests are aborted, so a stream ends with an error event and ``[DONE]``; the engine thread
   is joined last.
 - ``/health`` never shows a load failure's message (it may hold local paths); the log has it.
+- A served model whose engine can no longer run (``ServedModel.fault`` says why: a
+  tensor-parallel rank was lost) keeps the server up: ``/health`` and every new request get 503
+  ``engine_failed`` with that reason until the server is restarted.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class ServedModel:
     #: ``start`` / ``generate`` / ``abort`` / ``shutdown``); None: ``AsyncEngine(engine)``.  Data
     #: parallel puts a ``metrale_core.dataparallel.ReplicaPool`` here.
     async_front: Callable[[Any], Any] | None = None
+    #: Why the engine can no longer run (None while it can), e.g. a tensor-parallel rank is lost.
+    fault: Callable[[], str | None] | None = None
 
 
 @frozen
@@ -160,6 +165,9 @@ class EngineHost:
     def ready(self) -> ServedModel:
         """The served model; 503 while loading, after a failed load, or while stopping."""
         if self.status == "ready" and self.served is not None:
+            why = self.served.fault() if self.served.fault is not None else None
+            if why is not None:
+                raise APIError(503, f"the engine cannot serve: {why}; restart the server", code="engine_failed")
             return self.served
         if self.status == "failed":
             raise APIError(

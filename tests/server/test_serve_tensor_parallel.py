@@ -1,8 +1,9 @@
 """``met serve --tensor-parallel-size 2`` as real processes on a tiny random Llama checkpoint: two
 "machines" on loopback (``met serve`` rank 0 + ``met worker`` rank 1 with torchrun's variables)
-give TP=1's tokens; a worker killed mid-request fails the request cleanly and the server exits
-non-zero with the reason, and the other workers are stopped; SIGTERM leaves no worker process
-behind."""
+give TP=1's tokens; a worker killed mid-request fails the request cleanly, the server stays up
+answering 503 with the reason (on ``/health`` and new requests), the other workers are stopped,
+and the server stopped afterwards exits non-zero with the reason; SIGTERM leaves no worker
+process behind.  (Two network namespaces and a link taken down: ``tests/parallel/test_two_hosts.py``.)"""
 
 from __future__ import annotations
 
@@ -174,7 +175,7 @@ def test_serve_rank0_and_worker_rank1_on_loopback_give_tp1_tokens(tiny_llama, tm
                 proc.wait()
 
 
-def test_a_dead_worker_fails_the_request_and_the_server_exits_nonzero(tiny_llama, tmp_path):
+def test_a_dead_worker_fails_the_request_and_the_server_stays_up_saying_why(tiny_llama, tmp_path):
     port = free_port()
     log = tmp_path / "serve.txt"
     server = _serve(tiny_llama, port, log, "--tensor-parallel-size", "3")  # the mp executor
@@ -192,10 +193,19 @@ def test_a_dead_worker_fails_the_request_and_the_server_exits_nonzero(tiny_llama
         assert not request.is_alive(), "the in-flight request hung"
         (resp,) = result
         assert resp.status_code in (500, 503), resp.text
-        assert "error" in resp.json()
+        assert "tensor-parallel worker rank" in resp.json()["error"]["message"]
+        health = httpx.get(url + "/health")  # the server is still up, and says why it cannot serve
+        assert health.status_code == 503 and health.json()["error"]["code"] == "engine_failed"
+        assert "tensor-parallel worker rank" in health.json()["error"]["message"]
+        later = _complete(url, max_tokens=2)
+        assert later.status_code == 503 and later.json()["error"]["code"] == "engine_failed"
+        deadline = time.monotonic() + 30
+        while not _gone(workers[1]):  # the surviving worker was stopped too
+            assert time.monotonic() < deadline, "the surviving worker was left running"
+            time.sleep(0.1)
+        server.send_signal(signal.SIGTERM)
         assert server.wait(30) == 1
         assert "met serve: error: tensor-parallel worker rank" in log.read_text()
-        assert _gone(workers[1])  # the surviving worker was stopped too
     finally:
         if server.poll() is None:
             server.kill()

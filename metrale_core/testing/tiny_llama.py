@@ -1,0 +1,69 @@
+"""A tiny random Llama checkpoint on disk, and its greedy text from one in-process engine.
+
+Owner: the multi-process and multi-host tests (``tests/parallel/test_two_hosts.py`` and the
+metrale-ray plugin's), which serve it over several ranks, replicas or hosts and compare with
+:func:`greedy_text` (the single-process oracle).
+
+Invariants:
+- Deterministic: the same weights (``torch.manual_seed(0)``) and a byte-level tokenizer (one token
+  per byte, no merges, EOS ``<|im_end|>``), so a prompt's text round-trips and the served text of
+  greedy decoding equals :func:`greedy_text`'s.
+- Its shapes split over 2 or 3 tensor-parallel ranks (6 heads, 3 KV heads).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["greedy_text", "write_tiny_llama"]
+
+
+def write_tiny_llama(directory: Path) -> Path:
+    """Write the checkpoint (``config.json``, safetensors, ``tokenizer.json``) into ``directory``."""
+    import torch
+    import transformers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from metrale_core.tokenizer import _bytes_to_unicode
+
+    directory.mkdir(parents=True, exist_ok=True)
+    table = _bytes_to_unicode()
+    tok = Tokenizer(models.BPE(vocab={table[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<|endoftext|>", "<|im_end|>")])
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    llama = transformers.LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(llama).save_pretrained(directory)
+    return directory
+
+
+def greedy_text(directory: Path, prompt: str, max_tokens: int) -> str:
+    """The text one in-process engine generates greedily for ``prompt`` (EOS ignored)."""
+    from metrale_core.components import LoadOptions
+    from metrale_core.engine import EngineConfig, LLMEngine
+    from metrale_core.loading import load_model
+    from metrale_core.sampling import SamplingParams
+
+    loaded = load_model(directory, LoadOptions(weight_format="exact"), progress=False)
+    engine = LLMEngine(loaded.model, EngineConfig(), tokenizer=loaded.tokenizer)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    engine.add_request("r", loaded.tokenizer.encode(prompt), params)
+    ids: list[int] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            ids += out.new_token_ids
+    return str(loaded.tokenizer.decode(ids))
