@@ -94,9 +94,10 @@ def _run_plugins(args, registry) -> int:
 
 def _add_optional_commands(sub, registry) -> None:
     """Commands whose modules may be absent in a minimal install (e.g. the server)."""
-    from metrale_core.cli import bench_cmd, hub_cmd, worker
+    from metrale_core.cli import bench_cmd, hub_cmd, replica, worker
 
     worker.add_parser(sub, registry)
+    replica.add_parser(sub, registry)
     hub_cmd.add_parser(sub, registry)
     bench_cmd.add_parser(sub, registry)
     try:

@@ -10,7 +10,9 @@ Invariants:
 - Access logs (one line per request) go to stderr through loguru even at the default log level.
 - ``--data-parallel-size N`` (N > 1) serves through ``metrale_core.dataparallel.ReplicaPool``:
   each replica process rebuilds the engine from the same flags (:func:`replica_served`); see
-  :func:`serving_loader`.  Data and tensor parallelism are not combined yet (a clear error).
+  :func:`serving_loader`.  With ``--data-parallel-size-local L`` < N the other N - L replicas
+  are remote (``met replica --connect`` at ``--data-parallel-address``, key from
+  ``$METRALE_REPLICA_KEY``).  Data and tensor parallelism are not combined yet (a clear error).
 - With ``--tensor-parallel-size`` > 1 the workers are stopped when the server stops (Ctrl-C,
   SIGTERM).  A lost worker (or its host) fails the requests in flight and the server stays up,
   answering 503 ``engine_failed`` with the reason (``ServedModel.fault``) on ``/health`` and new
@@ -143,6 +145,21 @@ def add_parser(sub, registry) -> argparse.ArgumentParser:
         "the cores split between them) (default: 1, one in-process engine)",
     )
     http.add_argument(
+        "--data-parallel-size-local",
+        type=int,
+        default=None,
+        metavar="L",
+        help="of the --data-parallel-size replicas, run L on this machine; the others are remote "
+        "('met replica --connect HOST:PORT' on other hosts, same $METRALE_REPLICA_KEY) (default: all)",
+    )
+    http.add_argument(
+        "--data-parallel-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="where remote data-parallel replicas connect (needed when --data-parallel-size-local is "
+        "below --data-parallel-size)",
+    )
+    http.add_argument(
         "--no-tui",
         action="store_true",
         help="plain logs instead of the terminal dashboard (also METRALE_NO_TUI=1; "
@@ -215,7 +232,7 @@ def serving_loader(args, registry, model: str | None, on_tensor=None, jobs: list
     size = args.data_parallel_size
     if size < 1:
         raise ConfigError(f"--data-parallel-size must be >= 1, got {size}")
-    if size == 1:
+    if size == 1 and getattr(args, "data_parallel_size_local", None) in (None, 1):
         return build_loader(args, registry, model, on_tensor=on_tensor, jobs=jobs)
     if (getattr(args, "tensor_parallel_size", 1) or 1) > 1:
         raise ConfigError(
@@ -238,7 +255,7 @@ def serving_loader(args, registry, model: str | None, on_tensor=None, jobs: list
         raise ConfigError(
             f"--data-parallel-size: the flags cannot be sent to replica processes ({type(exc).__name__}: {exc})"
         ) from None
-    front = functools.partial(ReplicaPool, factory=factory, size=size, threads=threads)
+    front = functools.partial(ReplicaPool, factory=factory, size=size, threads=threads, **_remote_replicas(args))
     loader = build_loader(
         argparse.Namespace(**{**options, "kv_cache_memory": FRONT_KV_MEMORY}), registry, model, on_tensor=on_tensor
     )
@@ -247,6 +264,31 @@ def serving_loader(args, registry, model: str | None, on_tensor=None, jobs: list
         return attrs.evolve(loader(), async_front=front)
 
     return load
+
+
+def _remote_replicas(args) -> dict:
+    """``ReplicaPool``'s remote-replica options from ``--data-parallel-size-local`` /
+    ``--data-parallel-address`` (empty when every replica is local)."""
+    size = args.data_parallel_size
+    local = getattr(args, "data_parallel_size_local", None)
+    local = size if local is None else local
+    if not 0 <= local <= size:
+        raise ConfigError(f"--data-parallel-size-local must be in 0..{size} (--data-parallel-size), got {local}")
+    if local == size:
+        return {}
+    from metrale_core.dataparallel.remote import parse_address, replica_key
+    from metrale_core.parallel.distributed import DEFAULT_TIMEOUT_S
+
+    if not getattr(args, "data_parallel_address", None):
+        raise ConfigError(
+            f"{size - local} remote replica(s) need --data-parallel-address HOST:PORT (where they connect)"
+        )
+    return {
+        "remote": size - local,
+        "address": parse_address(args.data_parallel_address),
+        "authkey": replica_key(),
+        "link_timeout_s": getattr(args, "distributed_timeout", None) or DEFAULT_TIMEOUT_S,
+    }
 
 
 class _Terminated(Exception):

@@ -16,6 +16,8 @@ Invariants:
   status (never a hang), and ``on_exit`` is called once, from the reader thread.  A request sent
   after that fails the same way (the pipe is broken).
 - ``stats`` is the replica's latest ``ReplicaReport``.
+- A remote replica (``remote``) is the same client over a ``Link`` and a ``RemoteProcess``: its
+  link ending is its process dying.
 """
 
 from __future__ import annotations
@@ -82,15 +84,18 @@ class ReplicaClient(AsyncEngine):
         return self.process.pid
 
     def describe_exit(self) -> str:
-        """``replica 1 (pid 123) died (exit code -9, SIGKILL)``."""
+        """``replica 1 (pid 123) died (exit code -9, SIGKILL)``; a remote replica:
+        ``replica 1 (pid 123 on 10.0.0.2) lost: no message for 60s ...``."""
         code = self.process.exitcode
+        where = getattr(self.process, "where", f"pid {self.pid}")
         if code is None:
-            return f"replica {self.index} (pid {self.pid}) stopped answering"
+            lost = getattr(self.process, "lost", None)  # a remote replica: why its link ended
+            return f"replica {self.index} ({where}) " + (f"lost: {lost}" if lost else "stopped answering")
         why = f"exit code {code}"
         if code < 0:
             with contextlib.suppress(ValueError):
                 why += f", {signal.Signals(-code).name}"
-        return f"replica {self.index} (pid {self.pid}) died ({why})"
+        return f"replica {self.index} ({where}) died ({why})"
 
     def failure(self, request_id: str) -> RequestOutput:
         """The final delta of a request lost with this replica."""

@@ -15,6 +15,11 @@ Invariants:
 - A replica that dies fails its in-flight requests (``ReplicaClient``), is marked down
   (:attr:`replicas_down`, which makes ``/health`` 503) and is restarted on a thread of its own,
   with a growing delay when restarts keep failing; the others keep serving.
+- Remote replicas (the last ``remote`` slots) run on other hosts (``met replica --connect``,
+  ``remote``): the pool listens at ``address`` and gives each authenticated connection the first
+  free remote slot.  One whose link ends (closed, or silent for ``link_timeout_s``) is marked
+  down exactly like a dead local replica, and its slot waits for a replica to connect again
+  (nothing can be restarted on another host from here).
 - :meth:`shutdown` stops every replica process (asking first, killing after ``timeout``); no
   replica is restarted once it began.  Replicas are daemonic processes and exit when the front's
   pipe closes, so the front dying leaves no orphans either.
@@ -82,6 +87,12 @@ class ReplicaPool:
     threads: int = 1
     affinity_slack: int = 4
     start_timeout_s: float = 600.0
+    #: How many of the ``size`` replicas are remote (the last ones), and where they connect.
+    remote: int = 0
+    address: tuple[str, int] | None = None
+    authkey: bytes | None = field(default=None, repr=False)
+    #: How long a remote replica's link may stay silent before it is lost (``--distributed-timeout``).
+    link_timeout_s: float = 60.0
     slots: list[ReplicaSlot] = field(init=False)
     router: PrefixRouter = field(init=False)
     #: The last routing decisions, newest last: ``(request_id, Route)`` (for tests and logs).
@@ -91,10 +102,13 @@ class ReplicaPool:
     _started: bool = field(init=False, default=False)
     _ctx: Any = field(init=False, factory=lambda: multiprocessing.get_context("spawn"))
     _lock: threading.Lock = field(init=False, factory=threading.Lock)
+    _listener: Any = field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         if self.size < 1:
             raise ValueError(f"data-parallel size must be >= 1, got {self.size}")
+        if not 0 <= self.remote <= self.size or (self.remote and (self.address is None or not self.authkey)):
+            raise ValueError("remote replicas need 0 <= remote <= size, an address and an authkey")
         self.slots = [ReplicaSlot(i) for i in range(self.size)]
         self.router = PrefixRouter(self.engine.config.block_size, self.affinity_slack)
 
@@ -111,11 +125,17 @@ class ReplicaPool:
     def start(self) -> None:
         """Start every replica (in parallel) and wait until all serve; raises
         :class:`ReplicaFailed` (after stopping the others) when one cannot start."""
-        procs = [self._spawn(slot.index) for slot in self.slots]
+        if self.remote:
+            from metrale_core.dataparallel.remote import ReplicaListener
+
+            assert self.address is not None and self.authkey is not None
+            self._listener = ReplicaListener(self.address, self.authkey, self.link_timeout_s)
+        local = [self._spawn(slot.index) for slot in self.slots[: self.size - self.remote]]
         errors = []
-        for slot, (conn, proc) in zip(self.slots, procs, strict=True):
+        for slot in self.slots:
             try:
-                slot.client = self._connect(slot.index, conn, proc)
+                launched = local[slot.index] if slot.index < len(local) else self._accept(slot.index)
+                slot.client = self._connect(slot.index, *launched)
             except ReplicaFailed as exc:
                 errors.append(str(exc))
         if errors:
@@ -138,6 +158,32 @@ class ReplicaPool:
             client.request_stop()
         for client in clients:
             client.join(timeout)
+        if self._listener is not None:
+            self._listener.close()
+
+    def _launch(self, index: int) -> tuple[Any, Any]:
+        """A new process for slot ``index``: spawned here, or (a remote slot) the next replica
+        that connects, however long that takes."""
+        if index < self.size - self.remote:
+            return self._spawn(index)
+        return self._accept(index, wait=False)
+
+    def _accept(self, index: int, wait: bool = True) -> tuple[Any, Any]:
+        """The next remote replica to connect, sent what to build: ``(link, RemoteProcess)``."""
+        from metrale_core.dataparallel.remote import RemoteProcess
+
+        deadline = time.monotonic() + self.start_timeout_s if wait else None
+        link = self._listener.take(deadline, lambda: self._stopping)
+        if link is None:
+            why = "the server is stopping" if self._stopping else f"none connected within {self.start_timeout_s:.0f}s"
+            raise ReplicaFailed(f"remote replica {index}: {why}")
+        try:
+            link.send(("build", index, self.factory, self.threads, self.link_timeout_s))
+        except OSError as exc:
+            link.close()
+            raise ReplicaFailed(f"remote replica {index} at {link.peer}: {exc}") from None
+        logger.info("data parallel: remote replica {} connected from {}", index, link.peer)
+        return link, RemoteProcess(link)
 
     def _spawn(self, index: int) -> tuple[Any, Any]:
         parent, child = self._ctx.Pipe()
@@ -169,6 +215,8 @@ class ReplicaPool:
                 msg = conn.recv()
         except (EOFError, OSError):
             msg = None
+        if msg is not None and msg[0] == "ready" and getattr(proc, "pid", 0) is None:
+            proc.pid = msg[1]  # a remote replica's pid is known from its ready message
         if msg is None or msg[0] != "ready":
             if msg is None and not why:
                 proc.join(10)
@@ -176,7 +224,7 @@ class ReplicaPool:
                 proc.kill()
             proc.join(5)
             conn.close()
-            why = msg[1] if msg is not None else why or f"exit code {proc.exitcode}"
+            why = msg[1] if msg is not None else why or getattr(proc, "lost", None) or f"exit code {proc.exitcode}"
             raise ReplicaFailed(f"replica {index} failed to start: {why}")
         client = ReplicaClient(self.engine, conn, proc, index, stats=msg[2], on_exit=self._replica_exited)
         client.start()
@@ -190,14 +238,16 @@ class ReplicaPool:
             slot.client = None
         if self._stopping:
             return
-        logger.error("data parallel: {}; restarting it", client.describe_exit())
+        remote = slot.index >= self.size - self.remote
+        next_step = "waiting for a remote replica to connect" if remote else "restarting it"
+        logger.error("data parallel: {}; {}", client.describe_exit(), next_step)
         threading.Thread(target=self._restart, args=(slot,), name=f"metrale-restart-{slot.index}", daemon=True).start()
 
     def _restart(self, slot: ReplicaSlot) -> None:
         delay = 1.0
         while not self._stopping:
             try:
-                client = self._connect(slot.index, *self._spawn(slot.index))
+                client = self._connect(slot.index, *self._launch(slot.index))
             except ReplicaFailed as exc:
                 logger.error("data parallel: {}; retrying in {:.0f}s", exc, delay)
                 time.sleep(delay)
@@ -210,7 +260,8 @@ class ReplicaPool:
             if slot.client is not client:  # the pool began stopping meanwhile
                 client.shutdown(10)
                 return
-            logger.info("data parallel: replica {} is back (pid {})", slot.index, client.pid)
+            where = getattr(client.process, "where", f"pid {client.pid}")
+            logger.info("data parallel: replica {} is back ({})", slot.index, where)
             return
 
     @staticmethod

@@ -31,8 +31,8 @@ def health(request: Request) -> Response:
             return error_response(
                 APIError(
                     503,
-                    f"data-parallel replica(s) {', '.join(map(str, down))} down and restarting; "
-                    f"requests are served by the others",
+                    f"data-parallel replica(s) {', '.join(map(str, down))} down and restarting "
+                    f"(a remote one: until it connects again); requests are served by the others",
                     code="replica_down",
                     headers={"Retry-After": "1"},
                 )

@@ -11,6 +11,9 @@ rank 0 (the server) listens on this node's address.  The collectives are torch.d
 
 Invariants:
 - ``poll`` reports an actor whose ``run`` ended (an error, or its process died) with its rank.
+- An actor whose job is lost (``run_worker`` returns non-zero: rank 0 silent past
+  ``--distributed-timeout``, e.g. its node's link is down) ends its own process: a worker on a
+  node cut off from the server does not wait for a kill that cannot reach it.
 - ``shutdown`` waits for the actors' ``run`` after rank 0's stop, then kills every actor: no
   worker outlives the job.  Ray itself is left running if it was running before (a cluster),
   and shut down if this executor started it.
@@ -31,7 +34,10 @@ def _run(env: dict[str, str]) -> int:  # pragma: no cover - runs inside the acto
     os.environ.update(env)
     from metrale_core.api import run_worker
 
-    return run_worker(env)
+    code = run_worker(env)
+    if code != 0:  # the job is lost (rank 0 silent past the timeout, or a failed step): its owner
+        os._exit(code)  # may be unreachable and never kill this actor, so leave no idle actor behind
+    return code
 
 
 class RayExecutor:

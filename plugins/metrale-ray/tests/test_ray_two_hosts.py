@@ -1,0 +1,103 @@
+"""The ray executor across two hosts (network namespaces joined by a veth pair): a Ray head in
+host A (no CPUs for actors), a Ray node joined from host B, ``met serve --distributed-executor-backend
+ray`` in host A with ``RAY_ADDRESS``; the TP=2 worker actor lands on host B.  Greedy text equals one
+process's; host B's link taken down mid-stream fails the stream naming rank 1 and its host, the
+server stays up (503 ``engine_failed``), the actor on host B ends itself, and the server exits
+with the reason.  Without root or ``ip netns`` the test skips (fails under ``CI=true``)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from metrale_core.testing.host_client import PROMPT, Client, env_for, serve, stop, wait_exit
+from metrale_core.testing.netns import Host, two_hosts
+from metrale_core.testing.requires import missing
+from metrale_core.testing.tiny_llama import greedy_text, write_tiny_llama
+
+TIMEOUT_S = 4
+RAY_PORT = 6379
+
+
+def _ray(host: Host, *args: str) -> None:
+    ray = str(Path(sys.executable).with_name("ray"))
+    env = env_for(host, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    done = host.run([ray, "start", *args, "--disable-usage-stats"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def ray_hosts():
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        missing("Ray is not installed (pip install -e plugins/metrale-ray installs it)")
+    hosts = two_hosts("metray")
+    try:
+        _ray(hosts.a, "--head", "--node-ip-address", hosts.a.addr, "--port", str(RAY_PORT), "--num-cpus", "0")
+        _ray(hosts.b, "--address", f"{hosts.a.addr}:{RAY_PORT}", "--node-ip-address", hosts.b.addr, "--num-cpus", "1")
+        yield hosts
+    finally:
+        hosts.close()  # the Ray daemons of both hosts are killed by pid (never 'ray stop': it is machine-wide)
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_ray_workers_on_another_host_and_its_link_lost_mid_request(ray_hosts, tmp_path):
+    hosts = ray_hosts
+    model = write_tiny_llama(tmp_path / "tiny-llama")
+    expected = greedy_text(model, PROMPT, 12)
+    log = tmp_path / "serve.txt"
+    server = serve(
+        hosts.a,
+        model,
+        log,
+        TIMEOUT_S,
+        "--tensor-parallel-size",
+        "2",
+        "--distributed-executor-backend",
+        "ray",
+        RAY_ADDRESS=f"{hosts.a.addr}:{RAY_PORT}",
+        RAY_AUTH_MODE="disabled",
+    )
+    client = Client(hosts.a)
+    try:
+        client.wait_ready(server, log, timeout=120)
+        resp = client.complete()
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["choices"][0]["text"] == expected
+
+        started = threading.Event()
+        stream = client.stream(started)
+        assert started.wait(60), "the stream never started"
+        hosts.b.link(up=False)
+        outcome, message = stream.result(120)
+        assert outcome == "error", (outcome, message)
+        found = re.search(rf"rank 1 \({re.escape(hosts.b.addr)}, pid (\d+)\)", message)
+        assert found and "--distributed-timeout" in message, message
+        actor = int(found.group(1))  # the worker actor's process, on host B
+
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["error"]["code"] == "engine_failed", health.text
+        later = client.complete(max_tokens=2)
+        assert later.status_code == 503 and later.json()["error"]["code"] == "engine_failed"
+
+        deadline = time.monotonic() + 60
+        while _alive(actor):  # cut off from its owner, the actor ends itself
+            assert time.monotonic() < deadline, f"the worker actor (pid {actor}) on the lost host is still running"
+            time.sleep(0.2)
+        assert actor not in hosts.b.pids()
+        server.send_signal(signal.SIGTERM)
+        assert wait_exit(server, 60, "met serve") == 1
+        assert "met serve: error: lost tensor-parallel rank 1" in log.read_text()
+    finally:
+        client.pool.shutdown(wait=False, cancel_futures=True)
+        stop(server)
