@@ -3,7 +3,8 @@
 Owner: ``met serve --data-parallel-size N`` (``metrale_core.cli.serve``) builds a
 :class:`ReplicaPool` as the server's engine front; see ``pool`` for the lifecycle and faults,
 ``routing`` for how requests are spread (load with prefix affinity), ``replica`` for the
-process side and ``metrics`` for ``/metrics``.
+process side, ``remote`` and ``link`` for replicas on other hosts (``met replica``) and
+``metrics`` for ``/metrics``.
 
 Invariants:
 - The pool has ``AsyncEngine``'s interface, so the server's routes need no change for it.
