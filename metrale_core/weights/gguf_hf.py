@@ -31,6 +31,7 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",  # its extra norms map through the same table (metrale-gemma3 reads them)
+    "olmo2": "Olmo2ForCausalLM",  # its post-norms keep their GGUF names (the olmo2 definition reads them)
 }
 PERMUTED_ARCHS = frozenset({"llama"})
 
