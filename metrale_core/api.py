@@ -11,7 +11,10 @@ What is here (see :data:`PUBLIC` for the full table):
 - registration: ``hookimpl``, the ``*Spec`` records, ``LoadOptions``, ``lazy_factory``,
   ``load_registry``; errors (``ConfigError``, ``WeightsError``, ``ShapeMismatch``, ...);
 - the model contract: ``CausalLM``, ``ForwardBatch``, ``ModelInfo``, ``KVLayout``,
-  ``RecurrentLayout``, ``PagedKVCache``, ``KVCodec``, ``gather_blocks``; weights: ``open_weights``,
+  ``RecurrentLayout``, ``PagedKVCache``, ``KVCodec``, ``gather_blocks``; decoder definitions
+  (:mod:`metrale_core.decoder`): ``DecoderSpec`` and its recipe records (``Norms``,
+  ``Attention``, ``Mlp``, ``LayerPattern``, ``Scalars``), ``WeightNames`` / ``LLAMA_NAMES``,
+  ``DecoderLM``; weights: ``open_weights``,
   ``WeightStore``, ``RawTensor``, ``read_gguf_tensors`` / ``GGUFTensors`` (GGUF files that are
   not models, e.g. LoRA adapters) and ``unpermute_rows`` (llama's Q/K row order);
 - layers (:mod:`metrale_core.layers`): norms, RoPE, gated MLPs, embedding, the linear layer and
@@ -87,6 +90,16 @@ _MODEL = {
         "RecurrentLayout",
         "gather_blocks",
     ),
+    "metrale_core.decoder.spec": (
+        "Attention",
+        "DecoderSpec",
+        "LayerPattern",
+        "Mlp",
+        "Norms",
+        "Scalars",
+    ),
+    "metrale_core.decoder.names": ("LLAMA_NAMES", "WeightNames"),
+    "metrale_core.decoder.model": ("DecoderLM",),
     "metrale_core.weights": ("RawTensor", "WeightStore", "open_weights"),
     "metrale_core.weights.gguf_tensors": ("GGUFTensors", "read_gguf_tensors"),
     "metrale_core.weights.gguf_hf": ("unpermute_rows",),
@@ -235,6 +248,21 @@ if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block
         SamplerSpec,
         SchedulerSpec,
         ToolCallParserSpec,
+    )
+    from metrale_core.decoder.model import (
+        DecoderLM,
+    )
+    from metrale_core.decoder.names import (
+        LLAMA_NAMES,
+        WeightNames,
+    )
+    from metrale_core.decoder.spec import (
+        Attention,
+        DecoderSpec,
+        LayerPattern,
+        Mlp,
+        Norms,
+        Scalars,
     )
     from metrale_core.engine.adapters import (
         ADAPTER_EXTRA,

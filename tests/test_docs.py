@@ -93,3 +93,14 @@ def test_plugin_guide_tutorial_matches_the_contrib_plugin():
         for block in re.findall(rf"<!-- from {re.escape(name)} -->\n```\w*\n(.*?)```", text, re.S):
             assert block in source, f"a block of docs/plugin-guide.md is no longer in {name}"
     assert text.count("<!-- from ") >= 4
+
+
+def test_plugin_guide_blocks_quoted_from_the_tree_are_still_there():
+    """Blocks marked ``<!-- from plugins/... -->`` (the decoder-definition example) are that file's code."""
+    text = (DOCS / "plugin-guide.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"<!-- from ((?:plugins|contrib)/[^ ]+) -->\n```\w*\n(.*?)```", text, re.S)
+    assert any(path.endswith("metrale_qwen3/olmo2.py") for path, _ in blocks)
+    for path, block in blocks:
+        assert block in (ROOT / path).read_text(encoding="utf-8"), (
+            f"a block of docs/plugin-guide.md is no longer in {path}"
+        )

@@ -5,7 +5,8 @@ Owner: ``metrale_core.weights`` (used by ``gguf_store``).
 Invariants:
 - ``hf_name`` maps the llama.cpp names of the llama / qwen2 / qwen3 decoder (``token_embd``,
   ``blk.N.attn_q``, ...) to HF names and returns None for any other name; the store keeps such
-  names (e.g. ``rope_freqs.weight``) unchanged.
+  names (e.g. ``rope_freqs.weight``) unchanged.  The table is the decoder definitions' own
+  (``metrale_core.decoder.names.LLAMA_NAMES``, its GGUF and HF columns).
 - Only archs in ``PERMUTED_ARCHS`` had Q/K rows permuted by llama.cpp's ``convert_hf_to_gguf``
   (``LlamaModel.permute``, applied to q/k weights and biases).  Qwen2/Qwen3 are written unpermuted.
 - ``unpermute_rows`` is the exact inverse of that permutation and works on any row payload
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from metrale_core.decoder.names import LLAMA_NAMES
 from metrale_core.errors import CorruptWeightsFile
 
 __all__ = ["ARCHITECTURES", "PERMUTED_ARCHS", "hf_name", "permute_heads", "synthesize_config", "unpermute_rows"]
@@ -29,22 +31,18 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",  # its extra norms map through the same table (metrale-gemma3 reads them)
+    "olmo2": "Olmo2ForCausalLM",  # its post-norms keep their GGUF names (the olmo2 definition reads them)
 }
 PERMUTED_ARCHS = frozenset({"llama"})
 
-_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+#: The GGUF store's llama table (GGUF module path -> HF module path), derived from the decoder
+#: definitions' weight-name table so the two cannot disagree: the slots a llama GGUF file holds.
+_LLAMA_TOP_SLOTS = ("embed", "norm", "head")
+_LLAMA_BLOCK_SLOTS = ("q", "k", "v", "o", "q_norm", "k_norm", "attn_norm", "mlp_norm", "gate", "up", "down")
+_TOP = {LLAMA_NAMES.table[s][1]: LLAMA_NAMES.table[s][0] for s in _LLAMA_TOP_SLOTS}
 _BLOCK = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+    LLAMA_NAMES.table[s][1].removeprefix("blk.{i}."): LLAMA_NAMES.table[s][0].removeprefix("model.layers.{i}.")
+    for s in _LLAMA_BLOCK_SLOTS
 }
 
 

@@ -1,13 +1,17 @@
-"""``DecoderLM``: the Llama / Qwen2 / Qwen3 dense decoder over the paged KV cache.
+"""``DecoderLM``: a decoder built from its definition, over the paged KV cache.
 
-Owner: ``metrale_qwen3``; implements ``metrale_core.model_api.CausalLM``.
+Owner: ``metrale_core.decoder``; implements ``metrale_core.model_api.CausalLM``.
 
 Invariants:
 - ``forward`` consumes a flat batch mixing prefill chunks, decode rows and verify rows; it writes
   every row's K/V (post-norm, post-RoPE keys) into ``kv`` (through ``kv.write``, so a KV-dtype
   codec such as FP8 sees exactly what is cached) before attending, and returns float32
   logits ``[N, vocab]`` for ``batch.logits_rows`` only (the head runs on those rows alone).
-- Pre-norm residual layers: ``h = x + attn(norm(x))``, ``y = h + mlp(norm(h))``.
+- Residual layers in the recipe's norm placement (``spec.Norms``):
+  ``h = x + out_a(attn(in_a(x)))``, ``y = h + out_m(mlp(in_m(h)))``, each norm present or the
+  identity.  With the default recipe (pre-norms only) this is exactly the Llama layer, op for op.
+- QK-norm ``head`` normalises each head inside ``qk_norm_rope``; ``proj`` normalises the whole q
+  and k projections first (then RoPE alone).
 - The model keeps no recurrent state: ``make_state_pool`` returns None and ``state`` is ignored.
 - Ops are built once per model, so the kernel path is chosen once.
 - Under tensor parallelism the model is one rank's shard (``weights.heads`` says which heads):
@@ -19,20 +23,18 @@ from __future__ import annotations
 
 import torch
 
-from metrale_core.api import (
+from metrale_core.decoder.dims import DecoderDims
+from metrale_core.decoder.spec import DecoderSpec
+from metrale_core.decoder.weights import DecoderWeights, LayerWeights
+from metrale_core.layers import (
     AttentionPlan,
     DecoderOps,
-    ForwardBatch,
-    KVLayout,
-    ModelInfo,
-    PagedKVCache,
     embed_tokens,
     paged_attention,
     rope_cos_sin,
     rope_inv_freq,
 )
-from metrale_qwen3.dims import ModelDims
-from metrale_qwen3.weights import DecoderWeights, LayerWeights
+from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache
 
 __all__ = ["DecoderLM"]
 
@@ -42,13 +44,14 @@ class DecoderLM:
 
     def __init__(
         self,
-        dims: ModelDims,
+        spec: DecoderSpec,
+        dims: DecoderDims,
         weights: DecoderWeights,
         *,
-        architecture: str,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
+        self.spec = spec
         self.dims = dims
         self.weights = weights
         self.dtype = dtype
@@ -57,7 +60,7 @@ class DecoderLM:
         self.num_heads = dims.num_heads if heads is None else heads.num_heads
         self.num_kv_heads = dims.num_kv_heads if heads is None else heads.num_kv_heads
         self.info = ModelInfo(
-            architecture=architecture,
+            architecture=spec.name,
             vocab_size=dims.vocab_size,
             max_position=dims.max_position,
             kv=KVLayout(
@@ -123,6 +126,10 @@ class DecoderLM:
             x = self.ops.rms_norm(x[batch.logits_rows], self.weights.norm, self.dims.rms_norm_eps)
         return self.weights.head(x).float(), hidden
 
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        """The recipe's RMSNorm, or the identity where the recipe has none (``weight`` None)."""
+        return x if weight is None else self.ops.rms_norm(x, weight, self.dims.rms_norm_eps)
+
     def _layer(
         self,
         x: torch.Tensor,
@@ -136,17 +143,20 @@ class DecoderLM:
     ) -> torch.Tensor:
         d = self.dims
         ops = self.ops
-        h = ops.rms_norm(x, w.input_norm, d.rms_norm_eps)
+        h = self._norm(x, w.attn_norm)
         qkv = w.qkv(h)
         q_size, kv_size = self.num_heads * d.head_dim, self.num_kv_heads * d.head_dim
         q, k, v = qkv.split_with_sizes([q_size, kv_size, kv_size], dim=-1)
+        q_norm, k_norm = w.q_norm, w.k_norm
+        if d.qk_norm == "proj":  # over the whole projection, before the heads are split
+            q, k, q_norm, k_norm = self._norm(q, q_norm), self._norm(k, k_norm), None, None
         q = q.view(-1, self.num_heads, d.head_dim)
         k = k.view(-1, self.num_kv_heads, d.head_dim)
         v = v.view(-1, self.num_kv_heads, d.head_dim)
-        q, k = ops.qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, d.rms_norm_eps)
+        q, k = ops.qk_norm_rope(q, k, q_norm, k_norm, cos, sin, d.rms_norm_eps)
         kv.write(index, batch.slot_mapping, k, v, kernel=ops.kv_write)
         o = paged_attention(q, kv, index, plan, ops.decode_attention, ops.prefill_attention)
-        x = x + w.o_proj(o.reshape(-1, q_size))
-        h = ops.rms_norm(x, w.post_norm, d.rms_norm_eps)
+        x = x + self._norm(w.o_proj(o.reshape(-1, q_size)), w.attn_out_norm)
+        h = self._norm(x, w.mlp_norm)
         act = ops.swiglu(w.gate_up(h))
-        return x + w.down(act)
+        return x + self._norm(w.down(act), w.mlp_out_norm)

@@ -1,0 +1,111 @@
+"""The weight-name table of a decoder definition: one row per slot, its HF and its GGUF name.
+
+Owner: ``metrale_core.decoder``.  A slot is what the builder reads (``q``, ``mlp_norm``,
+``embed`` ...); a row gives the slot's module path in a Hugging Face checkpoint and in a GGUF file
+(llama.cpp's names), without the ``.weight`` / ``.bias`` suffix, ``{i}`` standing for the layer.
+:data:`LLAMA_NAMES` is the table of the Llama decoder; a family changes only the rows that differ
+(``LLAMA_NAMES.replace(mlp_norm=(...))``).
+
+Invariants:
+- This module imports nothing but attrs (a plugin builds its definitions while it registers, and
+  registering imports no torch); ``metrale_core.weights.gguf_hf`` derives the GGUF store's
+  llama-table from :data:`LLAMA_NAMES`, so the two never disagree.
+- A GGUF store presents tensors under HF names where its table knows them and under their GGUF
+  names otherwise; :meth:`WeightNames.resolver` maps a slot to the name *that store* serves it
+  under (the HF name the store gave its GGUF tensor, else the GGUF name itself), so a family whose
+  GGUF names differ from llama's (Gemma's ``ffn_norm`` is its pre-MLP norm) reads the right tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from attrs import field, frozen
+
+__all__ = ["LAYER_SLOTS", "LLAMA_NAMES", "TOP_SLOTS", "WeightNames"]
+
+#: Slots outside the layers.
+TOP_SLOTS = ("embed", "norm", "head")
+#: Slots of one layer.
+LAYER_SLOTS = (
+    "attn_norm",
+    "q",
+    "k",
+    "v",
+    "o",
+    "q_norm",
+    "k_norm",
+    "attn_out_norm",
+    "mlp_norm",
+    "gate",
+    "up",
+    "gate_up",
+    "down",
+    "mlp_out_norm",
+)
+
+#: A slot's resolved tensor name: ``(slot, layer or None, "weight" | "bias") -> name``.
+Resolver = Callable[[str, "int | None", str], str]
+
+
+def _table(value: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    table = {str(k): (str(hf), str(gguf)) for k, (hf, gguf) in value.items()}
+    unknown = set(table) - set(TOP_SLOTS) - set(LAYER_SLOTS)
+    if unknown:
+        raise ValueError(f"unknown weight slots {sorted(unknown)} (slots: {TOP_SLOTS + LAYER_SLOTS})")
+    return table
+
+
+@frozen
+class WeightNames:
+    """slot -> ``(HF module path, GGUF module path)``; see the module docstring."""
+
+    table: dict[str, tuple[str, str]] = field(converter=_table)
+
+    def replace(self, **rows: tuple[str, str]) -> WeightNames:
+        """This table with the given rows changed (or added)."""
+        return WeightNames({**self.table, **rows})
+
+    def hf(self, slot: str, layer: int | None = None, kind: str = "weight") -> str:
+        return f"{self.table[slot][0].format(i=layer)}.{kind}"
+
+    def gguf(self, slot: str, layer: int | None = None, kind: str = "weight") -> str:
+        return f"{self.table[slot][1].format(i=layer)}.{kind}"
+
+    def resolver(self, store: Any) -> Resolver:
+        """The name each slot has in ``store`` (HF names, or a GGUF store's names; module docstring)."""
+        if getattr(store, "format", None) != "gguf":
+            return self.hf
+        served = {gguf: hf for hf, gguf in store.gguf_names.items()}
+
+        def name(slot: str, layer: int | None = None, kind: str = "weight") -> str:
+            gguf = self.gguf(slot, layer, kind)
+            return served.get(gguf, gguf)
+
+        return name
+
+
+LLAMA_NAMES = WeightNames(
+    {
+        "embed": ("model.embed_tokens", "token_embd"),
+        "norm": ("model.norm", "output_norm"),
+        "head": ("lm_head", "output"),
+        "attn_norm": ("model.layers.{i}.input_layernorm", "blk.{i}.attn_norm"),
+        "q": ("model.layers.{i}.self_attn.q_proj", "blk.{i}.attn_q"),
+        "k": ("model.layers.{i}.self_attn.k_proj", "blk.{i}.attn_k"),
+        "v": ("model.layers.{i}.self_attn.v_proj", "blk.{i}.attn_v"),
+        "o": ("model.layers.{i}.self_attn.o_proj", "blk.{i}.attn_output"),
+        "q_norm": ("model.layers.{i}.self_attn.q_norm", "blk.{i}.attn_q_norm"),
+        "k_norm": ("model.layers.{i}.self_attn.k_norm", "blk.{i}.attn_k_norm"),
+        # the norm after attention's output (Gemma, OLMo 2); llama's "post_attention_layernorm"
+        # is its pre-MLP norm, the next row
+        "attn_out_norm": ("model.layers.{i}.post_attention_layernorm", "blk.{i}.post_attention_norm"),
+        "mlp_norm": ("model.layers.{i}.post_attention_layernorm", "blk.{i}.ffn_norm"),
+        "gate": ("model.layers.{i}.mlp.gate_proj", "blk.{i}.ffn_gate"),
+        "up": ("model.layers.{i}.mlp.up_proj", "blk.{i}.ffn_up"),
+        "gate_up": ("model.layers.{i}.mlp.gate_up_proj", "blk.{i}.ffn_gate_up"),
+        "down": ("model.layers.{i}.mlp.down_proj", "blk.{i}.ffn_down"),
+        "mlp_out_norm": ("model.layers.{i}.post_feedforward_layernorm", "blk.{i}.post_ffw_norm"),
+    }
+)

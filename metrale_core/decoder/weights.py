@@ -1,0 +1,195 @@
+"""Weight loading for a decoder definition: every tensor through the ``WeightStore``, projections fused.
+
+Owner: ``metrale_core.decoder``; ``build.build_decoder`` calls :func:`load_weights`.
+
+Invariants:
+- Tensor names come from the definition's weight-name table (``DecoderSpec.names``), resolved
+  for the store at hand (HF names, or a GGUF store's; ``names.WeightNames.resolver``).
+- Weights are read only through ``store.get(name, dtype=, shape=)`` with the shape the config
+  implies, so a wrong checkpoint fails with ``ShapeMismatch`` naming the tensor.
+- The output head is tied to the embedding when the config says so or the checkpoint has no head.
+- Projections are fused at load time: ``qkv = [q; k; v]`` and ``gate_up = [gate; up]``, and kept
+  in the weight format of the shared linear layer (``metrale_core.layers.lora.build_linear``, which
+  records each projection's checkpoint module paths for LoRA; ``auto`` by default: a GGUF stays
+  in its blocks, its token table too (``build_embedding``)).
+- Under tensor parallelism (``tp.world > 1``) the store is wrapped in a ``ShardedStore`` built by
+  :func:`shard_plan`, so every projection is read as this rank's rows (q/k/v, gate/up, the
+  vocabulary of the embedding and head) or columns (o_proj, down_proj) in any weight format; the
+  row-parallel projections sum over the ranks (``RowParallelLinear``, their bias added once).
+- A norm slot the recipe does not use is None in :class:`LayerWeights` and never read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from attrs import frozen
+
+from metrale_core.decoder.dims import DecoderDims
+from metrale_core.decoder.names import Resolver
+from metrale_core.decoder.spec import DecoderSpec
+from metrale_core.layers import build_embedding, build_tied_head, embed_tokens
+from metrale_core.layers.linear import Linear
+from metrale_core.layers.lora import build_linear
+from metrale_core.layers.parallel import (
+    HeadSplit,
+    ParallelHead,
+    RowParallelLinear,
+    Shard,
+    ShardedStore,
+    TensorParallel,
+    VocabParallelEmbedding,
+    split_heads,
+    split_range,
+    split_unit,
+)
+
+__all__ = ["DecoderWeights", "LayerWeights", "load_weights", "shard_plan"]
+
+
+@frozen
+class LayerWeights:
+    """One decoder layer's tensors; projections are fused ``Linear`` objects (biases inside them)."""
+
+    attn_norm: torch.Tensor | None
+    qkv: Linear
+    o_proj: Linear
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    attn_out_norm: torch.Tensor | None
+    mlp_norm: torch.Tensor | None
+    gate_up: Linear
+    down: Linear
+    mlp_out_norm: torch.Tensor | None
+
+    @property
+    def qkv_bias(self) -> torch.Tensor | None:
+        return self.qkv.bias
+
+    @property
+    def o_bias(self) -> torch.Tensor | None:
+        return self.o_proj.bias
+
+
+@frozen
+class DecoderWeights:
+    #: The token table: a tensor, or a quantized GGUF table read in place (``embed_tokens``).
+    embed: Any
+    layers: tuple[LayerWeights, ...]
+    norm: torch.Tensor
+    #: The dense output matrix (the embedding itself when tied); None when only ``head`` keeps it.
+    lm_head: torch.Tensor | None
+    #: The output head as the forward runs it.
+    head: Linear
+    #: The weight format the projections are kept in (``metrale_core.layers.WEIGHT_FORMATS``).
+    weight_format: str = "exact"
+    #: ``ids -> rows`` of the (vocab-parallel) token table; None: ``embed_tokens(ids, embed)``.
+    embedding: Any = None
+    #: The attention heads this rank keeps (all of them without tensor parallelism).
+    heads: HeadSplit | None = None
+
+
+def shard_plan(
+    dims: DecoderDims, tp: TensorParallel, name: Resolver
+) -> tuple[dict[str, Shard], HeadSplit, tuple[int, ...]]:
+    """Rank ``tp.rank``'s part of every split tensor, its heads, and every rank's vocabulary rows."""
+    heads = split_heads(dims.num_heads, dims.num_kv_heads, tp.world, tp.rank)
+    d, inter = dims.head_dim, dims.intermediate_size
+    q = Shard(0, heads.q_start * d, heads.num_heads * d)
+    kv = Shard(0, heads.kv_start * d, heads.num_kv_heads * d)
+    mlp = Shard(0, *split_range(inter, tp.world, tp.rank, split_unit(inter, tp.world)))
+    vocab = [split_range(dims.vocab_size, tp.world, r) for r in range(tp.world)]
+    rows = Shard(0, *vocab[tp.rank])
+    plan: dict[str, Shard] = {name("embed", None, "weight"): rows, name("head", None, "weight"): rows}
+    for i in range(dims.num_layers):
+        for kind in ("weight", "bias"):
+            plan[name("q", i, kind)] = q
+            plan[name("k", i, kind)] = plan[name("v", i, kind)] = kv
+            plan[name("gate", i, kind)] = plan[name("up", i, kind)] = mlp
+        plan[name("o", i, "weight")] = Shard(1, q.start, q.size)
+        plan[name("down", i, "weight")] = Shard(1, mlp.start, mlp.size)
+    return plan, heads, tuple(size for _, size in vocab)
+
+
+def load_weights(
+    spec: DecoderSpec,
+    store: Any,
+    dims: DecoderDims,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    weight_format: str = "auto",
+    tp: TensorParallel | None = None,
+) -> DecoderWeights:
+    """Read, check and fuse every tensor the decoder needs, projections in ``weight_format``;
+    with ``tp`` only this rank's part of each (see the module docstring)."""
+    tp = tp if tp is not None else TensorParallel()
+    n = spec.names.resolver(store)
+    plan, heads, vocab_sizes = shard_plan(dims, tp, n)
+    if tp.enabled:
+        store = ShardedStore(store, plan, weight_format)
+
+    def linear(slots: list[str], i: int | None, shapes: list[tuple[int, int]], bias: Any) -> Linear:
+        return build_linear(store, [n(s, i, "weight") for s in slots], shapes, weight_format, dtype, device, bias)
+
+    def row_parallel(slot: str, i: int, shape: tuple[int, int], bias: torch.Tensor | None) -> Linear:
+        """A projection whose input is split: its bias is added once, after the sum of the ranks."""
+        if tp.enabled:
+            return RowParallelLinear(linear([slot], i, [shape], None), tp, bias)
+        return linear([slot], i, [shape], bias)
+
+    def get(slot: str, i: int | None, shape: tuple[int, ...], kind: str = "weight") -> torch.Tensor:
+        return store.get(n(slot, i, kind), dtype=dtype, shape=shape).to(device)
+
+    def maybe(slot: str, i: int | None, shape: tuple[int, ...], present: bool, kind: str = "weight") -> Any:
+        return get(slot, i, shape, kind) if present else None
+
+    def biases(slots: list[str], i: int, sizes: list[int], present: bool) -> torch.Tensor | None:
+        return torch.cat([get(s, i, (size,), "bias") for s, size in zip(slots, sizes)]) if present else None
+
+    D, d, norms = dims.hidden_size, dims.head_dim, spec.norms
+    inter = plan[n("down", 0, "weight")].size if dims.num_layers and tp.enabled else dims.intermediate_size
+    q_out, kv_out = heads.num_heads * d, heads.num_kv_heads * d
+    qk_norm = {"none": None, "head": (d, d), "proj": (q_out, kv_out)}[dims.qk_norm]
+    V = vocab_sizes[tp.rank]
+    layers = []
+    for i in range(dims.num_layers):
+        qkv_bias = biases(["q", "k", "v"], i, [q_out, kv_out, kv_out], dims.qkv_bias)
+        gate_up_bias = biases(["gate", "up"], i, [inter, inter], dims.mlp_bias)
+        layers.append(
+            LayerWeights(
+                attn_norm=maybe("attn_norm", i, (D,), norms.pre_attn),
+                qkv=linear(["q", "k", "v"], i, [(q_out, D), (kv_out, D), (kv_out, D)], qkv_bias),
+                o_proj=row_parallel("o", i, (D, q_out), maybe("o", i, (D,), dims.o_bias, "bias")),
+                q_norm=None if qk_norm is None else get("q_norm", i, (qk_norm[0],)),
+                k_norm=None if qk_norm is None else get("k_norm", i, (qk_norm[1],)),
+                attn_out_norm=maybe("attn_out_norm", i, (D,), norms.post_attn),
+                mlp_norm=maybe("mlp_norm", i, (D,), norms.pre_mlp),
+                gate_up=linear(["gate", "up"], i, [(inter, D), (inter, D)], gate_up_bias),
+                down=row_parallel("down", i, (D, inter), maybe("down", i, (D,), dims.mlp_bias, "bias")),
+                mlp_out_norm=maybe("mlp_out_norm", i, (D,), norms.post_mlp),
+            )
+        )
+    embed_name, head_name = n("embed", None, "weight"), n("head", None, "weight")
+    embed = build_embedding(store, embed_name, (V, D), weight_format, dtype, device)
+    tied = dims.tie_word_embeddings or head_name not in store
+    if tied:
+        head: Any = build_tied_head(store, embed_name, embed, (V, D), weight_format, dtype, device)
+        lm_head = embed if isinstance(embed, torch.Tensor) else None
+    else:  # under exact the head's own dense tensor (build_embedding gives a tensor there too)
+        lm_head = get("head", None, (V, D)) if weight_format == "exact" else None
+        head = build_linear(store, [head_name], [(V, D)], weight_format, dtype, device, dense=lm_head, output_head=True)
+    embedding = None
+    if tp.enabled:
+        head = ParallelHead(head, tp, vocab_sizes)
+        embedding = VocabParallelEmbedding(embed, plan[embed_name].start, V, tp, embed_tokens)
+    return DecoderWeights(
+        embed=embed,
+        layers=tuple(layers),
+        norm=get("norm", None, (D,)),
+        lm_head=lm_head,
+        head=head,
+        weight_format=weight_format,
+        embedding=embedding,
+        heads=heads,
+    )

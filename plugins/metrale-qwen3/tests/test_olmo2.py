@@ -1,0 +1,188 @@
+"""OLMo 2, the decoder definition's worked example, vs transformers' ``Olmo2ForCausalLM``.
+
+Two small random configs (fp32, ``exact`` weights): logits through the paged path with chunked
+prefill and mixed decode rows (max |diff| <= 1e-4), logits and greedy tokens through the real
+engine vs ``generate``, and the same model written as a GGUF under llama.cpp's names.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFWriter
+from qwen3_harness import build_hf, max_logit_diff, open_store, run_mixed_schedule, save_checkpoint
+from transformers import Olmo2Config, Olmo2ForCausalLM
+
+from metrale_core.components import LoadOptions
+from metrale_core.engine import EngineConfig, LLMEngine
+from metrale_core.errors import ConfigError
+from metrale_core.layers.parallel import TensorParallel
+from metrale_core.plugins import load_registry
+from metrale_core.sampling.params import SamplingParams
+from metrale_core.testing.forward_spy import ForwardSpy
+from metrale_core.testing.staggered import run_joining_mid_prefill
+
+VOCAB = 96
+NEW_TOKENS = 16
+CONFIGS = {
+    # GQA ratio 2, untied head, a large RoPE base.
+    "gqa2-untied": dict(
+        vocab_size=VOCAB,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+    ),
+    # MHA, tied head, attention biases, linear RoPE scaling, three layers.
+    "mha-tied-bias-linear-rope": dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        attention_bias=True,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        max_position_embeddings=256,
+    ),
+}
+PROMPTS = [
+    [5, 17, 3, 88, 41, 9, 60],
+    [2, 70, 33, 14, 95, 7, 50, 21, 11, 64, 3, 8, 19],
+    [44, 1, 90],
+    [12, 12, 80, 6, 37, 58, 29, 71, 4, 66],
+]
+
+
+def _load(store, **options):
+    spec = load_registry().find_model_loader(store.config)
+    assert spec.name == "olmo2"
+    return spec.factory(store, LoadOptions(weight_format="exact", **options))
+
+
+def test_olmo2_is_installed_and_registered():
+    eps = importlib.metadata.entry_points(group="metrale")
+    assert "metrale_qwen3.olmo2" in {ep.value for ep in eps if ep.name == "olmo2"}
+    reg = load_registry()
+    info = {p.name: p for p in reg.plugins}["olmo2"]
+    assert info.error is None and info.distribution == "metrale-qwen3"
+    spec = reg.model_loaders["olmo2"]
+    assert spec.model_types == ("olmo2",) and spec.architectures == ("Olmo2ForCausalLM",)
+    assert reg.find_model_loader({"model_type": "x", "architectures": ["Olmo2ForCausalLM"]}).name == "olmo2"
+    # the whole-projection QK-norm cannot be sharded: refused with the definition's reason
+    assert not spec.tensor_parallel and "QK-norm" in spec.tensor_parallel_note
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_olmo2_paged_logits_match_hf(name, tmp_path):
+    torch.set_num_threads(2)
+    hf = build_hf(Olmo2Config, Olmo2ForCausalLM, seed=len(name), **CONFIGS[name])
+    model = _load(open_store(save_checkpoint(hf, tmp_path)))
+    layer = model.weights.layers[0]
+    assert layer.attn_norm is None and layer.mlp_norm is None  # post-norms only
+    assert layer.q_norm.shape == (CONFIGS[name]["hidden_size"],)  # over the whole projection
+    runner = run_mixed_schedule(model, PROMPTS, decode_steps=8, block_size=4)
+    assert max_logit_diff(hf, runner) <= 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_olmo2_engine_logits_and_greedy_match_hf(name, tmp_path):
+    torch.set_num_threads(2)
+    hf = build_hf(Olmo2Config, Olmo2ForCausalLM, seed=len(name) + 1, **CONFIGS[name])
+    registry = load_registry()
+    spy = ForwardSpy(_load(open_store(save_checkpoint(hf, tmp_path))))
+    engine = LLMEngine(spy, EngineConfig(block_size=4, num_kv_blocks=64, max_prefill_tokens=8), registry=registry)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    outputs = run_joining_mid_prefill(engine, PROMPTS, params)
+    full = [p + o for p, o in zip(PROMPTS, outputs)]
+    with torch.no_grad():
+        ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
+    worst = 0.0
+    for history, row in spy.rows:
+        i = next(i for i, seq in enumerate(full) if tuple(seq[: len(history)]) == history)
+        worst = max(worst, float((row - ref[i][len(history) - 1]).abs().max()))
+    assert worst <= 1e-4
+    for prompt, out in zip(PROMPTS, outputs):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():  # the mask given: token 1 is OLMo 2's pad id, which generate would mask out
+            gen = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                do_sample=False,
+            )
+        assert out == gen[0, len(prompt) :].tolist()
+
+
+#: HF module path -> llama.cpp's OLMo 2 tensor name (gguf-py's tensor map), written out here so
+#: the test does not read the definition's own table.
+_GGUF = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def _write_gguf(hf, config: dict, path) -> None:
+    w = GGUFWriter(str(path), "olmo2")
+    w.add_embedding_length(config["hidden_size"])
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_head_count(config["num_attention_heads"])
+    w.add_head_count_kv(config["num_key_value_heads"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_rope_freq_base(config["rope_theta"])
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    top["lm_head.weight"] = "output.weight"
+    for name, t in hf.state_dict().items():
+        if name in top:
+            gname = top[name]
+        else:
+            i, rest = name.removeprefix("model.layers.").split(".", 1)
+            base, kind = rest.rsplit(".", 1)
+            gname = f"blk.{i}.{_GGUF[base]}.{kind}"
+        w.add_tensor(gname, np.ascontiguousarray(t.float().numpy()))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_olmo2_gguf_logits_match_hf(tmp_path):
+    torch.set_num_threads(2)
+    config = CONFIGS["gqa2-untied"]
+    hf = build_hf(Olmo2Config, Olmo2ForCausalLM, seed=11, **config)
+    path = tmp_path / "olmo2.gguf"
+    _write_gguf(hf, config, path)
+    store = open_store(path)
+    assert store.config["model_type"] == "olmo2"
+    runner = run_mixed_schedule(_load(store), PROMPTS, decode_steps=4, block_size=4)
+    assert max_logit_diff(hf, runner) <= 1e-4
+
+
+def test_olmo2_refuses_tensor_parallelism_with_the_reason(tmp_path):
+    hf = build_hf(Olmo2Config, Olmo2ForCausalLM, seed=2, **CONFIGS["gqa2-untied"])
+    store = open_store(save_checkpoint(hf, tmp_path))
+    with pytest.raises(ConfigError, match="whole projection"):
+        _load(store, tensor_parallel=TensorParallel(rank=0, world=2))
