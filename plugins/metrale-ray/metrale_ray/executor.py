@@ -16,13 +16,15 @@ Invariants:
   node cut off from the server does not wait for a kill that cannot reach it.
 - ``shutdown`` waits for the actors' ``run`` after rank 0's stop, then kills every actor: no
   worker outlives the job.  Ray itself is left running if it was running before (a cluster),
-  and shut down if this executor started it.
+  and shut down if this executor started it (from the main thread only: see ``_disconnect``).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from typing import Any
 
 from metrale_core.api import ConfigError, Rendezvous, free_port
@@ -96,7 +98,20 @@ class RayExecutor:
         self.actors.clear()
         self.runs.clear()
         if self._started_ray:
-            ray.shutdown()
+            _disconnect(ray)
+
+
+def _disconnect(ray: Any) -> None:
+    """``ray.shutdown()``, keeping the process's SIGTERM handler: Ray's shutdown resets it to the
+    default (the server would then die on SIGTERM instead of stopping), and only the main thread
+    may set it back.  Off the main thread (a failed job reaped while the server goes on) the
+    driver stays connected until the process exits, which disconnects it all the same."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    ray.shutdown()
+    if handler is not None:
+        signal.signal(signal.SIGTERM, handler)
 
 
 class _Actor:

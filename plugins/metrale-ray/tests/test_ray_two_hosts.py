@@ -8,8 +8,10 @@ with the reason.  Without root or ``ip netns`` the test skips (fails under ``CI=
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -25,10 +27,14 @@ TIMEOUT_S = 4
 RAY_PORT = 6379
 
 
-def _ray(host: Host, *args: str) -> None:
+def _ray(host: Host, temp_dir: str, *args: str) -> None:
+    """``ray start`` on ``host`` with its own temporary directory: the default one's
+    ``ray_current_cluster`` file would make every later plain ``ray.init()`` on this machine join
+    this (soon gone) cluster instead of starting its own."""
     ray = str(Path(sys.executable).with_name("ray"))
     env = env_for(host, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    done = host.run([ray, "start", *args, "--disable-usage-stats"], env=env, capture_output=True, text=True)
+    argv = [ray, "start", *args, "--temp-dir", temp_dir, "--disable-usage-stats"]
+    done = host.run(argv, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
@@ -39,12 +45,16 @@ def ray_hosts():
     except ImportError:
         missing("Ray is not installed (pip install -e plugins/metrale-ray installs it)")
     hosts = two_hosts("metray")
+    temp_dir = tempfile.mkdtemp(prefix="metray-")  # short: Ray's socket paths live under it
     try:
-        _ray(hosts.a, "--head", "--node-ip-address", hosts.a.addr, "--port", str(RAY_PORT), "--num-cpus", "0")
-        _ray(hosts.b, "--address", f"{hosts.a.addr}:{RAY_PORT}", "--node-ip-address", hosts.b.addr, "--num-cpus", "1")
+        head = ["--head", "--node-ip-address", hosts.a.addr, "--port", str(RAY_PORT), "--num-cpus", "0"]
+        _ray(hosts.a, temp_dir, *head)
+        node = ["--address", f"{hosts.a.addr}:{RAY_PORT}", "--node-ip-address", hosts.b.addr, "--num-cpus", "1"]
+        _ray(hosts.b, temp_dir, *node)
         yield hosts
     finally:
         hosts.close()  # the Ray daemons of both hosts are killed by pid (never 'ray stop': it is machine-wide)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
