@@ -10,7 +10,9 @@ a peer that can no longer answer.
 Invariants:
 - Each end sends a ``("ping",)`` whenever it has sent nothing for a quarter of ``timeout_s``;
   pings are consumed here and never reach the caller.
-- A peer silent for ``timeout_s`` (not even a ping) is lost: ``poll`` returns True and ``recv``
+- A peer silent for ``timeout_s`` (not even a ping) is lost -- judged only after reading what
+  already arrived, so a reader that comes late (a replica building its engine, the front busy
+  starting another replica) never mistakes queued messages for silence: ``poll`` returns True and ``recv``
   raises ``EOFError`` (what a closed pipe does), :attr:`why` says what happened and
   :attr:`ended` is set.  A send blocked for ``timeout_s`` (the peer stopped reading, or the link
   is down with a full buffer) raises ``OSError`` instead of hanging (``SO_SNDTIMEO``), and so does
@@ -76,16 +78,10 @@ class Link:
         """True when a message (or the end of the link) is there, within ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not (self._pending or self.ended.is_set()):
-            now = time.monotonic()
             silent_until = self._last_seen + self.timeout_s
-            if now >= silent_until:
-                self._end(
-                    f"no message for {self.timeout_s:g}s (--distributed-timeout): its host or link is down, or it hangs"
-                )
-                break
             until = silent_until if deadline is None else min(silent_until, deadline)
-            try:
-                ready = self.conn.poll(max(0.0, until - now))
+            try:  # what already arrived is read before any silence is judged (a reader may come late)
+                ready = self.conn.poll(max(0.0, until - time.monotonic()))
                 msg = self.conn.recv() if ready else None
             except (EOFError, OSError):
                 self._end("the connection was closed")
@@ -94,7 +90,13 @@ class Link:
                 self._last_seen = time.monotonic()
                 if msg != PING:
                     self._pending.append(msg)
-            elif deadline is not None and time.monotonic() >= deadline:
+                continue
+            if time.monotonic() >= silent_until:
+                self._end(
+                    f"no message for {self.timeout_s:g}s (--distributed-timeout): its host or link is down, or it hangs"
+                )
+                break
+            if deadline is not None and time.monotonic() >= deadline:
                 return False
         return True
 
