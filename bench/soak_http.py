@@ -11,7 +11,8 @@ server's RSS (MiB, from ``/proc/PID/status``); a flat RSS column means no leak (
 
 ``--full`` cycles the real mix of issue 33 instead: the above plus tools (auto and forced
 ``required``, streamed), ``json_schema``, ``n=3``, Responses and Messages (whole and streamed),
-embeddings, a stream the client drops after its first bytes, and two more 400s; ``--lora`` adds a
+embeddings, Ollama's ``/api/chat`` and ``/api/generate`` (NDJSON), a stream the client drops after
+its first bytes, and three more 400s; ``--lora`` adds a
 random SmolLM2-shaped PEFT adapter (``--lora soak-lora=DIR``) and chat / completion requests to it.
 Every request's status is checked (a wrong one stops the soak), and at the end ``/metrics`` must
 show the engine idle (0 running, 0 waiting, 0 KV use).
@@ -98,6 +99,7 @@ def requests_mix(
         return mix
     weather = {**chat, "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}
     messages = {"model": model, "max_tokens": max_tokens, "messages": chat["messages"]}
+    ollama = {"model": model, "stream": False, "options": {"temperature": 0, "num_predict": max_tokens}}
     mix += [
         ("/v1/chat/completions", {**weather, "tools": [WEATHER_TOOL], "max_tokens": 48}, 200),
         (
@@ -127,6 +129,9 @@ def requests_mix(
         ("/v1/chat/completions", {**chat, "max_tokens": 200, "stream": True, "disconnect": True}, 200),
         ("/v1/chat/completions", {**chat, "temperature": 5}, 400),
         ("/v1/messages", {"model": model, "messages": chat["messages"]}, 400),  # max_tokens is required
+        ("/api/chat", {**ollama, "messages": chat["messages"]}, 200),
+        ("/api/generate", {**ollama, "prompt": "Once upon a time", "stream": True}, 200),
+        ("/api/chat", {**ollama, "messages": chat["messages"], "options": {"temperature": -1}}, 400),
     ]
     if lora is not None:
         mix += [
