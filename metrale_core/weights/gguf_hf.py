@@ -8,7 +8,11 @@ Invariants:
   names (e.g. ``rope_freqs.weight``) unchanged.  The table is the decoder definitions' own
   (``metrale_core.decoder.names.LLAMA_NAMES``, its GGUF and HF columns).
 - Only archs in ``PERMUTED_ARCHS`` had Q/K rows permuted by llama.cpp's ``convert_hf_to_gguf``
-  (``LlamaModel.permute``, applied to q/k weights and biases).  Qwen2/Qwen3 are written unpermuted.
+  (``LlamaModel.permute``, applied to q/k weights and biases: llama, granite, smollm3).
+  Qwen2/Qwen3/OLMo 2/Gemma are written unpermuted.
+- Arch-specific metadata (Granite's multipliers, Gemma 2's window and soft-caps) becomes the HF
+  config keys the definitions read (``_ARCH_KEYS``); a Gemma 2 file gets its activation and
+  ``query_pre_attn_scalar`` as llama.cpp reads them.
 - ``unpermute_rows`` is the exact inverse of that permutation and works on any row payload
   (float rows or quantized byte rows, since blocks never straddle rows).
 """
@@ -32,8 +36,26 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",  # its extra norms map through the same table (metrale-gemma3 reads them)
     "olmo2": "Olmo2ForCausalLM",  # its post-norms keep their GGUF names (the olmo2 definition reads them)
+    "granite": "GraniteForCausalLM",  # its multipliers come from the metadata (_ARCH_KEYS)
+    "smollm3": "SmolLM3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",  # norms stored as 1 + w; windows and soft-caps from the metadata
 }
-PERMUTED_ARCHS = frozenset({"llama"})
+#: llama.cpp's converters that permute Q/K rows (``LlamaModel`` and its subclasses).
+PERMUTED_ARCHS = frozenset({"llama", "granite", "smollm3"})
+#: Per arch: HF config key -> its GGUF metadata key (without the ``{arch}.`` prefix).
+_ARCH_KEYS = {
+    "granite": {
+        "embedding_multiplier": "embedding_scale",
+        "residual_multiplier": "residual_scale",
+        "attention_multiplier": "attention.scale",
+        "logits_scaling": "logit_scale",
+    },
+    "gemma2": {
+        "sliding_window": "attention.sliding_window",
+        "attn_logit_softcapping": "attn_logit_softcapping",
+        "final_logit_softcapping": "final_logit_softcapping",
+    },
+}
 
 #: The GGUF store's llama table (GGUF module path -> HF module path), derived from the decoder
 #: definitions' weight-name table so the two cannot disagree: the slots a llama GGUF file holds.
@@ -129,6 +151,13 @@ def synthesize_config(
         "eos_token_id": scalars.get("tokenizer.ggml.eos_token_id"),
         "pad_token_id": scalars.get("tokenizer.ggml.padding_token_id"),
     }
+    for hf_key, gguf_key in _ARCH_KEYS.get(arch, {}).items():
+        if f"{arch}.{gguf_key}" in scalars:
+            config[hf_key] = scalars[f"{arch}.{gguf_key}"]
+    if arch == "gemma2":  # llama.cpp's reading: the 27B (46 layers) scales by hidden / heads
+        config["hidden_act"] = "gelu_pytorch_tanh"
+        big = config["num_hidden_layers"] == 46
+        config["query_pre_attn_scalar"] = hidden // heads if big else config["head_dim"]
     scaling = scalars.get(f"{arch}.rope.scaling.type")
     if isinstance(scaling, str) and scaling not in ("none", ""):
         config["rope_scaling"] = {
