@@ -13,6 +13,8 @@ Invariants:
 - Arch-specific metadata (Granite's multipliers, Gemma 2's window and soft-caps) becomes the HF
   config keys the definitions read (``_ARCH_KEYS``); a Gemma 2 file gets its activation and
   ``query_pre_attn_scalar`` as llama.cpp reads them.
+- An arch not in ``ARCHITECTURES`` gets no ``architectures`` entry and only the config keys its
+  metadata has (a missing one is None, not an error), so the loader lookup can refuse it by name.
 - ``unpermute_rows`` is the exact inverse of that permutation and works on any row payload
   (float rows or quantized byte rows, since blocks never straddle rows).
 """
@@ -117,14 +119,19 @@ def synthesize_config(
     if not isinstance(arch, str) or not arch:
         raise CorruptWeightsFile(f"{where}: GGUF metadata lacks general.architecture")
 
+    known = arch in ARCHITECTURES
+
     def key(name: str, default: Any = ...) -> Any:
         value = scalars.get(f"{arch}.{name}", default)
-        if value is ...:
+        if value is ... and known:
             raise CorruptWeightsFile(f"{where}: GGUF metadata lacks {arch}.{name}, needed for the model config")
-        return value
+        return None if value is ... else value  # an unmapped arch: what its metadata has
 
-    hidden = int(key("embedding_length"))
-    heads = int(key("attention.head_count"))
+    def number(cast: Any, value: Any) -> Any:
+        return None if value is None else cast(value)
+
+    hidden = number(int, key("embedding_length"))
+    heads = number(int, key("attention.head_count"))
     intermediate = scalars.get(f"{arch}.feed_forward_length")
     if intermediate is None and "blk.0.ffn_gate.weight" in shapes:
         intermediate = shapes["blk.0.ffn_gate.weight"][0]
@@ -133,17 +140,17 @@ def synthesize_config(
         vocab = shapes["token_embd.weight"][0]
     config: dict[str, Any] = {
         "model_type": arch,
-        "architectures": [ARCHITECTURES[arch]] if arch in ARCHITECTURES else [],
+        "architectures": [ARCHITECTURES[arch]] if known else [],
         "vocab_size": int(vocab) if vocab else None,
         "hidden_size": hidden,
-        "intermediate_size": int(intermediate) if intermediate is not None else None,
-        "num_hidden_layers": int(key("block_count")),
+        "intermediate_size": number(int, intermediate),
+        "num_hidden_layers": number(int, key("block_count")),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
-        "head_dim": int(key("attention.key_length", hidden // heads)),
+        "num_key_value_heads": number(int, key("attention.head_count_kv", heads)),
+        "head_dim": number(int, key("attention.key_length", hidden // heads if hidden and heads else None)),
         "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(key("rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(key("context_length")),
+        "max_position_embeddings": number(int, key("context_length")),
         "tie_word_embeddings": "output.weight" not in shapes,
         "attention_bias": "blk.0.attn_q.bias" in shapes,
         "hidden_act": "silu",
@@ -163,8 +170,8 @@ def synthesize_config(
         config["rope_scaling"] = {
             "rope_type": scaling,
             "factor": float(key("rope.scaling.factor", 1.0)),
-            "original_max_position_embeddings": int(
-                key("rope.scaling.original_context_length", config["max_position_embeddings"])
+            "original_max_position_embeddings": number(
+                int, key("rope.scaling.original_context_length", config["max_position_embeddings"])
             ),
         }
     return config

@@ -9,6 +9,9 @@ Invariants:
   shape there, so later reads cannot run off the mapping.
 - Numpy shape = reversed GGUF dims (GGUF lists the fastest dimension first).
 - For ``llama`` files, q_proj/k_proj rows (weights and biases) come back in HF order.
+- A file of an architecture the store does not map opens (tensor names through the llama table,
+  Q/K rows as stored, the config keys its metadata has); the loader lookup then refuses it in one
+  line listing ``gguf_architectures`` an installed loader serves (``Registry.find_model_loader``).
 - A file without ``output.weight`` has tied embeddings: config ``tie_word_embeddings`` is True and
   ``lm_head.weight`` is not a name of the store.
 """
@@ -44,6 +47,7 @@ class GGUFStore(WeightStore):
     """Tensors of one .gguf file under HF names, dequantized to float on ``get``."""
 
     format = "gguf"
+    gguf_architectures = ARCHITECTURES
 
     def __init__(self, path: Path) -> None:
         reader = open_gguf(path)
@@ -62,14 +66,6 @@ class GGUFStore(WeightStore):
             synthesize_config(str(path), scalars, tokens.count if tokens is not None else None, shapes)
         )
         self._arch = str(config["model_type"])
-        if self._arch not in ARCHITECTURES:
-            logger.warning(
-                "{}: GGUF architecture {!r} is not one of {}; tensor names are mapped with the llama table "
-                "and Q/K rows are left as stored",
-                path,
-                self._arch,
-                sorted(ARCHITECTURES),
-            )
         self._by_name: dict[str, Any] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._heads: dict[str, int] = {}
