@@ -42,7 +42,7 @@ def test_a_gguf_of_an_unknown_architecture_lists_the_supported_gguf_architecture
     assert isinstance(err.value, UnknownArchitecture) and "\n" not in message
     assert message.startswith("GGUF architecture 'mamba' is not supported; supported GGUF architectures: ")
     listed = message.split("supported GGUF architectures: ")[1].split(" (")[0].split(", ")
-    assert {"llama", "qwen2", "qwen3", "olmo2", "granite", "smollm3", "gemma2", "gemma3"} <= set(listed)
+    assert {"llama", "qwen2", "qwen3", "olmo2", "granite", "smollm3", "gemma2", "gemma3", "phi3"} <= set(listed)
     assert listed == sorted(listed) and "mamba" not in listed
 
 

@@ -10,9 +10,9 @@ Invariants:
 - Only archs in ``PERMUTED_ARCHS`` had Q/K rows permuted by llama.cpp's ``convert_hf_to_gguf``
   (``LlamaModel.permute``, applied to q/k weights and biases: llama, granite, smollm3).
   Qwen2/Qwen3/OLMo 2/Gemma are written unpermuted.
-- Arch-specific metadata (Granite's multipliers, Gemma 2's window and soft-caps) becomes the HF
-  config keys the definitions read (``_ARCH_KEYS``); a Gemma 2 file gets its activation and
-  ``query_pre_attn_scalar`` as llama.cpp reads them.
+- Arch-specific metadata (Granite's multipliers, Gemma 2's window and soft-caps, Phi-3's window,
+  partial rotary and LongRoPE factors) becomes the HF config keys the definitions read
+  (``gguf_arch.arch_config``, after the llama-shaped keys).
 - An arch not in ``ARCHITECTURES`` gets no ``architectures`` entry and only the config keys its
   metadata has (a missing one is None, not an error), so the loader lookup can refuse it by name.
 - ``unpermute_rows`` is the exact inverse of that permutation and works on any row payload
@@ -28,6 +28,7 @@ import numpy as np
 
 from metrale_core.decoder.names import LLAMA_NAMES
 from metrale_core.errors import CorruptWeightsFile
+from metrale_core.weights.gguf_arch import arch_config
 
 __all__ = ["ARCHITECTURES", "PERMUTED_ARCHS", "hf_name", "permute_heads", "synthesize_config", "unpermute_rows"]
 
@@ -38,27 +39,13 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",  # its extra norms map through the same table (metrale-gemma3 reads them)
     "olmo2": "Olmo2ForCausalLM",  # its post-norms keep their GGUF names (the olmo2 definition reads them)
-    "granite": "GraniteForCausalLM",  # its multipliers come from the metadata (_ARCH_KEYS)
+    "granite": "GraniteForCausalLM",  # its multipliers come from the metadata (gguf_arch)
     "smollm3": "SmolLM3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",  # norms stored as 1 + w; windows and soft-caps from the metadata
+    "phi3": "Phi3ForCausalLM",  # fused attn_qkv / ffn_up keep their GGUF names; LongRoPE from gguf_arch
 }
 #: llama.cpp's converters that permute Q/K rows (``LlamaModel`` and its subclasses).
 PERMUTED_ARCHS = frozenset({"llama", "granite", "smollm3"})
-#: Per arch: HF config key -> its GGUF metadata key (without the ``{arch}.`` prefix).
-_ARCH_KEYS = {
-    "granite": {
-        "embedding_multiplier": "embedding_scale",
-        "residual_multiplier": "residual_scale",
-        "attention_multiplier": "attention.scale",
-        "logits_scaling": "logit_scale",
-    },
-    "gemma2": {
-        "sliding_window": "attention.sliding_window",
-        "attn_logit_softcapping": "attn_logit_softcapping",
-        "final_logit_softcapping": "final_logit_softcapping",
-    },
-}
-
 #: The GGUF store's llama table (GGUF module path -> HF module path), derived from the decoder
 #: definitions' weight-name table so the two cannot disagree: the slots a llama GGUF file holds.
 _LLAMA_TOP_SLOTS = ("embed", "norm", "head")
@@ -109,12 +96,15 @@ def synthesize_config(
     scalars: Mapping[str, Any],
     n_tokens: int | None,
     shapes: Mapping[str, tuple[int, ...]],
+    tensors: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """An HF-style config dict from GGUF metadata.
 
     ``scalars`` holds the non-array metadata; ``n_tokens`` the length of ``tokenizer.ggml.tokens``;
-    ``shapes`` the numpy (HF) shape of every tensor by GGUF name.  ``where`` names the file in errors.
+    ``shapes`` the numpy (HF) shape of every tensor by GGUF name; ``tensors`` the values of the
+    ``gguf_arch.CONFIG_TENSORS`` the file has.  ``where`` names the file in errors.
     """
+    tensors = tensors or {}
     arch = scalars.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise CorruptWeightsFile(f"{where}: GGUF metadata lacks general.architecture")
@@ -158,13 +148,6 @@ def synthesize_config(
         "eos_token_id": scalars.get("tokenizer.ggml.eos_token_id"),
         "pad_token_id": scalars.get("tokenizer.ggml.padding_token_id"),
     }
-    for hf_key, gguf_key in _ARCH_KEYS.get(arch, {}).items():
-        if f"{arch}.{gguf_key}" in scalars:
-            config[hf_key] = scalars[f"{arch}.{gguf_key}"]
-    if arch == "gemma2":  # llama.cpp's reading: the 27B (46 layers) scales by hidden / heads
-        config["hidden_act"] = "gelu_pytorch_tanh"
-        big = config["num_hidden_layers"] == 46
-        config["query_pre_attn_scalar"] = hidden // heads if big else config["head_dim"]
     scaling = scalars.get(f"{arch}.rope.scaling.type")
     if isinstance(scaling, str) and scaling not in ("none", ""):
         config["rope_scaling"] = {
@@ -174,4 +157,5 @@ def synthesize_config(
                 int, key("rope.scaling.original_context_length", config["max_position_embeddings"])
             ),
         }
+    arch_config(arch, scalars, tensors, config)
     return config

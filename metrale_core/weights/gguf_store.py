@@ -27,6 +27,7 @@ import torch
 from loguru import logger
 
 from metrale_core.errors import CorruptWeightsFile, WeightsError
+from metrale_core.weights.gguf_arch import CONFIG_TENSORS
 from metrale_core.weights.gguf_dequant import dequantize
 from metrale_core.weights.gguf_file import (
     GGUF_MAGIC,
@@ -62,8 +63,13 @@ class GGUFStore(WeightStore):
             shapes[t.name] = shape
         scalars = {k: field_value(path, k, f) for k, f in reader.fields.items() if is_scalar_field(f)}
         tokens = reader.fields.get("tokenizer.ggml.tokens")
+        small = {  # the few 1-D tensors whose values are config (Phi-3's LongRoPE factors)
+            t.name: dequantize(t.data, t.tensor_type, shapes[t.name])
+            for t in reader.tensors
+            if t.name in CONFIG_TENSORS
+        }
         config = normalise_config(
-            synthesize_config(str(path), scalars, tokens.count if tokens is not None else None, shapes)
+            synthesize_config(str(path), scalars, tokens.count if tokens is not None else None, shapes, small)
         )
         self._arch = str(config["model_type"])
         self._by_name: dict[str, Any] = {}

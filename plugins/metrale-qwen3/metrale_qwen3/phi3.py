@@ -5,8 +5,10 @@ Owner: ``metrale_qwen3`` (entry point ``phi3``).  Phi-3 is Llama with fused chec
 over every layer (the config's ``sliding_window``), LongRoPE (``rope_scaling`` with short and long
 factors, ``original_max_position_embeddings``; the core's ``decoder.rope``) and, in Phi-4-mini,
 ``partial_rotary_factor`` 0.75.  Tensor parallelism is refused with the definition's reason (the
-fused tensors' per-rank slices are not built).  The GGUF slot of the fused MLP is llama.cpp's
-``ffn_up`` (``2 * intermediate`` rows).
+fused tensors' per-rank slices are not built).  GGUF arch ``phi3`` (llama.cpp's converter): the
+fused tensors are ``attn_qkv`` and ``ffn_up`` (``2 * intermediate`` rows: the fused MLP's slot),
+unpermuted; the GGUF store turns the window, ``rope.dimension_count`` and the LongRoPE factor
+tensors (``rope_factors_short`` / ``rope_factors_long``) into the config keys read here.
 
 Invariants: this module imports no torch; the core builds the model when the factory runs.
 """

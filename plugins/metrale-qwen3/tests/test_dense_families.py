@@ -12,13 +12,16 @@ greedy tokens equal those steps' and ``generate``'s.  Phi-3 past its original le
 with the step-by-step decode only: transformers' ``generate`` (5.x) gives other logits there than
 the same model stepped over its own cache (a known difference, left to be understood).
 A GGUF written under llama.cpp's names (and its converter's conventions: Q/K
-permuted for the llama-derived archs, Gemma's norms stored as ``1 + w``) gives the same logits
-(the Gemma 2 one with ``query_pre_attn_scalar == head_dim``, which is what llama.cpp assumes).
+permuted for the llama-derived archs, Gemma's norms stored as ``1 + w``, Phi-3's fused
+``attn_qkv`` / ``ffn_up`` and its LongRoPE factors as tensors) gives the same logits (the Gemma 2
+one with ``query_pre_attn_scalar == head_dim``, which is what llama.cpp assumes; the Phi-3 one
+past its original length, against transformers' step-by-step decode).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import math
 
 import numpy as np
 import pytest
@@ -328,6 +331,8 @@ _GGUF = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused tensors, stored as they are
+    "mlp.gate_up_proj": "ffn_up",
 }
 #: Per GGUF arch: the HF family, its norm names, Q/K permuted by the converter, norms stored as 1 + w.
 _ARCHS = {
@@ -344,6 +349,7 @@ _ARCHS = {
         False,
         True,
     ),
+    "phi3": ("phi3", {"post_attention_layernorm": "ffn_norm"}, False, False),
 }
 
 
@@ -378,6 +384,18 @@ def _write_gguf(arch: str, hf, path) -> None:
         if c.attn_logit_softcapping is not None:
             w.add_attn_logit_softcapping(c.attn_logit_softcapping)
         w.add_final_logit_softcapping(c.final_logit_softcapping)
+    if arch == "phi3":  # llama.cpp's Phi3MiniModel: no rope.scaling.type, the factors as tensors
+        rope = c.rope_parameters
+        original = rope["original_max_position_embeddings"]
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_dimension_count(
+            int(getattr(c, "partial_rotary_factor", 1.0) * c.hidden_size) // c.num_attention_heads
+        )
+        w.add_sliding_window(c.sliding_window or 0)
+        scale = c.max_position_embeddings / original
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
     top["lm_head.weight"] = "output.weight"
     for name, t in hf.state_dict().items():
@@ -407,6 +425,7 @@ def _write_gguf(arch: str, hf, path) -> None:
         ("granite", "gqa-untied"),
         ("smollm3", "nope-every-4"),
         ("gemma2", "final-cap-only-tied"),
+        ("phi3", "longrope-partial-window-tied"),
     ],
 )
 def test_a_gguf_under_llama_cpp_names_matches_hf(arch, name, tmp_path):
@@ -425,8 +444,13 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(arch, name, tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     outputs = run_joining_mid_prefill(engine, PROMPTS, params)
     full = [p + o for p, o in zip(PROMPTS, outputs)]
-    with torch.no_grad():
-        ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
+    if arch == "phi3":  # past LongRoPE's original length: transformers stepped over its cache
+        steps = [_reference(hf, p) for p in PROMPTS]
+        assert outputs == [tokens[:4] for tokens, _ in steps]
+        ref = [rows for _, rows in steps]
+    else:
+        with torch.no_grad():
+            ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
     worst = 0.0
     for history, row in spy.rows:
         worst = max(worst, float((row - ref[_match(full, history)][len(history) - 1]).abs().max()))
