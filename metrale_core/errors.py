@@ -44,8 +44,9 @@ class CorruptWeightsFile(WeightsError):
     """A file is there but cannot be parsed (truncated, bad header, bad index)."""
 
 
-class UnknownArchitecture(WeightsError):
-    """No installed model loader serves the checkpoint's architecture."""
+class UnknownArchitecture(WeightsError, ConfigError):
+    """No installed model loader serves the checkpoint's architecture (also a ``ConfigError``:
+    what is installed and configured, not the checkpoint's bytes, is what lacks it)."""
 
 
 class ShapeMismatch(WeightsError):

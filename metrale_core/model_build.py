@@ -7,8 +7,10 @@ also calibrates the loaded model with the engine) sits above.
 
 Invariants:
 - The loader is chosen by what the checkpoint declares (``model_type`` / ``architectures``)
-  among the installed model-loader plugins; an unknown one is an ``UnknownArchitecture`` error
-  listing what is installed.
+  among the installed model-loader plugins; an unknown one is one ``UnknownArchitecture`` line
+  (a ``ConfigError``) listing what is supported: for a GGUF store (``WeightStore
+  .gguf_architectures``) the GGUF architectures an installed loader serves, else the HF
+  ``architectures`` and ``model_type`` values.
 - A requested weight format the chosen loader does not declare (``ModelLoaderSpec
   .weight_formats``) is a ``ConfigError`` before any weight is read, never silently ignored.
 - A tensor-parallel group of more than one rank reaches only a loader whose spec declares
@@ -42,7 +44,7 @@ def model_from_store(
     ``reading`` (a wrapper of ``store``, e.g. with a progress bar) is what the loader reads from;
     the model's ``weight_store`` is ``store``.  Returns the loader's spec and the model.
     """
-    spec = registry.find_model_loader(store.config)
+    spec = registry.find_model_loader(store.config, gguf_architectures=getattr(store, "gguf_architectures", None))
     wanted = options.weight_format
     if wanted is not None and wanted != "auto" and wanted not in spec.weight_formats:  # auto: every loader
         raise ConfigError(

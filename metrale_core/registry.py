@@ -20,7 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pluggy
@@ -108,10 +108,39 @@ class Registry:
             raise ConfigError(f"unknown {singular(family)} {name!r}; installed: {choices or 'none'}")
         return table[name]
 
-    def find_model_loader(self, config: dict) -> c.ModelLoaderSpec:
-        """The loader serving ``config["model_type"]``, else any of ``config["architectures"]``."""
+    def find_model_loader(
+        self, config: dict, *, gguf_architectures: Mapping[str, str] | None = None
+    ) -> c.ModelLoaderSpec:
+        """The loader serving ``config["model_type"]``, else any of ``config["architectures"]``.
+
+        None serving it: :class:`UnknownArchitecture` (a ``ConfigError``), one line listing what the
+        installed loaders serve.  ``gguf_architectures`` -- given for a GGUF's config: every
+        ``general.architecture`` the GGUF store maps -> its HF ``architectures`` entry -- makes that
+        line list the GGUF architectures an installed loader serves.
+        """
         model_type = config.get("model_type")
-        architectures = list(config.get("architectures") or [])
+        spec = self._serving(model_type, list(config.get("architectures") or []))
+        if spec is not None:
+            return spec
+        hint = "install a plugin that serves it, or check METRALE_PLUGINS / METRALE_DISABLE_PLUGINS"
+        if gguf_architectures is not None:
+            served = [g for g, hf in gguf_architectures.items() if self._serving(g, [hf]) is not None]
+            raise UnknownArchitecture(
+                f"GGUF architecture {model_type!r} is not supported; supported GGUF architectures: "
+                f"{', '.join(sorted(served)) or 'none'} ({hint})"
+            )
+        loaders = self.model_loaders.values()
+        archs = sorted({a for spec in loaders for a in spec.architectures})
+        types = sorted({t for spec in loaders for t in spec.model_types})
+        raise UnknownArchitecture(
+            f"model_type {model_type!r} (architectures: {', '.join(config.get('architectures') or []) or 'none'}) "
+            f"is not supported; supported architectures: {', '.join(archs) or 'none'}; "
+            f"model types: {', '.join(types) or 'none'} ({hint})"
+        )
+
+    def _serving(self, model_type: Any, architectures: list[str]) -> c.ModelLoaderSpec | None:
+        """The loader whose ``model_types`` hold ``model_type``, else the first serving one of
+        ``architectures`` (in their order); None when none does."""
         for spec in self.model_loaders.values():
             if model_type is not None and model_type in spec.model_types:
                 return spec
@@ -119,17 +148,7 @@ class Registry:
             for spec in self.model_loaders.values():
                 if arch in spec.architectures:
                     return spec
-        installed = "; ".join(
-            f"{spec.name} from {self.provider('model_loaders', spec.name).distribution} "
-            f"(model_types: {', '.join(spec.model_types) or '-'}; "
-            f"architectures: {', '.join(spec.architectures) or '-'})"
-            for spec in self.model_loaders.values()
-        )
-        raise UnknownArchitecture(
-            f"no installed model loader serves model_type {model_type!r} "
-            f"(architectures: {architectures or 'none'}); installed loaders: {installed or 'none'}. "
-            "Install a plugin that provides it, or check METRALE_PLUGINS / METRALE_DISABLE_PLUGINS."
-        )
+        return None
 
     # --- the hook facade ---------------------------------------------------------------------
     def announce_engine_started(self, engine: Any) -> None:

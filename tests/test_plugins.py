@@ -233,8 +233,16 @@ def test_find_model_loader_by_model_type_then_architectures(install):
     with pytest.raises(UnknownArchitecture) as err:
         reg.find_model_loader({"model_type": "mamba9", "architectures": ["Mamba9ForCausalLM"]})
     message = str(err.value)
-    assert "'mamba9'" in message and "Mamba9ForCausalLM" in message
-    assert "fakelm from fakeplug (model_types: fakelm; architectures: FakeLMForCausalLM, FakeLMModel)" in message
+    assert isinstance(err.value, ConfigError) and "\n" not in message
+    assert message.startswith("model_type 'mamba9' (architectures: Mamba9ForCausalLM) is not supported; ")
+    assert "supported architectures: FakeLMForCausalLM, FakeLMModel; model types: fakelm (install" in message
+    with pytest.raises(UnknownArchitecture, match=r"^GGUF architecture 'mamba' is not supported; "):
+        reg.find_model_loader({"model_type": "mamba"}, gguf_architectures={"mamba": "MambaForCausalLM"})
+    # the GGUF line lists the mapped archs a loader serves, by model_type or by HF architecture
+    with pytest.raises(UnknownArchitecture, match=r"supported GGUF architectures: fake, fakelm \(install"):
+        reg.find_model_loader(
+            {"model_type": "x"}, gguf_architectures={"fakelm": "-", "fake": "FakeLMModel", "no": "NoLM"}
+        )
 
 
 def test_get_names_the_installed_choices():

@@ -4,7 +4,7 @@ Owner: ``metrale_core.decoder``; ``DecoderSpec.load`` (every definition's loader
 :func:`build_decoder`.
 
 Invariants: the config is read by ``dims``, tensors by ``weights``, the model built by ``model``;
-imports run one way (build -> model -> weights -> dims -> spec -> names).  The weight format is
+imports run one way (build -> model -> rope / weights -> dims -> pattern -> spec -> names).  The weight format is
 the shared linear layer's (``--weight-format``; every format is honoured);
 ``options.tensor_parallel`` (the rank's group, None without tensor parallelism) selects the
 shard, and a family that cannot be sharded (``DecoderSpec.tensor_parallel_note``) refuses it.
@@ -29,7 +29,7 @@ def build_decoder(spec: DecoderSpec, store: Any, options: Any) -> DecoderLM:
     tp = options.tensor_parallel
     if tp is not None and tp.enabled and spec.tensor_parallel_note:
         raise ConfigError(spec.tensor_parallel_note)
-    dims = DecoderDims.from_config(store.config, spec)
+    dims = DecoderDims.from_config(store.config, spec, gguf=getattr(store, "format", None) == "gguf")
     dtype = torch_dtype(options.dtype)
     weights = load_weights(spec, store, dims, dtype, options.device, resolve_weight_format(options), tp=tp)
     return DecoderLM(spec, dims, weights, dtype=dtype, device=options.device)

@@ -8,6 +8,11 @@ Invariants:
   builds none, an invalid GQA layout, a missing key, a RoPE kind not built) is a ``ConfigError``
   naming the family and the key; so is a definition that declares what is not built yet
   (``DecoderSpec.unbuilt``).
+- Per-layer windows and NoPE layers, and the scalars' values, are ``pattern``'s reading; the
+  activation is the config's ``hidden_activation`` (Gemma) or ``hidden_act``.
+- ``unit_offset`` is the recipe's ``(1 + w)`` norm, off for a GGUF (llama.cpp's converter stores
+  ``1 + w``).  ``rotary_dim`` is ``head_dim * partial_rotary_factor`` (top level or in the RoPE
+  parameters), even.
 - Biases follow the recipe: ``attention.qkv_bias`` / ``o_bias`` = ``config`` read
   ``attention_bias``; ``mlp.bias`` = ``config`` reads ``mlp_bias``.
 - RoPE: ``rope_parameters`` (transformers >= 5) or ``rope_theta`` / ``rope_scaling``; the kind
@@ -21,6 +26,7 @@ from typing import Any
 
 from attrs import frozen
 
+from metrale_core.decoder.pattern import layer_ropes, layer_windows, scalar
 from metrale_core.decoder.spec import ROPE_KINDS, ROPE_KINDS_BUILT, DecoderSpec
 from metrale_core.errors import ConfigError
 
@@ -44,6 +50,14 @@ def _rope(config: Mapping[str, Any], family: str) -> tuple[float, dict | None]:
     return float(theta), (None if kind == "default" else scaling)
 
 
+def _on(config: Mapping[str, Any], value: Any, family: str, field: str) -> float:
+    """A scalar the recipe needs (``field``): its value, or a ``ConfigError`` when the config lacks it."""
+    number = scalar(config, value, family)
+    if number is None:
+        raise ConfigError(f"{family}: {field} reads {value!r}, which the model config lacks")
+    return number
+
+
 @frozen
 class DecoderDims:
     """Dimensions and switches of one decoder, read from its config."""
@@ -65,20 +79,35 @@ class DecoderDims:
     o_bias: bool
     mlp_bias: bool
     eos_token_ids: tuple[int, ...]
+    #: Per layer: its attention window (None: the whole context) and whether it has RoPE.
+    windows: tuple[int | None, ...] = ()
+    ropes: tuple[bool, ...] = ()
+    #: The softmax scale and the attention-logit soft-cap (None: none).
+    attn_scale: float = 0.0
+    attn_softcap: float | None = None
+    #: The stream's scalars (``spec.Scalars``; None: off).
+    embedding_scale: float | None = None
+    residual_scale: float | None = None
+    logits_divisor: float | None = None
+    final_softcap: float | None = None
+    #: Norms run as ``(1 + w)`` (the recipe's unit offset, not already stored in the weights).
+    unit_offset: bool = False
+    #: The leading dimensions of each head that RoPE rotates (``head_dim`` unless partial).
+    rotary_dim: int = 0
+    #: ``original_max_position_embeddings`` outside the RoPE parameters (Phi-3's older configs).
+    original_max_position: int | None = None
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], spec: DecoderSpec) -> DecoderDims:
+    def from_config(cls, config: Mapping[str, Any], spec: DecoderSpec, *, gguf: bool = False) -> DecoderDims:
         name = spec.name
         unbuilt = spec.unbuilt()
         if unbuilt:
             raise ConfigError(f"{name}: the definition declares {', '.join(unbuilt)}, not built yet")
-        act = config.get("hidden_act", spec.activations[0])
+        act = config.get("hidden_activation") or config.get("hidden_act", spec.activations[0])
         if act not in spec.activations:
             raise ConfigError(
                 f"hidden_act {act!r} is not supported by the {name} loader (only {'/'.join(spec.activations)})"
             )
-        if config.get("use_sliding_window"):
-            raise ConfigError(f"{name}: sliding-window attention is not supported")
         hidden = int(_require(config, "hidden_size"))
         heads = int(_require(config, "num_attention_heads"))
         kv_heads = int(config.get("num_key_value_heads") or heads)
@@ -88,6 +117,12 @@ class DecoderDims:
                 f"{name}: {heads} heads / {kv_heads} KV heads / head_dim {head_dim} is not a valid GQA layout"
             )
         theta, scaling = _rope(config, name)
+        params = config.get("rope_parameters") or {}
+        partial = float(config.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0)
+        rotary_dim = int(head_dim * partial)
+        if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+            raise ConfigError(f"{name}: partial_rotary_factor {partial} gives {rotary_dim} rotary dims of {head_dim}")
+        layers = int(_require(config, "num_hidden_layers"))
         attention_bias = bool(config.get("attention_bias", False))
         eos = config.get("eos_token_id")
         eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
@@ -96,7 +131,7 @@ class DecoderDims:
             vocab_size=int(_require(config, "vocab_size")),
             hidden_size=hidden,
             intermediate_size=int(_require(config, "intermediate_size")),
-            num_layers=int(_require(config, "num_hidden_layers")),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
@@ -110,4 +145,15 @@ class DecoderDims:
             o_bias=attn.o_bias == "config" and attention_bias,
             mlp_bias=spec.mlp.bias == "config" and bool(config.get("mlp_bias", False)),
             eos_token_ids=eos_ids,
+            windows=layer_windows(config, spec, layers),
+            ropes=layer_ropes(config, spec, layers),
+            attn_scale=head_dim**-0.5 if attn.scale is None else _on(config, attn.scale, name, "attention.scale"),
+            attn_softcap=scalar(config, attn.softcap, name),
+            embedding_scale=scalar(config, spec.scalars.embedding, name),
+            residual_scale=scalar(config, spec.scalars.residual, name),
+            logits_divisor=scalar(config, spec.scalars.logits, name),
+            final_softcap=scalar(config, spec.scalars.final_softcap, name),
+            unit_offset=spec.norms.unit_offset and not gguf,
+            rotary_dim=rotary_dim,
+            original_max_position=config.get("original_max_position_embeddings"),
         )

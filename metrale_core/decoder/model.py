@@ -11,12 +11,22 @@ Invariants:
   ``h = x + out_a(attn(in_a(x)))``, ``y = h + out_m(mlp(in_m(h)))``, each norm present or the
   identity.  With the default recipe (pre-norms only) this is exactly the Llama layer, op for op.
 - QK-norm ``head`` normalises each head inside ``qk_norm_rope``; ``proj`` normalises the whole q
-  and k projections first (then RoPE alone).
+  and k projections first (then RoPE alone).  A NoPE layer (``dims.ropes``) skips the rotation;
+  partial rotary dimensions rotate the leading ``dims.rotary_dim`` of each head (``rope``).
+- Windows (``dims.windows``) are declared in ``info.kv.windows``, so the core's KV groups keep a
+  sliding layer's blocks only while its window sees them; each layer writes and reads through
+  its group's tables (``batch.for_group``), planned once per group per forward.  A layer with a
+  window or an attention soft-cap attends through ``windowed_paged_attention``, the others
+  through ``paged_attention``; without windows there is one group and the Llama path.
+- The scalars (``dims``): token embeddings times ``embedding_scale`` (in the activation dtype),
+  each branch times ``residual_scale`` before its add, the softmax scale ``attn_scale``, the
+  logits divided by ``logits_divisor`` and then soft-capped (``final_softcap``), in float32.
+  ``unit_offset`` norms run ``rms_norm(..., unit_offset=True)`` (a per-head QK-norm too).
 - The model keeps no recurrent state: ``make_state_pool`` returns None and ``state`` is ignored.
 - Ops are built once per model, so the kernel path is chosen once.
 - Under tensor parallelism the model is one rank's shard (``weights.heads`` says which heads):
   ``info.kv`` lists this rank's KV heads (its shard of the cache), ``info.vocab_size`` the whole
-  vocabulary, and only rank 0's logits are the whole rows.
+  vocabulary, and only rank 0's logits are the whole rows (the final scalars apply to them).
 """
 
 from __future__ import annotations
@@ -24,15 +34,18 @@ from __future__ import annotations
 import torch
 
 from metrale_core.decoder.dims import DecoderDims
+from metrale_core.decoder.rope import RopeTables
 from metrale_core.decoder.spec import DecoderSpec
 from metrale_core.decoder.weights import DecoderWeights, LayerWeights
 from metrale_core.layers import (
     AttentionPlan,
     DecoderOps,
+    GeGLU,
+    apply_rope,
     embed_tokens,
     paged_attention,
-    rope_cos_sin,
-    rope_inv_freq,
+    rms_norm,
+    windowed_paged_attention,
 )
 from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache
 
@@ -59,19 +72,29 @@ class DecoderLM:
         heads = weights.heads
         self.num_heads = dims.num_heads if heads is None else heads.num_heads
         self.num_kv_heads = dims.num_kv_heads if heads is None else heads.num_kv_heads
+        windowed = any(w is not None for w in dims.windows)
         self.info = ModelInfo(
             architecture=spec.name,
             vocab_size=dims.vocab_size,
             max_position=dims.max_position,
             kv=KVLayout(
-                num_layers=dims.num_layers, num_kv_heads=self.num_kv_heads, head_dim=dims.head_dim, dtype=dtype
+                num_layers=dims.num_layers,
+                num_kv_heads=self.num_kv_heads,
+                head_dim=dims.head_dim,
+                dtype=dtype,
+                windows=dims.windows if windowed else (),
             ),
             eos_token_ids=dims.eos_token_ids,
             dtype=dtype,
         )
         self.ops = DecoderOps(self.device)
-        self.inv_freq = rope_inv_freq(dims.head_dim, dims.rope_theta, dims.rope_scaling).to(self.device)
-        self._scale = dims.head_dim**-0.5
+        self.act = GeGLU(self.device) if spec.mlp.kind == "geglu" else self.ops.swiglu
+        self.rope = RopeTables(dims, self.device)
+        self._scale = dims.attn_scale
+        assert self.info.kv is not None
+        #: Per layer, its KV group (None: no windows, every layer in one group).
+        self._group_of = self.info.kv.groups.group_of_layers() if windowed else None
+        self._embed_scale = None if dims.embedding_scale is None else torch.tensor(dims.embedding_scale, dtype=dtype)
 
     def __repr__(self) -> str:
         d = self.dims
@@ -108,27 +131,85 @@ class DecoderLM:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if kv is None or len(kv.k) != self.dims.num_layers:
             raise ValueError(f"{self.info.architecture} needs a paged KV cache with {self.dims.num_layers} layers")
-        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)
-        plan = AttentionPlan.from_batch(batch, self._scale, gather=self.ops.decode_attention.path == "native")
+        cos, sin = self.rope.cos_sin(batch.positions, self.dtype)
+        groups, plans, group_of = self._groups(batch, kv)
         if inputs_embeds is not None:
             x = inputs_embeds.to(self.dtype)
-        elif self.weights.embedding is not None:
-            x = self.weights.embedding(batch.input_ids)
         else:
-            x = embed_tokens(batch.input_ids, self.weights.embed)
+            if self.weights.embedding is not None:
+                x = self.weights.embedding(batch.input_ids)
+            else:
+                x = embed_tokens(batch.input_ids, self.weights.embed)
+            if self._embed_scale is not None:
+                x = x * self._embed_scale
         for i, layer in enumerate(self.weights.layers):
-            x = self._layer(x, layer, kv, i, batch, plan, cos, sin)
+            g = group_of[i]
+            x = self._layer(x, layer, kv, i, groups[g], plans[g], cos, sin)
         hidden = None
         if all_hidden:
-            hidden = self.ops.rms_norm(x, self.weights.norm, self.dims.rms_norm_eps)
+            hidden = self._norm(x, self.weights.norm)
             x = hidden[batch.logits_rows]
         else:
-            x = self.ops.rms_norm(x[batch.logits_rows], self.weights.norm, self.dims.rms_norm_eps)
-        return self.weights.head(x).float(), hidden
+            x = self._norm(x[batch.logits_rows], self.weights.norm)
+        logits = self.weights.head(x).float()
+        d = self.dims
+        if d.logits_divisor is not None:
+            logits = logits / d.logits_divisor
+        if d.final_softcap is not None:
+            logits = torch.tanh(logits / d.final_softcap) * d.final_softcap
+        return logits, hidden
+
+    def _groups(
+        self, batch: ForwardBatch, kv: PagedKVCache
+    ) -> tuple[list[ForwardBatch], list[AttentionPlan], tuple[int, ...]]:
+        """Each KV group's view of ``batch``, its attention plan, and every layer's group."""
+        gather = self.ops.decode_attention.path == "native"
+        n = self.dims.num_layers
+        if self._group_of is None:
+            return [batch], [AttentionPlan.from_batch(batch, self._scale, gather=gather)], (0,) * n
+        # a batch without group tables comes from an engine that keeps every layer in one group
+        # (its cache declares no windows: one tensor per layer)
+        group_of = self._group_of if batch.group_block_tables else (0,) * n
+        if not batch.group_block_tables and len({id(t) for t in kv.k}) != n:
+            raise ValueError("this KV cache shares tensors between KV groups; the batch needs their block tables")
+        groups = [batch.for_group(g) for g in range(max(group_of) + 1)]
+        return groups, [AttentionPlan.from_batch(b, self._scale, gather=gather) for b in groups], group_of
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         """The recipe's RMSNorm, or the identity where the recipe has none (``weight`` None)."""
-        return x if weight is None else self.ops.rms_norm(x, weight, self.dims.rms_norm_eps)
+        if weight is None:
+            return x
+        if self.dims.unit_offset:
+            return rms_norm(x, weight, self.dims.rms_norm_eps, unit_offset=True)
+        return self.ops.rms_norm(x, weight, self.dims.rms_norm_eps)
+
+    def _residual(self, x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+        scale = self.dims.residual_scale
+        return x + (branch if scale is None else branch * scale)
+
+    def _rotate(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_norm: torch.Tensor | None,
+        k_norm: torch.Tensor | None,
+        index: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head QK-norm (where given) and RoPE (where the layer has it) of ``q`` / ``k``."""
+        d = self.dims
+        rope = d.ropes[index]
+        if q_norm is not None and (d.unit_offset or not rope or d.rotary_dim < d.head_dim):
+            q, k, q_norm, k_norm = self._norm(q, q_norm), self._norm(k, k_norm), None, None
+        if not rope:
+            return q, k
+        if d.rotary_dim == d.head_dim:
+            return self.ops.qk_norm_rope(q, k, q_norm, k_norm, cos, sin, d.rms_norm_eps)
+        r = d.rotary_dim
+        q = torch.cat((apply_rope(q[..., :r], cos, sin), q[..., r:]), dim=-1)
+        k = torch.cat((apply_rope(k[..., :r], cos, sin), k[..., r:]), dim=-1)
+        return q, k
 
     def _layer(
         self,
@@ -153,10 +234,14 @@ class DecoderLM:
         q = q.view(-1, self.num_heads, d.head_dim)
         k = k.view(-1, self.num_kv_heads, d.head_dim)
         v = v.view(-1, self.num_kv_heads, d.head_dim)
-        q, k = ops.qk_norm_rope(q, k, q_norm, k_norm, cos, sin, d.rms_norm_eps)
+        q, k = self._rotate(q, k, q_norm, k_norm, index, cos, sin)
         kv.write(index, batch.slot_mapping, k, v, kernel=ops.kv_write)
-        o = paged_attention(q, kv, index, plan, ops.decode_attention, ops.prefill_attention)
-        x = x + self._norm(w.o_proj(o.reshape(-1, q_size)), w.attn_out_norm)
+        window = d.windows[index]
+        if window is None and d.attn_softcap is None:
+            o = paged_attention(q, kv, index, plan, ops.decode_attention, ops.prefill_attention)
+        else:
+            o = windowed_paged_attention(q, kv, index, plan, window=window, softcap=d.attn_softcap)
+        x = self._residual(x, self._norm(w.o_proj(o.reshape(-1, q_size)), w.attn_out_norm))
         h = self._norm(x, w.mlp_norm)
-        act = ops.swiglu(w.gate_up(h))
-        return x + self._norm(w.down(act), w.mlp_out_norm)
+        act = self.act(w.gate_up(h))
+        return self._residual(x, self._norm(w.down(act), w.mlp_out_norm))

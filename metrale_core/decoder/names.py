@@ -30,6 +30,7 @@ TOP_SLOTS = ("embed", "norm", "head")
 #: Slots of one layer.
 LAYER_SLOTS = (
     "attn_norm",
+    "qkv",
     "q",
     "k",
     "v",
@@ -92,6 +93,7 @@ LLAMA_NAMES = WeightNames(
         "norm": ("model.norm", "output_norm"),
         "head": ("lm_head", "output"),
         "attn_norm": ("model.layers.{i}.input_layernorm", "blk.{i}.attn_norm"),
+        "qkv": ("model.layers.{i}.self_attn.qkv_proj", "blk.{i}.attn_qkv"),
         "q": ("model.layers.{i}.self_attn.q_proj", "blk.{i}.attn_q"),
         "k": ("model.layers.{i}.self_attn.k_proj", "blk.{i}.attn_k"),
         "v": ("model.layers.{i}.self_attn.v_proj", "blk.{i}.attn_v"),

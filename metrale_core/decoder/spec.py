@@ -10,12 +10,17 @@ on ``metrale_core.layers`` with every weight format, tensor parallelism (where t
 sharded) and LoRA (every projection is built with the recording ``build_linear``, under its
 checkpoint module path).  :meth:`DecoderSpec.loader_spec` is the family's ``ModelLoaderSpec``.
 
-Every default is the Llama decoder, so a family states only what differs.  What is declared but
-not built yet -- MLA, MoE, attention sinks, attention soft-capping, sliding windows, NoPE layers,
-GeGLU, the scalars, a fused ``gate_up_proj`` tensor -- is accepted here (so Gemma 3 and GLM-5.3
-can be written down) and refused at load with a ``ConfigError`` naming the field
-(:meth:`DecoderSpec.unbuilt`).  RoPE kinds: default, linear and llama3 are built; yarn and
-longrope are read from the config and refused the same way.
+Every default is the Llama decoder, so a family states only what differs.  Built: the norm
+placement and Gemma's unit-offset norms, QK-norm, sliding windows with a per-layer pattern,
+attention-logit and final-logit soft-caps, the softmax scale, NoPE layers, GeGLU, the stream's
+multipliers (:class:`Scalars`), fused ``qkv_proj`` / ``gate_up_proj`` tensors, an explicit
+``head_dim``, partial rotary dimensions.  What is declared but not built yet -- MLA, MoE, attention
+sinks -- is accepted here (so GLM-5.3 can be written down) and refused at load with a
+``ConfigError`` naming the field (:meth:`DecoderSpec.unbuilt`).  RoPE kinds: default, linear,
+llama3 and longrope are built; yarn is read from the config and refused the same way.
+
+A :data:`Scalar` is off (None), a constant, or read from the config: ``"key"`` (the key's value;
+absent or null: off) or ``"key**p"`` (its power ``p``: Gemma's ``"hidden_size**0.5"``).
 
 Invariants:
 - This module imports no torch (plugins build their definitions while registering, and
@@ -46,13 +51,13 @@ __all__ = [
 
 #: RoPE kinds a config may name (``rope_scaling.rope_type``) and those the layers build.
 ROPE_KINDS = ("default", "linear", "llama3", "yarn", "longrope")
-ROPE_KINDS_BUILT = ("default", "linear", "llama3")
+ROPE_KINDS_BUILT = ("default", "linear", "llama3", "longrope")
 
 #: The ``--weight-format`` values every definition's loader honours (``metrale_core.layers.linear``'s
 #: ``WEIGHT_FORMATS``, repeated so that registering imports no torch; a test keeps the two equal).
 WEIGHT_FORMATS = ("auto", "exact", "bf16", "int8", "int4")
 
-#: A scalar: off (None), a constant, or the config key holding it.
+#: A scalar: off (None), a constant, or ``"key"`` / ``"key**p"`` read from the config.
 Scalar = float | str | None
 
 
@@ -68,7 +73,7 @@ class Norms:
     pre_mlp: bool = True
     #: On the MLP's output, before the residual add (``mlp_out_norm``).
     post_mlp: bool = False
-    #: Gemma's ``(1 + w)`` weights.  Not built yet.
+    #: Gemma's ``(1 + w)`` weights (a GGUF stores ``1 + w`` already: read as plain weights).
     unit_offset: bool = False
 
 
@@ -87,19 +92,24 @@ class Attention:
     o_bias: Literal["config", "never"] = "config"
     #: Learned per-head attention sinks (gpt-oss).  Not built yet.
     sinks: bool = False
-    #: Attention-logit soft-cap (a :data:`Scalar`; Gemma 2).  Not built yet.
+    #: Attention-logit soft-cap, ``cap * tanh(scores / cap)`` (a :data:`Scalar`; Gemma 2).
     softcap: Scalar = None
+    #: The softmax scale (a :data:`Scalar`; None: ``head_dim ** -0.5``; Granite
+    #: ``"attention_multiplier"``, Gemma ``"query_pre_attn_scalar**-0.5"``).
+    scale: Scalar = None
+    #: The checkpoint stores ``qkv_proj`` as one tensor ``[q; k; v]`` (Phi-3; slot ``qkv``).
+    fused_qkv: bool = False
 
 
 @frozen
 class Mlp:
     """The MLP of every layer."""
 
-    #: ``swiglu`` (silu gate), ``geglu`` (tanh-gelu gate; not built yet) or ``moe`` (not built yet).
+    #: ``swiglu`` (silu gate), ``geglu`` (tanh-gelu gate) or ``moe`` (not built yet).
     kind: Literal["swiglu", "geglu", "moe"] = "swiglu"
     #: Biases on gate/up/down: ``config`` (the config's ``mlp_bias``) or ``never``.
     bias: Literal["config", "never"] = "config"
-    #: The checkpoint stores ``gate_up_proj`` as one tensor (Phi-3).  Not built yet.
+    #: The checkpoint stores ``gate_up_proj`` as one tensor ``[gate; up]`` (Phi-3; slot ``gate_up``).
     fused_gate_up: bool = False
     #: MoE: shared experts beside the routed ones (GLM, DeepSeek).  Not built yet.
     shared_experts: bool = False
@@ -110,21 +120,28 @@ class LayerPattern:
     """What varies from layer to layer."""
 
     #: Config key of the sliding-window size; None: every layer attends to the whole context.
-    #: Not built yet.
+    #: Which layers slide: the config's ``layer_types`` where it has them, else every layer but
+    #: every ``global_every``-th; a null window or ``use_sliding_window: false`` turns them off.
     sliding_window: str | None = None
-    #: With ``sliding_window``: every k-th layer (1-based) is global, the others slide.
+    #: With ``sliding_window`` and no ``layer_types``: every k-th layer (1-based) is global.
     global_every: int | None = None
-    #: Every k-th layer (1-based) has no RoPE (NoPE).  Not built yet.
+    #: Every k-th layer (1-based) has no RoPE (NoPE), unless the config lists
+    #: ``no_rope_layers`` (1: RoPE, 0: NoPE) or sets ``no_rope_layer_interval`` (SmolLM3).
     nope_every: int | None = None
 
 
 @frozen
 class Scalars:
-    """Multipliers and soft-caps of the stream (each a :data:`Scalar`).  Not built yet."""
+    """Multipliers and soft-caps of the stream (each a :data:`Scalar`; None: off)."""
 
+    #: Multiplies the token embeddings (in the activation dtype; Gemma ``"hidden_size**0.5"``,
+    #: Granite ``"embedding_multiplier"``).
     embedding: Scalar = None
+    #: Multiplies each branch before its residual add (Granite ``"residual_multiplier"``).
     residual: Scalar = None
+    #: Divides the logits (Granite ``"logits_scaling"``).
     logits: Scalar = None
+    #: Final-logit soft-cap, ``cap * tanh(logits / cap)`` (Gemma 2 ``"final_logit_softcapping"``).
     final_softcap: Scalar = None
 
 
@@ -160,21 +177,12 @@ class DecoderSpec:
 
     def unbuilt(self) -> list[str]:
         """The declared fields the builder does not build yet (empty: this family loads)."""
-        n, a, m, p, s = self.norms, self.attention, self.mlp, self.layers, self.scalars
+        a, m = self.attention, self.mlp
         checks = [
-            (n.unit_offset, "norms.unit_offset"),
             (a.kind != "full", f"attention.kind={a.kind!r}"),
             (a.sinks, "attention.sinks"),
-            (a.softcap is not None, "attention.softcap"),
-            (m.kind != "swiglu", f"mlp.kind={m.kind!r}"),
-            (m.fused_gate_up, "mlp.fused_gate_up"),
+            (m.kind == "moe", f"mlp.kind={m.kind!r}"),
             (m.shared_experts, "mlp.shared_experts"),
-            (p.sliding_window is not None, "layers.sliding_window"),
-            (p.nope_every is not None, "layers.nope_every"),
-            *(
-                (getattr(s, k) is not None, f"scalars.{k}")
-                for k in ("embedding", "residual", "logits", "final_softcap")
-            ),
         ]
         return [what for declared, what in checks if declared]
 
@@ -185,6 +193,11 @@ class DecoderSpec:
             return (
                 f"{self.name}: the QK-norm over the whole projection needs every head's values "
                 "(a cross-rank reduction per layer that is not built)"
+            )
+        if self.attention.fused_qkv or self.mlp.fused_gate_up:
+            return (
+                f"{self.name}: its checkpoint stores fused qkv_proj / gate_up_proj tensors, whose "
+                "per-rank slices are not built"
             )
         return ""
 

@@ -8,7 +8,8 @@ Invariants:
 - Weights are read only through ``store.get(name, dtype=, shape=)`` with the shape the config
   implies, so a wrong checkpoint fails with ``ShapeMismatch`` naming the tensor.
 - The output head is tied to the embedding when the config says so or the checkpoint has no head.
-- Projections are fused at load time: ``qkv = [q; k; v]`` and ``gate_up = [gate; up]``, and kept
+- Projections are fused at load time: ``qkv = [q; k; v]`` and ``gate_up = [gate; up]`` (read as
+  one tensor where the checkpoint fuses them: ``Attention.fused_qkv``, ``Mlp.fused_gate_up``), and kept
   in the weight format of the shared linear layer (``metrale_core.layers.lora.build_linear``, which
   records each projection's checkpoint module paths for LoRA; ``auto`` by default: a GGUF stays
   in its blocks, its token table too (``build_embedding``)).
@@ -153,19 +154,25 @@ def load_weights(
     qk_norm = {"none": None, "head": (d, d), "proj": (q_out, kv_out)}[dims.qk_norm]
     V = vocab_sizes[tp.rank]
     layers = []
+    qkv_slots, qkv_shapes = ["q", "k", "v"], [(q_out, D), (kv_out, D), (kv_out, D)]
+    if spec.attention.fused_qkv:
+        qkv_slots, qkv_shapes = ["qkv"], [(q_out + 2 * kv_out, D)]
+    mlp_slots, mlp_shapes = ["gate", "up"], [(inter, D), (inter, D)]
+    if spec.mlp.fused_gate_up:
+        mlp_slots, mlp_shapes = ["gate_up"], [(2 * inter, D)]
     for i in range(dims.num_layers):
-        qkv_bias = biases(["q", "k", "v"], i, [q_out, kv_out, kv_out], dims.qkv_bias)
-        gate_up_bias = biases(["gate", "up"], i, [inter, inter], dims.mlp_bias)
+        qkv_bias = biases(qkv_slots, i, [rows for rows, _ in qkv_shapes], dims.qkv_bias)
+        gate_up_bias = biases(mlp_slots, i, [rows for rows, _ in mlp_shapes], dims.mlp_bias)
         layers.append(
             LayerWeights(
                 attn_norm=maybe("attn_norm", i, (D,), norms.pre_attn),
-                qkv=linear(["q", "k", "v"], i, [(q_out, D), (kv_out, D), (kv_out, D)], qkv_bias),
+                qkv=linear(qkv_slots, i, qkv_shapes, qkv_bias),
                 o_proj=row_parallel("o", i, (D, q_out), maybe("o", i, (D,), dims.o_bias, "bias")),
                 q_norm=None if qk_norm is None else get("q_norm", i, (qk_norm[0],)),
                 k_norm=None if qk_norm is None else get("k_norm", i, (qk_norm[1],)),
                 attn_out_norm=maybe("attn_out_norm", i, (D,), norms.post_attn),
                 mlp_norm=maybe("mlp_norm", i, (D,), norms.pre_mlp),
-                gate_up=linear(["gate", "up"], i, [(inter, D), (inter, D)], gate_up_bias),
+                gate_up=linear(mlp_slots, i, mlp_shapes, gate_up_bias),
                 down=row_parallel("down", i, (D, inter), maybe("down", i, (D,), dims.mlp_bias, "bias")),
                 mlp_out_norm=maybe("mlp_out_norm", i, (D,), norms.post_mlp),
             )

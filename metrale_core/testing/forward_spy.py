@@ -6,7 +6,10 @@ slot mapping and block tables of each ``ForwardBatch`` — so a test can compare
 oracle (HF transformers) run on exactly that history, and check the history is a real request's
 prefix (which catches block-table and prefix-cache bugs the oracle alone would not).
 
-Invariants: the spy never changes inputs or outputs; it only copies.
+Invariants: the spy never changes inputs or outputs; it only copies.  With attention windows
+(KV groups) group 0's table may name a block that slid out of the window (``NULL_BLOCK``, < 0):
+those positions are None in the history (the model no longer holds them), and a test matches
+such a history on its known positions.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ class ForwardSpy:
         self._model = model
         self.info = model.info
         self.slot_tokens: dict[int, int] = {}
-        self.rows: list[tuple[tuple[int, ...], torch.Tensor]] = []
+        self.rows: list[tuple[tuple[int | None, ...], torch.Tensor]] = []
 
     def make_state_pool(self, num_slots):
         return self._model.make_state_pool(num_slots)
@@ -39,6 +42,9 @@ class ForwardSpy:
         positions = batch.positions.tolist()
         for j, r in enumerate(batch.logits_rows.tolist()):
             table = tables[row_to_seq[r]]
-            history = tuple(self.slot_tokens[table[q // bs] * bs + q % bs] for q in range(positions[r] + 1))
+            history = tuple(
+                None if table[q // bs] < 0 else self.slot_tokens[table[q // bs] * bs + q % bs]
+                for q in range(positions[r] + 1)
+            )
             self.rows.append((history, logits[j].detach().clone()))
         return logits

@@ -8,7 +8,13 @@ Invariants:
   names (e.g. ``rope_freqs.weight``) unchanged.  The table is the decoder definitions' own
   (``metrale_core.decoder.names.LLAMA_NAMES``, its GGUF and HF columns).
 - Only archs in ``PERMUTED_ARCHS`` had Q/K rows permuted by llama.cpp's ``convert_hf_to_gguf``
-  (``LlamaModel.permute``, applied to q/k weights and biases).  Qwen2/Qwen3 are written unpermuted.
+  (``LlamaModel.permute``, applied to q/k weights and biases: llama, granite, smollm3).
+  Qwen2/Qwen3/OLMo 2/Gemma are written unpermuted.
+- Arch-specific metadata (Granite's multipliers, Gemma 2's window and soft-caps, Phi-3's window,
+  partial rotary and LongRoPE factors) becomes the HF config keys the definitions read
+  (``gguf_arch.arch_config``, after the llama-shaped keys).
+- An arch not in ``ARCHITECTURES`` gets no ``architectures`` entry and only the config keys its
+  metadata has (a missing one is None, not an error), so the loader lookup can refuse it by name.
 - ``unpermute_rows`` is the exact inverse of that permutation and works on any row payload
   (float rows or quantized byte rows, since blocks never straddle rows).
 """
@@ -22,6 +28,7 @@ import numpy as np
 
 from metrale_core.decoder.names import LLAMA_NAMES
 from metrale_core.errors import CorruptWeightsFile
+from metrale_core.weights.gguf_arch import arch_config
 
 __all__ = ["ARCHITECTURES", "PERMUTED_ARCHS", "hf_name", "permute_heads", "synthesize_config", "unpermute_rows"]
 
@@ -32,9 +39,13 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",  # its extra norms map through the same table (metrale-gemma3 reads them)
     "olmo2": "Olmo2ForCausalLM",  # its post-norms keep their GGUF names (the olmo2 definition reads them)
+    "granite": "GraniteForCausalLM",  # its multipliers come from the metadata (gguf_arch)
+    "smollm3": "SmolLM3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",  # norms stored as 1 + w; windows and soft-caps from the metadata
+    "phi3": "Phi3ForCausalLM",  # fused attn_qkv / ffn_up keep their GGUF names; LongRoPE from gguf_arch
 }
-PERMUTED_ARCHS = frozenset({"llama"})
-
+#: llama.cpp's converters that permute Q/K rows (``LlamaModel`` and its subclasses).
+PERMUTED_ARCHS = frozenset({"llama", "granite", "smollm3"})
 #: The GGUF store's llama table (GGUF module path -> HF module path), derived from the decoder
 #: definitions' weight-name table so the two cannot disagree: the slots a llama GGUF file holds.
 _LLAMA_TOP_SLOTS = ("embed", "norm", "head")
@@ -85,24 +96,32 @@ def synthesize_config(
     scalars: Mapping[str, Any],
     n_tokens: int | None,
     shapes: Mapping[str, tuple[int, ...]],
+    tensors: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """An HF-style config dict from GGUF metadata.
 
     ``scalars`` holds the non-array metadata; ``n_tokens`` the length of ``tokenizer.ggml.tokens``;
-    ``shapes`` the numpy (HF) shape of every tensor by GGUF name.  ``where`` names the file in errors.
+    ``shapes`` the numpy (HF) shape of every tensor by GGUF name; ``tensors`` the values of the
+    ``gguf_arch.CONFIG_TENSORS`` the file has.  ``where`` names the file in errors.
     """
+    tensors = tensors or {}
     arch = scalars.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise CorruptWeightsFile(f"{where}: GGUF metadata lacks general.architecture")
 
+    known = arch in ARCHITECTURES
+
     def key(name: str, default: Any = ...) -> Any:
         value = scalars.get(f"{arch}.{name}", default)
-        if value is ...:
+        if value is ... and known:
             raise CorruptWeightsFile(f"{where}: GGUF metadata lacks {arch}.{name}, needed for the model config")
-        return value
+        return None if value is ... else value  # an unmapped arch: what its metadata has
 
-    hidden = int(key("embedding_length"))
-    heads = int(key("attention.head_count"))
+    def number(cast: Any, value: Any) -> Any:
+        return None if value is None else cast(value)
+
+    hidden = number(int, key("embedding_length"))
+    heads = number(int, key("attention.head_count"))
     intermediate = scalars.get(f"{arch}.feed_forward_length")
     if intermediate is None and "blk.0.ffn_gate.weight" in shapes:
         intermediate = shapes["blk.0.ffn_gate.weight"][0]
@@ -111,17 +130,17 @@ def synthesize_config(
         vocab = shapes["token_embd.weight"][0]
     config: dict[str, Any] = {
         "model_type": arch,
-        "architectures": [ARCHITECTURES[arch]] if arch in ARCHITECTURES else [],
+        "architectures": [ARCHITECTURES[arch]] if known else [],
         "vocab_size": int(vocab) if vocab else None,
         "hidden_size": hidden,
-        "intermediate_size": int(intermediate) if intermediate is not None else None,
-        "num_hidden_layers": int(key("block_count")),
+        "intermediate_size": number(int, intermediate),
+        "num_hidden_layers": number(int, key("block_count")),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
-        "head_dim": int(key("attention.key_length", hidden // heads)),
+        "num_key_value_heads": number(int, key("attention.head_count_kv", heads)),
+        "head_dim": number(int, key("attention.key_length", hidden // heads if hidden and heads else None)),
         "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(key("rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(key("context_length")),
+        "max_position_embeddings": number(int, key("context_length")),
         "tie_word_embeddings": "output.weight" not in shapes,
         "attention_bias": "blk.0.attn_q.bias" in shapes,
         "hidden_act": "silu",
@@ -134,8 +153,9 @@ def synthesize_config(
         config["rope_scaling"] = {
             "rope_type": scaling,
             "factor": float(key("rope.scaling.factor", 1.0)),
-            "original_max_position_embeddings": int(
-                key("rope.scaling.original_context_length", config["max_position_embeddings"])
+            "original_max_position_embeddings": number(
+                int, key("rope.scaling.original_context_length", config["max_position_embeddings"])
             ),
         }
+    arch_config(arch, scalars, tensors, config)
     return config

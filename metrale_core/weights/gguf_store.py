@@ -9,6 +9,9 @@ Invariants:
   shape there, so later reads cannot run off the mapping.
 - Numpy shape = reversed GGUF dims (GGUF lists the fastest dimension first).
 - For ``llama`` files, q_proj/k_proj rows (weights and biases) come back in HF order.
+- A file of an architecture the store does not map opens (tensor names through the llama table,
+  Q/K rows as stored, the config keys its metadata has); the loader lookup then refuses it in one
+  line listing ``gguf_architectures`` an installed loader serves (``Registry.find_model_loader``).
 - A file without ``output.weight`` has tied embeddings: config ``tie_word_embeddings`` is True and
   ``lm_head.weight`` is not a name of the store.
 """
@@ -24,6 +27,7 @@ import torch
 from loguru import logger
 
 from metrale_core.errors import CorruptWeightsFile, WeightsError
+from metrale_core.weights.gguf_arch import CONFIG_TENSORS
 from metrale_core.weights.gguf_dequant import dequantize
 from metrale_core.weights.gguf_file import (
     GGUF_MAGIC,
@@ -44,6 +48,7 @@ class GGUFStore(WeightStore):
     """Tensors of one .gguf file under HF names, dequantized to float on ``get``."""
 
     format = "gguf"
+    gguf_architectures = ARCHITECTURES
 
     def __init__(self, path: Path) -> None:
         reader = open_gguf(path)
@@ -58,18 +63,15 @@ class GGUFStore(WeightStore):
             shapes[t.name] = shape
         scalars = {k: field_value(path, k, f) for k, f in reader.fields.items() if is_scalar_field(f)}
         tokens = reader.fields.get("tokenizer.ggml.tokens")
+        small = {  # the few 1-D tensors whose values are config (Phi-3's LongRoPE factors)
+            t.name: dequantize(t.data, t.tensor_type, shapes[t.name])
+            for t in reader.tensors
+            if t.name in CONFIG_TENSORS
+        }
         config = normalise_config(
-            synthesize_config(str(path), scalars, tokens.count if tokens is not None else None, shapes)
+            synthesize_config(str(path), scalars, tokens.count if tokens is not None else None, shapes, small)
         )
         self._arch = str(config["model_type"])
-        if self._arch not in ARCHITECTURES:
-            logger.warning(
-                "{}: GGUF architecture {!r} is not one of {}; tensor names are mapped with the llama table "
-                "and Q/K rows are left as stored",
-                path,
-                self._arch,
-                sorted(ARCHITECTURES),
-            )
         self._by_name: dict[str, Any] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._heads: dict[str, int] = {}

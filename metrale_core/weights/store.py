@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import difflib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
@@ -60,6 +60,9 @@ class WeightStore(ABC):
     """Read-only, lazy access to one checkpoint's tensors by HF name."""
 
     format: ClassVar[str]
+    #: A GGUF store: every ``general.architecture`` it maps -> its HF ``architectures`` entry (the
+    #: loader lookup lists those an installed loader serves when it serves none); None otherwise.
+    gguf_architectures: ClassVar[Mapping[str, str] | None] = None
 
     def __init__(self, path: Path, config: dict[str, Any], names: Sequence[str]) -> None:
         self.path = path

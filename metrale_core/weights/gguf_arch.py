@@ -1,0 +1,85 @@
+"""Arch-specific GGUF metadata (and small tensors) -> the HF config keys the decoder definitions read.
+
+Owner: ``metrale_core.weights`` (``gguf_hf.synthesize_config`` calls :func:`arch_config` once per
+open, after the llama-shaped keys every arch shares).
+
+Invariants:
+- Granite's multipliers and Gemma 2's window and soft-caps are copied from ``{arch}.<key>``
+  (``_ARCH_KEYS``) when the file has them; a Gemma 2 file gets its activation and
+  ``query_pre_attn_scalar`` as llama.cpp reads them (the 27B, 46 layers, scales by hidden / heads).
+- Phi-3 (llama.cpp's ``Phi3MiniModel``): ``attention.sliding_window`` is the window (0: none, as
+  Phi-4-mini writes it), ``rope.dimension_count`` below ``head_dim`` is ``partial_rotary_factor``,
+  ``rope.scaling.original_context_length`` is ``original_max_position_embeddings``, and the
+  tensors ``rope_factors_short`` / ``rope_factors_long`` (with ``rope.scaling.attn_factor``) are a
+  ``longrope`` ``rope_scaling`` -- the converter writes no ``rope.scaling.type`` for them.
+- :data:`CONFIG_TENSORS` are the only tensors read while a config is made (1-D, a few floats each);
+  they stay names of the store as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CONFIG_TENSORS", "arch_config"]
+
+#: GGUF tensors whose values are config (Phi-3's LongRoPE factors).
+CONFIG_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
+
+#: Per arch: HF config key -> its GGUF metadata key (without the ``{arch}.`` prefix).
+_ARCH_KEYS = {
+    "granite": {
+        "embedding_multiplier": "embedding_scale",
+        "residual_multiplier": "residual_scale",
+        "attention_multiplier": "attention.scale",
+        "logits_scaling": "logit_scale",
+    },
+    "gemma2": {
+        "sliding_window": "attention.sliding_window",
+        "attn_logit_softcapping": "attn_logit_softcapping",
+        "final_logit_softcapping": "final_logit_softcapping",
+    },
+}
+
+
+def arch_config(
+    arch: str, scalars: Mapping[str, Any], tensors: Mapping[str, np.ndarray], config: dict[str, Any]
+) -> None:
+    """Add ``arch``'s own keys to ``config`` (llama-shaped already) from its metadata ``scalars``
+    and the :data:`CONFIG_TENSORS` the file has (``tensors``, by GGUF name)."""
+    for hf_key, gguf_key in _ARCH_KEYS.get(arch, {}).items():
+        if f"{arch}.{gguf_key}" in scalars:
+            config[hf_key] = scalars[f"{arch}.{gguf_key}"]
+    if arch == "gemma2":
+        config["hidden_act"] = "gelu_pytorch_tanh"
+        big = config["num_hidden_layers"] == 46
+        config["query_pre_attn_scalar"] = (
+            config["hidden_size"] // config["num_attention_heads"] if big else config["head_dim"]
+        )
+    if arch == "phi3":
+        _phi3(scalars, tensors, config)
+
+
+def _phi3(scalars: Mapping[str, Any], tensors: Mapping[str, np.ndarray], config: dict[str, Any]) -> None:
+    config["sliding_window"] = int(scalars.get("phi3.attention.sliding_window") or 0) or None
+    rotary = scalars.get("phi3.rope.dimension_count")
+    if rotary is not None and int(rotary) != config["head_dim"]:
+        config["partial_rotary_factor"] = int(rotary) / config["head_dim"]
+    original = scalars.get("phi3.rope.scaling.original_context_length")
+    if original is not None:
+        config["original_max_position_embeddings"] = int(original)
+    short, long = (tensors.get(name) for name in CONFIG_TENSORS)
+    if short is None or long is None:
+        return
+    scaling: dict[str, Any] = {
+        "rope_type": "longrope",
+        "short_factor": [float(x) for x in short.reshape(-1)],
+        "long_factor": [float(x) for x in long.reshape(-1)],
+    }
+    if original is not None:
+        scaling["original_max_position_embeddings"] = int(original)
+    if "phi3.rope.scaling.attn_factor" in scalars:
+        scaling["attention_factor"] = float(scalars["phi3.rope.scaling.attn_factor"])
+    config["rope_scaling"] = scaling
