@@ -10,8 +10,10 @@ Invariants:
 - Only archs in ``PERMUTED_ARCHS`` had Q/K rows permuted by llama.cpp's ``convert_hf_to_gguf``
   (``LlamaModel.permute``, applied to q/k weights and biases: llama, granite, smollm3).
   Qwen2/Qwen3/OLMo 2/Gemma are written unpermuted.
-- Arch-specific metadata (Granite's multipliers, Gemma 2's window and soft-caps) becomes the HF
-  config keys the definitions read (``_ARCH_KEYS``); a Gemma 2 file gets its activation and
+- Arch-specific metadata (Granite's multipliers, Gemma 2's window and soft-caps, the MoE archs'
+  expert count, top-k, expert widths and top-k renormalisation) becomes the HF config keys the
+  definitions read (``_ARCH_KEYS``, ``_NORM_TOPK``); the stacked expert tensors keep their GGUF
+  names (``metrale_core.weights.ExpertSlices`` serves them per expert); a Gemma 2 file gets its activation and
   ``query_pre_attn_scalar`` as llama.cpp reads them.
 - ``unpermute_rows`` is the exact inverse of that permutation and works on any row payload
   (float rows or quantized byte rows, since blocks never straddle rows).
@@ -39,9 +41,17 @@ ARCHITECTURES = {
     "granite": "GraniteForCausalLM",  # its multipliers come from the metadata (_ARCH_KEYS)
     "smollm3": "SmolLM3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",  # norms stored as 1 + w; windows and soft-caps from the metadata
+    "qwen3moe": "Qwen3MoeForCausalLM",  # experts stacked in ffn_*_exps, read per expert (ExpertSlices)
+    "qwen2moe": "Qwen2MoeForCausalLM",  # ... and a shared expert, ffn_*_shexp / ffn_gate_inp_shexp
 }
 #: llama.cpp's converters that permute Q/K rows (``LlamaModel`` and its subclasses).
 PERMUTED_ARCHS = frozenset({"llama", "granite", "smollm3"})
+#: The experts' keys of an MoE arch: HF config key -> GGUF metadata key.
+_MOE_KEYS = {
+    "num_experts": "expert_count",
+    "num_experts_per_tok": "expert_used_count",
+    "moe_intermediate_size": "expert_feed_forward_length",
+}
 #: Per arch: HF config key -> its GGUF metadata key (without the ``{arch}.`` prefix).
 _ARCH_KEYS = {
     "granite": {
@@ -55,7 +65,12 @@ _ARCH_KEYS = {
         "attn_logit_softcapping": "attn_logit_softcapping",
         "final_logit_softcapping": "final_logit_softcapping",
     },
+    "qwen3moe": _MOE_KEYS,
+    "qwen2moe": {**_MOE_KEYS, "shared_expert_intermediate_size": "expert_shared_feed_forward_length"},
 }
+#: Per MoE arch: whether llama.cpp renormalises the top-k weights (``norm_topk_prob``) when the
+#: file does not say (``expert_weights_norm``): always for qwen3moe, never for qwen2moe.
+_NORM_TOPK = {"qwen3moe": True, "qwen2moe": False}
 
 #: The GGUF store's llama table (GGUF module path -> HF module path), derived from the decoder
 #: definitions' weight-name table so the two cannot disagree: the slots a llama GGUF file holds.
@@ -154,6 +169,8 @@ def synthesize_config(
     for hf_key, gguf_key in _ARCH_KEYS.get(arch, {}).items():
         if f"{arch}.{gguf_key}" in scalars:
             config[hf_key] = scalars[f"{arch}.{gguf_key}"]
+    if arch in _NORM_TOPK:
+        config["norm_topk_prob"] = bool(scalars.get(f"{arch}.expert_weights_norm", _NORM_TOPK[arch]))
     if arch == "gemma2":  # llama.cpp's reading: the 27B (46 layers) scales by hidden / heads
         config["hidden_act"] = "gelu_pytorch_tanh"
         big = config["num_hidden_layers"] == 46
