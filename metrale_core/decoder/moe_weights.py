@@ -12,7 +12,7 @@ Invariants:
   tensors, a GGUF's are slices ``name[e]`` of the stacked ``ffn_*_exps`` tensors, which the
   store wrapped in ``metrale_core.weights.ExpertSlices`` serves as views of the mapped file.
 - Outside ``exact`` a dense router / shared-expert gate (F32 in llama.cpp's files) is a
-  ``RowwiseLinear``, so the whole block stays batch-invariant.
+  ``RowwiseLinear`` and the sigmoids run row by row, so the whole block stays batch-invariant.
 - Shapes are those the config implies (``ShapeMismatch`` naming the tensor otherwise).
 """
 
@@ -66,4 +66,5 @@ def load_moe(
         normalize=moe.normalize,
         shared=shared,
         shared_gate=shared_gate,
+        rowwise=batch_invariant,
     )

@@ -19,10 +19,11 @@ result, times its weight, goes back to its (row, slot) place; the slots are then
 order.
 
 Invariants:
-- Batch-invariant where the projections are (the GGUF kernels, ``gguf_linear``; a dense router or
-  shared-expert gate outside ``exact`` is a :class:`RowwiseLinear`): a row's experts, weights and
-  sum order depend only on that row -- the slot sum runs in a fixed order, never through
-  ``index_add_`` -- so a row's result is the same bits alone and in any batch.
+- Batch-invariant where the projections and the activation are (the GGUF kernels, ``gguf_linear``;
+  the C SwiGLU; a dense router or shared-expert gate outside ``exact`` is a :class:`RowwiseLinear`)
+  and with ``rowwise`` (the sigmoids row by row): a row's experts, weights and sum order depend
+  only on that row -- the slot sum runs in a fixed order, never through ``index_add_`` -- so a
+  row's result is the same bits alone and in any batch.
 - No expert is copied or dequantized here; only the rows routed to an expert reach it.
 - Routing runs in float32 whatever the activation dtype (as transformers), the weights are cast
   back to the activation dtype before they scale the expert outputs.
@@ -37,9 +38,18 @@ import torch
 import torch.nn.functional as F
 from attrs import frozen
 
-__all__ = ["Expert", "MoeBlock", "RowwiseLinear", "grouped_experts", "route"]
+__all__ = ["Expert", "MoeBlock", "RowwiseLinear", "grouped_experts", "route", "sigmoid"]
 
 Scoring = Literal["softmax", "sigmoid"]
+
+
+def sigmoid(x: torch.Tensor, rowwise: bool = False) -> torch.Tensor:
+    """``torch.sigmoid(x)``; ``rowwise``: one row ``x[t]`` at a time, so every row takes the same
+    vector / scalar path whatever the row count (torch's elementwise kernels run the tail of a
+    tensor through the scalar function, whose bits differ from the vector one's)."""
+    if not rowwise or x.shape[0] == 0:
+        return torch.sigmoid(x)
+    return torch.stack([torch.sigmoid(row) for row in x.unbind(0)])
 
 
 def route(
@@ -48,14 +58,16 @@ def route(
     scoring: Scoring = "softmax",
     normalize: bool = False,
     bias: torch.Tensor | None = None,
+    rowwise: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Routing of router ``logits`` ``[T, E]``: weights ``[T, k]`` (float32) and expert ids
     ``[T, k]``, best first.  ``bias`` ``[E]`` is added to the scores for the choice only (the
-    weights are the unbiased scores, DeepSeek-V3's correction bias)."""
+    weights are the unbiased scores, DeepSeek-V3's correction bias); ``rowwise``: sigmoid scores
+    row by row (:func:`sigmoid`; softmax, top-k and the renormalisation are per row already)."""
     if scoring == "softmax":
         scores = torch.softmax(logits.float(), dim=-1)
     elif scoring == "sigmoid":
-        scores = torch.sigmoid(logits.float())
+        scores = sigmoid(logits.float(), rowwise)
     else:
         raise ValueError(f"unknown router scoring {scoring!r} (softmax or sigmoid)")
     if bias is None:
@@ -147,15 +159,17 @@ class MoeBlock:
     shared: Expert | None = None
     #: ``x -> [T, 1]``: the shared expert's output times ``sigmoid`` of it (Qwen2-MoE).
     shared_gate: Any = None
+    #: Batch-invariant: the sigmoids run row by row (:func:`sigmoid`).
+    rowwise: bool = False
 
     def __call__(self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """``x [T, D] -> [T, D]``; ``act`` is the gated activation of the fused ``[T, 2I]``
         gate/up output (the model's SwiGLU op)."""
-        weights, ids = route(self.router(x), self.top_k, self.scoring, self.normalize, self.bias)
+        weights, ids = route(self.router(x), self.top_k, self.scoring, self.normalize, self.bias, self.rowwise)
         y = grouped_experts(x, weights, ids, self.experts, act)
         if self.shared is None:
             return y
         shared = self.shared(x, act)
         if self.shared_gate is not None:
-            shared = torch.sigmoid(self.shared_gate(x)) * shared
+            shared = sigmoid(self.shared_gate(x), self.rowwise) * shared
         return y + shared
