@@ -6,7 +6,7 @@ Owner: ``metrale_core.decoder``; ``weights.load_weights`` calls :func:`load_moe`
 Invariants:
 - Every projection -- the router, each routed expert's fused ``[gate; up]`` and ``down``, the
   shared expert's and its gate -- is built by the decoder's own ``build`` (the shared linear
-  layer, any weight format, recorded for LoRA), so a GGUF expert stays in its blocks and runs on
+  layer, any weight format; not recorded for LoRA), so a GGUF expert stays in its blocks and runs on
   the GGUF kernels; no expert is dequantized under ``auto``.
 - Names come from the definition's table: an HF checkpoint's experts are ``...experts.{e}...``
   tensors, a GGUF's are slices ``name[e]`` of the stacked ``ffn_*_exps`` tensors, which the

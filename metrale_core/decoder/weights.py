@@ -19,7 +19,8 @@ Invariants:
   row-parallel projections sum over the ranks (``RowParallelLinear``, their bias added once).
 - A norm slot the recipe does not use is None in :class:`LayerWeights` and never read.
 - A sparse layer (``dims.moe.sparse``) has ``moe`` (``moe_weights.load_moe``) and no dense
-  ``gate_up`` / ``down``; a GGUF's stacked experts are read through ``ExpertSlices``.
+  ``gate_up`` / ``down``; a GGUF's stacked experts are read through ``ExpertSlices``.  Its
+  projections are built unrecorded: LoRA adapts attention and dense MLPs only.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from metrale_core.decoder.names import Resolver
 from metrale_core.decoder.spec import DecoderSpec
 from metrale_core.layers import build_embedding, build_tied_head, embed_tokens
 from metrale_core.layers.linear import Linear
+from metrale_core.layers.linear import build_linear as build_unrecorded
 from metrale_core.layers.lora import build_linear
 from metrale_core.layers.moe import MoeBlock
 from metrale_core.layers.parallel import (
@@ -173,7 +175,9 @@ def load_weights(
         mlp_slots, mlp_shapes = ["gate_up"], [(2 * inter, D)]
 
     def built(names: list[str], shapes: list[tuple[int, int]]) -> Linear:
-        return build_linear(store, names, shapes, weight_format, dtype, device, None)
+        """An MoE projection: not recorded for LoRA (an expert sees a subset of the batch's rows,
+        which the LoRA row map does not follow), so an adapter never wraps one."""
+        return build_unrecorded(store, names, shapes, weight_format, dtype, device, None)
 
     for i in range(dims.num_layers):
         qkv_bias = biases(qkv_slots, i, [rows for rows, _ in qkv_shapes], dims.qkv_bias)

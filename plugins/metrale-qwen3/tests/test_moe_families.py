@@ -13,7 +13,8 @@ A GGUF written under llama.cpp's names (experts stacked in ``ffn_*_exps``, the s
 ``ffn_*_shexp``, every matrix but the router in Q8_0) gives, through the engine, the logits of
 transformers run on its dequantized weights: within 1e-4 under ``exact`` (the same values), within
 the activations' quantization under ``auto`` (the experts multiplied on their Q8_0 blocks by the
-GGUF kernels).  Under ``auto`` a request's logits are the same bits alone and in a batch.
+GGUF kernels).  Under ``auto`` a request's logits are the same bits alone and in a batch.  Every
+weight format builds the experts (``auto`` / ``bf16`` / ``int8`` / ``int4`` near transformers).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.layers.gguf_linear import GGUFLinear
+from metrale_core.layers.lora import attach_lora
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugins import load_registry
 from metrale_core.sampling.params import SamplingParams
@@ -196,6 +198,30 @@ def test_sparse_layers_follow_the_config(tmp_path):
     model = _load("qwen2moe", open_store(save_checkpoint(hf, tmp_path / "b")))
     m = model.dims.moe
     assert (m.sparse, m.normalize, m.shared_intermediate_size) == ((False, True, True), True, 40)
+
+
+@pytest.mark.parametrize("weight_format", ["auto", "bf16", "int8", "int4"])
+def test_every_weight_format_builds_the_experts(weight_format, tmp_path):
+    """The experts go through the shared linear layer: each format loads and stays near HF."""
+    torch.set_num_threads(2)
+    hf = _hf("qwen2moe", 3, FAMILIES["qwen2moe"][2]["shared-gated-no-renorm"])
+    model = _load("qwen2moe", open_store(save_checkpoint(hf, tmp_path)), weight_format)
+    runner = PagedRunner(model)
+    runner.step([(0, PROMPTS[1])])
+    ours = torch.stack([runner.logits[(0, p)] for p in range(len(PROMPTS[1]))])
+    with torch.no_grad():
+        ref = hf(torch.tensor([PROMPTS[1]])).logits[0]
+    assert float((ours - ref).abs().max()) <= (1e-5 if weight_format == "auto" else 0.1)
+
+
+def test_lora_wraps_attention_and_dense_mlps_but_no_expert(tmp_path):
+    """An expert sees a subset of the batch's rows, which the LoRA row map does not follow: its
+    projections are not LoRA targets (the dense layer's MLP and every attention are)."""
+    hf = _hf("qwen3moe", 4, FAMILIES["qwen3moe"][2]["renorm-mlp-only-layer"])
+    model = _load("qwen3moe", open_store(save_checkpoint(hf, tmp_path)))
+    modules = set(attach_lora(model, num_slots=2, max_rank=4, dtype=torch.float32, device="cpu"))
+    assert "model.layers.0.self_attn.q_proj" in modules and "model.layers.1.mlp.gate_proj" in modules
+    assert not any(".mlp.experts." in m or m.endswith("mlp.gate") for m in modules)
 
 
 def test_moe_refuses_tensor_parallelism_with_the_reason(tmp_path):
