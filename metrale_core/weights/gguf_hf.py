@@ -15,6 +15,8 @@ Invariants:
   definitions read (``_ARCH_KEYS``, ``_NORM_TOPK``); the stacked expert tensors keep their GGUF
   names (``metrale_core.weights.ExpertSlices`` serves them per expert); a Gemma 2 file gets its activation and
   ``query_pre_attn_scalar`` as llama.cpp reads them.
+- Shapes are the file's, reversed, but for Qwen2-MoE's shared-expert gate (HF ``[1, D]``), which
+  a file may hold 1-D and is served 2-D (``hf_shape``).
 - ``unpermute_rows`` is the exact inverse of that permutation and works on any row payload
   (float rows or quantized byte rows, since blocks never straddle rows).
 """
@@ -29,7 +31,15 @@ import numpy as np
 from metrale_core.decoder.names import LLAMA_NAMES
 from metrale_core.errors import CorruptWeightsFile
 
-__all__ = ["ARCHITECTURES", "PERMUTED_ARCHS", "hf_name", "permute_heads", "synthesize_config", "unpermute_rows"]
+__all__ = [
+    "ARCHITECTURES",
+    "PERMUTED_ARCHS",
+    "hf_name",
+    "hf_shape",
+    "permute_heads",
+    "synthesize_config",
+    "unpermute_rows",
+]
 
 #: GGUF ``general.architecture`` -> HF ``architectures`` entry.
 ARCHITECTURES = {
@@ -81,6 +91,18 @@ _BLOCK = {
     LLAMA_NAMES.table[s][1].removeprefix("blk.{i}."): LLAMA_NAMES.table[s][0].removeprefix("model.layers.{i}.")
     for s in _LLAMA_BLOCK_SLOTS
 }
+
+
+#: GGUF tensors HF stores as one row ``[1, D]`` that a converter may write 1-D (``{n_embd}``, the
+#: shape llama.cpp's loader asks for): served as ``[1, D]`` either way.
+_ROW_VECTORS = frozenset({"ffn_gate_inp_shexp"})
+
+
+def hf_shape(gguf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The numpy (HF) shape of GGUF tensor ``gguf_name`` stored with ``shape`` (``shape`` itself,
+    but a 1-D row vector of :data:`_ROW_VECTORS` as ``(1, D)``)."""
+    base = gguf_name.rpartition(".")[0].rpartition(".")[2]
+    return (1, *shape) if len(shape) == 1 and base in _ROW_VECTORS else shape
 
 
 def hf_name(gguf_name: str) -> str | None:

@@ -10,11 +10,12 @@ greedy tokens equal its step-by-step decode and ``generate``'s (the dense harnes
 ``test_dense_families``).
 
 A GGUF written under llama.cpp's names (experts stacked in ``ffn_*_exps``, the shared expert in
-``ffn_*_shexp``, every matrix but the router in Q8_0) gives, through the engine, the logits of
-transformers run on its dequantized weights: within 1e-4 under ``exact`` (the same values), within
-the activations' quantization under ``auto`` (the experts multiplied on their Q8_0 blocks by the
-GGUF kernels).  Under ``auto`` a request's logits are the same bits alone and in a batch.  Every
-weight format builds the experts (``auto`` / ``bf16`` / ``int8`` / ``int4`` near transformers).
+``ffn_*_shexp``, every matrix but the router and the 1-D shared-expert gate in Q8_0) gives,
+through the engine, the logits of transformers run on its dequantized weights: within 1e-4
+under ``exact`` (the same values), within the activations' quantization under ``auto`` (the
+experts multiplied on their Q8_0 blocks by the GGUF kernels).  Under ``auto`` a request's logits
+are the same bits alone and in a batch.  Every weight format builds the experts (``auto`` /
+``bf16`` / ``int8`` / ``int4`` near transformers); LoRA wraps no expert.
 """
 
 from __future__ import annotations
@@ -246,7 +247,6 @@ _GGUF = {
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp",
-    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 Q8 = GGMLQuantizationType.Q8_0
 
@@ -256,8 +256,9 @@ def _q8(a: np.ndarray) -> np.ndarray:
 
 
 def _write_gguf(arch: str, hf, path) -> None:
-    """``hf`` as llama.cpp's converter writes it, every matrix but the router (F32 there too) and
-    the token table in Q8_0; ``hf``'s weights become the dequantized values (the oracle's)."""
+    """``hf`` as llama.cpp's converter writes it, every matrix but the router and the shared
+    expert's gate (F32, the gate 1-D) and the token table in Q8_0; ``hf``'s weights become the
+    dequantized values (the oracle's)."""
     c = hf.config
     w = GGUFWriter(str(path), arch)
     w.add_embedding_length(c.hidden_size)
@@ -282,7 +283,7 @@ def _write_gguf(arch: str, hf, path) -> None:
             a = t.float().numpy()
             base, kind = name.rsplit(".", 1)
             # transformers 5 keeps a layer's experts stacked: gate_up_proj [E, 2I, D], down_proj [E, D, I]
-            quantized = a.ndim >= 2 and not base.endswith("mlp.gate") and base != "model.embed_tokens"
+            quantized = a.ndim >= 2 and not base.endswith(("mlp.gate", "_gate")) and base != "model.embed_tokens"
             if quantized:
                 a = _q8(a)
                 t.copy_(torch.from_numpy(a))
@@ -296,6 +297,8 @@ def _write_gguf(arch: str, hf, path) -> None:
                 w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **_stored(up, True))
             elif rest == "mlp.experts":
                 w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **_stored(a, True))
+            elif rest == "mlp.shared_expert_gate":  # 1-D, the shape llama.cpp's loader asks for
+                w.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.{kind}", **_stored(a[0], False))
             else:
                 w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", **_stored(a, quantized))
     w.write_header_to_file()
