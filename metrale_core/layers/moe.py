@@ -136,7 +136,7 @@ def grouped_experts(
         pairs = order[start : start + count]
         start += count
         out[pairs] = experts[e](x[pairs // k], act) * scale[pairs]
-    out = out.view(rows, k, -1)
+    out = out.view(rows, k, x.shape[-1])
     y = out[:, 0]
     for j in range(1, k):
         y = y + out[:, j]

@@ -83,6 +83,20 @@ def test_grouped_experts_equal_each_row_s_weighted_sum():
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
 
 
+def test_an_empty_batch_gives_no_rows():
+    gen = torch.Generator().manual_seed(7)
+    block = MoeBlock(
+        RowwiseLinear(torch.randn(E, D, generator=gen)),
+        tuple(_dense_experts(gen)),
+        top_k=2,
+        scoring="sigmoid",
+        shared=_dense_experts(gen, 1)[0],
+        shared_gate=RowwiseLinear(torch.randn(1, D, generator=gen)),
+        rowwise=True,
+    )
+    assert block(torch.zeros(0, D), _silu_glu).shape == (0, D)
+
+
 def test_the_shared_expert_is_added_times_the_sigmoid_of_its_gate():
     gen = torch.Generator().manual_seed(3)
     experts = _dense_experts(gen)
