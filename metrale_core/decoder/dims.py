@@ -15,6 +15,8 @@ Invariants:
   parameters), even.
 - Biases follow the recipe: ``attention.qkv_bias`` / ``o_bias`` = ``config`` read
   ``attention_bias``; ``mlp.bias`` = ``config`` reads ``mlp_bias``.
+- An MoE definition reads its experts with ``moe_dims.MoeDims``; ``intermediate_size`` (the dense
+  MLP's width) is required only when some layer is dense.
 - RoPE: ``rope_parameters`` (transformers >= 5) or ``rope_theta`` / ``rope_scaling``; the kind
   ``default`` leaves ``rope_scaling`` None.
 """
@@ -26,6 +28,7 @@ from typing import Any
 
 from attrs import frozen
 
+from metrale_core.decoder.moe_dims import MoeDims
 from metrale_core.decoder.pattern import layer_ropes, layer_windows, scalar
 from metrale_core.decoder.spec import ROPE_KINDS, ROPE_KINDS_BUILT, DecoderSpec
 from metrale_core.errors import ConfigError
@@ -96,6 +99,8 @@ class DecoderDims:
     rotary_dim: int = 0
     #: ``original_max_position_embeddings`` outside the RoPE parameters (Phi-3's older configs).
     original_max_position: int | None = None
+    #: The experts (``Mlp.kind == "moe"``; None: every layer's MLP is dense).
+    moe: MoeDims | None = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], spec: DecoderSpec, *, gguf: bool = False) -> DecoderDims:
@@ -127,10 +132,14 @@ class DecoderDims:
         eos = config.get("eos_token_id")
         eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
         attn = spec.attention
+        moe = MoeDims.from_config(config, spec, layers) if spec.mlp.kind == "moe" else None
+        all_sparse = moe is not None and all(moe.sparse)
         return cls(
             vocab_size=int(_require(config, "vocab_size")),
             hidden_size=hidden,
-            intermediate_size=int(_require(config, "intermediate_size")),
+            intermediate_size=int(config.get("intermediate_size") or 0)
+            if all_sparse
+            else int(_require(config, "intermediate_size")),
             num_layers=layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
@@ -156,4 +165,5 @@ class DecoderDims:
             unit_offset=spec.norms.unit_offset and not gguf,
             rotary_dim=rotary_dim,
             original_max_position=config.get("original_max_position_embeddings"),
+            moe=moe,
         )

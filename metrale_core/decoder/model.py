@@ -22,6 +22,8 @@ Invariants:
   each branch times ``residual_scale`` before its add, the softmax scale ``attn_scale``, the
   logits divided by ``logits_divisor`` and then soft-capped (``final_softcap``), in float32.
   ``unit_offset`` norms run ``rms_norm(..., unit_offset=True)`` (a per-head QK-norm too).
+- A sparse layer's MLP is its ``MoeBlock`` (``metrale_core.layers.moe``: routed experts grouped
+  per expert, the shared expert, the same SwiGLU op), in the same norm placement.
 - The model keeps no recurrent state: ``make_state_pool`` returns None and ``state`` is ignored.
 - Ops are built once per model, so the kernel path is chosen once.
 - Under tensor parallelism the model is one rank's shard (``weights.heads`` says which heads):
@@ -243,5 +245,8 @@ class DecoderLM:
             o = windowed_paged_attention(q, kv, index, plan, window=window, softcap=d.attn_softcap)
         x = self._residual(x, self._norm(w.o_proj(o.reshape(-1, q_size)), w.attn_out_norm))
         h = self._norm(x, w.mlp_norm)
+        if w.moe is not None:
+            return self._residual(x, self._norm(w.moe(h, self.act), w.mlp_out_norm))
+        assert w.gate_up is not None and w.down is not None  # a dense layer
         act = self.act(w.gate_up(h))
         return self._residual(x, self._norm(w.down(act), w.mlp_out_norm))

@@ -44,10 +44,20 @@ LAYER_SLOTS = (
     "gate_up",
     "down",
     "mlp_out_norm",
+    # a sparse (MoE) layer: the router, routed expert {e}'s projections (a GGUF stacks the experts
+    # in one tensor: expert e of it is served as ``name[e]``), the shared expert and its gate
+    "router",
+    "expert_gate",
+    "expert_up",
+    "expert_down",
+    "shared_gate",
+    "shared_up",
+    "shared_down",
+    "shared_expert_gate",
 )
 
-#: A slot's resolved tensor name: ``(slot, layer or None, "weight" | "bias") -> name``.
-Resolver = Callable[[str, "int | None", str], str]
+#: A slot's resolved tensor name: ``(slot, layer or None, "weight" | "bias"[, expert]) -> name``.
+Resolver = Callable[..., str]
 
 
 def _table(value: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
@@ -56,6 +66,13 @@ def _table(value: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
     if unknown:
         raise ValueError(f"unknown weight slots {sorted(unknown)} (slots: {TOP_SLOTS + LAYER_SLOTS})")
     return table
+
+
+def _expert_name(template: str, layer: int | None, kind: str, expert: int | None) -> str:
+    """``template`` for ``layer`` (and ``expert``): a template without ``{e}`` is a stacked tensor,
+    whose expert ``e`` is named ``<tensor>[e]`` (``metrale_core.weights.ExpertSlices`` serves it)."""
+    name = f"{template.format(i=layer, e=expert)}.{kind}"
+    return name if expert is None or "{e}" in template else f"{name}[{expert}]"
 
 
 @frozen
@@ -68,11 +85,11 @@ class WeightNames:
         """This table with the given rows changed (or added)."""
         return WeightNames({**self.table, **rows})
 
-    def hf(self, slot: str, layer: int | None = None, kind: str = "weight") -> str:
-        return f"{self.table[slot][0].format(i=layer)}.{kind}"
+    def hf(self, slot: str, layer: int | None = None, kind: str = "weight", expert: int | None = None) -> str:
+        return _expert_name(self.table[slot][0], layer, kind, expert)
 
-    def gguf(self, slot: str, layer: int | None = None, kind: str = "weight") -> str:
-        return f"{self.table[slot][1].format(i=layer)}.{kind}"
+    def gguf(self, slot: str, layer: int | None = None, kind: str = "weight", expert: int | None = None) -> str:
+        return _expert_name(self.table[slot][1], layer, kind, expert)
 
     def resolver(self, store: Any) -> Resolver:
         """The name each slot has in ``store`` (HF names, or a GGUF store's names; module docstring)."""
@@ -80,8 +97,8 @@ class WeightNames:
             return self.hf
         served = {gguf: hf for hf, gguf in store.gguf_names.items()}
 
-        def name(slot: str, layer: int | None = None, kind: str = "weight") -> str:
-            gguf = self.gguf(slot, layer, kind)
+        def name(slot: str, layer: int | None = None, kind: str = "weight", expert: int | None = None) -> str:
+            gguf = self.gguf(slot, layer, kind, expert)
             return served.get(gguf, gguf)
 
         return name
@@ -109,5 +126,13 @@ LLAMA_NAMES = WeightNames(
         "gate_up": ("model.layers.{i}.mlp.gate_up_proj", "blk.{i}.ffn_gate_up"),
         "down": ("model.layers.{i}.mlp.down_proj", "blk.{i}.ffn_down"),
         "mlp_out_norm": ("model.layers.{i}.post_feedforward_layernorm", "blk.{i}.post_ffw_norm"),
+        "router": ("model.layers.{i}.mlp.gate", "blk.{i}.ffn_gate_inp"),
+        "expert_gate": ("model.layers.{i}.mlp.experts.{e}.gate_proj", "blk.{i}.ffn_gate_exps"),
+        "expert_up": ("model.layers.{i}.mlp.experts.{e}.up_proj", "blk.{i}.ffn_up_exps"),
+        "expert_down": ("model.layers.{i}.mlp.experts.{e}.down_proj", "blk.{i}.ffn_down_exps"),
+        "shared_gate": ("model.layers.{i}.mlp.shared_expert.gate_proj", "blk.{i}.ffn_gate_shexp"),
+        "shared_up": ("model.layers.{i}.mlp.shared_expert.up_proj", "blk.{i}.ffn_up_shexp"),
+        "shared_down": ("model.layers.{i}.mlp.shared_expert.down_proj", "blk.{i}.ffn_down_shexp"),
+        "shared_expert_gate": ("model.layers.{i}.mlp.shared_expert_gate", "blk.{i}.ffn_gate_inp_shexp"),
     }
 )

@@ -14,8 +14,11 @@ Every default is the Llama decoder, so a family states only what differs.  Built
 placement and Gemma's unit-offset norms, QK-norm, sliding windows with a per-layer pattern,
 attention-logit and final-logit soft-caps, the softmax scale, NoPE layers, GeGLU, the stream's
 multipliers (:class:`Scalars`), fused ``qkv_proj`` / ``gate_up_proj`` tensors, an explicit
-``head_dim``, partial rotary dimensions.  What is declared but not built yet -- MLA, MoE, attention
-sinks -- is accepted here (so GLM-5.3 can be written down) and refused at load with a
+``head_dim``, partial rotary dimensions, and mixture-of-experts MLPs (``Mlp(kind="moe")``: softmax
+or sigmoid routing, top-k with optional renormalisation, a shared expert with an optional sigmoid
+gate; the sparse layers are the config's ``decoder_sparse_step`` / ``mlp_only_layers`` /
+``first_k_dense_replace``).  What is declared but not built yet -- MLA, attention sinks, the
+router's correction bias -- is accepted here (so GLM-5.3 can be written down) and refused at load with a
 ``ConfigError`` naming the field (:meth:`DecoderSpec.unbuilt`).  RoPE kinds: default, linear,
 llama3 and longrope are built; yarn is read from the config and refused the same way.
 
@@ -105,14 +108,25 @@ class Attention:
 class Mlp:
     """The MLP of every layer."""
 
-    #: ``swiglu`` (silu gate), ``geglu`` (tanh-gelu gate) or ``moe`` (not built yet).
+    #: ``swiglu`` (silu gate), ``geglu`` (tanh-gelu gate) or ``moe`` (routed experts, each a
+    #: gated MLP with the config's activation, in the sparse layers; the others are ``swiglu``).
     kind: Literal["swiglu", "geglu", "moe"] = "swiglu"
     #: Biases on gate/up/down: ``config`` (the config's ``mlp_bias``) or ``never``.
     bias: Literal["config", "never"] = "config"
     #: The checkpoint stores ``gate_up_proj`` as one tensor ``[gate; up]`` (Phi-3; slot ``gate_up``).
     fused_gate_up: bool = False
-    #: MoE: shared experts beside the routed ones (GLM, DeepSeek).  Not built yet.
+    #: MoE: a shared expert beside the routed ones (size ``shared_expert_intermediate_size``, or
+    #: ``moe_intermediate_size * n_shared_experts``; Qwen2-MoE, DeepSeek).
     shared_experts: bool = False
+    #: MoE: the shared expert's output times ``sigmoid(shared_expert_gate(x))`` (Qwen2-MoE).
+    shared_gate: bool = False
+    #: MoE: router scores, ``softmax`` over the experts or ``sigmoid`` of each.
+    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    #: MoE: the top-k weights divided by their sum: ``config`` (``norm_topk_prob``), ``always``, ``never``.
+    norm_topk: Literal["config", "always", "never"] = "config"
+    #: MoE: a selection-only correction bias on the scores (DeepSeek-V3's ``e_score_correction_bias``;
+    #: ``metrale_core.layers.moe.route`` computes it).  Its loading is not built yet.
+    router_bias: bool = False
 
 
 @frozen
@@ -181,8 +195,8 @@ class DecoderSpec:
         checks = [
             (a.kind != "full", f"attention.kind={a.kind!r}"),
             (a.sinks, "attention.sinks"),
-            (m.kind == "moe", f"mlp.kind={m.kind!r}"),
-            (m.shared_experts, "mlp.shared_experts"),
+            (m.router_bias, "mlp.router_bias"),
+            (m.kind != "moe" and (m.shared_experts or m.shared_gate), "mlp.shared_experts without mlp.kind='moe'"),
         ]
         return [what for declared, what in checks if declared]
 
@@ -194,6 +208,8 @@ class DecoderSpec:
                 f"{self.name}: the QK-norm over the whole projection needs every head's values "
                 "(a cross-rank reduction per layer that is not built)"
             )
+        if self.mlp.kind == "moe":
+            return f"{self.name}: its experts are not sharded between ranks yet"
         if self.attention.fused_qkv or self.mlp.fused_gate_up:
             return (
                 f"{self.name}: its checkpoint stores fused qkv_proj / gate_up_proj tensors, whose "

@@ -18,6 +18,9 @@ Invariants:
   vocabulary of the embedding and head) or columns (o_proj, down_proj) in any weight format; the
   row-parallel projections sum over the ranks (``RowParallelLinear``, their bias added once).
 - A norm slot the recipe does not use is None in :class:`LayerWeights` and never read.
+- A sparse layer (``dims.moe.sparse``) has ``moe`` (``moe_weights.load_moe``) and no dense
+  ``gate_up`` / ``down``; a GGUF's stacked experts are read through ``ExpertSlices``.  Its
+  projections are built unrecorded: LoRA adapts attention and dense MLPs only.
 """
 
 from __future__ import annotations
@@ -28,11 +31,14 @@ import torch
 from attrs import frozen
 
 from metrale_core.decoder.dims import DecoderDims
+from metrale_core.decoder.moe_weights import load_moe
 from metrale_core.decoder.names import Resolver
 from metrale_core.decoder.spec import DecoderSpec
 from metrale_core.layers import build_embedding, build_tied_head, embed_tokens
 from metrale_core.layers.linear import Linear
+from metrale_core.layers.linear import build_linear as build_unrecorded
 from metrale_core.layers.lora import build_linear
+from metrale_core.layers.moe import MoeBlock
 from metrale_core.layers.parallel import (
     HeadSplit,
     ParallelHead,
@@ -45,6 +51,7 @@ from metrale_core.layers.parallel import (
     split_range,
     split_unit,
 )
+from metrale_core.weights import ExpertSlices
 
 __all__ = ["DecoderWeights", "LayerWeights", "load_weights", "shard_plan"]
 
@@ -60,9 +67,12 @@ class LayerWeights:
     k_norm: torch.Tensor | None
     attn_out_norm: torch.Tensor | None
     mlp_norm: torch.Tensor | None
-    gate_up: Linear
-    down: Linear
+    #: The dense MLP (None in a sparse layer).
+    gate_up: Linear | None
+    down: Linear | None
     mlp_out_norm: torch.Tensor | None
+    #: A sparse layer's experts (None in a dense layer).
+    moe: MoeBlock | None = None
 
     @property
     def qkv_bias(self) -> torch.Tensor | None:
@@ -99,7 +109,8 @@ def shard_plan(
     d, inter = dims.head_dim, dims.intermediate_size
     q = Shard(0, heads.q_start * d, heads.num_heads * d)
     kv = Shard(0, heads.kv_start * d, heads.num_kv_heads * d)
-    mlp = Shard(0, *split_range(inter, tp.world, tp.rank, split_unit(inter, tp.world)))
+    # no dense MLP (every layer sparse, ``intermediate_size`` 0): nothing to split
+    mlp = Shard(0, *split_range(inter, tp.world, tp.rank, split_unit(inter, tp.world))) if inter else Shard(0, 0, 0)
     vocab = [split_range(dims.vocab_size, tp.world, r) for r in range(tp.world)]
     rows = Shard(0, *vocab[tp.rank])
     plan: dict[str, Shard] = {name("embed", None, "weight"): rows, name("head", None, "weight"): rows}
@@ -129,6 +140,8 @@ def load_weights(
     plan, heads, vocab_sizes = shard_plan(dims, tp, n)
     if tp.enabled:
         store = ShardedStore(store, plan, weight_format)
+    if dims.moe is not None:  # a GGUF's stacked experts, served one expert at a time
+        store = ExpertSlices(store)
 
     def linear(slots: list[str], i: int | None, shapes: list[tuple[int, int]], bias: Any) -> Linear:
         return build_linear(store, [n(s, i, "weight") for s in slots], shapes, weight_format, dtype, device, bias)
@@ -160,9 +173,16 @@ def load_weights(
     mlp_slots, mlp_shapes = ["gate", "up"], [(inter, D), (inter, D)]
     if spec.mlp.fused_gate_up:
         mlp_slots, mlp_shapes = ["gate_up"], [(2 * inter, D)]
+
+    def built(names: list[str], shapes: list[tuple[int, int]]) -> Linear:
+        """An MoE projection: not recorded for LoRA (an expert sees a subset of the batch's rows,
+        which the LoRA row map does not follow), so an adapter never wraps one."""
+        return build_unrecorded(store, names, shapes, weight_format, dtype, device, None)
+
     for i in range(dims.num_layers):
         qkv_bias = biases(qkv_slots, i, [rows for rows, _ in qkv_shapes], dims.qkv_bias)
-        gate_up_bias = biases(mlp_slots, i, [rows for rows, _ in mlp_shapes], dims.mlp_bias)
+        sparse = dims.moe is not None and dims.moe.sparse[i]
+        gate_up_bias = biases(mlp_slots, i, [rows for rows, _ in mlp_shapes], dims.mlp_bias and not sparse)
         layers.append(
             LayerWeights(
                 attn_norm=maybe("attn_norm", i, (D,), norms.pre_attn),
@@ -172,9 +192,12 @@ def load_weights(
                 k_norm=None if qk_norm is None else get("k_norm", i, (qk_norm[1],)),
                 attn_out_norm=maybe("attn_out_norm", i, (D,), norms.post_attn),
                 mlp_norm=maybe("mlp_norm", i, (D,), norms.pre_mlp),
-                gate_up=linear(mlp_slots, i, mlp_shapes, gate_up_bias),
-                down=row_parallel("down", i, (D, inter), maybe("down", i, (D,), dims.mlp_bias, "bias")),
+                gate_up=None if sparse else linear(mlp_slots, i, mlp_shapes, gate_up_bias),
+                down=None
+                if sparse
+                else row_parallel("down", i, (D, inter), maybe("down", i, (D,), dims.mlp_bias, "bias")),
                 mlp_out_norm=maybe("mlp_out_norm", i, (D,), norms.post_mlp),
+                moe=load_moe(spec, dims, n, i, built, batch_invariant=weight_format != "exact") if sparse else None,
             )
         )
     embed_name, head_name = n("embed", None, "weight"), n("head", None, "weight")

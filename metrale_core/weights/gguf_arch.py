@@ -12,6 +12,9 @@ Invariants:
   ``rope.scaling.original_context_length`` is ``original_max_position_embeddings``, and the
   tensors ``rope_factors_short`` / ``rope_factors_long`` (with ``rope.scaling.attn_factor``) are a
   ``longrope`` ``rope_scaling`` -- the converter writes no ``rope.scaling.type`` for them.
+- The MoE archs (qwen3moe, qwen2moe) get their expert count, top-k and expert widths
+  (``_MOE_KEYS``) and ``norm_topk_prob`` from ``expert_weights_norm``, else llama.cpp's default
+  for the arch (``_NORM_TOPK``: always for qwen3moe, never for qwen2moe).
 - :data:`CONFIG_TENSORS` are the only tensors read while a config is made (1-D, a few floats each);
   they stay names of the store as well.
 """
@@ -28,6 +31,12 @@ __all__ = ["CONFIG_TENSORS", "arch_config"]
 #: GGUF tensors whose values are config (Phi-3's LongRoPE factors).
 CONFIG_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 
+#: The experts' keys of an MoE arch: HF config key -> GGUF metadata key.
+_MOE_KEYS = {
+    "num_experts": "expert_count",
+    "num_experts_per_tok": "expert_used_count",
+    "moe_intermediate_size": "expert_feed_forward_length",
+}
 #: Per arch: HF config key -> its GGUF metadata key (without the ``{arch}.`` prefix).
 _ARCH_KEYS = {
     "granite": {
@@ -41,7 +50,12 @@ _ARCH_KEYS = {
         "attn_logit_softcapping": "attn_logit_softcapping",
         "final_logit_softcapping": "final_logit_softcapping",
     },
+    "qwen3moe": _MOE_KEYS,
+    "qwen2moe": {**_MOE_KEYS, "shared_expert_intermediate_size": "expert_shared_feed_forward_length"},
 }
+#: Per MoE arch: whether llama.cpp renormalises the top-k weights (``norm_topk_prob``) when the
+#: file does not say (``expert_weights_norm``).
+_NORM_TOPK = {"qwen3moe": True, "qwen2moe": False}
 
 
 def arch_config(
@@ -52,6 +66,8 @@ def arch_config(
     for hf_key, gguf_key in _ARCH_KEYS.get(arch, {}).items():
         if f"{arch}.{gguf_key}" in scalars:
             config[hf_key] = scalars[f"{arch}.{gguf_key}"]
+    if arch in _NORM_TOPK:
+        config["norm_topk_prob"] = bool(scalars.get(f"{arch}.expert_weights_norm", _NORM_TOPK[arch]))
     if arch == "gemma2":
         config["hidden_act"] = "gelu_pytorch_tanh"
         big = config["num_hidden_layers"] == 46

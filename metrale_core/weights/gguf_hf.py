@@ -11,10 +11,14 @@ Invariants:
   (``LlamaModel.permute``, applied to q/k weights and biases: llama, granite, smollm3).
   Qwen2/Qwen3/OLMo 2/Gemma are written unpermuted.
 - Arch-specific metadata (Granite's multipliers, Gemma 2's window and soft-caps, Phi-3's window,
-  partial rotary and LongRoPE factors) becomes the HF config keys the definitions read
-  (``gguf_arch.arch_config``, after the llama-shaped keys).
+  partial rotary and LongRoPE factors, the MoE archs' expert count, top-k, expert widths and top-k
+  renormalisation) becomes the HF config keys the definitions read (``gguf_arch.arch_config``,
+  after the llama-shaped keys); the stacked expert tensors keep their GGUF names
+  (``metrale_core.weights.ExpertSlices`` serves them per expert).
 - An arch not in ``ARCHITECTURES`` gets no ``architectures`` entry and only the config keys its
   metadata has (a missing one is None, not an error), so the loader lookup can refuse it by name.
+- Shapes are the file's, reversed, but for Qwen2-MoE's shared-expert gate (HF ``[1, D]``), which
+  a file may hold 1-D and is served 2-D (``hf_shape``).
 - ``unpermute_rows`` is the exact inverse of that permutation and works on any row payload
   (float rows or quantized byte rows, since blocks never straddle rows).
 """
@@ -30,7 +34,15 @@ from metrale_core.decoder.names import LLAMA_NAMES
 from metrale_core.errors import CorruptWeightsFile
 from metrale_core.weights.gguf_arch import arch_config
 
-__all__ = ["ARCHITECTURES", "PERMUTED_ARCHS", "hf_name", "permute_heads", "synthesize_config", "unpermute_rows"]
+__all__ = [
+    "ARCHITECTURES",
+    "PERMUTED_ARCHS",
+    "hf_name",
+    "hf_shape",
+    "permute_heads",
+    "synthesize_config",
+    "unpermute_rows",
+]
 
 #: GGUF ``general.architecture`` -> HF ``architectures`` entry.
 ARCHITECTURES = {
@@ -43,9 +55,12 @@ ARCHITECTURES = {
     "smollm3": "SmolLM3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",  # norms stored as 1 + w; windows and soft-caps from the metadata
     "phi3": "Phi3ForCausalLM",  # fused attn_qkv / ffn_up keep their GGUF names; LongRoPE from gguf_arch
+    "qwen3moe": "Qwen3MoeForCausalLM",  # experts stacked in ffn_*_exps, read per expert (ExpertSlices)
+    "qwen2moe": "Qwen2MoeForCausalLM",  # ... and a shared expert, ffn_*_shexp / ffn_gate_inp_shexp
 }
 #: llama.cpp's converters that permute Q/K rows (``LlamaModel`` and its subclasses).
 PERMUTED_ARCHS = frozenset({"llama", "granite", "smollm3"})
+
 #: The GGUF store's llama table (GGUF module path -> HF module path), derived from the decoder
 #: definitions' weight-name table so the two cannot disagree: the slots a llama GGUF file holds.
 _LLAMA_TOP_SLOTS = ("embed", "norm", "head")
@@ -55,6 +70,18 @@ _BLOCK = {
     LLAMA_NAMES.table[s][1].removeprefix("blk.{i}."): LLAMA_NAMES.table[s][0].removeprefix("model.layers.{i}.")
     for s in _LLAMA_BLOCK_SLOTS
 }
+
+
+#: GGUF tensors HF stores as one row ``[1, D]`` that a converter may write 1-D (``{n_embd}``, the
+#: shape llama.cpp's loader asks for): served as ``[1, D]`` either way.
+_ROW_VECTORS = frozenset({"ffn_gate_inp_shexp"})
+
+
+def hf_shape(gguf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The numpy (HF) shape of GGUF tensor ``gguf_name`` stored with ``shape`` (``shape`` itself,
+    but a 1-D row vector of :data:`_ROW_VECTORS` as ``(1, D)``)."""
+    base = gguf_name.rpartition(".")[0].rpartition(".")[2]
+    return (1, *shape) if len(shape) == 1 and base in _ROW_VECTORS else shape
 
 
 def hf_name(gguf_name: str) -> str | None:

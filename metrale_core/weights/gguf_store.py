@@ -7,7 +7,8 @@ Invariants:
 - A file that is not GGUF, is truncated or whose tensor data runs past its end fails at open with
   ``CorruptWeightsFile`` naming the file; every tensor's byte size is checked against its type and
   shape there, so later reads cannot run off the mapping.
-- Numpy shape = reversed GGUF dims (GGUF lists the fastest dimension first).
+- Numpy shape = reversed GGUF dims (GGUF lists the fastest dimension first); a 1-D row vector HF
+  stores as ``[1, D]`` is served as that (``gguf_hf.hf_shape``).
 - For ``llama`` files, q_proj/k_proj rows (weights and biases) come back in HF order.
 - A file of an architecture the store does not map opens (tensor names through the llama table,
   Q/K rows as stored, the config keys its metadata has); the loader lookup then refuses it in one
@@ -38,7 +39,14 @@ from metrale_core.weights.gguf_file import (
     is_scalar_field,
     open_gguf,
 )
-from metrale_core.weights.gguf_hf import ARCHITECTURES, hf_name, permute_heads, synthesize_config, unpermute_rows
+from metrale_core.weights.gguf_hf import (
+    ARCHITECTURES,
+    hf_name,
+    hf_shape,
+    permute_heads,
+    synthesize_config,
+    unpermute_rows,
+)
 from metrale_core.weights.store import RawSource, RawTensor, WeightStore, normalise_config
 
 __all__ = ["GGUF_MAGIC", "GGUFStore"]  # GGUF_MAGIC re-exported from gguf_file
@@ -60,7 +68,7 @@ class GGUFStore(WeightStore):
         for t in reader.tensors:
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             check_tensor_extent(path, t, shape, size)
-            shapes[t.name] = shape
+            shapes[t.name] = hf_shape(t.name, shape)
         scalars = {k: field_value(path, k, f) for k, f in reader.fields.items() if is_scalar_field(f)}
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         small = {  # the few 1-D tensors whose values are config (Phi-3's LongRoPE factors)

@@ -56,7 +56,8 @@ def test_the_defaults_are_llama_and_the_loader_spec_follows_the_definition():
     [
         (dict(attention=Attention(kind="mla")), "attention.kind='mla'"),
         (dict(attention=Attention(sinks=True)), "attention.sinks"),
-        (dict(mlp=Mlp(kind="moe", shared_experts=True)), "mlp.kind='moe', mlp.shared_experts"),
+        (dict(mlp=Mlp(kind="moe", router_bias=True)), "mlp.router_bias"),
+        (dict(mlp=Mlp(shared_experts=True)), "mlp.shared_experts without mlp.kind='moe'"),
     ],
 )
 def test_what_is_declared_but_not_built_is_refused_at_load_by_name(changes, named):

@@ -1,0 +1,70 @@
+"""Weight loading of one sparse (MoE) layer of a decoder definition -> a ``MoeBlock``.
+
+Owner: ``metrale_core.decoder``; ``weights.load_weights`` calls :func:`load_moe` for each layer
+``dims.moe.sparse`` marks.
+
+Invariants:
+- Every projection -- the router, each routed expert's fused ``[gate; up]`` and ``down``, the
+  shared expert's and its gate -- is built by the decoder's own ``build`` (the shared linear
+  layer, any weight format; not recorded for LoRA), so a GGUF expert stays in its blocks and runs on
+  the GGUF kernels; no expert is dequantized under ``auto``.
+- Names come from the definition's table: an HF checkpoint's experts are ``...experts.{e}...``
+  tensors, a GGUF's are slices ``name[e]`` of the stacked ``ffn_*_exps`` tensors, which the
+  store wrapped in ``metrale_core.weights.ExpertSlices`` serves as views of the mapped file.
+- Outside ``exact`` a dense router / shared-expert gate (F32 in llama.cpp's files) is a
+  ``RowwiseLinear`` and the sigmoids run row by row, so the whole block stays batch-invariant.
+- Shapes are those the config implies (``ShapeMismatch`` naming the tensor otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from metrale_core.decoder.dims import DecoderDims
+from metrale_core.decoder.names import Resolver
+from metrale_core.decoder.spec import DecoderSpec
+from metrale_core.layers.linear import DenseLinear, Linear
+from metrale_core.layers.moe import Expert, MoeBlock, RowwiseLinear
+
+__all__ = ["load_moe"]
+
+#: ``(names, shapes) -> Linear``: the decoder's projection builder (fused along rows, no bias).
+Build = Callable[[list[str], list[tuple[int, int]]], Linear]
+
+
+def load_moe(
+    spec: DecoderSpec, dims: DecoderDims, n: Resolver, layer: int, build: Build, *, batch_invariant: bool
+) -> MoeBlock:
+    """Layer ``layer``'s MoE block (``dims.moe`` set); ``batch_invariant``: a dense router or
+    shared-expert gate runs one row at a time (every format but ``exact``, whose dense products
+    are transformers' own)."""
+    moe = dims.moe
+    assert moe is not None, "load_moe reads a definition with Mlp(kind='moe')"
+    D, width, i = dims.hidden_size, moe.intermediate_size, layer
+
+    def small(slot: str, rows: int) -> Linear:
+        linear = build([n(slot, i, "weight")], [(rows, D)])
+        if batch_invariant and isinstance(linear, DenseLinear) and linear.bias is None:
+            return RowwiseLinear(linear.weight)
+        return linear
+
+    def expert(slots: tuple[str, str, str], size: int, e: int | None = None) -> Expert:
+        gate, up, down = (n(s, i, "weight", e) for s in slots)
+        return Expert(gate_up=build([gate, up], [(size, D), (size, D)]), down=build([down], [(D, size)]))
+
+    experts = tuple(expert(("expert_gate", "expert_up", "expert_down"), width, e) for e in range(moe.num_experts))
+    shared = shared_gate = None
+    if moe.shared_intermediate_size:
+        shared = expert(("shared_gate", "shared_up", "shared_down"), moe.shared_intermediate_size)
+        if spec.mlp.shared_gate:
+            shared_gate = small("shared_expert_gate", 1)
+    return MoeBlock(
+        router=small("router", moe.num_experts),
+        experts=experts,
+        top_k=moe.top_k,
+        scoring=spec.mlp.scoring,
+        normalize=moe.normalize,
+        shared=shared,
+        shared_gate=shared_gate,
+        rowwise=batch_invariant,
+    )

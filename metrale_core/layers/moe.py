@@ -1,0 +1,175 @@
+"""A mixture-of-experts MLP over the shared linear layer: routing, grouped experts, shared experts.
+
+Owner: ``metrale_core.layers``; the decoder definition builds one :class:`MoeBlock` per sparse
+layer (``metrale_core.decoder.moe_weights``).
+
+The block computes, per row ``x``::
+
+    scores  = softmax(router(x))  or  sigmoid(router(x))          (float32)
+    ids     = top_k(scores + bias)        (bias: optional selection-only correction bias)
+    w       = scores[ids]  (divided by their sum with ``normalize``)
+    routed  = sum_j  w_j * down_e(act(gate_up_e(x))),   e = ids_j, j = 0 .. k-1 in top-k order
+    shared  = down_s(act(gate_up_s(x))) (times sigmoid(shared_gate(x)) where there is one)
+    y       = routed + shared
+
+Tokens are grouped per expert: the ``T * k`` (row, slot) pairs are sorted by expert (stable),
+each active expert multiplies its rows in one call of its own projections (any weight format of
+``linear.build_linear``: a GGUF expert stays in its blocks and runs on the GGUF kernels), and each
+result, times its weight, goes back to its (row, slot) place; the slots are then summed in slot
+order.
+
+Invariants:
+- Batch-invariant where the projections and the activation are (the GGUF kernels, ``gguf_linear``;
+  the C SwiGLU; a dense router or shared-expert gate outside ``exact`` is a :class:`RowwiseLinear`)
+  and with ``rowwise`` (the sigmoids row by row): a row's experts, weights and sum order depend
+  only on that row -- the slot sum runs in a fixed order, never through ``index_add_`` -- so a
+  row's result is the same bits alone and in any batch.
+- No expert is copied or dequantized here; only the rows routed to an expert reach it.
+- Routing runs in float32 whatever the activation dtype (as transformers), the weights are cast
+  back to the activation dtype before they scale the expert outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from attrs import frozen
+
+__all__ = ["Expert", "MoeBlock", "RowwiseLinear", "grouped_experts", "route", "sigmoid"]
+
+Scoring = Literal["softmax", "sigmoid"]
+
+
+def sigmoid(x: torch.Tensor, rowwise: bool = False) -> torch.Tensor:
+    """``torch.sigmoid(x)``; ``rowwise``: one row ``x[t]`` at a time, so every row takes the same
+    vector / scalar path whatever the row count (torch's elementwise kernels run the tail of a
+    tensor through the scalar function, whose bits differ from the vector one's)."""
+    if not rowwise or x.shape[0] == 0:
+        return torch.sigmoid(x)
+    return torch.stack([torch.sigmoid(row) for row in x.unbind(0)])
+
+
+def route(
+    logits: torch.Tensor,
+    top_k: int,
+    scoring: Scoring = "softmax",
+    normalize: bool = False,
+    bias: torch.Tensor | None = None,
+    rowwise: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing of router ``logits`` ``[T, E]``: weights ``[T, k]`` (float32) and expert ids
+    ``[T, k]``, best first.  ``bias`` ``[E]`` is added to the scores for the choice only (the
+    weights are the unbiased scores, DeepSeek-V3's correction bias); ``rowwise``: sigmoid scores
+    row by row (:func:`sigmoid`; softmax, top-k and the renormalisation are per row already)."""
+    if scoring == "softmax":
+        scores = torch.softmax(logits.float(), dim=-1)
+    elif scoring == "sigmoid":
+        scores = sigmoid(logits.float(), rowwise)
+    else:
+        raise ValueError(f"unknown router scoring {scoring!r} (softmax or sigmoid)")
+    if bias is None:
+        weights, ids = torch.topk(scores, top_k, dim=-1)
+    else:
+        _, ids = torch.topk(scores + bias.float(), top_k, dim=-1)
+        weights = scores.gather(-1, ids)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+@frozen
+class RowwiseLinear:
+    """A small dense matrix (the router, the shared expert's gate: llama.cpp keeps them F32)
+    multiplied one row at a time, each row the same one-row product whatever the batch, so its
+    result is batch-invariant as the GGUF kernels' (``F.linear`` of a whole batch is not: its
+    order of sums follows the row count)."""
+
+    weight: torch.Tensor
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def bias(self) -> None:
+        return None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        rows = [F.linear(row.to(w.dtype), w) for row in x.unbind(0)]
+        return torch.stack(rows).to(x.dtype) if rows else x.new_zeros(0, self.out_features)
+
+
+@frozen
+class Expert:
+    """One gated MLP: ``down(act(gate_up(x)))`` with ``gate_up`` the fused ``[gate; up]`` projection."""
+
+    gate_up: Any
+    down: Any
+
+    def __call__(self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return self.down(act(self.gate_up(x)))
+
+
+def grouped_experts(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    experts: Sequence[Expert],
+    act: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """``sum_j weights[:, j] * experts[ids[:, j]](x)`` ``[T, D]``, each active expert called once
+    on its rows (module docstring: grouped, summed in slot order)."""
+    rows, k = ids.shape
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=len(experts)).tolist()
+    scale = weights.reshape(-1, 1).to(x.dtype)
+    out = x.new_zeros(rows * k, x.shape[-1])
+    start = 0
+    for e, count in enumerate(counts):
+        if not count:
+            continue
+        pairs = order[start : start + count]
+        start += count
+        out[pairs] = experts[e](x[pairs // k], act) * scale[pairs]
+    out = out.view(rows, k, x.shape[-1])
+    y = out[:, 0]
+    for j in range(1, k):
+        y = y + out[:, j]
+    return y
+
+
+@frozen
+class MoeBlock:
+    """A sparse MLP layer; see the module docstring."""
+
+    #: ``x -> logits [T, E]``.
+    router: Any
+    experts: tuple[Expert, ...]
+    top_k: int
+    scoring: Scoring = "softmax"
+    normalize: bool = False
+    #: Selection-only correction bias ``[E]`` (None: none).
+    bias: torch.Tensor | None = None
+    #: The shared expert(s), fused into one MLP (None: none).
+    shared: Expert | None = None
+    #: ``x -> [T, 1]``: the shared expert's output times ``sigmoid`` of it (Qwen2-MoE).
+    shared_gate: Any = None
+    #: Batch-invariant: the sigmoids run row by row (:func:`sigmoid`).
+    rowwise: bool = False
+
+    def __call__(self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``x [T, D] -> [T, D]``; ``act`` is the gated activation of the fused ``[T, 2I]``
+        gate/up output (the model's SwiGLU op)."""
+        weights, ids = route(self.router(x), self.top_k, self.scoring, self.normalize, self.bias, self.rowwise)
+        y = grouped_experts(x, weights, ids, self.experts, act)
+        if self.shared is None:
+            return y
+        shared = self.shared(x, act)
+        if self.shared_gate is not None:
+            shared = sigmoid(self.shared_gate(x), self.rowwise) * shared
+        return y + shared

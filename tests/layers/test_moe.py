@@ -1,0 +1,196 @@
+"""The MoE block (``metrale_core.layers.moe``) and the per-expert store (``weights.ExpertSlices``).
+
+Routing against its definition (softmax vs sigmoid, top-k renormalisation, the selection-only
+correction bias), the grouped experts against a row-by-row dense reference, the shared expert's
+sigmoid gate, batch invariance on Q8_0 experts multiplied by the GGUF kernels, and expert slices
+served as views of the stacked tensor's bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from metrale_core.decoder.names import LLAMA_NAMES
+from metrale_core.layers import gguf_linear as gl
+from metrale_core.layers.linear import DenseLinear
+from metrale_core.layers.moe import Expert, MoeBlock, RowwiseLinear, grouped_experts, route
+from metrale_core.layers.ops import SwiGLU
+from metrale_core.weights import ExpertSlices, RawTensor
+
+Q8 = GGMLQuantizationType.Q8_0
+E, D, I = 8, 64, 32  # noqa: E741 -- the expert width, as the configs name it
+
+
+def _silu_glu(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def _dense_experts(gen: torch.Generator, n: int = E) -> list[Expert]:
+    return [
+        Expert(
+            DenseLinear(0.1 * torch.randn(2 * I, D, generator=gen)), DenseLinear(0.1 * torch.randn(D, I, generator=gen))
+        )
+        for _ in range(n)
+    ]
+
+
+def test_softmax_routing_is_top_k_of_the_softmax_with_optional_renormalisation():
+    logits = torch.randn(5, E, generator=torch.Generator().manual_seed(0))
+    probs = torch.softmax(logits, dim=-1)
+    w, ids = route(logits, 3)
+    assert torch.equal(ids, probs.topk(3).indices) and torch.equal(w, probs.topk(3).values)
+    w_norm, ids_norm = route(logits, 3, normalize=True)
+    assert torch.equal(ids_norm, ids)
+    torch.testing.assert_close(w_norm, w / w.sum(-1, keepdim=True))
+    torch.testing.assert_close(w_norm.sum(-1), torch.ones(5))
+
+
+def test_sigmoid_routing_scores_each_expert_alone():
+    logits = torch.randn(4, E, generator=torch.Generator().manual_seed(1))
+    w, ids = route(logits, 2, scoring="sigmoid")
+    assert torch.equal(ids, logits.topk(2).indices)  # sigmoid is monotonic
+    torch.testing.assert_close(w, torch.sigmoid(logits).gather(-1, ids))
+    assert not torch.allclose(w.sum(-1), torch.ones(4))  # not a distribution unless renormalised
+    with pytest.raises(ValueError, match="unknown router scoring"):
+        route(logits, 2, scoring="relu")  # type: ignore[arg-type]
+
+
+def test_the_correction_bias_chooses_but_does_not_weigh():
+    logits = torch.zeros(1, 4)
+    logits[0, 0] = 1.0
+    bias = torch.tensor([0.0, 0.0, 0.0, 5.0])
+    w, ids = route(logits, 1, scoring="sigmoid", bias=bias)
+    assert ids.tolist() == [[3]]  # chosen by the bias ...
+    torch.testing.assert_close(w, torch.sigmoid(torch.tensor([[0.0]])))  # ... weighed without it
+    w, ids = route(logits, 1, scoring="sigmoid")
+    assert ids.tolist() == [[0]]
+
+
+def test_grouped_experts_equal_each_row_s_weighted_sum():
+    gen = torch.Generator().manual_seed(2)
+    experts = _dense_experts(gen)
+    x = torch.randn(9, D, generator=gen)
+    w, ids = route(torch.randn(9, E, generator=gen), 3, normalize=True)
+    y = grouped_experts(x, w, ids, experts, _silu_glu)
+    ref = torch.stack(
+        [sum(w[r, j] * experts[int(ids[r, j])](x[r : r + 1], _silu_glu)[0] for j in range(3)) for r in range(9)]
+    )
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_an_empty_batch_gives_no_rows():
+    gen = torch.Generator().manual_seed(7)
+    block = MoeBlock(
+        RowwiseLinear(torch.randn(E, D, generator=gen)),
+        tuple(_dense_experts(gen)),
+        top_k=2,
+        scoring="sigmoid",
+        shared=_dense_experts(gen, 1)[0],
+        shared_gate=RowwiseLinear(torch.randn(1, D, generator=gen)),
+        rowwise=True,
+    )
+    assert block(torch.zeros(0, D), _silu_glu).shape == (0, D)
+
+
+def test_the_shared_expert_is_added_times_the_sigmoid_of_its_gate():
+    gen = torch.Generator().manual_seed(3)
+    experts = _dense_experts(gen)
+    shared = _dense_experts(gen, 1)[0]
+    router = DenseLinear(torch.randn(E, D, generator=gen))
+    gate = DenseLinear(torch.randn(1, D, generator=gen))
+    x = torch.randn(6, D, generator=gen)
+    routed = MoeBlock(router, tuple(experts), top_k=2)(x, _silu_glu)
+    plain = MoeBlock(router, tuple(experts), top_k=2, shared=shared)(x, _silu_glu)
+    gated = MoeBlock(router, tuple(experts), top_k=2, shared=shared, shared_gate=gate)(x, _silu_glu)
+    torch.testing.assert_close(plain, routed + shared(x, _silu_glu))
+    torch.testing.assert_close(gated, routed + torch.sigmoid(gate(x)) * shared(x, _silu_glu))
+
+
+def _q8_stack(gen: torch.Generator, rows: int, cols: int) -> RawTensor:
+    a = (0.1 * torch.randn(E, rows, cols, generator=gen)).numpy()
+    return RawTensor(quantize(a, Q8), "Q8_0", (E, rows, cols))
+
+
+class _Store:
+    """The store surface ``ExpertSlices`` reads: stacked raw tensors by name."""
+
+    format = "gguf"
+
+    def __init__(self, raws: dict[str, RawTensor]) -> None:
+        self.raws = raws
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.raws
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.raws[name].shape
+
+    def quant_type(self, name: str) -> str:
+        return self.raws[name].quant_type
+
+    def get_raw(self, name: str) -> RawTensor:
+        return self.raws[name]
+
+
+def test_expert_slices_are_views_of_the_stacked_bytes_and_dequantize_alone():
+    gen = torch.Generator().manual_seed(4)
+    stacked = _q8_stack(gen, I, D)
+    store = ExpertSlices(_Store({"blk.0.ffn_up_exps.weight": stacked}))
+    name = LLAMA_NAMES.gguf("expert_up", 0, "weight", 3)
+    assert name == "blk.0.ffn_up_exps.weight[3]" and name in store
+    assert LLAMA_NAMES.hf("expert_up", 0, "weight", 3) == "model.layers.0.mlp.experts.3.up_proj.weight"
+    raw = store.get_raw(name)
+    assert raw.shape == (I, D) and store.shape(name) == (I, D) and store.quant_type(name) == "Q8_0"
+    assert np.shares_memory(raw.data, stacked.data)
+    full = dequantize(stacked.data, Q8).reshape(E, I, D)
+    assert torch.equal(store.get(name, shape=(I, D)), torch.from_numpy(full[3]))
+    with pytest.raises(Exception, match="has no expert 8"):
+        store.get_raw("blk.0.ffn_up_exps.weight[8]")
+
+
+def test_rowwise_sigmoid_routing_is_batch_invariant():
+    """torch's elementwise sigmoid runs a tensor's tail through its scalar function (other bits):
+    ``rowwise`` gives every row the same path whatever the row count."""
+    logits = torch.randn(33, E, generator=torch.Generator().manual_seed(6))
+    alone = [route(logits[r : r + 1], 3, "sigmoid", normalize=True, rowwise=True) for r in range(33)]
+    w, ids = route(logits, 3, "sigmoid", normalize=True, rowwise=True)
+    assert torch.equal(w, torch.cat([a[0] for a in alone])) and torch.equal(ids, torch.cat([a[1] for a in alone]))
+    torch.testing.assert_close(w, route(logits, 3, "sigmoid", normalize=True)[0])
+
+
+def test_a_row_s_result_is_the_same_bits_alone_and_in_any_batch():
+    """Q8_0 experts on the GGUF kernels, the C SwiGLU, a row-wise router and shared gate:
+    batch-invariant end to end."""
+    swiglu = SwiGLU(torch.device("cpu"))
+    if swiglu.path != "cpu" or gl.gguf_kernel() is None:
+        pytest.skip("the C kernels do not run here (the torch fallbacks are not batch-invariant)")
+    gen = torch.Generator().manual_seed(5)
+    raws = {"gate": _q8_stack(gen, I, D), "up": _q8_stack(gen, I, D), "down": _q8_stack(gen, D, I)}
+    store = ExpertSlices(_Store(raws))
+    experts = tuple(
+        Expert(
+            gl.gguf_linear([store.get_raw(f"gate[{e}]"), store.get_raw(f"up[{e}]")]),
+            gl.gguf_linear([store.get_raw(f"down[{e}]")]),
+        )
+        for e in range(E)
+    )
+    shared = Expert(gl.gguf_linear([store.get_raw("gate[0]"), store.get_raw("up[0]")]), experts[1].down)
+    block = MoeBlock(
+        RowwiseLinear(torch.randn(E, D, generator=gen)),
+        experts,
+        top_k=3,
+        normalize=True,
+        shared=shared,
+        shared_gate=RowwiseLinear(torch.randn(1, D, generator=gen)),
+        rowwise=True,
+    )
+    x = torch.randn(33, D, generator=gen)
+    alone = torch.cat([block(x[r : r + 1], swiglu) for r in range(33)])
+    for rows in (2, 7, 33):
+        assert torch.equal(block(x[:rows], swiglu), alone[:rows])
+    assert torch.equal(block(x.flip(0), swiglu).flip(0), alone)
