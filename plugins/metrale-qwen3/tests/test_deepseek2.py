@@ -4,18 +4,20 @@ under llama.cpp's GGUF names (issue 31).
 Two small random configs (fp32, ``exact``) exercise every branch the family has: q as one
 projection (V2-Lite) and through its low-rank pair with its norm; softmax routing greedy and
 group-limited (``n_group`` / ``topk_group``), ``routed_scaling_factor``, shared experts, dense
-first layers (``first_k_dense_replace``) and ``moe_layer_freq``; DeepSeek's YaRN with ``mscale`` /
+first layers (``first_k_dense_replace``; ``moe_layer_freq``, which transformers lacks, is read
+from a config alone); DeepSeek's YaRN with ``mscale`` /
 ``mscale_all_dim`` (both in the RoPE tables and the softmax scale); and ``deepseek3``, the same
 decoder with DeepSeek-V3's router (sigmoid scores, the correction bias -- set non-zero here --
-groups ranked by their two best biased scores, renormalisation, scaling).  Each runs through the real
-engine -- requests joining mid-prefill, chunked prefill, a KV pool small enough to preempt --
+groups ranked by their two best biased scores, renormalisation, scaling).  Each runs through the
+real engine -- requests joining mid-prefill, chunked prefill, a KV pool small enough to preempt --
 and every logits row is within 1e-4 of transformers' step-by-step decode, the greedy tokens equal
 it and ``generate``.
 
 A GGUF written under llama.cpp's ``deepseek2`` names and metadata (experts stacked in
 ``ffn_*_exps`` and Q8_0, shared experts in ``ffn_*_shexp``, the latent up-projection as
 ``attn_kv_b`` or as llama.cpp's newer ``attn_k_b`` / ``attn_v_b`` halves with ``head_count_kv``
-1) gives the logits of transformers run on its dequantized weights: within 1e-4 under ``exact``,
+1; and a DeepSeek-V3 written under the same arch, with sigmoid gating and ``exp_probs_b``) gives
+the logits of transformers run on its dequantized weights: within 1e-4 under ``exact``,
 within the activations' quantization under ``auto`` (experts on their Q8_0 blocks); under
 ``auto`` a request's logits are the same bits alone and in a batch.
 """
@@ -237,6 +239,10 @@ _GGUF = {
 }
 
 
+#: DeepSeek-V3 as llama.cpp writes it, under the same arch: sigmoid gating, ``exp_probs_b``.
+GGUF_V3_CONFIG = dict(GGUF_CONFIG, n_group=4, topk_group=2, norm_topk_prob=True, num_key_value_heads=4)
+
+
 def _write_gguf(hf, path, split_kv_b: bool) -> None:
     """``hf`` as llama.cpp's converter writes a deepseek2 (``split_kv_b``: the newer files'
     ``attn_k_b`` [H, R, n] / ``attn_v_b`` [H, v, R] in F32 and ``head_count_kv`` 1, else
@@ -258,8 +264,12 @@ def _write_gguf(hf, path, split_kv_b: bool) -> None:
     w.add_expert_shared_count(c.n_shared_experts)
     w.add_expert_feed_forward_length(c.moe_intermediate_size)
     w.add_expert_weights_scale(c.routed_scaling_factor)
-    w.add_expert_weights_norm(False)
-    w.add_expert_gating_func(ExpertGatingFuncType.SOFTMAX)
+    v3 = isinstance(c, tf.DeepseekV3Config)
+    w.add_expert_weights_norm(bool(c.norm_topk_prob) if v3 else False)
+    w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID if v3 else ExpertGatingFuncType.SOFTMAX)
+    if v3:
+        w.add_expert_group_count(c.n_group)
+        w.add_expert_group_used_count(c.topk_group)
     top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
     with torch.no_grad():
         for name, t in hf.state_dict().items():
@@ -274,7 +284,9 @@ def _write_gguf(hf, path, split_kv_b: bool) -> None:
                 w.add_tensor(f"{top[base]}.{kind}", **stored(a, quantized))
                 continue
             i, rest = base.removeprefix("model.layers.").split(".", 1)
-            if rest == "mlp.experts" and kind == "gate_up_proj":
+            if kind == "e_score_correction_bias":
+                w.add_tensor(f"blk.{i}.exp_probs_b.bias", **stored(a, False))
+            elif rest == "mlp.experts" and kind == "gate_up_proj":
                 gate, up = np.split(a, 2, axis=1)
                 w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **stored(gate, True))
                 w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **stored(up, True))
@@ -291,9 +303,9 @@ def _write_gguf(hf, path, split_kv_b: bool) -> None:
     finish_gguf(w)
 
 
-def _gguf_model(tmp_path, weight_format: str, split_kv_b: bool):
-    hf = _hf(7, GGUF_CONFIG)
-    path = tmp_path / f"deepseek2-{split_kv_b}.gguf"
+def _gguf_model(tmp_path, weight_format: str, split_kv_b: bool, version: int = 2):
+    hf = _hf(7, GGUF_V3_CONFIG if version == 3 else GGUF_CONFIG, version)
+    path = tmp_path / f"deepseek{version}-{split_kv_b}.gguf"
     if not path.exists():
         _write_gguf(hf, path, split_kv_b)
     store = open_store(path)
@@ -301,12 +313,20 @@ def _gguf_model(tmp_path, weight_format: str, split_kv_b: bool):
     return hf, load_family("deepseek2", store, weight_format)
 
 
-@pytest.mark.parametrize("split_kv_b", [False, True], ids=["kv_b", "k_b-v_b"])
+@pytest.mark.parametrize(
+    ("version", "split_kv_b"), [(2, False), (2, True), (3, True)], ids=["v2-kv_b", "v2-k_b-v_b", "v3-k_b-v_b"]
+)
 @pytest.mark.parametrize("weight_format", ["exact", "auto"])
-def test_a_gguf_under_llama_cpp_names_matches_hf(weight_format, split_kv_b, tmp_path):
+def test_a_gguf_under_llama_cpp_names_matches_hf(weight_format, version, split_kv_b, tmp_path):
+    """V3 is written under the same arch; the metadata's sigmoid gating makes the deepseek2
+    loader read ``exp_probs_b`` (transformers' V3 is the oracle, its bias non-zero)."""
     torch.set_num_threads(2)
-    hf, model = _gguf_model(tmp_path, weight_format, split_kv_b)
+    hf, model = _gguf_model(tmp_path, weight_format, split_kv_b, version)
     assert model.dims.moe.sparse == (False, True) and model.dims.moe.scale == 1.5
+    moe = model.weights.layers[1].moe
+    assert (moe.bias is not None, moe.scoring, moe.groups is not None) == (version == 3,) + (
+        ("sigmoid", True) if version == 3 else ("softmax", False)
+    )
     if weight_format == "auto":  # the experts stay Q8_0 blocks
         expert = model.weights.layers[1].moe.experts[0]
         assert isinstance(expert.gate_up, GGUFLinear) and isinstance(expert.down, GGUFLinear)
