@@ -14,11 +14,12 @@ Invariants:
   ``1 + w``).  ``rotary_dim`` is ``head_dim * partial_rotary_factor`` (top level or in the RoPE
   parameters), even.
 - Biases follow the recipe: ``attention.qkv_bias`` / ``o_bias`` = ``config`` read
-  ``attention_bias``; ``mlp.bias`` = ``config`` reads ``mlp_bias``.
+  ``attention_bias``; ``mlp.bias`` = ``config`` reads ``mlp_bias`` (``always``: biases on every
+  MLP projection, an MoE's router and experts too).
 - An MoE definition reads its experts with ``moe_dims.MoeDims``; ``intermediate_size`` (the dense
   MLP's width) is required only when some layer is dense.
 - RoPE: ``rope_parameters`` (transformers >= 5) or ``rope_theta`` / ``rope_scaling``; the kind
-  ``default`` leaves ``rope_scaling`` None.
+  ``default`` leaves ``rope_scaling`` None; a kind outside ``spec.ROPE_KINDS_BUILT`` is refused.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from attrs import frozen
 
 from metrale_core.decoder.moe_dims import MoeDims
 from metrale_core.decoder.pattern import layer_ropes, layer_windows, scalar
-from metrale_core.decoder.spec import ROPE_KINDS, ROPE_KINDS_BUILT, DecoderSpec
+from metrale_core.decoder.spec import ROPE_KINDS_BUILT, DecoderSpec
 from metrale_core.errors import ConfigError
 
 __all__ = ["DecoderDims"]
@@ -48,8 +49,8 @@ def _rope(config: Mapping[str, Any], family: str) -> tuple[float, dict | None]:
     theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
     scaling = dict(config.get("rope_scaling") or params)
     kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind in ROPE_KINDS and kind not in ROPE_KINDS_BUILT:
-        raise ConfigError(f"{family}: rope type {kind!r} is declared but not built yet (built: {ROPE_KINDS_BUILT})")
+    if kind not in ROPE_KINDS_BUILT:
+        raise ConfigError(f"{family}: rope type {kind!r} is not built (built: {', '.join(ROPE_KINDS_BUILT)})")
     return float(theta), (None if kind == "default" else scaling)
 
 
@@ -152,7 +153,7 @@ class DecoderDims:
             qk_norm=attn.qk_norm,
             qkv_bias=attn.qkv_bias == "always" or (attn.qkv_bias == "config" and attention_bias),
             o_bias=attn.o_bias == "config" and attention_bias,
-            mlp_bias=spec.mlp.bias == "config" and bool(config.get("mlp_bias", False)),
+            mlp_bias=spec.mlp.bias == "always" or (spec.mlp.bias == "config" and bool(config.get("mlp_bias", False))),
             eos_token_ids=eos_ids,
             windows=layer_windows(config, spec, layers),
             ropes=layer_ropes(config, spec, layers),

@@ -5,7 +5,10 @@ Owner: ``metrale_core.decoder``; ``dims.DecoderDims.from_config`` reads it when 
 
 Invariants:
 - The expert count is the config's ``num_experts`` / ``num_local_experts`` / ``n_routed_experts``,
-  top-k its ``num_experts_per_tok``, an expert's width its ``moe_intermediate_size``.
+  top-k its ``num_experts_per_tok``, an expert's width its ``Mlp.expert_width`` key
+  (``moe_intermediate_size``; gpt-oss ``intermediate_size``).
+- ``swiglu_oai`` experts (gpt-oss) read ``swiglu_alpha`` (default 1.702) and ``swiglu_limit``
+  (default 7.0), transformers' defaults; the other activations leave both None.
 - Layer ``i`` is sparse unless it is in ``mlp_only_layers``, below ``first_k_dense_replace``, or
   ``(i + 1) % decoder_sparse_step != 0`` (transformers' Qwen2/3-MoE and DeepSeek rule); the dense
   layers run the ordinary MLP of width ``intermediate_size``.
@@ -45,16 +48,19 @@ class MoeDims:
     normalize: bool
     #: Per layer: sparse (True) or the dense MLP.
     sparse: tuple[bool, ...]
+    #: ``swiglu_oai`` experts: the sigmoid's gain and the clamp (None: the config's activation).
+    swiglu_alpha: float | None = None
+    swiglu_limit: float | None = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], spec: DecoderSpec, num_layers: int) -> MoeDims:
         name, mlp = spec.name, spec.mlp
         experts = _first(config, ("num_experts", "num_local_experts", "n_routed_experts"))
         top_k = config.get("num_experts_per_tok")
-        width = config.get("moe_intermediate_size")
+        width = config.get(mlp.expert_width)
         if not experts or not top_k or not width:
             raise ConfigError(
-                f"{name}: an MoE config needs num_experts, num_experts_per_tok and moe_intermediate_size "
+                f"{name}: an MoE config needs num_experts, num_experts_per_tok and {mlp.expert_width} "
                 f"(got {experts}, {top_k}, {width})"
             )
         if not 0 < int(top_k) <= int(experts):
@@ -73,4 +79,8 @@ class MoeDims:
         only_mlp = {int(i) for i in config.get("mlp_only_layers") or ()}
         sparse = tuple(i not in only_mlp and i >= dense_first and (i + 1) % step == 0 for i in range(num_layers))
         normalize = mlp.norm_topk == "always" or (mlp.norm_topk == "config" and bool(config.get("norm_topk_prob")))
-        return cls(int(experts), int(top_k), int(width), shared, normalize, sparse)
+        alpha = limit = None
+        if mlp.expert_act == "swiglu_oai":
+            alpha = float(config.get("swiglu_alpha") or 1.702)
+            limit = float(config.get("swiglu_limit") or 7.0)
+        return cls(int(experts), int(top_k), int(width), shared, normalize, sparse, alpha, limit)

@@ -14,11 +14,16 @@ Invariants:
 - Outside ``exact`` a dense router / shared-expert gate (F32 in llama.cpp's files) is a
   ``RowwiseLinear`` and the sigmoids run row by row, so the whole block stays batch-invariant.
 - Shapes are those the config implies (``ShapeMismatch`` naming the tensor otherwise).
+- With ``dims.mlp_bias`` (gpt-oss) the router and every expert projection carry their biases
+  (slot ``bias`` of the same names; a GGUF stacks them ``[E, rows]``, served per expert), added
+  by the projection itself (batch-invariant: an elementwise add).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import torch
 
 from metrale_core.decoder.dims import DecoderDims
 from metrale_core.decoder.names import Resolver
@@ -28,12 +33,21 @@ from metrale_core.layers.moe import Expert, MoeBlock, RowwiseLinear
 
 __all__ = ["load_moe"]
 
-#: ``(names, shapes) -> Linear``: the decoder's projection builder (fused along rows, no bias).
-Build = Callable[[list[str], list[tuple[int, int]]], Linear]
+#: ``(names, shapes, bias) -> Linear``: the decoder's projection builder (fused along rows).
+Build = Callable[[list[str], list[tuple[int, int]], "torch.Tensor | None"], Linear]
+#: ``(name, shape) -> tensor``: a tensor of the store in the model's dtype and device.
+Get = Callable[[str, tuple[int, ...]], torch.Tensor]
 
 
 def load_moe(
-    spec: DecoderSpec, dims: DecoderDims, n: Resolver, layer: int, build: Build, *, batch_invariant: bool
+    spec: DecoderSpec,
+    dims: DecoderDims,
+    n: Resolver,
+    layer: int,
+    build: Build,
+    get: Get,
+    *,
+    batch_invariant: bool,
 ) -> MoeBlock:
     """Layer ``layer``'s MoE block (``dims.moe`` set); ``batch_invariant``: a dense router or
     shared-expert gate runs one row at a time (every format but ``exact``, whose dense products
@@ -42,15 +56,23 @@ def load_moe(
     assert moe is not None, "load_moe reads a definition with Mlp(kind='moe')"
     D, width, i = dims.hidden_size, moe.intermediate_size, layer
 
+    def bias(slots: tuple[str, ...], sizes: tuple[int, ...], e: int | None = None) -> torch.Tensor | None:
+        if not dims.mlp_bias:
+            return None
+        return torch.cat([get(n(s, i, "bias", e), (size,)) for s, size in zip(slots, sizes)])
+
     def small(slot: str, rows: int) -> Linear:
-        linear = build([n(slot, i, "weight")], [(rows, D)])
-        if batch_invariant and isinstance(linear, DenseLinear) and linear.bias is None:
-            return RowwiseLinear(linear.weight)
+        linear = build([n(slot, i, "weight")], [(rows, D)], bias((slot,), (rows,)))
+        if batch_invariant and isinstance(linear, DenseLinear):
+            return RowwiseLinear(linear.weight, linear.bias)
         return linear
 
     def expert(slots: tuple[str, str, str], size: int, e: int | None = None) -> Expert:
         gate, up, down = (n(s, i, "weight", e) for s in slots)
-        return Expert(gate_up=build([gate, up], [(size, D), (size, D)]), down=build([down], [(D, size)]))
+        return Expert(
+            gate_up=build([gate, up], [(size, D), (size, D)], bias(slots[:2], (size, size), e)),
+            down=build([down], [(D, size)], bias(slots[2:], (D,), e)),
+        )
 
     experts = tuple(expert(("expert_gate", "expert_up", "expert_down"), width, e) for e in range(moe.num_experts))
     shared = shared_gate = None

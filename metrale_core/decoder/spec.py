@@ -17,10 +17,11 @@ multipliers (:class:`Scalars`), fused ``qkv_proj`` / ``gate_up_proj`` tensors, a
 ``head_dim``, partial rotary dimensions, and mixture-of-experts MLPs (``Mlp(kind="moe")``: softmax
 or sigmoid routing, top-k with optional renormalisation, a shared expert with an optional sigmoid
 gate; the sparse layers are the config's ``decoder_sparse_step`` / ``mlp_only_layers`` /
-``first_k_dense_replace``).  What is declared but not built yet -- MLA, attention sinks, the
-router's correction bias -- is accepted here (so GLM-5.3 can be written down) and refused at load with a
-``ConfigError`` naming the field (:meth:`DecoderSpec.unbuilt`).  RoPE kinds: default, linear,
-llama3 and longrope are built; yarn is read from the config and refused the same way.
+``first_k_dense_replace``), gpt-oss's learned attention sinks, its top-k-then-softmax router
+with a bias, biased experts and clamped SwiGLU (``Mlp.expert_act="swiglu_oai"``).  What is
+declared but not built yet -- MLA, the router's correction bias -- is accepted here (so GLM-5.3
+can be written down) and refused at load with a ``ConfigError`` naming the field
+(:meth:`DecoderSpec.unbuilt`).  RoPE kinds: default, linear, llama3, yarn and longrope are built.
 
 A :data:`Scalar` is off (None), a constant, or read from the config: ``"key"`` (the key's value;
 absent or null: off) or ``"key**p"`` (its power ``p``: Gemma's ``"hidden_size**0.5"``).
@@ -54,7 +55,7 @@ __all__ = [
 
 #: RoPE kinds a config may name (``rope_scaling.rope_type``) and those the layers build.
 ROPE_KINDS = ("default", "linear", "llama3", "yarn", "longrope")
-ROPE_KINDS_BUILT = ("default", "linear", "llama3", "longrope")
+ROPE_KINDS_BUILT = ROPE_KINDS
 
 #: The ``--weight-format`` values every definition's loader honours (``metrale_core.layers.linear``'s
 #: ``WEIGHT_FORMATS``, repeated so that registering imports no torch; a test keeps the two equal).
@@ -93,7 +94,8 @@ class Attention:
     qkv_bias: Literal["config", "always", "never"] = "config"
     #: o_proj bias: ``config`` (``attention_bias``) or ``never`` (Qwen2).
     o_bias: Literal["config", "never"] = "config"
-    #: Learned per-head attention sinks (gpt-oss).  Not built yet.
+    #: A learned per-head sink logit joins each softmax's denominator (no value; gpt-oss, slot
+    #: ``sinks``); such layers attend through ``windowed_paged_attention``.
     sinks: bool = False
     #: Attention-logit soft-cap, ``cap * tanh(scores / cap)`` (a :data:`Scalar`; Gemma 2).
     softcap: Scalar = None
@@ -111,8 +113,9 @@ class Mlp:
     #: ``swiglu`` (silu gate), ``geglu`` (tanh-gelu gate) or ``moe`` (routed experts, each a
     #: gated MLP with the config's activation, in the sparse layers; the others are ``swiglu``).
     kind: Literal["swiglu", "geglu", "moe"] = "swiglu"
-    #: Biases on gate/up/down: ``config`` (the config's ``mlp_bias``) or ``never``.
-    bias: Literal["config", "never"] = "config"
+    #: Biases on gate/up/down (and an MoE router): ``config`` (the config's ``mlp_bias``),
+    #: ``always`` (gpt-oss) or ``never``.
+    bias: Literal["config", "always", "never"] = "config"
     #: The checkpoint stores ``gate_up_proj`` as one tensor ``[gate; up]`` (Phi-3; slot ``gate_up``).
     fused_gate_up: bool = False
     #: MoE: a shared expert beside the routed ones (size ``shared_expert_intermediate_size``, or
@@ -120,13 +123,20 @@ class Mlp:
     shared_experts: bool = False
     #: MoE: the shared expert's output times ``sigmoid(shared_expert_gate(x))`` (Qwen2-MoE).
     shared_gate: bool = False
-    #: MoE: router scores, ``softmax`` over the experts or ``sigmoid`` of each.
-    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    #: MoE: router scores, ``softmax`` over the experts, ``sigmoid`` of each, or ``topk_softmax``
+    #: (the top-k logits chosen first, softmax over those k: gpt-oss).
+    scoring: Literal["softmax", "sigmoid", "topk_softmax"] = "softmax"
     #: MoE: the top-k weights divided by their sum: ``config`` (``norm_topk_prob``), ``always``, ``never``.
     norm_topk: Literal["config", "always", "never"] = "config"
     #: MoE: a selection-only correction bias on the scores (DeepSeek-V3's ``e_score_correction_bias``;
     #: ``metrale_core.layers.moe.route`` computes it).  Its loading is not built yet.
     router_bias: bool = False
+    #: MoE: the config key of one routed expert's width (gpt-oss: ``intermediate_size``).
+    expert_width: str = "moe_intermediate_size"
+    #: MoE: the experts' activation: ``config`` (the gated MLP of the config's ``hidden_act``) or
+    #: ``swiglu_oai`` (gpt-oss: gate clamped above at ``swiglu_limit``, up at +-limit,
+    #: ``(up + 1) * gate * sigmoid(swiglu_alpha * gate)``).
+    expert_act: Literal["config", "swiglu_oai"] = "config"
 
 
 @frozen
@@ -194,7 +204,6 @@ class DecoderSpec:
         a, m = self.attention, self.mlp
         checks = [
             (a.kind != "full", f"attention.kind={a.kind!r}"),
-            (a.sinks, "attention.sinks"),
             (m.router_bias, "mlp.router_bias"),
             (m.kind != "moe" and (m.shared_experts or m.shared_gate), "mlp.shared_experts without mlp.kind='moe'"),
         ]
@@ -203,6 +212,8 @@ class DecoderSpec:
     @property
     def tensor_parallel_note(self) -> str:
         """Why this family cannot be sharded ('' when it can)."""
+        if self.attention.sinks:
+            return f"{self.name}: its attention sinks are not split between ranks yet"
         if self.attention.qk_norm == "proj":
             return (
                 f"{self.name}: the QK-norm over the whole projection needs every head's values "

@@ -17,7 +17,9 @@ Invariants:
   :func:`shard_plan`, so every projection is read as this rank's rows (q/k/v, gate/up, the
   vocabulary of the embedding and head) or columns (o_proj, down_proj) in any weight format; the
   row-parallel projections sum over the ranks (``RowParallelLinear``, their bias added once).
-- A norm slot the recipe does not use is None in :class:`LayerWeights` and never read.
+- A norm slot the recipe does not use is None in :class:`LayerWeights` and never read; so are the
+  attention sinks (slot ``sinks``, ``[heads]``, read as float32-exact values in the model dtype)
+  of a recipe without ``Attention.sinks``.
 - A sparse layer (``dims.moe.sparse``) has ``moe`` (``moe_weights.load_moe``) and no dense
   ``gate_up`` / ``down``; a GGUF's stacked experts are read through ``ExpertSlices``.  Its
   projections are built unrecorded: LoRA adapts attention and dense MLPs only.
@@ -73,6 +75,8 @@ class LayerWeights:
     mlp_out_norm: torch.Tensor | None
     #: A sparse layer's experts (None in a dense layer).
     moe: MoeBlock | None = None
+    #: ``[heads]`` learned attention-sink logits (``Attention.sinks``; None: none).
+    sinks: torch.Tensor | None = None
 
     @property
     def qkv_bias(self) -> torch.Tensor | None:
@@ -174,10 +178,13 @@ def load_weights(
     if spec.mlp.fused_gate_up:
         mlp_slots, mlp_shapes = ["gate_up"], [(2 * inter, D)]
 
-    def built(names: list[str], shapes: list[tuple[int, int]]) -> Linear:
+    def built(names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None) -> Linear:
         """An MoE projection: not recorded for LoRA (an expert sees a subset of the batch's rows,
         which the LoRA row map does not follow), so an adapter never wraps one."""
-        return build_unrecorded(store, names, shapes, weight_format, dtype, device, None)
+        return build_unrecorded(store, names, shapes, weight_format, dtype, device, bias)
+
+    def tensor(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return store.get(name, dtype=dtype, shape=shape).to(device)
 
     for i in range(dims.num_layers):
         qkv_bias = biases(qkv_slots, i, [rows for rows, _ in qkv_shapes], dims.qkv_bias)
@@ -197,7 +204,10 @@ def load_weights(
                 if sparse
                 else row_parallel("down", i, (D, inter), maybe("down", i, (D,), dims.mlp_bias, "bias")),
                 mlp_out_norm=maybe("mlp_out_norm", i, (D,), norms.post_mlp),
-                moe=load_moe(spec, dims, n, i, built, batch_invariant=weight_format != "exact") if sparse else None,
+                moe=load_moe(spec, dims, n, i, built, tensor, batch_invariant=weight_format != "exact")
+                if sparse
+                else None,
+                sinks=maybe("sinks", i, (dims.num_heads,), spec.attention.sinks),
             )
         )
     embed_name, head_name = n("embed", None, "weight"), n("head", None, "weight")

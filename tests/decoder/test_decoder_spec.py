@@ -55,7 +55,6 @@ def test_the_defaults_are_llama_and_the_loader_spec_follows_the_definition():
     ("changes", "named"),
     [
         (dict(attention=Attention(kind="mla")), "attention.kind='mla'"),
-        (dict(attention=Attention(sinks=True)), "attention.sinks"),
         (dict(mlp=Mlp(kind="moe", router_bias=True)), "mlp.router_bias"),
         (dict(mlp=Mlp(shared_experts=True)), "mlp.shared_experts without mlp.kind='moe'"),
     ],
@@ -71,8 +70,8 @@ def test_what_is_declared_but_not_built_is_refused_at_load_by_name(changes, name
 
 def test_rope_kinds_not_built_are_refused_by_name():
     spec = DecoderSpec("mini", "MiniForCausalLM")
-    config = {**CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
-    with pytest.raises(ConfigError, match="rope type 'yarn' is declared but not built yet"):
+    config = {**CONFIG, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}
+    with pytest.raises(ConfigError, match="rope type 'dynamic' is not built"):
         spec.load(SimpleNamespace(config=config), LoadOptions())
 
 

@@ -12,6 +12,9 @@ Invariants:
   position-dependent RoPE (LongRoPE's switch at its original length) is compared step by step.
 - ``gguf_header`` writes only the keys every llama.cpp decoder arch has; family keys are the
   caller's.
+- ``engine_rows`` runs the real engine (requests joining mid-prefill, chunked prefill of 8
+  tokens, blocks of 4) and records every logits row; ``assert_same_bits_alone_and_batched``
+  compares one request's logits alone and beside others, prefill and decode, bit for bit.
 """
 
 from __future__ import annotations
@@ -23,7 +26,11 @@ import transformers as tf
 from gguf import GGUFWriter
 
 from metrale_core.components import LoadOptions
+from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.plugins import load_registry
+from metrale_core.sampling.params import SamplingParams
+from metrale_core.testing.forward_spy import ForwardSpy
+from metrale_core.testing.staggered import run_joining_mid_prefill
 
 NEW_TOKENS = 16
 PROMPTS = [
@@ -108,3 +115,31 @@ def finish_gguf(w: GGUFWriter) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def engine_rows(model: Any, max_tokens: int, blocks: int = 64) -> tuple[list[list[int]], list, LLMEngine]:
+    """Greedy outputs of ``PROMPTS`` through the engine (joining mid-prefill, chunks of 8 tokens,
+    ``blocks`` KV blocks of 4), every logits row the model produced, and the engine."""
+    spy = ForwardSpy(model)
+    engine = LLMEngine(
+        spy, EngineConfig(block_size=4, num_kv_blocks=blocks, max_prefill_tokens=8), registry=load_registry()
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outputs = run_joining_mid_prefill(engine, PROMPTS, params)
+    return outputs, spy.rows, engine
+
+
+def assert_same_bits_alone_and_batched(model: Any, runner_cls: Any) -> None:
+    """A request's logits -- its prefill and three decode steps -- are the same bits alone and
+    beside two other requests (``runner_cls``: the harness's ``PagedRunner``)."""
+    alone = runner_cls(model, seed=1)
+    batched = runner_cls(model, seed=2)
+    a, b, c = PROMPTS[1], PROMPTS[0], PROMPTS[3]
+    alone.step([(0, a)])
+    batched.step([(1, b), (0, a), (2, c)])
+    for _ in range(3):  # decode steps, alone and beside other rows
+        token = int(alone.logits[(0, len(alone.tokens[0]) - 1)].argmax())
+        alone.step([(0, [token])])
+        batched.step([(1, [5]), (0, [token]), (2, [7])])
+    for position in range(len(alone.tokens[0])):
+        assert torch.equal(alone.logits[(0, position)], batched.logits[(0, position)]), position

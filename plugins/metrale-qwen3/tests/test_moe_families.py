@@ -27,6 +27,8 @@ import transformers as tf
 from family_testlib import (
     NEW_TOKENS,
     PROMPTS,
+    assert_same_bits_alone_and_batched,
+    engine_rows,
     finish_gguf,
     gguf_header,
     hf_generate,
@@ -38,15 +40,11 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from qwen3_harness import PagedRunner, build_hf, open_store, save_checkpoint
 
-from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.layers.gguf_linear import GGUFLinear
 from metrale_core.layers.lora import attach_lora
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugins import load_registry
-from metrale_core.sampling.params import SamplingParams
-from metrale_core.testing.forward_spy import ForwardSpy
-from metrale_core.testing.staggered import run_joining_mid_prefill
 
 VOCAB = 96
 BASE = dict(vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -154,16 +152,6 @@ def _hf(family: str, seed: int, config: dict):
     return build_hf(config_cls, model_cls, seed=seed, **{**BASE, **config})
 
 
-def _engine_rows(model, max_tokens: int, blocks: int = 64) -> tuple[list[list[int]], list, LLMEngine]:
-    spy = ForwardSpy(model)
-    engine = LLMEngine(
-        spy, EngineConfig(block_size=4, num_kv_blocks=blocks, max_prefill_tokens=8), registry=load_registry()
-    )
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    outputs = run_joining_mid_prefill(engine, PROMPTS, params)
-    return outputs, spy.rows, engine
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_family_is_registered(family):
     reg = load_registry()
@@ -179,7 +167,7 @@ def test_engine_logits_and_greedy_match_hf(family, name, tmp_path):
     hf = _hf(family, len(name), FAMILIES[family][2][name])
     model = load_family(family, open_store(save_checkpoint(hf, tmp_path)))
     # 10 blocks of 4 tokens cannot hold the four sequences at once: the engine preempts
-    outputs, rows, engine = _engine_rows(model, NEW_TOKENS, blocks=10)
+    outputs, rows, engine = engine_rows(model, NEW_TOKENS, blocks=10)
     assert engine.stats().num_preemptions > 0
     refs = [stepwise_reference(hf, p) for p in PROMPTS]
     full = [p + o for p, o in zip(PROMPTS, outputs)]
@@ -320,7 +308,7 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(family, weight_format, tmp_path
     if weight_format == "auto":  # the experts stay Q8_0 blocks
         expert = model.weights.layers[0].moe.experts[0]
         assert isinstance(expert.gate_up, GGUFLinear) and isinstance(expert.down, GGUFLinear)
-    outputs, rows, _ = _engine_rows(model, 4)
+    outputs, rows, _ = engine_rows(model, 4)
     full = [p + o for p, o in zip(PROMPTS, outputs)]
     with torch.no_grad():
         ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
@@ -334,14 +322,4 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(family, weight_format, tmp_path
 def test_a_request_gives_the_same_bits_alone_and_in_a_batch(family, tmp_path):
     torch.set_num_threads(2)
     _, model = _gguf_model(family, tmp_path, "auto")
-    alone = PagedRunner(model, seed=1)
-    batched = PagedRunner(model, seed=2)
-    a, b, c = PROMPTS[1], PROMPTS[0], PROMPTS[3]
-    alone.step([(0, a)])
-    batched.step([(1, b), (0, a), (2, c)])
-    for _ in range(3):  # decode steps, alone and beside other rows
-        token = int(alone.logits[(0, len(alone.tokens[0]) - 1)].argmax())
-        alone.step([(0, [token])])
-        batched.step([(1, [5]), (0, [token]), (2, [7])])
-    for position in range(len(alone.tokens[0])):
-        assert torch.equal(alone.logits[(0, position)], batched.logits[(0, position)]), position
+    assert_same_bits_alone_and_batched(model, PagedRunner)
