@@ -15,6 +15,11 @@ Invariants:
 - The MoE archs (qwen3moe, qwen2moe) get their expert count, top-k and expert widths
   (``_MOE_KEYS``) and ``norm_topk_prob`` from ``expert_weights_norm``, else llama.cpp's default
   for the arch (``_NORM_TOPK``: always for qwen3moe, never for qwen2moe).
+- gpt-oss (llama.cpp's ``GptOssModel``): the window is ``attention.sliding_window`` (every second
+  layer slides, from layer 0, as llama.cpp's ``swa_pattern`` 2), the expert width
+  ``expert_feed_forward_length`` is gpt-oss's ``intermediate_size``, and a YaRN ``rope_scaling``
+  gets ``rope.scaling.yarn_beta_fast`` / ``yarn_beta_slow`` and ``truncate`` (llama.cpp floors
+  and ceils the correction range, ``ggml_rope_yarn_corr_dims``).
 - :data:`CONFIG_TENSORS` are the only tensors read while a config is made (1-D, a few floats each);
   they stay names of the store as well.
 """
@@ -51,6 +56,12 @@ _ARCH_KEYS = {
         "final_logit_softcapping": "final_logit_softcapping",
     },
     "qwen3moe": _MOE_KEYS,
+    "gpt-oss": {
+        "num_experts": "expert_count",
+        "num_experts_per_tok": "expert_used_count",
+        "intermediate_size": "expert_feed_forward_length",
+        "sliding_window": "attention.sliding_window",
+    },
     "qwen2moe": {**_MOE_KEYS, "shared_expert_intermediate_size": "expert_shared_feed_forward_length"},
 }
 #: Per MoE arch: whether llama.cpp renormalises the top-k weights (``norm_topk_prob``) when the
@@ -76,6 +87,13 @@ def arch_config(
         )
     if arch == "phi3":
         _phi3(scalars, tensors, config)
+    scaling = config.get("rope_scaling")
+    if arch == "gpt-oss" and scaling and scaling.get("rope_type") == "yarn":
+        for hf_key in ("beta_fast", "beta_slow"):
+            value = scalars.get(f"{arch}.rope.scaling.yarn_{hf_key}")
+            if value is not None:
+                scaling[hf_key] = float(value)
+        scaling["truncate"] = True
 
 
 def _phi3(scalars: Mapping[str, Any], tensors: Mapping[str, np.ndarray], config: dict[str, Any]) -> None:

@@ -57,6 +57,7 @@ ARCHITECTURES = {
     "phi3": "Phi3ForCausalLM",  # fused attn_qkv / ffn_up keep their GGUF names; LongRoPE from gguf_arch
     "qwen3moe": "Qwen3MoeForCausalLM",  # experts stacked in ffn_*_exps, read per expert (ExpertSlices)
     "qwen2moe": "Qwen2MoeForCausalLM",  # ... and a shared expert, ffn_*_shexp / ffn_gate_inp_shexp
+    "gpt-oss": "GptOssForCausalLM",  # sinks, windows, yarn from gguf_arch; MXFP4 experts in ffn_*_exps
 }
 #: llama.cpp's converters that permute Q/K rows (``LlamaModel`` and its subclasses).
 PERMUTED_ARCHS = frozenset({"llama", "granite", "smollm3"})
