@@ -16,7 +16,8 @@ chooses by measuring both (``metrale_core.activation_probe``): int8 flips near-t
 choices on some models, e.g. the embedded SmolLM2's answer to "What is the capital of France?".
 (llama.cpp quantizes activations per 256 for K-quants; per 32 is finer.)  Q2_K and Q3_K have no
 kernel of their own: their codes (2-3 bits, scales per 16) are repacked into the 8-bit, per-16
-kind, exactly but at 1.25-1.5 bytes per weight instead of 0.33-0.43 (logged as a WARNING).
+kind, exactly but at 1.25-1.5 bytes per weight instead of 0.33-0.43 (logged as a WARNING); so are
+MXFP4's (e2m1 codes, not affine: 1.125 bytes per weight instead of 0.53, also logged).
 
 Where the C kernel does not run (no AVX2, no compiler, ``METRALE_KERNELS=native``) the same
 codes are multiplied by torch (:func:`fallback_matmul`): exact integer dot products per
@@ -103,7 +104,7 @@ GGUF_KINDS: dict[str, tuple[int, int, int]] = {
     "MXFP4": (K_S8_32, 32, 17),
 }
 #: Types repacked into a wider kind than their own bits (WARNING at load, with the memory cost).
-_WIDENED = {"Q2_K": 84 / 256, "Q3_K": 110 / 256}
+_WIDENED = {"Q2_K": 84 / 256, "Q3_K": 110 / 256, "MXFP4": 17 / 32}
 _IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 #: MXFP4's e2m1 values doubled (llama.cpp's ``kvalues_mxfp4``): code ``c`` is ``_MXFP4_VALUES[c] / 2``.
 _MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)

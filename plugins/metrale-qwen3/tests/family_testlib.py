@@ -14,7 +14,7 @@ Invariants:
   caller's.
 - ``engine_rows`` runs the real engine (requests joining mid-prefill, chunked prefill of 8
   tokens, blocks of 4) and records every logits row; ``assert_same_bits_alone_and_batched``
-  compares one request's logits alone and beside others, prefill and decode, bit for bit.
+  compares one request's logits through the engine alone and beside others, bit for bit.
 """
 
 from __future__ import annotations
@@ -129,17 +129,21 @@ def engine_rows(model: Any, max_tokens: int, blocks: int = 64) -> tuple[list[lis
     return outputs, spy.rows, engine
 
 
-def assert_same_bits_alone_and_batched(model: Any, runner_cls: Any) -> None:
-    """A request's logits -- its prefill and three decode steps -- are the same bits alone and
-    beside two other requests (``runner_cls``: the harness's ``PagedRunner``)."""
-    alone = runner_cls(model, seed=1)
-    batched = runner_cls(model, seed=2)
-    a, b, c = PROMPTS[1], PROMPTS[0], PROMPTS[3]
-    alone.step([(0, a)])
-    batched.step([(1, b), (0, a), (2, c)])
-    for _ in range(3):  # decode steps, alone and beside other rows
-        token = int(alone.logits[(0, len(alone.tokens[0]) - 1)].argmax())
-        alone.step([(0, [token])])
-        batched.step([(1, [5]), (0, [token]), (2, [7])])
-    for position in range(len(alone.tokens[0])):
-        assert torch.equal(alone.logits[(0, position)], batched.logits[(0, position)]), position
+def assert_same_bits_alone_and_batched(model: Any) -> None:
+    """A request's logits -- its prefill's and four decode steps' -- are the same bits when the
+    engine runs it alone and beside two other requests (every prompt prefilled in one chunk, so
+    the request's rows see the same shapes; KV groups and windows as the engine keeps them)."""
+
+    def rows(prompts: list[list[int]]) -> dict[tuple, torch.Tensor]:
+        spy = ForwardSpy(model)
+        config = EngineConfig(block_size=4, num_kv_blocks=64, max_prefill_tokens=64)
+        engine = LLMEngine(spy, config, registry=load_registry())
+        params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+        run_joining_mid_prefill(engine, prompts, params, lead_steps=0)
+        return {tuple(history): row for history, row in spy.rows if tuple(history[: len(prompts[0])]) == tuple(a)}
+
+    a = PROMPTS[1]
+    alone, batched = rows([a]), rows([a, PROMPTS[0], PROMPTS[3]])
+    assert len(alone) == 5 and alone.keys() == batched.keys()
+    for history, row in alone.items():
+        assert torch.equal(row, batched[history]), len(history)

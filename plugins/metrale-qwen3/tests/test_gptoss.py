@@ -17,21 +17,28 @@ on their MXFP4 blocks); under ``auto`` a request's logits are the same bits alon
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import transformers as tf
 from family_testlib import (
     NEW_TOKENS,
     PROMPTS,
+    assert_same_bits_alone_and_batched,
     engine_rows,
+    finish_gguf,
+    gguf_header,
     hf_generate,
     load_family,
     match_request,
     stepwise_reference,
 )
+from gguf import GGMLQuantizationType, RopeScalingType
+from gguf.quants import dequantize, quantize
 from qwen3_harness import build_hf, open_store, save_checkpoint
 
 from metrale_core.errors import ConfigError
+from metrale_core.layers.gguf_linear import GGUFLinear
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugins import load_registry
 
@@ -127,3 +134,127 @@ def test_gpt_oss_refuses_tensor_parallelism_with_the_reason(tmp_path):
     store = open_store(save_checkpoint(hf, tmp_path))
     with pytest.raises(ConfigError, match="attention sinks are not split"):
         load_family("gpt-oss", store, tensor_parallel=TensorParallel(rank=0, world=2))
+
+
+#: A config whose matrices are whole Q8_0 / MXFP4 blocks and whole kernel tiles; llama.cpp's
+#: layer pattern (every second layer slides, from layer 0) and YaRN (correction range truncated).
+GGUF_CONFIG = dict(
+    hidden_size=64,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    sliding_window=4,
+    rope_parameters={**YARN, "beta_fast": 16.0, "beta_slow": 2.0},
+    tie_word_embeddings=False,
+)
+#: HF module path (in a layer) -> llama.cpp tensor name, written out here so the test does not
+#: read the definition's table (the experts: ``ffn_{gate,up,down}_exps``, below).
+_GGUF = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.sinks": "attn_sinks",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "mlp.router": "ffn_gate_inp",
+}
+Q8, MXFP4 = GGMLQuantizationType.Q8_0, GGMLQuantizationType.MXFP4
+
+
+def _blocks(a: np.ndarray, qtype) -> tuple[np.ndarray, dict]:
+    """``a`` through ``qtype`` and back (the oracle's values), and ``add_tensor``'s arguments."""
+    a = np.ascontiguousarray(a)
+    stored = quantize(a, qtype)
+    return dequantize(stored, qtype).reshape(a.shape), dict(tensor=stored, raw_dtype=qtype)
+
+
+def _write_gguf(hf, path) -> None:
+    """``hf`` as llama.cpp's converter writes gpt-oss: attention and head in Q8_0, the experts
+    de-interleaved and transposed into ``ffn_*_exps`` in MXFP4 with ``[E, rows]`` float biases,
+    the router, norms, sinks and biases as float32; ``hf``'s weights become the dequantized values."""
+    c = hf.config
+    w = gguf_header(path, "gpt-oss", c, VOCAB, dense_ffn=False)
+    w.add_sliding_window(c.sliding_window)
+    w.add_expert_count(c.num_local_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_expert_feed_forward_length(c.intermediate_size)
+    rope = c.rope_parameters
+    w.add_rope_scaling_type(RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    with torch.no_grad():
+        for name, t in hf.state_dict().items():
+            a = t.float().numpy()
+            base, kind = name.rsplit(".", 1) if name.endswith((".weight", ".bias")) else (name, "weight")
+            if base in top:
+                a, args = _blocks(a, Q8) if a.ndim == 2 else (a, dict(tensor=a))
+                t.copy_(torch.from_numpy(a))
+                w.add_tensor(f"{top[base]}.weight", **args)
+                continue
+            i, rest = base.removeprefix("model.layers.").split(".", 1)
+            if rest == "mlp.experts.gate_up_proj":  # [E, D, 2I], gate / up interleaved by column
+                gate, ga = _blocks(a[:, :, 0::2].transpose(0, 2, 1), MXFP4)
+                up, ua = _blocks(a[:, :, 1::2].transpose(0, 2, 1), MXFP4)
+                t[:, :, 0::2], t[:, :, 1::2] = (
+                    torch.from_numpy(gate).transpose(1, 2),
+                    torch.from_numpy(up).transpose(1, 2),
+                )
+                w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **ga)
+                w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **ua)
+            elif rest == "mlp.experts.gate_up_proj_bias":
+                w.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(a[:, 0::2]))
+                w.add_tensor(f"blk.{i}.ffn_up_exps.bias", np.ascontiguousarray(a[:, 1::2]))
+            elif rest == "mlp.experts.down_proj":  # [E, I, D]
+                down, da = _blocks(a.transpose(0, 2, 1), MXFP4)
+                t.copy_(torch.from_numpy(down).transpose(1, 2))
+                w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **da)
+            elif rest == "mlp.experts.down_proj_bias":
+                w.add_tensor(f"blk.{i}.ffn_down_exps.bias", a)
+            elif rest.startswith("self_attn.") and rest.endswith("_proj") and kind == "weight":
+                a, args = _blocks(a, Q8)
+                t.copy_(torch.from_numpy(a))
+                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.weight", **args)
+            else:
+                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", a)
+    finish_gguf(w)
+
+
+def _gguf_model(tmp_path, weight_format: str):
+    hf = _hf(7, GGUF_CONFIG)
+    path = tmp_path / "gpt-oss.gguf"
+    _write_gguf(hf, path)
+    store = open_store(path)
+    assert store.config["model_type"] == "gpt-oss"
+    return hf, load_family("gpt-oss", store, weight_format)
+
+
+@pytest.mark.parametrize("weight_format", ["exact", "auto"])
+def test_a_gguf_under_llama_cpp_names_with_mxfp4_experts_matches_hf(weight_format, tmp_path):
+    torch.set_num_threads(2)
+    hf, model = _gguf_model(tmp_path, weight_format)
+    assert model.dims.windows == (4, None)
+    if weight_format == "auto":  # the experts stay MXFP4 blocks, on the block kernels
+        expert = model.weights.layers[0].moe.experts[0]
+        assert isinstance(expert.gate_up, GGUFLinear) and isinstance(expert.down, GGUFLinear)
+    outputs, rows, _ = engine_rows(model, 4)
+    full = [p + o for p, o in zip(PROMPTS, outputs)]
+    with torch.no_grad():
+        ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
+    worst = 0.0
+    for history, row in rows:
+        worst = max(worst, float((row - ref[match_request(full, history)][len(history) - 1]).abs().max()))
+    assert worst <= (1e-4 if weight_format == "exact" else 2e-2)
+
+
+def test_a_request_gives_the_same_bits_alone_and_in_a_batch(tmp_path):
+    torch.set_num_threads(2)
+    _, model = _gguf_model(tmp_path, "auto")
+    assert_same_bits_alone_and_batched(model)

@@ -322,4 +322,4 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(family, weight_format, tmp_path
 def test_a_request_gives_the_same_bits_alone_and_in_a_batch(family, tmp_path):
     torch.set_num_threads(2)
     _, model = _gguf_model(family, tmp_path, "auto")
-    assert_same_bits_alone_and_batched(model, PagedRunner)
+    assert_same_bits_alone_and_batched(model)
