@@ -18,6 +18,9 @@ Invariants:
   MLP projection, an MoE's router and experts too).
 - An MoE definition reads its experts with ``moe_dims.MoeDims``; ``intermediate_size`` (the dense
   MLP's width) is required only when some layer is dense.
+- A safetensors checkpoint whose ``quantization_config`` says ``mxfp4`` (gpt-oss's ``*_blocks`` /
+  ``*_scales`` experts) is refused with the way out: its GGUF conversion, whose MXFP4 experts run
+  on the block kernels, or a dequantized checkpoint.
 - RoPE: ``rope_parameters`` (transformers >= 5) or ``rope_theta`` / ``rope_scaling``; the kind
   ``default`` leaves ``rope_scaling`` None; a kind outside ``spec.ROPE_KINDS_BUILT`` is refused.
 """
@@ -109,6 +112,13 @@ class DecoderDims:
         unbuilt = spec.unbuilt()
         if unbuilt:
             raise ConfigError(f"{name}: the definition declares {', '.join(unbuilt)}, not built yet")
+        quant = (config.get("quantization_config") or {}).get("quant_method")
+        if quant == "mxfp4" and not gguf:
+            raise ConfigError(
+                f"{name}: HF MXFP4 checkpoints (experts as *_blocks / *_scales) are not read yet; convert it "
+                "with llama.cpp's convert_hf_to_gguf.py (its MXFP4 experts run on the block kernels) or use a "
+                "dequantized (bf16) checkpoint"
+            )
         act = config.get("hidden_activation") or config.get("hidden_act", spec.activations[0])
         if act not in spec.activations:
             raise ConfigError(

@@ -17,6 +17,8 @@ on their MXFP4 blocks); under ``auto`` a request's logits are the same bits alon
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -37,10 +39,11 @@ from gguf import GGMLQuantizationType, RopeScalingType
 from gguf.quants import dequantize, quantize
 from qwen3_harness import build_hf, open_store, save_checkpoint
 
-from metrale_core.errors import ConfigError
+from metrale_core.errors import ConfigError, UnknownArchitecture
 from metrale_core.layers.gguf_linear import GGUFLinear
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugins import load_registry
+from metrale_core.weights.gguf_hf import ARCHITECTURES
 
 VOCAB = 96
 BASE = dict(vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -93,6 +96,18 @@ def test_the_family_is_registered():
     assert reg.find_model_loader({"model_type": "x", "architectures": ["GptOssForCausalLM"]}).name == "gpt-oss"
     assert reg.find_model_loader({"model_type": "gpt-oss", "architectures": []}).name == "gpt-oss"
     assert not reg.model_loaders["gpt-oss"].tensor_parallel
+    with pytest.raises(UnknownArchitecture, match="gpt-oss"):  # the list an unknown GGUF arch gets
+        reg.find_model_loader({"model_type": "mamba", "architectures": []}, gguf_architectures=ARCHITECTURES)
+
+
+def test_an_hf_mxfp4_checkpoint_is_refused_with_the_way_out(tmp_path):
+    hf = _hf(3, CONFIGS["alternating-window-yarn-untied"])
+    path = save_checkpoint(hf, tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"MXFP4 .*convert_hf_to_gguf"):
+        load_family("gpt-oss", open_store(path))
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
