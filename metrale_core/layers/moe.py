@@ -105,7 +105,7 @@ class RowwiseLinear:
     order of sums follows the row count)."""
 
     weight: torch.Tensor
-    #: ``[out]`` added to every row (gpt-oss's router); None: none.
+    #: ``[out]`` added to every row in the activation dtype (gpt-oss's router); None: none.
     bias: torch.Tensor | None = None
 
     @property
@@ -114,8 +114,9 @@ class RowwiseLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        rows = [F.linear(row.to(w.dtype), w, self.bias) for row in x.unbind(0)]
-        return torch.stack(rows).to(x.dtype) if rows else x.new_zeros(0, self.out_features)
+        rows = [F.linear(row.to(w.dtype), w) for row in x.unbind(0)]
+        out = torch.stack(rows).to(x.dtype) if rows else x.new_zeros(0, self.out_features)
+        return out if self.bias is None else out + self.bias.to(x.dtype)
 
 
 @frozen

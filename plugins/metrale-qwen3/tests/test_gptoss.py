@@ -273,3 +273,20 @@ def test_a_request_gives_the_same_bits_alone_and_in_a_batch(tmp_path):
     torch.set_num_threads(2)
     _, model = _gguf_model(tmp_path, "auto")
     assert_same_bits_alone_and_batched(model)
+
+
+@pytest.mark.parametrize("weight_format", ["bf16", "int8", "int4"])
+def test_every_weight_format_builds_the_mxfp4_experts(weight_format, tmp_path):
+    """The experts go through the shared linear layer: each format reads the MXFP4 blocks (one
+    expert at a time) and stays near transformers on their values: the typical row within the
+    format's rounding, the worst within a near-tied routing choice flipped by it (the router's
+    own weights are rounded too)."""
+    torch.set_num_threads(2)
+    hf, model = _gguf_model(tmp_path, weight_format)
+    assert not isinstance(model.weights.layers[1].moe.experts[7].down, GGUFLinear)
+    outputs, rows, _ = engine_rows(model, 2)
+    full = [p + o for p, o in zip(PROMPTS, outputs)]
+    with torch.no_grad():
+        ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
+    errors = sorted(float((row - ref[match_request(full, h)][len(h) - 1]).abs().max()) for h, row in rows)
+    assert errors[len(errors) // 2] <= 0.05 and errors[-1] <= 0.25
