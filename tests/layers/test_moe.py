@@ -153,6 +153,27 @@ def test_expert_slices_are_views_of_the_stacked_bytes_and_dequantize_alone():
         store.get_raw("blk.0.ffn_up_exps.weight[8]")
 
 
+def test_expert_slice_selectors_read_transformers_stacked_layout():
+    """gpt-oss's ``gate_up_proj`` ``[E, D, 2I]`` (gate / up interleaved by column) and its
+    ``[E, 2I]`` bias: ``[e][s::2].T`` is expert e's gate (s=0) or up (s=1) ``[I, D]``, and its bias;
+    the selectors never split a quantized tensor's blocks."""
+    gen = torch.Generator().manual_seed(7)
+    gate_up, bias = torch.randn(E, D, 2 * I, generator=gen), torch.randn(E, 2 * I, generator=gen)
+    store = ExpertSlices(
+        _Store({"gu": RawTensor(gate_up, "F32", (E, D, 2 * I)), "gu_bias": RawTensor(bias, "F32", (E, 2 * I))})
+    )
+    names = LLAMA_NAMES.replace(expert_up=("gu{suffix}[{e}][1::2].T", "unused"))
+    weight, b = names.hf("expert_up", 0, "weight", 2), names.hf("expert_up", 0, "bias", 2)
+    assert (weight, b) == ("gu[2][1::2].T", "gu_bias[2][1::2].T")
+    assert store.shape(weight) == (I, D) and store.shape(b) == (I,)
+    got = store.get(weight, shape=(I, D))
+    assert torch.equal(got, gate_up[2, :, 1::2].T) and got.is_contiguous()
+    assert torch.equal(store.get(b, shape=(I,)), bias[2, 1::2])
+    quantized = ExpertSlices(_Store({"q": _q8_stack(gen, I, D)}))
+    with pytest.raises(Exception, match="cannot be strided or transposed"):
+        quantized.get_raw("q[1][0::2]")
+
+
 def test_rowwise_sigmoid_routing_is_batch_invariant():
     """torch's elementwise sigmoid runs a tensor's tail through its scalar function (other bits):
     ``rowwise`` gives every row the same path whatever the row count."""
