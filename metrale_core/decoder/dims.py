@@ -14,15 +14,19 @@ Invariants:
   ``1 + w``).  ``rotary_dim`` is ``head_dim * partial_rotary_factor`` (top level or in the RoPE
   parameters), even.
 - Biases follow the recipe: ``attention.qkv_bias`` / ``o_bias`` = ``config`` read
-  ``attention_bias``; ``mlp.bias`` = ``config`` reads ``mlp_bias``.
+  ``attention_bias``; ``mlp.bias`` = ``config`` reads ``mlp_bias`` (``always``: biases on every
+  MLP projection, an MoE's router and experts too).
 - An MoE definition reads its experts with ``moe_dims.MoeDims``; ``intermediate_size`` (the dense
   MLP's width) is required only when some layer is dense.
 - A latent-attention definition (``Attention(kind="mla")``) reads ``mla.MlaDims``: then
   ``head_dim`` and ``rotary_dim`` are ``qk_rope_head_dim`` (the RoPE tables' width), every head
   is its own KV head (a llama.cpp file's ``head_count_kv`` 1 is its MQA view of the latent), and
   the softmax scale is ``MlaDims.scale``.
+- A safetensors checkpoint whose ``quantization_config`` says ``mxfp4`` (gpt-oss's ``*_blocks`` /
+  ``*_scales`` experts) is refused with the way out: its GGUF conversion, whose MXFP4 experts run
+  on the block kernels, or a dequantized checkpoint.
 - RoPE: ``rope_parameters`` (transformers >= 5) or ``rope_theta`` / ``rope_scaling``; the kind
-  ``default`` leaves ``rope_scaling`` None.
+  ``default`` leaves ``rope_scaling`` None; a kind outside ``spec.ROPE_KINDS_BUILT`` is refused.
 """
 
 from __future__ import annotations
@@ -115,6 +119,13 @@ class DecoderDims:
         unbuilt = spec.unbuilt()
         if unbuilt:
             raise ConfigError(f"{name}: the definition declares {', '.join(unbuilt)}, not built yet")
+        quant = (config.get("quantization_config") or {}).get("quant_method")
+        if quant == "mxfp4" and not gguf:
+            raise ConfigError(
+                f"{name}: HF MXFP4 checkpoints (experts as *_blocks / *_scales) are not read yet; convert it "
+                "with llama.cpp's convert_hf_to_gguf.py (its MXFP4 experts run on the block kernels) or use a "
+                "dequantized (bf16) checkpoint"
+            )
         act = config.get("hidden_activation") or config.get("hidden_act", spec.activations[0])
         if act not in spec.activations:
             raise ConfigError(
@@ -162,7 +173,7 @@ class DecoderDims:
             qk_norm=attn.qk_norm,
             qkv_bias=attn.qkv_bias == "always" or (attn.qkv_bias == "config" and attention_bias),
             o_bias=attn.o_bias == "config" and attention_bias,
-            mlp_bias=spec.mlp.bias == "config" and bool(config.get("mlp_bias", False)),
+            mlp_bias=spec.mlp.bias == "always" or (spec.mlp.bias == "config" and bool(config.get("mlp_bias", False))),
             eos_token_ids=eos_ids,
             windows=layer_windows(config, spec, layers),
             ropes=layer_ropes(config, spec, layers),

@@ -16,8 +16,9 @@ Invariants:
 - Windows (``dims.windows``) are declared in ``info.kv.windows``, so the core's KV groups keep a
   sliding layer's blocks only while its window sees them; each layer writes and reads through
   its group's tables (``batch.for_group``), planned once per group per forward.  A layer with a
-  window or an attention soft-cap attends through ``windowed_paged_attention``, the others
-  through ``paged_attention``; without windows there is one group and the Llama path.
+  window, an attention soft-cap or attention sinks (``LayerWeights.sinks``) attends through
+  ``windowed_paged_attention``, the others through ``paged_attention``; without windows there is
+  one group and the Llama path.
 - The scalars (``dims``): token embeddings times ``embedding_scale`` (in the activation dtype),
   each branch times ``residual_scale`` before its add, the softmax scale ``attn_scale``, the
   logits divided by ``logits_divisor`` and then soft-capped (``final_softcap``), in float32.
@@ -26,7 +27,8 @@ Invariants:
   is one KV head of ``kv_lora_rank + qk_rope_head_dim`` per token (``info.kv``), its RoPE tables
   are ``qk_rope_head_dim`` wide, and its per-head products run row by row outside ``exact``.
 - A sparse layer's MLP is its ``MoeBlock`` (``metrale_core.layers.moe``: routed experts grouped
-  per expert, the shared expert, the same SwiGLU op), in the same norm placement.
+  per expert, the shared expert, the same SwiGLU op -- or gpt-oss's clamped ``swiglu_oai``, its
+  sigmoid row by row outside ``exact``), in the same norm placement.
 - The model keeps no recurrent state: ``make_state_pool`` returns None and ``state`` is ignored.
 - Ops are built once per model, so the kernel path is chosen once.
 - Under tensor parallelism the model is one rank's shard (``weights.heads`` says which heads):
@@ -35,6 +37,9 @@ Invariants:
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -54,6 +59,7 @@ from metrale_core.layers import (
     windowed_paged_attention,
 )
 from metrale_core.layers.mla import mla_attention
+from metrale_core.layers.moe import swiglu_oai
 from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache
 
 __all__ = ["DecoderLM"]
@@ -97,6 +103,11 @@ class DecoderLM:
         )
         self.ops = DecoderOps(self.device)
         self.act = GeGLU(self.device) if spec.mlp.kind == "geglu" else self.ops.swiglu
+        moe = dims.moe
+        self.expert_act: Callable[[torch.Tensor], torch.Tensor] = self.act
+        if moe is not None and moe.swiglu_alpha is not None and moe.swiglu_limit is not None:
+            rowwise = weights.weight_format != "exact"
+            self.expert_act = partial(swiglu_oai, alpha=moe.swiglu_alpha, limit=moe.swiglu_limit, rowwise=rowwise)
         self.rope = RopeTables(dims, self.device)
         self._scale = dims.attn_scale
         self._rowwise = weights.weight_format != "exact"
@@ -253,10 +264,10 @@ class DecoderLM:
         q, k = self._rotate(q, k, q_norm, k_norm, index, cos, sin)
         kv.write(index, batch.slot_mapping, k, v, kernel=ops.kv_write)
         window = d.windows[index]
-        if window is None and d.attn_softcap is None:
+        if window is None and d.attn_softcap is None and w.sinks is None:
             o = paged_attention(q, kv, index, plan, ops.decode_attention, ops.prefill_attention)
         else:
-            o = windowed_paged_attention(q, kv, index, plan, window=window, softcap=d.attn_softcap)
+            o = windowed_paged_attention(q, kv, index, plan, window=window, softcap=d.attn_softcap, sinks=w.sinks)
         x = self._residual(x, self._norm(w.o_proj(o.reshape(-1, q_size)), w.attn_out_norm))
         return self._mlp(x, w)
 
@@ -267,7 +278,7 @@ class DecoderLM:
         """The layer's MLP half: ``x + out_m(mlp(in_m(x)))``, dense or its experts."""
         h = self._norm(x, w.mlp_norm)
         if w.moe is not None:
-            return self._residual(x, self._norm(w.moe(h, self.act), w.mlp_out_norm))
+            return self._residual(x, self._norm(w.moe(h, self.expert_act), w.mlp_out_norm))
         assert w.gate_up is not None and w.down is not None  # a dense layer
         act = self.act(w.gate_up(h))
         return self._residual(x, self._norm(w.down(act), w.mlp_out_norm))

@@ -5,7 +5,10 @@ Owner: ``metrale_core.decoder``; ``dims.DecoderDims.from_config`` reads it when 
 
 Invariants:
 - The expert count is the config's ``num_experts`` / ``num_local_experts`` / ``n_routed_experts``,
-  top-k its ``num_experts_per_tok``, an expert's width its ``moe_intermediate_size``.
+  top-k its ``num_experts_per_tok``, an expert's width its ``Mlp.expert_width`` key
+  (``moe_intermediate_size``; gpt-oss ``intermediate_size``).
+- ``swiglu_oai`` experts (gpt-oss) read ``swiglu_alpha`` (default 1.702) and ``swiglu_limit``
+  (default 7.0), transformers' defaults; the other activations leave both None.
 - Layer ``i`` is sparse unless it is in ``mlp_only_layers``, below ``first_k_dense_replace``,
   ``(i + 1) % decoder_sparse_step != 0`` (transformers' Qwen2/3-MoE rule) or ``i % moe_layer_freq
   != 0`` (DeepSeek's); the dense layers run the ordinary MLP of width ``intermediate_size``.
@@ -51,7 +54,7 @@ class MoeDims:
     #: Per layer: sparse (True) or the dense MLP.
     sparse: tuple[bool, ...]
     #: ``softmax`` or ``sigmoid`` router scores.
-    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    scoring: Literal["softmax", "sigmoid", "topk_softmax"] = "softmax"
     #: The router has a selection-only correction bias (slot ``router_bias``).
     router_bias: bool = False
     #: Expert groups and how many of them a row may choose from (group-limited top-k).
@@ -61,16 +64,19 @@ class MoeDims:
     group_score: Literal["max", "top2"] = "max"
     #: The routing weights' multiplier (``routed_scaling_factor``).
     scale: float = 1.0
+    #: ``swiglu_oai`` experts: the sigmoid's gain and the clamp (None: the config's activation).
+    swiglu_alpha: float | None = None
+    swiglu_limit: float | None = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], spec: DecoderSpec, num_layers: int) -> MoeDims:
         name, mlp = spec.name, spec.mlp
         experts = _first(config, ("num_experts", "num_local_experts", "n_routed_experts"))
         top_k = config.get("num_experts_per_tok")
-        width = config.get("moe_intermediate_size")
+        width = config.get(mlp.expert_width)
         if not experts or not top_k or not width:
             raise ConfigError(
-                f"{name}: an MoE config needs num_experts, num_experts_per_tok and moe_intermediate_size "
+                f"{name}: an MoE config needs num_experts, num_experts_per_tok and {mlp.expert_width} "
                 f"(got {experts}, {top_k}, {width})"
             )
         if not 0 < int(top_k) <= int(experts):
@@ -93,8 +99,8 @@ class MoeDims:
         )
         normalize = mlp.norm_topk == "always" or (mlp.norm_topk == "config" and bool(config.get("norm_topk_prob")))
         scoring = config.get("scoring_func") or mlp.scoring
-        if scoring not in ("softmax", "sigmoid"):
-            raise ConfigError(f"{name}: scoring_func {scoring!r} is not softmax or sigmoid")
+        if scoring not in ("softmax", "sigmoid", "topk_softmax"):
+            raise ConfigError(f"{name}: scoring_func {scoring!r} is not softmax, sigmoid or topk_softmax")
         method = config.get("topk_method")
         bias = mlp.router_bias or method == "noaux_tc"
         groups, topk_groups = int(config.get("n_group") or 1), int(config.get("topk_group") or 1)
@@ -108,6 +114,10 @@ class MoeDims:
                 f"{name}: {experts} experts in n_group {groups} groups, topk_group {topk_groups}, "
                 f"cannot give {top_k} experts a row"
             )
+        alpha = limit = None
+        if mlp.expert_act == "swiglu_oai":
+            alpha = float(config.get("swiglu_alpha") or 1.702)
+            limit = float(config.get("swiglu_limit") or 7.0)
         return cls(
             int(experts),
             int(top_k),
@@ -121,4 +131,6 @@ class MoeDims:
             topk_groups=topk_groups,
             group_score="top2" if bias else "max",
             scale=float(config.get("routed_scaling_factor") or 1.0),
+            swiglu_alpha=alpha,
+            swiglu_limit=limit,
         )

@@ -16,6 +16,9 @@ Invariants:
 - Shapes are those the config implies (``ShapeMismatch`` naming the tensor otherwise).
 - The router's correction bias (``MoeDims.router_bias``) is read in float32 whatever the
   activation dtype (transformers keeps it a float32 buffer), with the routing's groups and scale.
+- With ``dims.mlp_bias`` (gpt-oss) the router and every expert projection carry their biases
+  (slot ``bias`` of the same names; a GGUF stacks them ``[E, rows]``, served per expert), added
+  by the projection itself (batch-invariant: an elementwise add).
 """
 
 from __future__ import annotations
@@ -32,14 +35,22 @@ from metrale_core.layers.moe import Expert, Groups, MoeBlock, RowwiseLinear
 
 __all__ = ["load_moe"]
 
-#: ``(names, shapes) -> Linear``: the decoder's projection builder (fused along rows, no bias).
-Build = Callable[[list[str], list[tuple[int, int]]], Linear]
-#: ``(name, shape) -> float32 tensor``: a small tensor read as it is (the router's correction bias).
-Get = Callable[[str, tuple[int, ...]], torch.Tensor]
+#: ``(names, shapes, bias) -> Linear``: the decoder's projection builder (fused along rows).
+Build = Callable[[list[str], list[tuple[int, int]], "torch.Tensor | None"], Linear]
+#: ``(name, shape, dtype) -> tensor``: a tensor of the store on the model's device, in ``dtype``
+#: (None: the model's; the router's correction bias is read in float32).
+Get = Callable[[str, tuple[int, ...], "torch.dtype | None"], torch.Tensor]
 
 
 def load_moe(
-    spec: DecoderSpec, dims: DecoderDims, n: Resolver, layer: int, build: Build, get: Get, *, batch_invariant: bool
+    spec: DecoderSpec,
+    dims: DecoderDims,
+    n: Resolver,
+    layer: int,
+    build: Build,
+    get: Get,
+    *,
+    batch_invariant: bool,
 ) -> MoeBlock:
     """Layer ``layer``'s MoE block (``dims.moe`` set); ``batch_invariant``: a dense router or
     shared-expert gate runs one row at a time (every format but ``exact``, whose dense products
@@ -48,15 +59,23 @@ def load_moe(
     assert moe is not None, "load_moe reads a definition with Mlp(kind='moe')"
     D, width, i = dims.hidden_size, moe.intermediate_size, layer
 
+    def bias(slots: tuple[str, ...], sizes: tuple[int, ...], e: int | None = None) -> torch.Tensor | None:
+        if not dims.mlp_bias:
+            return None
+        return torch.cat([get(n(s, i, "bias", e), (size,), None) for s, size in zip(slots, sizes)])
+
     def small(slot: str, rows: int) -> Linear:
-        linear = build([n(slot, i, "weight")], [(rows, D)])
-        if batch_invariant and isinstance(linear, DenseLinear) and linear.bias is None:
-            return RowwiseLinear(linear.weight)
+        linear = build([n(slot, i, "weight")], [(rows, D)], bias((slot,), (rows,)))
+        if batch_invariant and isinstance(linear, DenseLinear):
+            return RowwiseLinear(linear.weight, linear.bias)
         return linear
 
     def expert(slots: tuple[str, str, str], size: int, e: int | None = None) -> Expert:
         gate, up, down = (n(s, i, "weight", e) for s in slots)
-        return Expert(gate_up=build([gate, up], [(size, D), (size, D)]), down=build([down], [(D, size)]))
+        return Expert(
+            gate_up=build([gate, up], [(size, D), (size, D)], bias(slots[:2], (size, size), e)),
+            down=build([down], [(D, size)], bias(slots[2:], (D,), e)),
+        )
 
     experts = tuple(expert(("expert_gate", "expert_up", "expert_down"), width, e) for e in range(moe.num_experts))
     shared = shared_gate = None
@@ -70,7 +89,7 @@ def load_moe(
         top_k=moe.top_k,
         scoring=moe.scoring,
         normalize=moe.normalize,
-        bias=get(n("router_bias", i, "bias"), (moe.num_experts,)) if moe.router_bias else None,
+        bias=get(n("router_bias", i, "bias"), (moe.num_experts,), torch.float32) if moe.router_bias else None,
         shared=shared,
         shared_gate=shared_gate,
         rowwise=batch_invariant,

@@ -38,6 +38,7 @@ LAYER_SLOTS = (
     "o",
     "q_norm",
     "k_norm",
+    "sinks",
     "attn_out_norm",
     "mlp_norm",
     "gate",
@@ -85,7 +86,12 @@ def _table(value: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
 
 def _expert_name(template: str, layer: int | None, kind: str, expert: int | None) -> str:
     """``template`` for ``layer`` (and ``expert``): a template without ``{e}`` is a stacked tensor,
-    whose expert ``e`` is named ``<tensor>[e]`` (``metrale_core.weights.ExpertSlices`` serves it)."""
+    whose expert ``e`` is named ``<tensor>[e]`` (``metrale_core.weights.ExpertSlices`` serves it).
+    A template with ``{suffix}`` names a parameter without the ``.weight`` / ``.bias`` suffix
+    (transformers' ``sinks``, gpt-oss's ``gate_up_proj`` / ``gate_up_proj_bias``): ``{suffix}`` is
+    empty for the weight and ``_bias`` for the bias, and ``{e}`` inside it is the expert."""
+    if "{suffix}" in template:
+        return template.format(i=layer, e=expert, suffix="" if kind == "weight" else f"_{kind}")
     if "{kind}" in template:  # the kind is inside the name (``e_score_correction_bias``)
         name = template.format(i=layer, e=expert, kind=kind)
     else:
@@ -135,6 +141,7 @@ LLAMA_NAMES = WeightNames(
         "o": ("model.layers.{i}.self_attn.o_proj", "blk.{i}.attn_output"),
         "q_norm": ("model.layers.{i}.self_attn.q_norm", "blk.{i}.attn_q_norm"),
         "k_norm": ("model.layers.{i}.self_attn.k_norm", "blk.{i}.attn_k_norm"),
+        "sinks": ("model.layers.{i}.self_attn.sinks{suffix}", "blk.{i}.attn_sinks"),
         # the norm after attention's output (Gemma, OLMo 2); llama's "post_attention_layernorm"
         # is its pre-MLP norm, the next row
         "attn_out_norm": ("model.layers.{i}.post_attention_layernorm", "blk.{i}.post_attention_norm"),

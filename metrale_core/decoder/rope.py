@@ -16,11 +16,12 @@ Invariants:
   ``generate`` whenever the prompt fits the original length (its decode steps switch to the long
   factors at the same position); a prompt longer than that is rotated by position here, where
   transformers rotates the whole prompt with the long factors.
-- ``yarn`` (transformers' ``_compute_yarn_parameters``): the interpolated and extrapolated
-  frequencies blended over the correction range of ``beta_fast`` / ``beta_slow`` (truncated
-  unless ``truncate`` is false), cos and sin times the attention factor (``attention_factor``,
-  else ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` where both are set, else
-  ``mscale(factor)``; ``factor`` null: ``max_position / original``).
+- ``yarn`` (gpt-oss, DeepSeek; transformers' ``_compute_yarn_parameters``): inverse frequencies blended
+  between ``1 / base ** (2j / dim)`` and that divided by ``factor`` by a linear ramp over the
+  correction range of ``beta_fast`` / ``beta_slow`` (default 32 / 1) rotations at
+  ``original_max_position_embeddings`` (floored / ceiled unless ``truncate`` is false, as
+  gpt-oss's config says), cos and sin times ``attention_factor`` (else ``0.1 ln(factor) + 1``, or
+  the ``mscale`` / ``mscale_all_dim`` ratio) in float32 before the cast.
 - Tables are ``[T, rotary_dim]``; ``rotary_dim < head_dim`` rotates only the leading dimensions
   of each head (``partial_rotary_factor``, transformers' ``q[..., :rotary_dim]``).
 """
@@ -44,6 +45,8 @@ class RopeTables:
     def __init__(self, dims: DecoderDims, device: torch.device) -> None:
         scaling = dims.rope_scaling or {}
         self.long: torch.Tensor | None = None
+        #: cos / sin multiplier (longrope's and yarn's attention factor; 1: none).
+        self.attention = 1.0
         if scaling.get("rope_type", scaling.get("type")) == "longrope":
             original = scaling.get("original_max_position_embeddings") or dims.original_max_position
             if not original:
@@ -65,21 +68,18 @@ class RopeTables:
                 attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(self.original))
             self.attention = float(attention)
         elif scaling.get("rope_type", scaling.get("type")) == "yarn":
-            inv_freq, self.yarn_factor = _yarn(dims, scaling)
+            inv_freq, self.attention = _yarn(dims, scaling)
             self.inv_freq = inv_freq.to(device)
         else:
             self.inv_freq = rope_inv_freq(dims.rotary_dim, dims.rope_theta, dims.rope_scaling).to(device)
 
-    yarn_factor: float | None = None
-
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``[T, rotary_dim]`` cos and sin in ``dtype`` for int positions ``[T]``."""
-        if self.yarn_factor is not None:
-            freqs = positions.float()[:, None] * self.inv_freq[None, :]
-            emb = torch.cat((freqs, freqs), dim=-1)
-            return (emb.cos() * self.yarn_factor).to(dtype), (emb.sin() * self.yarn_factor).to(dtype)
-        if self.long is None:
+        if self.long is None and self.attention == 1.0:
             return rope_cos_sin(positions, self.inv_freq, dtype)
+        if self.long is None:
+            cos, sin = rope_cos_sin(positions, self.inv_freq, torch.float32)
+            return (cos * self.attention).to(dtype), (sin * self.attention).to(dtype)
         pos = positions.float()[:, None]
         freqs = torch.where(positions[:, None] >= self.original, pos * self.long[None, :], pos * self.inv_freq[None, :])
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -99,21 +99,21 @@ def _yarn(dims: DecoderDims, scaling: dict) -> tuple[torch.Tensor, float]:
     factor = float(scaling.get("factor") or dims.max_position / original)
     attention = scaling.get("attention_factor")
     if attention is None:
-        mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
-        attention = _mscale(factor, mscale) / _mscale(factor, mscale_all) if mscale and mscale_all else _mscale(factor)
-    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+        mscale, all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = _mscale(factor, mscale) / _mscale(factor, all_dim) if mscale and all_dim else _mscale(factor)
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
 
-    def correction(rotations: float) -> float:
+    def correction_dim(rotations: float) -> float:
         return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
-    low, high = correction(fast), correction(slow)
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
     if scaling.get("truncate", True):
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
-    pos = base ** (torch.arange(0, dim, 2).float() / dim)
     extrapolation = 1 - ramp
-    inv_freq = (1.0 / (factor * pos)) * (1 - extrapolation) + (1.0 / pos) * extrapolation
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
     return inv_freq, float(attention)

@@ -18,11 +18,12 @@ multipliers (:class:`Scalars`), fused ``qkv_proj`` / ``gate_up_proj`` tensors, a
 or sigmoid routing, top-k with optional renormalisation, a shared expert with an optional sigmoid
 gate, DeepSeek's group-limited top-k, ``routed_scaling_factor`` and the selection-only correction
 bias; the sparse layers are the config's ``decoder_sparse_step`` / ``mlp_only_layers`` /
-``first_k_dense_replace`` / ``moe_layer_freq``), and DeepSeek's multi-head latent attention
-(``Attention(kind="mla")``, ``metrale_core.layers.mla``).  What is declared but not built yet --
-attention sinks -- is accepted here and refused at load with a ``ConfigError`` naming the field
-(:meth:`DecoderSpec.unbuilt`).  RoPE kinds: default, linear, llama3, longrope and yarn (with
-DeepSeek's ``mscale`` / ``mscale_all_dim``) are built.
+``first_k_dense_replace`` / ``moe_layer_freq``), DeepSeek's multi-head latent attention
+(``Attention(kind="mla")``, ``metrale_core.layers.mla``), gpt-oss's learned attention sinks, its
+top-k-then-softmax router with a bias, biased experts and clamped SwiGLU
+(``Mlp.expert_act="swiglu_oai"``).  A field declared but not built is refused at load with a
+``ConfigError`` naming it (:meth:`DecoderSpec.unbuilt`).  RoPE kinds: default, linear, llama3,
+longrope and yarn (with DeepSeek's ``mscale`` / ``mscale_all_dim``) are built.
 
 A :data:`Scalar` is off (None), a constant, or read from the config: ``"key"`` (the key's value;
 absent or null: off) or ``"key**p"`` (its power ``p``: Gemma's ``"hidden_size**0.5"``).
@@ -97,7 +98,8 @@ class Attention:
     qkv_bias: Literal["config", "always", "never"] = "config"
     #: o_proj bias: ``config`` (``attention_bias``) or ``never`` (Qwen2).
     o_bias: Literal["config", "never"] = "config"
-    #: Learned per-head attention sinks (gpt-oss).  Not built yet.
+    #: A learned per-head sink logit joins each softmax's denominator (no value; gpt-oss, slot
+    #: ``sinks``); such layers attend through ``windowed_paged_attention``.
     sinks: bool = False
     #: Attention-logit soft-cap, ``cap * tanh(scores / cap)`` (a :data:`Scalar`; Gemma 2).
     softcap: Scalar = None
@@ -115,8 +117,9 @@ class Mlp:
     #: ``swiglu`` (silu gate), ``geglu`` (tanh-gelu gate) or ``moe`` (routed experts, each a
     #: gated MLP with the config's activation, in the sparse layers; the others are ``swiglu``).
     kind: Literal["swiglu", "geglu", "moe"] = "swiglu"
-    #: Biases on gate/up/down: ``config`` (the config's ``mlp_bias``) or ``never``.
-    bias: Literal["config", "never"] = "config"
+    #: Biases on gate/up/down (and an MoE router): ``config`` (the config's ``mlp_bias``),
+    #: ``always`` (gpt-oss) or ``never``.
+    bias: Literal["config", "always", "never"] = "config"
     #: The checkpoint stores ``gate_up_proj`` as one tensor ``[gate; up]`` (Phi-3; slot ``gate_up``).
     fused_gate_up: bool = False
     #: MoE: a shared expert beside the routed ones (size ``shared_expert_intermediate_size``, or
@@ -124,15 +127,22 @@ class Mlp:
     shared_experts: bool = False
     #: MoE: the shared expert's output times ``sigmoid(shared_expert_gate(x))`` (Qwen2-MoE).
     shared_gate: bool = False
-    #: MoE: router scores, ``softmax`` over the experts or ``sigmoid`` of each (a config's
-    #: ``scoring_func`` overrides it).
-    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    #: MoE: router scores, ``softmax`` over the experts, ``sigmoid`` of each, or ``topk_softmax``
+    #: (the top-k logits chosen first, softmax over those k: gpt-oss); a config's
+    #: ``scoring_func`` overrides it.
+    scoring: Literal["softmax", "sigmoid", "topk_softmax"] = "softmax"
     #: MoE: the top-k weights divided by their sum: ``config`` (``norm_topk_prob``), ``always``, ``never``.
     norm_topk: Literal["config", "always", "never"] = "config"
     #: MoE: a selection-only correction bias on the scores (DeepSeek-V3's ``e_score_correction_bias``,
     #: slot ``router_bias``): True always; also read wherever the config's ``topk_method`` is
     #: ``noaux_tc`` (``moe_dims``).
     router_bias: bool = False
+    #: MoE: the config key of one routed expert's width (gpt-oss: ``intermediate_size``).
+    expert_width: str = "moe_intermediate_size"
+    #: MoE: the experts' activation: ``config`` (the gated MLP of the config's ``hidden_act``) or
+    #: ``swiglu_oai`` (gpt-oss: gate clamped above at ``swiglu_limit``, up at +-limit,
+    #: ``(up + 1) * gate * sigmoid(swiglu_alpha * gate)``).
+    expert_act: Literal["config", "swiglu_oai"] = "config"
 
 
 @frozen
@@ -199,8 +209,8 @@ class DecoderSpec:
         """The declared fields the builder does not build yet (empty: this family loads)."""
         a, m = self.attention, self.mlp
         checks = [
-            (a.sinks, "attention.sinks"),
             (a.kind == "mla" and a.fused_qkv, "attention.fused_qkv with attention.kind='mla'"),
+            (a.kind == "mla" and a.sinks, "attention.sinks with attention.kind='mla'"),
             (m.kind != "moe" and (m.shared_experts or m.shared_gate), "mlp.shared_experts without mlp.kind='moe'"),
         ]
         return [what for declared, what in checks if declared]
@@ -210,6 +220,8 @@ class DecoderSpec:
         """Why this family cannot be sharded ('' when it can)."""
         if self.attention.kind == "mla":
             return f"{self.name}: its latent attention is not sharded between ranks yet"
+        if self.attention.sinks:
+            return f"{self.name}: its attention sinks are not split between ranks yet"
         if self.attention.qk_norm == "proj":
             return (
                 f"{self.name}: the QK-norm over the whole projection needs every head's values "

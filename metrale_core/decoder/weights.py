@@ -17,7 +17,9 @@ Invariants:
   :func:`shard_plan`, so every projection is read as this rank's rows (q/k/v, gate/up, the
   vocabulary of the embedding and head) or columns (o_proj, down_proj) in any weight format; the
   row-parallel projections sum over the ranks (``RowParallelLinear``, their bias added once).
-- A norm slot the recipe does not use is None in :class:`LayerWeights` and never read.
+- A norm slot the recipe does not use is None in :class:`LayerWeights` and never read; so are the
+  attention sinks (slot ``sinks``, ``[heads]``, read as float32-exact values in the model dtype)
+  of a recipe without ``Attention.sinks``.
 - A latent-attention layer (``dims.mla``) has ``mla`` (``mla.load_mla``) and no ``qkv``; its
   ``o_proj`` reads ``H * v_head_dim`` columns.
 - A sparse layer (``dims.moe.sparse``) has ``moe`` (``moe_weights.load_moe``) and no dense
@@ -80,6 +82,8 @@ class LayerWeights:
     moe: MoeBlock | None = None
     #: A latent-attention layer's projections (None in a GQA layer).
     mla: MlaWeights | None = None
+    #: ``[heads]`` learned attention-sink logits (``Attention.sinks``; None: none).
+    sinks: torch.Tensor | None = None
 
     @property
     def qkv_bias(self) -> torch.Tensor | None:
@@ -162,9 +166,6 @@ def load_weights(
     def get(slot: str, i: int | None, shape: tuple[int, ...], kind: str = "weight") -> torch.Tensor:
         return store.get(n(slot, i, kind), dtype=dtype, shape=shape).to(device)
 
-    def raw_f32(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        return store.get(name, dtype=torch.float32, shape=shape).to(device)
-
     def maybe(slot: str, i: int | None, shape: tuple[int, ...], present: bool, kind: str = "weight") -> Any:
         return get(slot, i, shape, kind) if present else None
 
@@ -184,10 +185,13 @@ def load_weights(
     if spec.mlp.fused_gate_up:
         mlp_slots, mlp_shapes = ["gate_up"], [(2 * inter, D)]
 
-    def built(names: list[str], shapes: list[tuple[int, int]]) -> Linear:
+    def built(names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None) -> Linear:
         """An MoE projection: not recorded for LoRA (an expert sees a subset of the batch's rows,
         which the LoRA row map does not follow), so an adapter never wraps one."""
-        return build_unrecorded(store, names, shapes, weight_format, dtype, device, None)
+        return build_unrecorded(store, names, shapes, weight_format, dtype, device, bias)
+
+    def tensor(name: str, shape: tuple[int, ...], as_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return store.get(name, dtype=as_dtype or dtype, shape=shape).to(device)
 
     mla = dims.mla
     o_in = q_out if mla is None else mla.shape.heads * mla.shape.value
@@ -209,10 +213,11 @@ def load_weights(
                 if sparse
                 else row_parallel("down", i, (D, inter), maybe("down", i, (D,), dims.mlp_bias, "bias")),
                 mlp_out_norm=maybe("mlp_out_norm", i, (D,), norms.post_mlp),
-                moe=load_moe(spec, dims, n, i, built, raw_f32, batch_invariant=weight_format != "exact")
+                moe=load_moe(spec, dims, n, i, built, tensor, batch_invariant=weight_format != "exact")
                 if sparse
                 else None,
                 mla=None if mla is None else load_mla(mla, D, i, store, n, linear, get),
+                sinks=maybe("sinks", i, (dims.num_heads,), spec.attention.sinks),
             )
         )
     embed_name, head_name = n("embed", None, "weight"), n("head", None, "weight")

@@ -6,7 +6,8 @@ Owner: ``metrale_core.layers``; ``linear.build_linear`` (format ``auto``) builds
 
 Every supported GGML type is, per output channel and sub-block of ``S`` (32 or 16) weights,
 ``W = d * q + m`` with small integer codes ``q`` and float32 ``d``/``m`` that are *exact*
-products of the file's fp16 scales and its sub-block scales (:func:`decode`).  The C kernel
+products of the file's fp16 scales and its sub-block scales (:func:`decode`; MXFP4's scale is
+its E8M0 byte, ``2^(e - 128)`` times codes that are the e2m1 values doubled, as llama.cpp's).  The C kernel
 (``kernels/cpu/gguf_qmatmul.c``, AVX2 and AVX512-VNNI, the same bits; the file header has the
 record layout) multiplies by those codes with activations quantized per block of 32, to 15 bits
 (``255 * hi + lo``, two int8 dot products: twice llama.cpp's integer work, the same weight bytes)
@@ -15,7 +16,8 @@ chooses by measuring both (``metrale_core.activation_probe``): int8 flips near-t
 choices on some models, e.g. the embedded SmolLM2's answer to "What is the capital of France?".
 (llama.cpp quantizes activations per 256 for K-quants; per 32 is finer.)  Q2_K and Q3_K have no
 kernel of their own: their codes (2-3 bits, scales per 16) are repacked into the 8-bit, per-16
-kind, exactly but at 1.25-1.5 bytes per weight instead of 0.33-0.43 (logged as a WARNING).
+kind, exactly but at 1.25-1.5 bytes per weight instead of 0.33-0.43 (logged as a WARNING); so are
+MXFP4's (e2m1 codes, not affine: 1.125 bytes per weight instead of 0.53, also logged).
 
 Where the C kernel does not run (no AVX2, no compiler, ``METRALE_KERNELS=native``) the same
 codes are multiplied by torch (:func:`fallback_matmul`): exact integer dot products per
@@ -99,10 +101,13 @@ GGUF_KINDS: dict[str, tuple[int, int, int]] = {
     "Q3_K": (K_S8_16, 256, 110),
     "IQ4_NL": (K_S8_32, 32, 18),
     "IQ4_XS": (K_S8_32, 256, 136),
+    "MXFP4": (K_S8_32, 32, 17),
 }
 #: Types repacked into a wider kind than their own bits (WARNING at load, with the memory cost).
-_WIDENED = {"Q2_K": 84 / 256, "Q3_K": 110 / 256}
+_WIDENED = {"Q2_K": 84 / 256, "Q3_K": 110 / 256, "MXFP4": 17 / 32}
 _IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+#: MXFP4's e2m1 values doubled (llama.cpp's ``kvalues_mxfp4``): code ``c`` is ``_MXFP4_VALUES[c] / 2``.
+_MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
 
 
 def kind_of(quant_type: str) -> int | None:
@@ -163,6 +168,9 @@ def decode(blocks: np.ndarray, quant_type: str) -> tuple[int, np.ndarray, np.nda
     elif quant_type == "Q8_0":
         d = _f16(b[..., 0:2])
         q = b[..., 2:34].view(np.int8)
+    elif quant_type == "MXFP4":  # E8M0 byte e, 16 B of e2m1 nibbles: 2^(e-128) * doubled value
+        d = np.ldexp(np.float32(1.0), b[..., 0].astype(np.int32) - 128).astype(np.float32)
+        q = _MXFP4_VALUES[_nibbles(b[..., 1:17])]
     elif quant_type in ("Q4_K", "Q5_K"):
         dd, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
         sc, mn = _k_scales(b[..., 4:16])

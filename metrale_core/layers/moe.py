@@ -11,6 +11,7 @@ The block computes, per row ``x``::
               (a group ranked by its best choice, or by its two best summed: ``group_score``)
     ids     = top_k(choice)
     w       = scores[ids]  (divided by their sum with ``normalize``), times ``scale``
+              or, ``topk_softmax`` (gpt-oss): ids = top_k(router(x)), w = softmax(router(x)[ids])
     routed  = sum_j  w_j * down_e(act(gate_up_e(x))),   e = ids_j, j = 0 .. k-1 in top-k order
     shared  = down_s(act(gate_up_s(x))) (times sigmoid(shared_gate(x)) where there is one)
     y       = routed + shared
@@ -30,6 +31,8 @@ Invariants:
 - No expert is copied or dequantized here; only the rows routed to an expert reach it.
 - Routing runs in float32 whatever the activation dtype (as transformers), the weights are cast
   back to the activation dtype before they scale the expert outputs.
+- :func:`swiglu_oai` is gpt-oss's clamped SwiGLU over the fused ``[gate; up]`` halves (the loader
+  de-interleaves HF's ``gate_up_proj`` columns); its sigmoid runs row by row with ``rowwise``.
 """
 
 from __future__ import annotations
@@ -41,9 +44,9 @@ import torch
 import torch.nn.functional as F
 from attrs import frozen
 
-__all__ = ["Expert", "Groups", "MoeBlock", "RowwiseLinear", "grouped_experts", "route", "sigmoid"]
+__all__ = ["Expert", "Groups", "MoeBlock", "RowwiseLinear", "grouped_experts", "route", "sigmoid", "swiglu_oai"]
 
-Scoring = Literal["softmax", "sigmoid"]
+Scoring = Literal["softmax", "sigmoid", "topk_softmax"]
 GroupScore = Literal["max", "top2"]
 
 
@@ -76,6 +79,16 @@ def _limit_groups(choice: torch.Tensor, groups: Groups) -> torch.Tensor:
     return grouped.masked_fill(~keep[:, :, None], float("-inf")).view(rows, experts)
 
 
+def swiglu_oai(x: torch.Tensor, alpha: float, limit: float, rowwise: bool = False) -> torch.Tensor:
+    """gpt-oss's SwiGLU of the fused ``[gate; up]`` ``[T, 2I]`` -> ``[T, I]``: gate clamped above at
+    ``limit``, up to ``[-limit, limit]``, ``(up + 1) * gate * sigmoid(alpha * gate)``
+    (transformers' ``GptOssExperts._apply_gate``, op for op)."""
+    gate, up = x.chunk(2, dim=-1)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * sigmoid(gate * alpha, rowwise))
+
+
 def route(
     logits: torch.Tensor,
     top_k: int,
@@ -87,16 +100,21 @@ def route(
     scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Routing of router ``logits`` ``[T, E]``: weights ``[T, k]`` (float32) and expert ids
-    ``[T, k]``, best first.  ``bias`` ``[E]`` is added to the scores for the choice only (the
-    weights are the unbiased scores, DeepSeek-V3's correction bias); ``groups`` limits the choice
-    to the best groups; the weights are multiplied by ``scale`` last; ``rowwise``: sigmoid scores
-    row by row (:func:`sigmoid`; softmax, top-k and the renormalisation are per row already)."""
+    ``[T, k]``, best first (``topk_softmax``: softmax over the top-k logits).  ``bias`` ``[E]`` is
+    added to the scores for the choice only (the weights are the unbiased scores, DeepSeek-V3's
+    correction bias); ``groups`` limits the choice to the best groups; the weights are multiplied
+    by ``scale`` last; ``rowwise``: sigmoid scores row by row (:func:`sigmoid`; softmax, top-k and
+    the renormalisation are per row already)."""
+    if scoring == "topk_softmax":
+        top, ids = torch.topk(logits.float(), top_k, dim=-1)
+        weights = torch.softmax(top, dim=-1)
+        return (weights * scale if scale != 1.0 else weights), ids
     if scoring == "softmax":
         scores = torch.softmax(logits.float(), dim=-1)
     elif scoring == "sigmoid":
         scores = sigmoid(logits.float(), rowwise)
     else:
-        raise ValueError(f"unknown router scoring {scoring!r} (softmax or sigmoid)")
+        raise ValueError(f"unknown router scoring {scoring!r} (softmax, sigmoid or topk_softmax)")
     if bias is None and (groups is None or groups.count == 1):
         weights, ids = torch.topk(scores, top_k, dim=-1)
     else:
@@ -120,19 +138,18 @@ class RowwiseLinear:
     order of sums follows the row count)."""
 
     weight: torch.Tensor
+    #: ``[out]`` added to every row in the activation dtype (gpt-oss's router); None: none.
+    bias: torch.Tensor | None = None
 
     @property
     def out_features(self) -> int:
         return int(self.weight.shape[0])
 
-    @property
-    def bias(self) -> None:
-        return None
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         rows = [F.linear(row.to(w.dtype), w) for row in x.unbind(0)]
-        return torch.stack(rows).to(x.dtype) if rows else x.new_zeros(0, self.out_features)
+        out = torch.stack(rows).to(x.dtype) if rows else x.new_zeros(0, self.out_features)
+        return out if self.bias is None else out + self.bias.to(x.dtype)
 
 
 @frozen

@@ -1,8 +1,9 @@
-"""Paged attention with a sliding window and/or logit soft-capping (torch path).
+"""Paged attention with a sliding window, logit soft-capping and/or attention sinks (torch path).
 
 Owner: ``metrale_core.layers``.  Models call :func:`windowed_paged_attention` for the layers that
-declare a window (Gemma 2/3 "sliding_attention" layers, Mistral-style models) or a soft-cap; the
-other layers keep :func:`metrale_core.layers.attention.paged_attention` and its kernels.
+declare a window (Gemma 2/3 "sliding_attention" layers, Mistral-style models), a soft-cap or
+sinks (gpt-oss, windowed or not); the other layers keep
+:func:`metrale_core.layers.attention.paged_attention` and its kernels.
 
 Invariants:
 - A row at absolute position ``p`` of a layer with window ``w`` attends to the cached positions
@@ -13,6 +14,11 @@ Invariants:
   window are never touched: the block manager may recycle them.
 - K/V are read through ``PagedKVCache.gather`` (every codec, FP8 included); softmax runs in
   float32; soft-capping is ``cap * tanh(scores / cap)`` before the mask (Gemma 2).
+- Sinks (``[Hq]`` logits, gpt-oss): each query head's softmax runs over its visible scores and
+  its sink logit, and the sink's probability is dropped (no value): ``out = sum_l p_l v_l`` with
+  ``p = softmax([scores, sink])[:-1]``, transformers' ``eager_attention_forward``.  With sinks
+  every row is attended on its own -- a decode row reads only its own blocks -- so a row's result
+  is the same bits alone and in any batch.
 - The same :class:`~metrale_core.layers.attention.AttentionPlan` as ``paged_attention`` drives
   it, so a layer's choice between the two costs nothing per step.
 """
@@ -29,19 +35,31 @@ __all__ = ["attend_masked", "windowed_paged_attention"]
 
 
 def attend_masked(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``q`` ``[B, Hq, n, d]`` over ``k``/``v`` ``[B, Hk, L, d]`` where bool ``mask`` ``[B, 1, n, L]``
-    (GQA: KV head ``j`` serves query heads ``[j*G, (j+1)*G)``); returns ``[B, Hq, n, d]``."""
+    (GQA: KV head ``j`` serves query heads ``[j*G, (j+1)*G)``); returns ``[B, Hq, n, d]``.
+    ``sinks`` ``[Hq]``: a sink logit in each head's softmax (module docstring)."""
     bsz, hq, n, d = q.shape
     hk = k.shape[1]
-    if softcap is None:
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     q5 = q.float().view(bsz, hk, hq // hk, n, d)
     scores = torch.einsum("bhgnd,bhld->bhgnl", q5, k.float()) * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores.masked_fill_(~mask[:, :, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        sink = sinks.float().view(1, hk, hq // hk, 1, 1).expand(bsz, -1, -1, n, 1)
+        probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
     out = torch.einsum("bhgnl,bhld->bhgnd", probs, v.float())
     return out.reshape(bsz, hq, n, d).to(q.dtype)
 
@@ -56,8 +74,16 @@ def _decode(
     window: int | None,
     scale: float,
     softcap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Decode rows ``q`` ``[B, Hq, d]``: row ``b`` sits at position ``context[b] - 1``."""
+    """Decode rows ``q`` ``[B, Hq, d]``: row ``b`` sits at position ``context[b] - 1``; with
+    ``sinks`` each row on its own (one segment of one row: batch-invariant)."""
+    if sinks is not None:
+        rows = [
+            _segment(q[b : b + 1], kv, layer, tables[b], int(c), window, scale, softcap, sinks)
+            for b, c in enumerate(context.tolist())
+        ]
+        return torch.cat(rows) if rows else q.new_empty(q.shape)
     bs = kv.block_size
     if window is None:
         span, lo = max_context, torch.zeros_like(context)
@@ -82,6 +108,7 @@ def _segment(
     window: int | None,
     scale: float,
     softcap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rows ``q`` ``[n, Hq, d]`` of one sequence, the last ``n`` of its ``context_len`` positions."""
     n, bs = q.shape[0], kv.block_size
@@ -101,6 +128,7 @@ def _segment(
         allowed[None, None],
         scale,
         softcap,
+        sinks,
     )
     return out[0].transpose(0, 1)
 
@@ -113,13 +141,15 @@ def windowed_paged_attention(
     *,
     window: int | None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attend every row of ``q`` ``[T, Hq, d]`` over ``layer`` of ``kv`` within ``window``
-    positions (None: unbounded), scores soft-capped at ``softcap`` (None: not capped)."""
+    positions (None: unbounded), scores soft-capped at ``softcap`` (None: not capped), with the
+    per-head sink logits ``sinks`` ``[Hq]`` in every softmax (None: no sinks)."""
     if window is not None and window < 1:
         raise ValueError(f"an attention window must be >= 1 position, not {window}")
     if plan.pure_decode:
-        return _decode(q, kv, layer, *plan.decode_inputs(), plan.decode_max_context, window, plan.scale, softcap)
+        return _decode(q, kv, layer, *plan.decode_inputs(), plan.decode_max_context, window, plan.scale, softcap, sinks)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if plan.decode_rows is not None:
         out[plan.decode_rows] = _decode(
@@ -131,9 +161,10 @@ def windowed_paged_attention(
             window,
             plan.scale,
             softcap,
+            sinks,
         )
     for start, end, seq, context_len in plan.multi_row:
         out[start:end] = _segment(
-            q[start:end], kv, layer, plan.block_tables[seq], context_len, window, plan.scale, softcap
+            q[start:end], kv, layer, plan.block_tables[seq], context_len, window, plan.scale, softcap, sinks
         )
     return out

@@ -21,6 +21,11 @@ Invariants:
   layers, the shared experts, ``expert_weights_scale`` / ``_norm``, the expert groups, the
   gating function (2: sigmoid, with the ``exp_probs_b`` bias: ``topk_method`` ``noaux_tc``),
   and YaRN's ``yarn_log_multiplier`` as ``mscale`` = ``mscale_all_dim`` (llama.cpp's reading).
+- gpt-oss (llama.cpp's ``GptOssModel``): the window is ``attention.sliding_window`` (every second
+  layer slides, from layer 0, as llama.cpp's ``swa_pattern`` 2), the expert width
+  ``expert_feed_forward_length`` is gpt-oss's ``intermediate_size``, and a YaRN ``rope_scaling``
+  gets ``rope.scaling.yarn_beta_fast`` / ``yarn_beta_slow`` and ``truncate`` (llama.cpp floors
+  and ceils the correction range, ``ggml_rope_yarn_corr_dims``).
 - :data:`CONFIG_TENSORS` are the only tensors read while a config is made (1-D, a few floats each);
   they stay names of the store as well.
 """
@@ -57,6 +62,12 @@ _ARCH_KEYS = {
         "final_logit_softcapping": "final_logit_softcapping",
     },
     "qwen3moe": _MOE_KEYS,
+    "gpt-oss": {
+        "num_experts": "expert_count",
+        "num_experts_per_tok": "expert_used_count",
+        "intermediate_size": "expert_feed_forward_length",
+        "sliding_window": "attention.sliding_window",
+    },
     "qwen2moe": {**_MOE_KEYS, "shared_expert_intermediate_size": "expert_shared_feed_forward_length"},
     "deepseek2": {
         **_MOE_KEYS,
@@ -93,6 +104,13 @@ def arch_config(
         )
     if arch == "phi3":
         _phi3(scalars, tensors, config)
+    scaling = config.get("rope_scaling")
+    if arch == "gpt-oss" and scaling and scaling.get("rope_type") == "yarn":
+        for hf_key in ("beta_fast", "beta_slow"):
+            value = scalars.get(f"{arch}.rope.scaling.yarn_{hf_key}")
+            if value is not None:
+                scaling[hf_key] = float(value)
+        scaling["truncate"] = True
     if arch == "deepseek2":
         _deepseek2(scalars, config)
 

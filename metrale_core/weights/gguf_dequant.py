@@ -3,9 +3,9 @@
 Owner: the GGUF weight store (``gguf_store``) and any later fused-kernel code that needs a
 reference dequantization.
 
-Our own vectorised numpy code covers F32, F16, BF16, Q8_0, Q4_0 and Q4_1 (the types of the
-SmolLM2 file and of most small llama.cpp conversions).  Every other type the ``gguf`` package
-knows (Q4_K, Q6_K, Q5_0, ...) goes through ``gguf.quants.dequantize``.
+Our own vectorised numpy code covers F32, F16, BF16, Q8_0, Q4_0, Q4_1 (the types of the
+SmolLM2 file and of most small llama.cpp conversions) and MXFP4 (gpt-oss's experts).  Every
+other type the ``gguf`` package knows (Q4_K, Q6_K, Q5_0, ...) goes through ``gguf.quants.dequantize``.
 
 Invariants:
 - ``dequantize`` never loops over blocks in Python and never writes into ``raw``; it returns a new,
@@ -14,6 +14,9 @@ Invariants:
   Q8_0 = f16 d, 32 x int8 q            -> d*q
   Q4_0 = f16 d, 16 B nibbles           -> d*(q-8)
   Q4_1 = f16 d, f16 m, 16 B nibbles    -> d*q + m
+  MXFP4 = u8 e (E8M0), 16 B nibbles     -> 2^(e-127) * e2m1(q)   (e2m1: sign bit 3, then
+          2 exponent bits and 1 mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6; OCP MX v1.0),
+          computed as llama.cpp does, 2^(e-128) * 2 e2m1(q), so e = 255 is 2^128 (not NaN)
   where byte j holds element j in its low nibble and element j+16 in its high nibble.
 """
 
@@ -29,7 +32,7 @@ from gguf import quants as gguf_quants
 __all__ = ["NATIVE_TYPES", "dequantize", "qtype_of", "tensor_nbytes"]
 
 #: Types decoded by our own code (everything else falls back to ``gguf.quants``).
-NATIVE_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"})
+NATIVE_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "MXFP4"})
 
 
 def qtype_of(qtype: str | int | GGMLQuantizationType) -> GGMLQuantizationType:
@@ -126,5 +129,25 @@ def _q4_1(buf: np.ndarray) -> np.ndarray:
     return out
 
 
-_DECODERS = {"F32": _f32, "F16": _f16, "BF16": _bf16, "Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1}
+#: e2m1 codes 0..15 doubled (integers, so the products below are exact until the scale is applied).
+_E2M1_DOUBLED = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
+
+
+def _mxfp4(buf: np.ndarray) -> np.ndarray:
+    blocks = _blocks(buf, 17)
+    out = _E2M1_DOUBLED[_nibbles(blocks[:, 1:]).astype(np.uint8)]
+    with np.errstate(over="ignore"):  # e = 255 times 1.5 or more: inf, as llama.cpp's float32
+        out *= np.ldexp(np.float32(1.0), blocks[:, :1].astype(np.int32) - 128).astype(np.float32)
+    return out
+
+
+_DECODERS = {
+    "F32": _f32,
+    "F16": _f16,
+    "BF16": _bf16,
+    "Q8_0": _q8_0,
+    "Q4_0": _q4_0,
+    "Q4_1": _q4_1,
+    "MXFP4": _mxfp4,
+}
 assert set(_DECODERS) == NATIVE_TYPES

@@ -58,6 +58,7 @@ ARCHITECTURES = {
     "qwen3moe": "Qwen3MoeForCausalLM",  # experts stacked in ffn_*_exps, read per expert (ExpertSlices)
     "qwen2moe": "Qwen2MoeForCausalLM",  # ... and a shared expert, ffn_*_shexp / ffn_gate_inp_shexp
     "deepseek2": "DeepseekV2ForCausalLM",  # latent attention and DeepSeek routing from gguf_arch
+    "gpt-oss": "GptOssForCausalLM",  # sinks, windows, yarn from gguf_arch; MXFP4 experts in ffn_*_exps
 }
 #: llama.cpp's converters that permute Q/K rows (``LlamaModel`` and its subclasses).
 PERMUTED_ARCHS = frozenset({"llama", "granite", "smollm3"})

@@ -54,8 +54,8 @@ def test_the_defaults_are_llama_and_the_loader_spec_follows_the_definition():
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        (dict(attention=Attention(sinks=True)), "attention.sinks"),
         (dict(attention=Attention(kind="mla", fused_qkv=True)), "attention.fused_qkv with attention.kind='mla'"),
+        (dict(attention=Attention(kind="mla", sinks=True)), "attention.sinks with attention.kind='mla'"),
         (dict(mlp=Mlp(shared_experts=True)), "mlp.shared_experts without mlp.kind='moe'"),
     ],
 )
@@ -72,7 +72,7 @@ def test_every_declared_rope_kind_is_built_and_another_is_refused_by_name():
     assert ROPE_KINDS_BUILT == ROPE_KINDS
     spec = DecoderSpec("mini", "MiniForCausalLM")
     config = {**CONFIG, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}
-    with pytest.raises(ConfigError, match="rope type 'dynamic'"):
+    with pytest.raises(ConfigError, match="rope type 'dynamic' is not built"):
         spec.load(SimpleNamespace(config=config), LoadOptions())
 
 

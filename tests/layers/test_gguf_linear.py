@@ -41,7 +41,10 @@ def encode(quant_type: str, n: int, k: int, rng: np.random.Generator) -> np.ndar
         "Q3_K": [108],
         "IQ4_NL": [0],
         "IQ4_XS": [0],
+        "MXFP4": [],  # its scale is one E8M0 byte: set below
     }
+    if quant_type == "MXFP4":  # 2^-10 .. 2^-4 (the spec's extremes: test_mxfp4)
+        blocks[..., 0] = rng.integers(118, 124, size=blocks.shape[:2], dtype=np.uint8)
     for off in fields[quant_type]:
         scale = rng.uniform(0.2, 1.0, size=blocks.shape[:2]) * rng.choice([1e-3, 1e-2], size=blocks.shape[:2])
         blocks[..., off : off + 2] = scale.astype("<f2")[..., None].view(np.uint8)

@@ -18,7 +18,7 @@ from gguf.quants import dequantize, quantize
 from metrale_core.decoder.names import LLAMA_NAMES
 from metrale_core.layers import gguf_linear as gl
 from metrale_core.layers.linear import DenseLinear
-from metrale_core.layers.moe import Expert, Groups, MoeBlock, RowwiseLinear, grouped_experts, route
+from metrale_core.layers.moe import Expert, Groups, MoeBlock, RowwiseLinear, grouped_experts, route, swiglu_oai
 from metrale_core.layers.ops import SwiGLU
 from metrale_core.weights import ExpertSlices, RawTensor
 
@@ -196,6 +196,27 @@ def test_expert_slices_are_views_of_the_stacked_bytes_and_dequantize_alone():
         store.get_raw("blk.0.ffn_up_exps.weight[8]")
 
 
+def test_expert_slice_selectors_read_transformers_stacked_layout():
+    """gpt-oss's ``gate_up_proj`` ``[E, D, 2I]`` (gate / up interleaved by column) and its
+    ``[E, 2I]`` bias: ``[e][s::2].T`` is expert e's gate (s=0) or up (s=1) ``[I, D]``, and its bias;
+    the selectors never split a quantized tensor's blocks."""
+    gen = torch.Generator().manual_seed(7)
+    gate_up, bias = torch.randn(E, D, 2 * I, generator=gen), torch.randn(E, 2 * I, generator=gen)
+    store = ExpertSlices(
+        _Store({"gu": RawTensor(gate_up, "F32", (E, D, 2 * I)), "gu_bias": RawTensor(bias, "F32", (E, 2 * I))})
+    )
+    names = LLAMA_NAMES.replace(expert_up=("gu{suffix}[{e}][1::2].T", "unused"))
+    weight, b = names.hf("expert_up", 0, "weight", 2), names.hf("expert_up", 0, "bias", 2)
+    assert (weight, b) == ("gu[2][1::2].T", "gu_bias[2][1::2].T")
+    assert store.shape(weight) == (I, D) and store.shape(b) == (I,)
+    got = store.get(weight, shape=(I, D))
+    assert torch.equal(got, gate_up[2, :, 1::2].T) and got.is_contiguous()
+    assert torch.equal(store.get(b, shape=(I,)), bias[2, 1::2])
+    quantized = ExpertSlices(_Store({"q": _q8_stack(gen, I, D)}))
+    with pytest.raises(Exception, match="cannot be strided or transposed"):
+        quantized.get_raw("q[1][0::2]")
+
+
 def test_rowwise_sigmoid_routing_is_batch_invariant():
     """torch's elementwise sigmoid runs a tensor's tail through its scalar function (other bits):
     ``rowwise`` gives every row the same path whatever the row count."""
@@ -237,3 +258,30 @@ def test_a_row_s_result_is_the_same_bits_alone_and_in_any_batch():
     for rows in (2, 7, 33):
         assert torch.equal(block(x[:rows], swiglu), alone[:rows])
     assert torch.equal(block(x.flip(0), swiglu).flip(0), alone)
+
+
+def test_topk_softmax_routing_is_gpt_oss_router():
+    """gpt-oss: the top-k logits chosen, then softmax over those k (transformers' GptOssTopKRouter)."""
+    logits = torch.randn(5, 8, generator=torch.Generator().manual_seed(4))
+    w, ids = route(logits, 3, scoring="topk_softmax")
+    top, want_ids = torch.topk(logits, 3, dim=-1)
+    assert torch.equal(ids, want_ids) and torch.equal(w, torch.softmax(top, dim=1))
+
+
+def test_swiglu_oai_is_gpt_oss_gate_on_deinterleaved_halves():
+    """transformers' ``GptOssExperts._apply_gate`` on HF's interleaved columns equals
+    :func:`swiglu_oai` on the ``[gate; up]`` halves, the clamp reached on both sides."""
+    x = 3.0 * torch.randn(6, 16, generator=torch.Generator().manual_seed(5))
+    interleaved = torch.stack([x[:, :8], x[:, 8:]], dim=-1).reshape(6, 16)
+    gate, up = interleaved[..., ::2].clamp(max=2.0), interleaved[..., 1::2].clamp(-2.0, 2.0)
+    want = (up + 1) * (gate * torch.sigmoid(gate * 1.702))
+    assert (x[:, :8] > 2.0).any() and (x[:, 8:] < -2.0).any()
+    assert torch.equal(swiglu_oai(x, 1.702, 2.0), want)
+    # row by row the sigmoid may take torch's other (vector / scalar) path: equal to rounding
+    assert torch.allclose(swiglu_oai(x, 1.702, 2.0, rowwise=True), want, rtol=1e-6, atol=1e-7)
+
+
+def test_rowwise_linear_adds_its_bias():
+    g = torch.Generator().manual_seed(6)
+    w, b, x = torch.randn(4, 8, generator=g), torch.randn(4, generator=g), torch.randn(3, 8, generator=g)
+    assert torch.allclose(RowwiseLinear(w, b)(x), x @ w.T + b, atol=1e-6)

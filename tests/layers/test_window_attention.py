@@ -1,8 +1,10 @@
 """``windowed_paged_attention`` against a dense masked-softmax reference over the raw K/V.
 
 Random block tables (not the identity), a batch mixing decode rows and multi-row segments,
-windows shorter and longer than the contexts, soft-capping on and off, GQA 2; and the guarantee
-the block manager relies on: blocks wholly outside every row's window are never read.
+windows shorter and longer than the contexts, soft-capping on and off, attention sinks on and off
+(their reference: transformers' gpt-oss softmax over the scores and a sink column), GQA 2; the
+guarantee the block manager relies on: blocks wholly outside every row's window are never read;
+and with sinks, a row's result is the same bits alone and in a batch.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from metrale_core.model_api import ForwardBatch, KVLayout, PagedKVCache
 BS, HQ, HK, D = 4, 4, 2, 8
 
 
-def _reference(q, k, v, pos, window, softcap, scale):
-    """Row at ``pos`` over keys ``0..pos`` of ``k``/``v`` ``[L, Hk, d]`` (dense maths)."""
+def _reference(q, k, v, pos, window, softcap, scale, sinks=None):
+    """Row at ``pos`` over keys ``0..pos`` of ``k``/``v`` ``[L, Hk, d]`` (dense maths); ``sinks``
+    ``[Hq]``: a column of sink logits in the softmax, dropped after it (no value)."""
     keys = torch.arange(k.shape[0])
     allowed = keys <= pos
     if window is not None:
@@ -32,6 +35,9 @@ def _reference(q, k, v, pos, window, softcap, scale):
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores[:, ~allowed] = float("-inf")
+    if sinks is not None:
+        probs = torch.softmax(torch.cat([scores, sinks[:, None]], dim=-1), -1)[:, :-1]
+        return torch.einsum("hl,lhd->hd", probs, vv)
     return torch.einsum("hl,lhd->hd", torch.softmax(scores, -1), vv)
 
 
@@ -81,16 +87,18 @@ WORKS = {"pure-decode": [(23, 1), (5, 1), (14, 1)], "mixed": [(23, 1), (17, 9), 
 @pytest.mark.parametrize("work", sorted(WORKS))
 @pytest.mark.parametrize("window", [None, 1, 5, 8, 100])
 @pytest.mark.parametrize("softcap", [None, 3.0])
-def test_matches_dense_reference(work, window, softcap):
+@pytest.mark.parametrize("sinks", [None, [2.0, -1.0, 0.5, 4.0]])
+def test_matches_dense_reference(work, window, softcap, sinks):
     batch, kv, q, seq_kv, _ = _setup(len(work) + (window or 0), WORKS[work])
     scale = 0.3
     plan = AttentionPlan.from_batch(batch, scale)
-    out = windowed_paged_attention(q, kv, 0, plan, window=window, softcap=softcap)
+    sink = None if sinks is None else torch.tensor(sinks)
+    out = windowed_paged_attention(q, kv, 0, plan, window=window, softcap=softcap, sinks=sink)
     row = 0
     worst = 0.0
     for (ctx, n), (k, v) in zip(WORKS[work], seq_kv, strict=True):
         for j in range(n):
-            ref = _reference(q[row], k, v, ctx - n + j, window, softcap, scale)
+            ref = _reference(q[row], k, v, ctx - n + j, window, softcap, scale, sink)
             worst = max(worst, (out[row] - ref).abs().max().item())
             row += 1
     assert worst <= 1e-5
@@ -119,6 +127,28 @@ def test_blocks_outside_the_window_are_never_read(work):
             kv.v[0][b] = float("nan")
     got = windowed_paged_attention(q, kv, 0, plan, window=window)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_sinks_take_probability_and_a_row_is_the_same_bits_in_any_batch(window):
+    """A large sink takes most of each softmax (the output shrinks towards zero), a sink of
+    -inf none; each decode row of a batch equals that row attended alone, bit for bit."""
+    batch, kv, q, _, _ = _setup(11, WORKS["pure-decode"])
+    plan = AttentionPlan.from_batch(batch, 0.5)
+    plain = windowed_paged_attention(q, kv, 0, plan, window=window)
+    none = windowed_paged_attention(q, kv, 0, plan, window=window, sinks=torch.full((HQ,), float("-inf")))
+    assert (none - plain).abs().max().item() <= 1e-6
+    heavy = windowed_paged_attention(q, kv, 0, plan, window=window, sinks=torch.full((HQ,), 30.0))
+    assert heavy.abs().max().item() < 1e-6 * plain.abs().max().item()
+    sinks = torch.tensor([2.0, -1.0, 0.5, 4.0])
+    together = windowed_paged_attention(q, kv, 0, plan, window=window, sinks=sinks)
+    tables, context = plan.decode_inputs()
+    for b in range(3):  # row b's own plan: a batch of one decode row
+        one = AttentionPlan(
+            plan.scale, True, None, tables[b : b + 1], context[b : b + 1], int(context[b]), (), tables[b : b + 1]
+        )
+        alone = windowed_paged_attention(q[b : b + 1], kv, 0, one, window=window, sinks=sinks)
+        assert torch.equal(alone, together[b : b + 1])
 
 
 def test_window_must_be_positive():

@@ -11,7 +11,7 @@ from metrale_core.weights.gguf_dequant import NATIVE_TYPES, dequantize, qtype_of
 Q = gguf.GGMLQuantizationType
 
 # max |dequant - original| / max |original| per row-block, generous but far below a wrong decode
-_REL_TOL = {"F32": 0.0, "F16": 1e-3, "BF16": 8e-3, "Q8_0": 1e-2, "Q4_0": 0.16, "Q4_1": 0.08}
+_REL_TOL = {"F32": 0.0, "F16": 1e-3, "BF16": 8e-3, "Q8_0": 1e-2, "Q4_0": 0.16, "Q4_1": 0.08, "MXFP4": 0.25}
 
 
 def _sample(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:

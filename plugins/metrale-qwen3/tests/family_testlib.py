@@ -12,8 +12,9 @@ Invariants:
   position-dependent RoPE (LongRoPE's switch at its original length) is compared step by step.
 - ``gguf_header`` writes only the keys every llama.cpp decoder arch has; family keys are the
   caller's.
-- ``engine_rows`` runs the real engine (requests joining mid-prefill, chunks of 8 tokens, blocks
-  of 4) and records every logits row the model gave with its history (``ForwardSpy``).
+- ``engine_rows`` runs the real engine (requests joining mid-prefill, chunked prefill of 8
+  tokens, blocks of 4) and records every logits row; ``assert_same_bits_alone_and_batched``
+  compares one request's logits through the engine alone and beside others, bit for bit.
 """
 
 from __future__ import annotations
@@ -153,3 +154,23 @@ def finish_gguf(w: GGUFWriter) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def assert_same_bits_alone_and_batched(model: Any) -> None:
+    """A request's logits -- its prefill's and four decode steps' -- are the same bits when the
+    engine runs it alone and beside two other requests (every prompt prefilled in one chunk, so
+    the request's rows see the same shapes; KV groups and windows as the engine keeps them)."""
+
+    def rows(prompts: list[list[int]]) -> dict[tuple, torch.Tensor]:
+        spy = ForwardSpy(model)
+        config = EngineConfig(block_size=4, num_kv_blocks=64, max_prefill_tokens=64)
+        engine = LLMEngine(spy, config, registry=load_registry())
+        params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+        run_joining_mid_prefill(engine, prompts, params, lead_steps=0)
+        return {tuple(history): row for history, row in spy.rows if tuple(history[: len(prompts[0])]) == tuple(a)}
+
+    a = PROMPTS[1]
+    alone, batched = rows([a]), rows([a, PROMPTS[0], PROMPTS[3]])
+    assert len(alone) == 5 and alone.keys() == batched.keys()
+    for history, row in alone.items():
+        assert torch.equal(row, batched[history]), len(history)

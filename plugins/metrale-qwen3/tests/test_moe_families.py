@@ -27,6 +27,7 @@ import transformers as tf
 from family_testlib import (
     NEW_TOKENS,
     PROMPTS,
+    assert_same_bits_alone_and_batched,
     engine_rows,
     finish_gguf,
     gguf_header,
@@ -309,14 +310,4 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(family, weight_format, tmp_path
 def test_a_request_gives_the_same_bits_alone_and_in_a_batch(family, tmp_path):
     torch.set_num_threads(2)
     _, model = _gguf_model(family, tmp_path, "auto")
-    alone = PagedRunner(model, seed=1)
-    batched = PagedRunner(model, seed=2)
-    a, b, c = PROMPTS[1], PROMPTS[0], PROMPTS[3]
-    alone.step([(0, a)])
-    batched.step([(1, b), (0, a), (2, c)])
-    for _ in range(3):  # decode steps, alone and beside other rows
-        token = int(alone.logits[(0, len(alone.tokens[0]) - 1)].argmax())
-        alone.step([(0, [token])])
-        batched.step([(1, [5]), (0, [token]), (2, [7])])
-    for position in range(len(alone.tokens[0])):
-        assert torch.equal(alone.logits[(0, position)], batched.logits[(0, position)]), position
+    assert_same_bits_alone_and_batched(model)

@@ -1,0 +1,292 @@
+"""gpt-oss as a decoder definition, vs transformers (issue 31): sinks, windows, YaRN, biased experts.
+
+Two small random configs (fp32, ``exact`` weights), together exercising every branch the family
+has: a window shorter than the prompts (alternating by default, and from ``layer_types``), sink
+logits far from zero, YaRN with and without ``truncate``, more than one expert per token, the
+SwiGLU clamp reached (a small ``swiglu_limit``), tied and untied heads.  Each runs through the
+real engine -- requests joining mid-prefill, chunked prefill, a KV pool small enough to preempt --
+and every logits row is within 1e-4 of transformers' and the greedy tokens equal its step-by-step
+decode and ``generate``'s.
+
+A GGUF written under llama.cpp's gpt-oss names (``attn_sinks``, ``post_attention_norm``, the
+experts de-interleaved into ``ffn_{gate,up,down}_exps`` in MXFP4 with ``[E, rows]`` biases)
+gives, through the engine, the logits of transformers run on its dequantized weights: within
+1e-4 under ``exact``, within the activations' quantization under ``auto`` (the experts multiplied
+on their MXFP4 blocks); under ``auto`` a request's logits are the same bits alone and in a batch.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+from family_testlib import (
+    NEW_TOKENS,
+    PROMPTS,
+    assert_same_bits_alone_and_batched,
+    engine_rows,
+    finish_gguf,
+    gguf_header,
+    hf_generate,
+    load_family,
+    match_request,
+    stepwise_reference,
+)
+from gguf import GGMLQuantizationType, RopeScalingType
+from gguf.quants import dequantize, quantize
+from qwen3_harness import build_hf, open_store, save_checkpoint
+
+from metrale_core.errors import ConfigError, UnknownArchitecture
+from metrale_core.layers.gguf_linear import GGUFLinear
+from metrale_core.layers.parallel import TensorParallel
+from metrale_core.plugins import load_registry
+from metrale_core.weights.gguf_hf import ARCHITECTURES
+
+VOCAB = 96
+BASE = dict(vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64)
+CONFIGS = {
+    "alternating-window-yarn-untied": dict(
+        hidden_size=32,
+        intermediate_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        rope_parameters={**YARN, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False},
+        tie_word_embeddings=False,
+    ),
+    "layer-types-clamped-truncated-tied": dict(
+        hidden_size=48,
+        intermediate_size=24,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=6,
+        num_experts_per_tok=3,
+        sliding_window=3,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        swiglu_limit=0.5,
+        swiglu_alpha=1.5,
+        rope_parameters={**YARN, "beta_fast": 8.0, "beta_slow": 2.0},
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def _hf(seed: int, config: dict):
+    hf = build_hf(tf.GptOssConfig, tf.GptOssForCausalLM, seed=seed, **{**BASE, **config})
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in hf.model.layers:  # sinks that matter: logits of the order of the scores
+            layer.self_attn.sinks.copy_(1.5 * torch.randn(layer.self_attn.sinks.shape, generator=gen))
+    return hf
+
+
+def test_the_family_is_registered():
+    reg = load_registry()
+    assert {p.name: p for p in reg.plugins}["gptoss"].error is None
+    assert reg.find_model_loader({"model_type": "x", "architectures": ["GptOssForCausalLM"]}).name == "gpt-oss"
+    assert reg.find_model_loader({"model_type": "gpt-oss", "architectures": []}).name == "gpt-oss"
+    assert not reg.model_loaders["gpt-oss"].tensor_parallel
+    with pytest.raises(UnknownArchitecture, match="gpt-oss"):  # the list an unknown GGUF arch gets
+        reg.find_model_loader({"model_type": "mamba", "architectures": []}, gguf_architectures=ARCHITECTURES)
+
+
+def test_an_hf_mxfp4_checkpoint_is_refused_with_the_way_out(tmp_path):
+    hf = _hf(3, CONFIGS["alternating-window-yarn-untied"])
+    path = save_checkpoint(hf, tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"MXFP4 .*convert_hf_to_gguf"):
+        load_family("gpt-oss", open_store(path))
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_engine_logits_and_greedy_match_hf(name, tmp_path):
+    torch.set_num_threads(2)
+    hf = _hf(len(name), CONFIGS[name])
+    model = load_family("gpt-oss", open_store(save_checkpoint(hf, tmp_path)))
+    assert any(w is not None for w in model.dims.windows) and model.weights.layers[0].sinks.abs().max() > 0.5
+    # 14 blocks of 4 tokens cannot hold the four sequences at once (a request of 28 tokens needs
+    # 7 full-attention blocks and 2 of its window's): the engine preempts
+    outputs, rows, engine = engine_rows(model, NEW_TOKENS, blocks=14)
+    assert engine.stats().num_preemptions > 0
+    refs = [stepwise_reference(hf, p) for p in PROMPTS]
+    full = [p + o for p, o in zip(PROMPTS, outputs)]
+    worst = 0.0
+    for history, row in rows:
+        worst = max(worst, float((row - refs[match_request(full, history)][1][len(history) - 1]).abs().max()))
+    assert worst <= 1e-4
+    assert outputs == [tokens for tokens, _ in refs]
+    assert outputs == [hf_generate(hf, p) for p in PROMPTS]
+
+
+def test_windows_sinks_and_experts_follow_the_config(tmp_path):
+    hf = _hf(1, CONFIGS["layer-types-clamped-truncated-tied"])
+    model = load_family("gpt-oss", open_store(save_checkpoint(hf, tmp_path)))
+    assert model.dims.windows == (None, 3, 3, None)
+    m = model.dims.moe
+    assert (m.num_experts, m.top_k, m.intermediate_size, m.swiglu_limit, m.swiglu_alpha) == (6, 3, 24, 0.5, 1.5)
+    layer = model.weights.layers[2]
+    assert torch.equal(layer.sinks, hf.model.layers[2].self_attn.sinks.detach())
+    ref = hf.model.layers[2].mlp.experts
+    gate_up = layer.moe.experts[4].gate_up  # [gate; up] rows, de-interleaved from HF's columns
+    assert torch.equal(gate_up.weight[:24], ref.gate_up_proj[4, :, 0::2].T)
+    assert torch.equal(gate_up.bias[24:], ref.gate_up_proj_bias[4, 1::2])
+
+
+def test_gpt_oss_refuses_tensor_parallelism_with_the_reason(tmp_path):
+    hf = _hf(2, CONFIGS["alternating-window-yarn-untied"])
+    store = open_store(save_checkpoint(hf, tmp_path))
+    with pytest.raises(ConfigError, match="attention sinks are not split"):
+        load_family("gpt-oss", store, tensor_parallel=TensorParallel(rank=0, world=2))
+
+
+#: A config whose matrices are whole Q8_0 / MXFP4 blocks and whole kernel tiles; llama.cpp's
+#: layer pattern (every second layer slides, from layer 0) and YaRN (correction range truncated).
+GGUF_CONFIG = dict(
+    hidden_size=64,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    sliding_window=4,
+    rope_parameters={**YARN, "beta_fast": 16.0, "beta_slow": 2.0},
+    tie_word_embeddings=False,
+)
+#: HF module path (in a layer) -> llama.cpp tensor name, written out here so the test does not
+#: read the definition's table (the experts: ``ffn_{gate,up,down}_exps``, below).
+_GGUF = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.sinks": "attn_sinks",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "mlp.router": "ffn_gate_inp",
+}
+Q8, MXFP4 = GGMLQuantizationType.Q8_0, GGMLQuantizationType.MXFP4
+
+
+def _blocks(a: np.ndarray, qtype) -> tuple[np.ndarray, dict]:
+    """``a`` through ``qtype`` and back (the oracle's values), and ``add_tensor``'s arguments."""
+    a = np.ascontiguousarray(a)
+    stored = quantize(a, qtype)
+    return dequantize(stored, qtype).reshape(a.shape), dict(tensor=stored, raw_dtype=qtype)
+
+
+def _write_gguf(hf, path) -> None:
+    """``hf`` as llama.cpp's converter writes gpt-oss: attention and head in Q8_0, the experts
+    de-interleaved and transposed into ``ffn_*_exps`` in MXFP4 with ``[E, rows]`` float biases,
+    the router, norms, sinks and biases as float32; ``hf``'s weights become the dequantized values."""
+    c = hf.config
+    w = gguf_header(path, "gpt-oss", c, VOCAB, dense_ffn=False)
+    w.add_sliding_window(c.sliding_window)
+    w.add_expert_count(c.num_local_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_expert_feed_forward_length(c.intermediate_size)
+    rope = c.rope_parameters
+    w.add_rope_scaling_type(RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    with torch.no_grad():
+        for name, t in hf.state_dict().items():
+            a = t.float().numpy()
+            base, kind = name.rsplit(".", 1) if name.endswith((".weight", ".bias")) else (name, "weight")
+            if base in top:
+                a, args = _blocks(a, Q8) if a.ndim == 2 else (a, dict(tensor=a))
+                t.copy_(torch.from_numpy(a))
+                w.add_tensor(f"{top[base]}.weight", **args)
+                continue
+            i, rest = base.removeprefix("model.layers.").split(".", 1)
+            if rest == "mlp.experts.gate_up_proj":  # [E, D, 2I], gate / up interleaved by column
+                gate, ga = _blocks(a[:, :, 0::2].transpose(0, 2, 1), MXFP4)
+                up, ua = _blocks(a[:, :, 1::2].transpose(0, 2, 1), MXFP4)
+                t[:, :, 0::2], t[:, :, 1::2] = (
+                    torch.from_numpy(gate).transpose(1, 2),
+                    torch.from_numpy(up).transpose(1, 2),
+                )
+                w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **ga)
+                w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **ua)
+            elif rest == "mlp.experts.gate_up_proj_bias":
+                w.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(a[:, 0::2]))
+                w.add_tensor(f"blk.{i}.ffn_up_exps.bias", np.ascontiguousarray(a[:, 1::2]))
+            elif rest == "mlp.experts.down_proj":  # [E, I, D]
+                down, da = _blocks(a.transpose(0, 2, 1), MXFP4)
+                t.copy_(torch.from_numpy(down).transpose(1, 2))
+                w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **da)
+            elif rest == "mlp.experts.down_proj_bias":
+                w.add_tensor(f"blk.{i}.ffn_down_exps.bias", a)
+            elif rest.startswith("self_attn.") and rest.endswith("_proj") and kind == "weight":
+                a, args = _blocks(a, Q8)
+                t.copy_(torch.from_numpy(a))
+                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.weight", **args)
+            else:
+                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", a)
+    finish_gguf(w)
+
+
+def _gguf_model(tmp_path, weight_format: str):
+    hf = _hf(7, GGUF_CONFIG)
+    path = tmp_path / "gpt-oss.gguf"
+    _write_gguf(hf, path)
+    store = open_store(path)
+    assert store.config["model_type"] == "gpt-oss"
+    return hf, load_family("gpt-oss", store, weight_format)
+
+
+@pytest.mark.parametrize("weight_format", ["exact", "auto"])
+def test_a_gguf_under_llama_cpp_names_with_mxfp4_experts_matches_hf(weight_format, tmp_path):
+    torch.set_num_threads(2)
+    hf, model = _gguf_model(tmp_path, weight_format)
+    assert model.dims.windows == (4, None)
+    if weight_format == "auto":  # the experts stay MXFP4 blocks, on the block kernels
+        expert = model.weights.layers[0].moe.experts[0]
+        assert isinstance(expert.gate_up, GGUFLinear) and isinstance(expert.down, GGUFLinear)
+    outputs, rows, _ = engine_rows(model, 4)
+    full = [p + o for p, o in zip(PROMPTS, outputs)]
+    with torch.no_grad():
+        ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
+    worst = 0.0
+    for history, row in rows:
+        worst = max(worst, float((row - ref[match_request(full, history)][len(history) - 1]).abs().max()))
+    assert worst <= (1e-4 if weight_format == "exact" else 2e-2)
+
+
+def test_a_request_gives_the_same_bits_alone_and_in_a_batch(tmp_path):
+    torch.set_num_threads(2)
+    _, model = _gguf_model(tmp_path, "auto")
+    assert_same_bits_alone_and_batched(model)
+
+
+@pytest.mark.parametrize("weight_format", ["bf16", "int8", "int4"])
+def test_every_weight_format_builds_the_mxfp4_experts(weight_format, tmp_path):
+    """The experts go through the shared linear layer: each format reads the MXFP4 blocks (one
+    expert at a time) and stays near transformers on their values: the typical row within the
+    format's rounding, the worst within a near-tied routing choice flipped by it (the router's
+    own weights are rounded too)."""
+    torch.set_num_threads(2)
+    hf, model = _gguf_model(tmp_path, weight_format)
+    assert not isinstance(model.weights.layers[1].moe.experts[7].down, GGUFLinear)
+    outputs, rows, _ = engine_rows(model, 2)
+    full = [p + o for p, o in zip(PROMPTS, outputs)]
+    with torch.no_grad():
+        ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
+    errors = sorted(float((row - ref[match_request(full, h)][len(h) - 1]).abs().max()) for h, row in rows)
+    assert errors[len(errors) // 2] <= 0.05 and errors[-1] <= 0.25
