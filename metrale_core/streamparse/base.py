@@ -1,6 +1,7 @@
 """The pieces every streaming tool-call parser shares.
 
-Owner: the parsers of this package (``hermes``, ``qwen3_coder``, ``glm47``) subclass
+Owner: the parsers of this package (``hermes``, ``qwen3_coder``, ``glm47``, ``jsoncalls``,
+``mistral``, ``harmony``) subclass
 :class:`TagParserBase`; :class:`metrale_core.streamparse.parser.StreamParser` drives one parser per
 sequence.  Plugins may register any object that satisfies :class:`ToolCallParser`; a plugin
 parser may subclass :class:`TagParserBase` (with its own ``call_open`` / ``call_close`` tags) and

@@ -81,7 +81,9 @@ def test_parser_choice_by_name_model_type_and_registry():
             make_stream_parser(registry, tool_parser="glm47", model_type="qwen3").tool_parser, Glm47Parser
         )
         assert make_stream_parser(registry, tool_parser="none").tool_parser is None
-        with pytest.raises(ConfigError, match=r"no tool-call parser named 'xml'.*glm47, hermes, .*qwen3_coder"):
+        with pytest.raises(
+            ConfigError, match=r"no tool-call parser named 'xml'.*glm47, .*harmony, hermes, .*qwen3_coder"
+        ):
             make_stream_parser(registry, tool_parser="xml")
     with pytest.raises(ConfigError, match="unknown reasoning format 'r1'"):
         make_stream_parser(reasoning="r1")
