@@ -18,9 +18,10 @@ A message is a *header* (an optional ``<|start|>`` and role, ``<|channel|>NAME``
 ``<|return|>`` (the turn is over: text after them is dropped, and normally the engine stops there
 because they are end-of-generation tokens).  ``<|start|>`` without an ``<|end|>`` also ends a body.
 What a body is:
-- ``to=functions.NAME`` (any channel), with tool parsing on: a tool call; its header is sent when
-  ``<|message|>`` arrives, its arguments when the body ends and ``json.loads`` gives an object
-  (the stream may end there, as when ``<|call|>`` is the end-of-generation token);
+- ``to=functions.NAME`` (any channel), with tool parsing on: a tool call, sent (header and
+  arguments together) when the body ends and ``json.loads`` gives an object (the stream may end
+  there, as when ``<|call|>`` is the end-of-generation token).  Fail-closed: a body that is not a
+  JSON object never shows up as a call, not even as a name;
 - another recipient, or ``to=functions.NAME`` with tool parsing off (``tool_choice: none``): the
   raw message text, header included, as content;
 - channel ``analysis``: reasoning;
@@ -31,7 +32,7 @@ Invariants:
 - Those of ``TagParserBase``: any split of the same text over ``feed`` calls gives the same
   content, reasoning and calls (a partial marker is held back; a header is read whole).  A
   malformed call (arguments that are not a JSON object) comes back whole, header included, as
-  content; a header already sent keeps its index used.  Nothing raises on model output.
+  content, and uses no call index.  Nothing raises on model output.
 - Text that is not harmony at all (no ``<|message|>`` within :data:`MAX_HEADER` characters, or
   by the end of the stream) is content, unchanged.
 - ``in_reasoning`` is True while the committed text is inside an ``analysis`` body.
@@ -137,7 +138,7 @@ class HarmonyParser(TagParserBase):
             self._kind = "call"
             self._raw = [header, MESSAGE]
             self.inside_tool_call = True
-            self._send_header(name)
+            self._call_name = name
         elif recipient:
             self._kind = "raw"
             self._emit(content=header + MESSAGE)
@@ -165,6 +166,7 @@ class HarmonyParser(TagParserBase):
         if not isinstance(value, dict):
             self._why = "the arguments are not a JSON object"
             return False
+        self._send_header(self._call_name)
         self._send_args(text)
         return True
 

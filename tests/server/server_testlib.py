@@ -80,11 +80,17 @@ def write_tokenizer(directory: Path) -> Path:
 
 
 class ScriptedLM:
-    """See the module docstring."""
+    """See the module docstring.  A subclass speaks another chat format by overriding the class
+    attributes (its end token, the assistant and user headers, its scripts)."""
+
+    EOS = "<|im_end|>"
+    ASSISTANT = "<|im_start|>assistant\n"
+    USER = "<|im_start|>user\n"
+    SCRIPTS = SCRIPTS
 
     def __init__(self, tokenizer, max_position: int = 4096):
         self.tokenizer = tokenizer
-        self.eos = tokenizer.token_to_id("<|im_end|>")
+        self.eos = tokenizer.token_to_id(self.EOS)
         self.info = ModelInfo(
             architecture="scripted",
             vocab_size=tokenizer.vocab_size,
@@ -92,8 +98,8 @@ class ScriptedLM:
             kv=KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32),
             eos_token_ids=(self.eos,),
         )
-        self.header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
-        self.user = tokenizer.encode("<|im_start|>user\n", add_special_tokens=False)
+        self.header = tokenizer.encode(self.ASSISTANT, add_special_tokens=False)
+        self.user = tokenizer.encode(self.USER, add_special_tokens=False)
         #: What a template renders after the header when thinking is off (skipped by the script).
         self.no_think = tokenizer.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
         self._replies: dict[tuple[int, ...], list[int] | None] = {}
@@ -130,15 +136,19 @@ class ScriptedLM:
         logits[self.eos] = -5.0  # rare, so random continuations run to max_tokens
         return logits
 
-    def _scripted(self, history: list[int]) -> int | None:
+    def _reply_start(self, history: list[int]) -> int | None:
+        """Where the reply begins: after the last assistant header (and a closed think block)."""
         n = len(self.header)
-        start = None
         for at in range(len(history) - n, -1, -1):
             if history[at : at + n] == self.header:
                 start = at + n
                 if history[start : start + len(self.no_think)] == self.no_think:
                     start += len(self.no_think)
-                break
+                return start
+        return None
+
+    def _scripted(self, history: list[int]) -> int | None:
+        start = self._reply_start(history)
         if start is None:
             return None
         key = tuple(history[:start])
@@ -152,8 +162,8 @@ class ScriptedLM:
 
     def _reply(self, prompt: list[int]) -> list[int] | None:
         text = self.tokenizer.decode(prompt, skip_special_tokens=False)
-        last_user = text.rsplit("<|im_start|>user\n", 1)[-1]
-        for keyword, reply in SCRIPTS:
+        last_user = text.rsplit(self.USER, 1)[-1]
+        for keyword, reply in self.SCRIPTS:
             if keyword in last_user:
                 return self.tokenizer.encode(reply, add_special_tokens=False)
         return None

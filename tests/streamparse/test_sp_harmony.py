@@ -94,9 +94,9 @@ def test_malformed_call_degrades_to_content(body):
     got = harmony(ANALYSIS + "<|start|>assistant" + header + "<|message|>" + body + "<|call|>")
     assert got.tool_calls == []
     assert got.reasoning.startswith("The user wants")
-    # the whole call text comes back (its header was streamed: index 0 stays used)
+    # the whole call text comes back, and no call (not even its name) was streamed
     assert got.content == ("<|start|>assistant" + header + "<|message|>" + body + "<|call|>").strip()
-    assert got.calls == {0: ("get_weather", "")}
+    assert got.calls == {}
 
 
 def test_a_call_to_a_builtin_tool_is_content():
