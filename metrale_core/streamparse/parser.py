@@ -52,7 +52,7 @@ BUILTIN_TOOL_PARSERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mistral": ("metrale_core.streamparse.mistral:MistralToolParser", ("mistral", "mistral3")),
     "granite": ("metrale_core.streamparse.jsoncalls:GraniteParser", ("granite",)),
     "phi4_mini": ("metrale_core.streamparse.jsoncalls:Phi4MiniParser", ("phi3",)),
-    "harmony": ("metrale_core.streamparse.harmony:HarmonyParser", ("gpt_oss",)),
+    "harmony": ("metrale_core.streamparse.harmony:HarmonyParser", ("gpt_oss", "gpt-oss")),
 }
 #: The format whose one parser also splits reasoning (its channels say what each text is).
 HARMONY = "harmony"
@@ -209,7 +209,7 @@ def default_reasoning(model_type: str | None, chat_template: str | None = None) 
         return "glm45"
     if model_type.startswith("smollm3"):
         return "think"
-    if model_type == "gpt_oss":
+    if model_type in ("gpt_oss", "gpt-oss"):
         return HARMONY
     return None
 

@@ -62,8 +62,17 @@ def _byte_alphabet() -> list[str]:
     return [table[b] for b in range(256)]
 
 
-def write_tokenizer(directory: Path) -> Path:
-    """A byte-level tokenizer (one token per byte, no merges) plus ChatML specials and tags."""
+def write_tokenizer(
+    directory: Path,
+    special: list[str] = SPECIAL,
+    added: list[str] = ADDED,
+    chat_template: str = CHATML,
+    eos: str = "<|im_end|>",
+    generation_eos: tuple[str, ...] = (),
+) -> Path:
+    """A byte-level tokenizer (one token per byte, no merges) plus ChatML specials and tags (or
+    another format's: ``special`` tokens, ``added`` plain tokens, template, EOS, and the extra
+    end-of-generation tokens of a ``generation_config.json``)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -71,11 +80,14 @@ def write_tokenizer(directory: Path) -> Path:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     tok.save(str(directory / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None, "chat_template": CHATML}
+    config = {"eos_token": eos, "pad_token": special[0], "bos_token": None, "chat_template": chat_template}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    if generation_eos:
+        ids = [tok.token_to_id(t) for t in (eos, *generation_eos)]
+        (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}))
     return directory
 
 
@@ -146,6 +158,11 @@ class ScriptedLM:
                     start += len(self.no_think)
                 return start
         return None
+
+    def _tokens_in(self, text: str) -> int:
+        """How many tokens ``text`` (a prefix of a decoded history) is: for ``_reply_start``
+        overrides that find the reply's start in the text."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _scripted(self, history: list[int]) -> int | None:
         start = self._reply_start(history)

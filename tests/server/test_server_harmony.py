@@ -12,7 +12,7 @@ import json
 import re
 
 import pytest
-from server_testlib import ScriptedLM, _byte_alphabet
+from server_testlib import ScriptedLM, write_tokenizer
 
 SPECIAL = [
     "<|endoftext|>",
@@ -87,8 +87,7 @@ class HarmonyLM(ScriptedLM):
         at = text.find(self.ASSISTANT, turn) if turn >= 0 else -1
         if at < 0:
             return None
-        prefix = text[: at + len(self.ASSISTANT)]
-        return len(self.tokenizer.encode(prefix, add_special_tokens=False))
+        return self._tokens_in(text[: at + len(self.ASSISTANT)])
 
     def _reply(self, prompt: list[int]) -> list[int] | None:
         text = self.tokenizer.decode(prompt, skip_special_tokens=False)
@@ -102,24 +101,6 @@ class HarmonyLM(ScriptedLM):
         return self.tokenizer.encode(reply, add_special_tokens=False)
 
 
-def write_harmony_tokenizer(directory):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    directory.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(_byte_alphabet())}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
-    tok.save(str(directory / "tokenizer.json"))
-    config = {"eos_token": "<|return|>", "pad_token": "<|endoftext|>", "bos_token": None, "chat_template": HARMONY}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    ids = {t: 256 + i for i, t in enumerate(SPECIAL)}
-    (directory / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": [ids["<|return|>"], ids["<|call|>"]]})
-    )
-    return directory
-
-
 @pytest.fixture(scope="module")
 def harmony_client(start_server, tmp_path_factory):
     import openai
@@ -129,7 +110,9 @@ def harmony_client(start_server, tmp_path_factory):
     from metrale_core.server import ServedModel
     from metrale_core.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_dir(write_harmony_tokenizer(tmp_path_factory.mktemp("harmonytok")))
+    directory = tmp_path_factory.mktemp("harmonytok")
+    write_tokenizer(directory, SPECIAL, [], HARMONY, eos="<|return|>", generation_eos=("<|call|>",))
+    tokenizer = Tokenizer.from_dir(directory)
     assert tokenizer.token_to_id("<|call|>") in tokenizer.eos_token_ids
 
     def load():
