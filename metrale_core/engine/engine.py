@@ -239,10 +239,12 @@ class LLMEngine:
         plan = self.scheduler.schedule()  # asks the speculation driver for drafts, if any
         pooling = plan_pools(plan)  # embedding rows need the step's hidden states
         self.output_processor.prepare(plan)  # processors may overlap work with the forward
-        logits = self.runner.execute(plan, hidden=pooling)
-        pooled = pool_step(self, plan, self.runner.last_hidden) if pooling else []
-        outputs = pooled + self.output_processor.update(plan, logits)
-        self.speculation.after_step(plan, outputs)  # rollback + report; nothing when off
+        result = self.runner.execute(plan, hidden=pooling)
+        pooled = pool_step(self, plan, result.hidden) if pooling else []
+        update = self.output_processor.update(plan, result.logits)
+        outputs = pooled + update.outputs
+        # rollback + report; nothing when off
+        self.speculation.after_step(plan, outputs, update.verify_outcomes, result.hidden)
         self.snapshots.publish(plan, outputs)
         return outputs
 

@@ -41,7 +41,7 @@ from metrale_core.engine.request import Sequence
 from metrale_core.engine.scheduler import Scheduler, SchedulerOutput
 from metrale_core.streamparse.base import held_back_len
 
-__all__ = ["OutputProcessor", "RequestOutput", "coalesce", "merge_outputs"]
+__all__ = ["OutputProcessor", "RequestOutput", "StepUpdate", "coalesce", "merge_outputs"]
 
 
 @frozen
@@ -136,6 +136,16 @@ def _content_delta(text: str) -> Any:
     return ParsedDelta(content=text)
 
 
+@frozen
+class StepUpdate:
+    """What :meth:`OutputProcessor.update` made of one step."""
+
+    #: The step's deltas, in plan order (scheduler-finished ones first).
+    outputs: list[RequestOutput]
+    #: ``VerifyOutcome`` records of the step's verify chunks (speculative decoding), in plan order.
+    verify_outcomes: tuple = ()
+
+
 class OutputProcessor:
     """Samples, appends tokens, detokenizes and applies stop rules."""
 
@@ -153,8 +163,6 @@ class OutputProcessor:
         tok_eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ()) if tokenizer else ()
         self.eos_token_ids = frozenset(eos_token_ids) | frozenset(tok_eos)
         self.max_model_len = max_model_len
-        #: ``VerifyOutcome`` records of the last step's verify chunks.
-        self.last_verify_outcomes: list = []
 
     def prepare(self, plan: SchedulerOutput) -> None:
         """Before ``plan``'s forward pass: let the pipeline start per-row work for the rows
@@ -164,16 +172,16 @@ class OutputProcessor:
         if plain and hasattr(self.pipeline, "prepare"):
             self.pipeline.prepare([chunk.seq for chunk in plain], [chunk.kind for chunk in plain])
 
-    def update(self, plan: SchedulerOutput, logits: torch.Tensor | None) -> list[RequestOutput]:
-        """Process one step; returns the deltas in plan order (scheduler-finished ones first).
+    def update(self, plan: SchedulerOutput, logits: torch.Tensor | None) -> StepUpdate:
+        """Process one step: its deltas in plan order (scheduler-finished ones first).
 
         Verify chunks (speculative decoding; each carries its ``Draft`` record in
         ``chunk.draft``) are accepted and committed by ``metrale_core.engine.verifier``; their
-        outcomes are left in ``last_verify_outcomes``.
+        outcomes come back with the deltas.
         """
         outputs = [self.final_output(seq) for seq in plan.finished]
         self.scheduler.advance(plan)
-        self.last_verify_outcomes = []
+        outcomes: list = []
         offsets, row = [], 0  # first logits row of each chunk
         for chunk in plan.chunks:
             offsets.append(row)
@@ -213,7 +221,7 @@ class OutputProcessor:
 
             assert logits is not None, "a step with verify chunks computed their logits"
 
-            verified, self.last_verify_outcomes = commit_verify_chunks(
+            verified, outcomes = commit_verify_chunks(
                 self,
                 [chunk for _, chunk in verify],
                 [logits[offsets[i] : offsets[i] + chunk.num_logits] for i, chunk in verify],
@@ -221,7 +229,7 @@ class OutputProcessor:
             by_chunk.update(zip((i for i, _ in verify), verified))
         outputs.extend(by_chunk[i] for i, _ in sampled)
         self.scheduler.complete(plan)
-        return outputs
+        return StepUpdate(outputs, tuple(outcomes))
 
     def _sample_rows_alone(self, logits: torch.Tensor, rows: list, kinds: list) -> list:
         """``(0, SampleOutput)`` or ``(0, exception)`` per row, each row sampled by itself."""

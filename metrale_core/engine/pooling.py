@@ -88,8 +88,8 @@ def pool_step(engine: Any, plan: Any, hidden: torch.Tensor | None) -> list:
     """Fold this step's hidden rows into each pooling sequence; finish the complete ones.
 
     Returns their final deltas.  Runs before the output processor, which then skips them
-    (they are finished, so neither advanced nor sampled).  ``hidden`` is the runner's
-    ``last_hidden``, which a step with pooling rows always keeps.
+    (they are finished, so neither advanced nor sampled).  ``hidden`` is the step's
+    ``ForwardResult.hidden``, which a step with pooling rows always asks for.
     """
     assert hidden is not None, "a pooling step keeps its hidden states"
     from metrale_core.engine.output import RequestOutput

@@ -24,12 +24,20 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from gguf import GGMLQuantizationType, GGUFWriter
+from family_testlib import (
+    NEW_TOKENS,
+    PROMPTS,
+    finish_gguf,
+    gguf_header,
+    hf_generate,
+    load_family,
+    match_request,
+    stepwise_reference,
+)
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from qwen3_harness import PagedRunner, build_hf, open_store, save_checkpoint
-from test_dense_families import NEW_TOKENS, PROMPTS, _generate, _match, _reference
 
-from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.layers.gguf_linear import GGUFLinear
@@ -146,12 +154,6 @@ def _hf(family: str, seed: int, config: dict):
     return build_hf(config_cls, model_cls, seed=seed, **{**BASE, **config})
 
 
-def _load(family: str, store, weight_format: str = "exact", **options):
-    spec = load_registry().find_model_loader(store.config)
-    assert spec.name == family
-    return spec.factory(store, LoadOptions(weight_format=weight_format, **options))
-
-
 def _engine_rows(model, max_tokens: int, blocks: int = 64) -> tuple[list[list[int]], list, LLMEngine]:
     spy = ForwardSpy(model)
     engine = LLMEngine(
@@ -175,28 +177,28 @@ def test_the_family_is_registered(family):
 def test_engine_logits_and_greedy_match_hf(family, name, tmp_path):
     torch.set_num_threads(2)
     hf = _hf(family, len(name), FAMILIES[family][2][name])
-    model = _load(family, open_store(save_checkpoint(hf, tmp_path)))
+    model = load_family(family, open_store(save_checkpoint(hf, tmp_path)))
     # 10 blocks of 4 tokens cannot hold the four sequences at once: the engine preempts
     outputs, rows, engine = _engine_rows(model, NEW_TOKENS, blocks=10)
     assert engine.stats().num_preemptions > 0
-    refs = [_reference(hf, p) for p in PROMPTS]
+    refs = [stepwise_reference(hf, p) for p in PROMPTS]
     full = [p + o for p, o in zip(PROMPTS, outputs)]
     worst = 0.0
     for history, row in rows:
-        worst = max(worst, float((row - refs[_match(full, history)][1][len(history) - 1]).abs().max()))
+        worst = max(worst, float((row - refs[match_request(full, history)][1][len(history) - 1]).abs().max()))
     assert worst <= 1e-4
     assert outputs == [tokens for tokens, _ in refs]
-    assert outputs == [_generate(hf, p) for p in PROMPTS]
+    assert outputs == [hf_generate(hf, p) for p in PROMPTS]
 
 
 def test_sparse_layers_follow_the_config(tmp_path):
     configs = FAMILIES["qwen3moe"][2]
     hf = _hf("qwen3moe", 1, configs["sparse-step-2-bias-tied"])
-    model = _load("qwen3moe", open_store(save_checkpoint(hf, tmp_path / "a")))
+    model = load_family("qwen3moe", open_store(save_checkpoint(hf, tmp_path / "a")))
     assert model.dims.moe.sparse == (False, True, False, True)
     assert [w.moe is not None for w in model.weights.layers] == [False, True, False, True]
     hf = _hf("qwen2moe", 1, FAMILIES["qwen2moe"][2]["shared-renorm-all-experts-dense-first"])
-    model = _load("qwen2moe", open_store(save_checkpoint(hf, tmp_path / "b")))
+    model = load_family("qwen2moe", open_store(save_checkpoint(hf, tmp_path / "b")))
     m = model.dims.moe
     assert (m.sparse, m.normalize, m.shared_intermediate_size) == ((False, True, True), True, 40)
 
@@ -206,7 +208,7 @@ def test_every_weight_format_builds_the_experts(weight_format, tmp_path):
     """The experts go through the shared linear layer: each format loads and stays near HF."""
     torch.set_num_threads(2)
     hf = _hf("qwen2moe", 3, FAMILIES["qwen2moe"][2]["shared-gated-no-renorm"])
-    model = _load("qwen2moe", open_store(save_checkpoint(hf, tmp_path)), weight_format)
+    model = load_family("qwen2moe", open_store(save_checkpoint(hf, tmp_path)), weight_format)
     runner = PagedRunner(model)
     runner.step([(0, PROMPTS[1])])
     ours = torch.stack([runner.logits[(0, p)] for p in range(len(PROMPTS[1]))])
@@ -219,7 +221,7 @@ def test_lora_wraps_attention_and_dense_mlps_but_no_expert(tmp_path):
     """An expert sees a subset of the batch's rows, which the LoRA row map does not follow: its
     projections are not LoRA targets (the dense layer's MLP and every attention are)."""
     hf = _hf("qwen3moe", 4, FAMILIES["qwen3moe"][2]["renorm-mlp-only-layer"])
-    model = _load("qwen3moe", open_store(save_checkpoint(hf, tmp_path)))
+    model = load_family("qwen3moe", open_store(save_checkpoint(hf, tmp_path)))
     modules = set(attach_lora(model, num_slots=2, max_rank=4, dtype=torch.float32, device="cpu"))
     assert "model.layers.0.self_attn.q_proj" in modules and "model.layers.1.mlp.gate_proj" in modules
     assert not any(".mlp.experts." in m or m.endswith("mlp.gate") for m in modules)
@@ -229,7 +231,7 @@ def test_moe_refuses_tensor_parallelism_with_the_reason(tmp_path):
     hf = _hf("qwen3moe", 2, FAMILIES["qwen3moe"][2]["renorm-mlp-only-layer"])
     store = open_store(save_checkpoint(hf, tmp_path))
     with pytest.raises(ConfigError, match="experts are not sharded"):
-        _load("qwen3moe", store, tensor_parallel=TensorParallel(rank=0, world=2))
+        load_family("qwen3moe", store, tensor_parallel=TensorParallel(rank=0, world=2))
 
 
 #: HF module path (in a layer) -> llama.cpp tensor name, written out here so the test does not
@@ -260,23 +262,12 @@ def _write_gguf(arch: str, hf, path) -> None:
     expert's gate (F32, the gate 1-D) and the token table in Q8_0; ``hf``'s weights become the
     dequantized values (the oracle's)."""
     c = hf.config
-    w = GGUFWriter(str(path), arch)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w = gguf_header(path, arch, c, VOCAB, dense_ffn=False)
     w.add_expert_count(c.num_experts)
     w.add_expert_used_count(c.num_experts_per_tok)
     w.add_expert_feed_forward_length(c.moe_intermediate_size)
     if arch == "qwen2moe":
         w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
-    w.add_token_list([f"t{i}" for i in range(VOCAB)])
     top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
     with torch.no_grad():
         for name, t in hf.state_dict().items():
@@ -301,10 +292,7 @@ def _write_gguf(arch: str, hf, path) -> None:
                 w.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.{kind}", **_stored(a[0], False))
             else:
                 w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", **_stored(a, quantized))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
 
 
 def _stored(a: np.ndarray, quantized: bool) -> dict:
@@ -321,7 +309,7 @@ def _gguf_model(family: str, tmp_path, weight_format: str):
         _write_gguf(family, hf, path)
     store = open_store(path)
     assert store.config["model_type"] == family
-    return hf, _load(family, store, weight_format)
+    return hf, load_family(family, store, weight_format)
 
 
 @pytest.mark.parametrize("family", sorted(GGUF_CONFIGS))
@@ -338,7 +326,7 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(family, weight_format, tmp_path
         ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
     worst = 0.0
     for history, row in rows:
-        worst = max(worst, float((row - ref[_match(full, history)][len(history) - 1]).abs().max()))
+        worst = max(worst, float((row - ref[match_request(full, history)][len(history) - 1]).abs().max()))
     assert worst <= (1e-4 if weight_format == "exact" else 2e-2)
 
 
