@@ -194,6 +194,14 @@ def test_reasoning_effort_reaches_the_template(harmony_client):
     )
 
 
+def test_responses_api_reasoning_item_and_effort(harmony_client):
+    r = harmony_client.responses.create(model="gpt-oss-scripted", input="ponder 2+2")
+    assert [i.type for i in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == "Two and two make four." and r.output_text == "4"
+    low = harmony_client.responses.create(model="gpt-oss-scripted", input="which effort?", reasoning={"effort": "low"})
+    assert low.output_text == "effort=low"
+
+
 def test_malformed_call_is_content_not_an_error(harmony_client):
     resp = chat(harmony_client, [{"role": "user", "content": "a broken call please"}], tools=TOOLS)
     choice = resp.choices[0]
