@@ -107,6 +107,7 @@ def harmony_client(start_server, tmp_path_factory):
     from server_testlib import SCRIPTED_ENGINE
 
     from metrale_core.engine import EngineConfig, LLMEngine
+    from metrale_core.plugins import load_registry
     from metrale_core.server import ServedModel
     from metrale_core.tokenizer import Tokenizer
 
@@ -115,11 +116,15 @@ def harmony_client(start_server, tmp_path_factory):
     tokenizer = Tokenizer.from_dir(directory)
     assert tokenizer.token_to_id("<|call|>") in tokenizer.eos_token_ids
 
+    registry = load_registry()
+
     def load():
-        engine = LLMEngine(HarmonyLM(tokenizer), EngineConfig(**SCRIPTED_ENGINE), tokenizer=tokenizer)
+        engine = LLMEngine(
+            HarmonyLM(tokenizer), EngineConfig(**SCRIPTED_ENGINE), tokenizer=tokenizer, registry=registry
+        )
         return ServedModel(engine=engine, tokenizer=tokenizer, model_type="harmony-test")
 
-    server, _host = start_server(loader=load, served_model_name="gpt-oss-scripted")
+    server, _host = start_server(loader=load, registry=registry, served_model_name="gpt-oss-scripted")
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
@@ -208,3 +213,11 @@ def test_malformed_call_is_content_not_an_error(harmony_client):
     assert choice.finish_reason == "stop" and not choice.message.tool_calls
     assert choice.message.content.endswith("<|message|>{city: Paris}")
     assert choice.message.model_extra["reasoning_content"].startswith("The user wants")
+
+
+def test_forcing_a_call_in_harmony_is_a_clear_400(harmony_client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(harmony_client, ASK, tools=TOOLS, tool_choice="required")
+    assert "format 'harmony'" in info.value.body["message"]

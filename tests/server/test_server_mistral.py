@@ -76,17 +76,22 @@ def mistral_client(start_server, tmp_path_factory):
     from server_testlib import SCRIPTED_ENGINE
 
     from metrale_core.engine import EngineConfig, LLMEngine
+    from metrale_core.plugins import load_registry
     from metrale_core.server import ServedModel
     from metrale_core.tokenizer import Tokenizer
 
     directory = tmp_path_factory.mktemp("mistraltok")
     tokenizer = Tokenizer.from_dir(write_tokenizer(directory, SPECIAL, [], NEMO, eos="</s>"))
 
+    registry = load_registry()
+
     def load():
-        engine = LLMEngine(MistralLM(tokenizer), EngineConfig(**SCRIPTED_ENGINE), tokenizer=tokenizer)
+        engine = LLMEngine(
+            MistralLM(tokenizer), EngineConfig(**SCRIPTED_ENGINE), tokenizer=tokenizer, registry=registry
+        )
         return ServedModel(engine=engine, tokenizer=tokenizer, model_type="llama")
 
-    server, _host = start_server(loader=load, served_model_name="nemo-scripted")
+    server, _host = start_server(loader=load, registry=registry, served_model_name="nemo-scripted")
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
@@ -135,3 +140,11 @@ def test_v11_form_streams_and_the_ids_round_trip_through_the_template(mistral_cl
 def test_malformed_call_is_content(mistral_client):
     choice = chat(mistral_client, "broken").choices[0]
     assert choice.message.content == "Sure.[TOOL_CALLS]get_weather[ARGS]{city: Oslo}"
+
+
+def test_forcing_a_call_in_this_format_is_a_clear_400(mistral_client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(mistral_client, "weather in Oslo?", tool_choice="required")
+    assert "format 'mistral'" in info.value.body["message"]
