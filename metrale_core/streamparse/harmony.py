@@ -80,6 +80,7 @@ class HarmonyParser(TagParserBase):
         self._state = "header"
         self._kind = "content"
         self._body: list[str] = []
+        self._dropped = False
 
     # --- TagParserBase -------------------------------------------------------------------------
     def _complete_at_eos(self) -> bool:
@@ -124,8 +125,9 @@ class HarmonyParser(TagParserBase):
 
     def _st_after(self, final: bool) -> bool:
         dropped = self._consume(len(self._buf))
-        if dropped.strip():
-            logger.info("harmony: dropped {} characters after the end of the turn", len(dropped))
+        if dropped.strip() and not self._dropped:
+            self._dropped = True
+            logger.info("harmony: dropping the text after the end of the turn ({!r}...)", dropped[:40])
         return False
 
     # --- messages ----------------------------------------------------------------------------
@@ -169,6 +171,11 @@ class HarmonyParser(TagParserBase):
         self._send_header(self._call_name)
         self._send_args(text)
         return True
+
+    def _content(self, text: str) -> None:
+        """Content exactly as written (a malformed call's text too): harmony has no whitespace
+        between calls to drop."""
+        self._emit(content=text)
 
     def _emit(self, content: str = "", reasoning: str = "") -> None:
         if content or reasoning:

@@ -95,8 +95,14 @@ def test_malformed_call_degrades_to_content(body):
     assert got.tool_calls == []
     assert got.reasoning.startswith("The user wants")
     # the whole call text comes back, and no call (not even its name) was streamed
-    assert got.content == ("<|start|>assistant" + header + "<|message|>" + body + "<|call|>").strip()
+    assert got.content == "<|start|>assistant" + header + "<|message|>" + body + "<|call|>"
     assert got.calls == {}
+
+
+def test_whitespace_around_a_malformed_call_stays_in_place():
+    bad = "<|start|>assistant<|channel|>commentary to=functions.get_weather<|message|> {nope} <|end|>"
+    got = harmony(bad + "<|start|>assistant<|channel|>final<|message|> Hi \n")
+    assert got.content == bad + " Hi \n"
 
 
 def test_a_call_to_a_builtin_tool_is_content():
