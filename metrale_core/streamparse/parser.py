@@ -209,6 +209,8 @@ def default_reasoning(model_type: str | None, chat_template: str | None = None) 
         return "glm45"
     if model_type.startswith("smollm3"):
         return "think"
+    if model_type == "granite":  # thinking=True: <think>...</think><response>...</response>
+        return "granite"
     if model_type in ("gpt_oss", "gpt-oss"):
         return HARMONY
     return None

@@ -196,6 +196,11 @@ def test_granite_tools_list():
     assert "<|start_of_role|>available_tools<|end_of_role|>[\n    {\n" in text
     assert text.endswith("<|start_of_role|>assistant<|end_of_role|>")
     assert template_tool_format(template) == "granite"
+    thinking = both(template, ASK[1:], thinking=True)
+    assert (
+        "Write your thoughts between <think></think> and write your response between <response></response>" in thinking
+    )
+    assert default_reasoning("granite", template) == "granite"
 
 
 def test_gemma2():
