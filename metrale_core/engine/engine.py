@@ -29,8 +29,9 @@ from attrs import frozen
 from loguru import logger
 
 from metrale_core.engine.config import EngineConfig
+from metrale_core.engine.deltas import RequestOutput
 from metrale_core.engine.kv_dtype import resolve_kv_storage
-from metrale_core.engine.output import OutputProcessor, RequestOutput
+from metrale_core.engine.output import OutputProcessor
 from metrale_core.engine.pooling import plan_pools, pool_step
 from metrale_core.engine.request import Request, Sequence
 from metrale_core.engine.runner import ModelRunner, model_device

@@ -12,18 +12,26 @@ Invariants:
   position-dependent RoPE (LongRoPE's switch at its original length) is compared step by step.
 - ``gguf_header`` writes only the keys every llama.cpp decoder arch has; family keys are the
   caller's.
+- ``engine_rows`` runs the real engine (requests joining mid-prefill, chunks of 8 tokens, blocks
+  of 4) and records every logits row the model gave with its history (``ForwardSpy``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import transformers as tf
-from gguf import GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize, quantize
 
 from metrale_core.components import LoadOptions
+from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.plugins import load_registry
+from metrale_core.sampling.params import SamplingParams
+from metrale_core.testing.forward_spy import ForwardSpy
+from metrale_core.testing.staggered import run_joining_mid_prefill
 
 NEW_TOKENS = 16
 PROMPTS = [
@@ -80,19 +88,56 @@ def hf_generate(hf: Any, prompt: list[int]) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-def gguf_header(path: Any, arch: str, config: Any, vocab: int, *, dense_ffn: bool = True) -> GGUFWriter:
+def engine_rows(model: Any, max_tokens: int, blocks: int = 64) -> tuple[list[list[int]], list, LLMEngine]:
+    """Greedy outputs of ``PROMPTS`` through the engine (``blocks`` KV blocks of 4 tokens, prefill
+    chunks of 8, requests joining mid-prefill), every logits row with its history, the engine."""
+    spy = ForwardSpy(model)
+    engine = LLMEngine(
+        spy, EngineConfig(block_size=4, num_kv_blocks=blocks, max_prefill_tokens=8), registry=load_registry()
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outputs = run_joining_mid_prefill(engine, PROMPTS, params)
+    return outputs, spy.rows, engine
+
+
+Q8 = GGMLQuantizationType.Q8_0
+
+
+def q8(a: np.ndarray) -> np.ndarray:
+    """``a`` through Q8_0 and back (the values a Q8_0 file holds)."""
+    return dequantize(quantize(a, Q8), Q8).reshape(a.shape)
+
+
+def stored(a: np.ndarray, quantized: bool) -> dict:
+    """``GGUFWriter.add_tensor``'s arguments for ``a``, in Q8_0 or as it is."""
+    if quantized:
+        return dict(tensor=quantize(np.ascontiguousarray(a), Q8), raw_dtype=Q8)
+    return dict(tensor=np.ascontiguousarray(a))
+
+
+def gguf_header(
+    path: Any,
+    arch: str,
+    config: Any,
+    vocab: int,
+    *,
+    dense_ffn: bool = True,
+    head_lengths: tuple[int, int, int] | None = None,
+) -> GGUFWriter:
     """A writer for ``path`` holding the keys every decoder arch has, read from an HF config (the
-    dense MLP's width unless ``dense_ffn`` is false); the caller adds its family's keys and
-    tensors, then ``finish_gguf``."""
+    dense MLP's width unless ``dense_ffn`` is false; ``head_lengths``: the KV heads, key and value
+    lengths where the arch writes others than the config's); the caller adds its family's keys
+    and tensors, then ``finish_gguf``."""
     c = config.to_dict()
     w = GGUFWriter(str(path), arch)
     w.add_embedding_length(c["hidden_size"])
     w.add_block_count(c["num_hidden_layers"])
     w.add_head_count(c["num_attention_heads"])
-    w.add_head_count_kv(c["num_key_value_heads"])
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
+    kv_heads, key, value = head_lengths or (c["num_key_value_heads"], head_dim, head_dim)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(key)
+    w.add_value_length(value)
     if dense_ffn:
         w.add_feed_forward_length(c["intermediate_size"])
     w.add_context_length(c["max_position_embeddings"])

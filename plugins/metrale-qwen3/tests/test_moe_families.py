@@ -27,26 +27,23 @@ import transformers as tf
 from family_testlib import (
     NEW_TOKENS,
     PROMPTS,
+    engine_rows,
     finish_gguf,
     gguf_header,
     hf_generate,
     load_family,
     match_request,
+    q8,
     stepwise_reference,
+    stored,
 )
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
 from qwen3_harness import PagedRunner, build_hf, open_store, save_checkpoint
 
-from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.layers.gguf_linear import GGUFLinear
 from metrale_core.layers.lora import attach_lora
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugins import load_registry
-from metrale_core.sampling.params import SamplingParams
-from metrale_core.testing.forward_spy import ForwardSpy
-from metrale_core.testing.staggered import run_joining_mid_prefill
 
 VOCAB = 96
 BASE = dict(vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -154,16 +151,6 @@ def _hf(family: str, seed: int, config: dict):
     return build_hf(config_cls, model_cls, seed=seed, **{**BASE, **config})
 
 
-def _engine_rows(model, max_tokens: int, blocks: int = 64) -> tuple[list[list[int]], list, LLMEngine]:
-    spy = ForwardSpy(model)
-    engine = LLMEngine(
-        spy, EngineConfig(block_size=4, num_kv_blocks=blocks, max_prefill_tokens=8), registry=load_registry()
-    )
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    outputs = run_joining_mid_prefill(engine, PROMPTS, params)
-    return outputs, spy.rows, engine
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_family_is_registered(family):
     reg = load_registry()
@@ -179,7 +166,7 @@ def test_engine_logits_and_greedy_match_hf(family, name, tmp_path):
     hf = _hf(family, len(name), FAMILIES[family][2][name])
     model = load_family(family, open_store(save_checkpoint(hf, tmp_path)))
     # 10 blocks of 4 tokens cannot hold the four sequences at once: the engine preempts
-    outputs, rows, engine = _engine_rows(model, NEW_TOKENS, blocks=10)
+    outputs, rows, engine = engine_rows(model, NEW_TOKENS, blocks=10)
     assert engine.stats().num_preemptions > 0
     refs = [stepwise_reference(hf, p) for p in PROMPTS]
     full = [p + o for p, o in zip(PROMPTS, outputs)]
@@ -250,11 +237,6 @@ _GGUF = {
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp",
 }
-Q8 = GGMLQuantizationType.Q8_0
-
-
-def _q8(a: np.ndarray) -> np.ndarray:
-    return dequantize(quantize(a, Q8), Q8).reshape(a.shape)
 
 
 def _write_gguf(arch: str, hf, path) -> None:
@@ -276,30 +258,23 @@ def _write_gguf(arch: str, hf, path) -> None:
             # transformers 5 keeps a layer's experts stacked: gate_up_proj [E, 2I, D], down_proj [E, D, I]
             quantized = a.ndim >= 2 and not base.endswith(("mlp.gate", "_gate")) and base != "model.embed_tokens"
             if quantized:
-                a = _q8(a)
+                a = q8(a)
                 t.copy_(torch.from_numpy(a))
             if base in top:
-                w.add_tensor(f"{top[base]}.{kind}", **_stored(a, quantized))
+                w.add_tensor(f"{top[base]}.{kind}", **stored(a, quantized))
                 continue
             i, rest = base.removeprefix("model.layers.").split(".", 1)
             if rest == "mlp.experts" and kind == "gate_up_proj":
                 gate, up = np.split(a, 2, axis=1)
-                w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **_stored(gate, True))
-                w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **_stored(up, True))
+                w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **stored(gate, True))
+                w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **stored(up, True))
             elif rest == "mlp.experts":
-                w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **_stored(a, True))
+                w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **stored(a, True))
             elif rest == "mlp.shared_expert_gate":  # 1-D, the shape llama.cpp's loader asks for
-                w.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.{kind}", **_stored(a[0], False))
+                w.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.{kind}", **stored(a[0], False))
             else:
-                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", **_stored(a, quantized))
+                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", **stored(a, quantized))
     finish_gguf(w)
-
-
-def _stored(a: np.ndarray, quantized: bool) -> dict:
-    """``add_tensor``'s arguments for ``a``, in Q8_0 or as it is."""
-    if quantized:
-        return dict(tensor=quantize(np.ascontiguousarray(a), Q8), raw_dtype=Q8)
-    return dict(tensor=np.ascontiguousarray(a))
 
 
 def _gguf_model(family: str, tmp_path, weight_format: str):
@@ -320,7 +295,7 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(family, weight_format, tmp_path
     if weight_format == "auto":  # the experts stay Q8_0 blocks
         expert = model.weights.layers[0].moe.experts[0]
         assert isinstance(expert.gate_up, GGUFLinear) and isinstance(expert.down, GGUFLinear)
-    outputs, rows, _ = _engine_rows(model, 4)
+    outputs, rows, _ = engine_rows(model, 4)
     full = [p + o for p, o in zip(PROMPTS, outputs)]
     with torch.no_grad():
         ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
