@@ -15,7 +15,8 @@ Sources:
 Invariants:
 - ``encode(text, add_special_tokens=False)`` never adds BOS/EOS; with ``True`` it adds exactly what
   the checkpoint asks for (``add_bos_token`` / ``add_eos_token``, or the tokenizer.json post-processor).
-- ``eos_token_ids`` is non-empty-unique and starts with the tokenizer's own EOS id when it has one.
+- ``eos_token_ids`` is non-empty-unique and starts with the tokenizer's own EOS id when it has one;
+  from a GGUF it adds EOT / EOM and, for gpt-oss's vocabulary, ``<|return|>`` and ``<|call|>``.
 - No padding or truncation is ever applied (the engine owns lengths).
 """
 
@@ -175,7 +176,7 @@ class Tokenizer:
         return cls(
             backend=backend,
             bos_token_id=bos,
-            eos_token_ids=_unique([eos, token_id("eot_token_id"), token_id("eom_token_id")]),
+            eos_token_ids=_unique([eos, token_id("eot_token_id"), token_id("eom_token_id"), *_harmony_stops(tokens)]),
             pad_token_id=names["pad_token"],
             chat_template=meta.get("tokenizer.chat_template"),
             special_tokens={k: tokens[v] for k, v in names.items() if v is not None},
@@ -326,6 +327,18 @@ class Tokenizer:
         (the template writes them itself, as in transformers' ``apply_chat_template(tokenize=True)``)."""
         text = self.apply_chat_template(messages, add_generation_prompt, tools, **template_kwargs)
         return self.encode(text, add_special_tokens=False)
+
+
+#: gpt-oss's (o200k_harmony) ends of a turn: the answer's and a tool call's.  A GGUF names one EOS;
+#: llama.cpp ends generation at both by their text, as HF's generation_config lists both.
+_HARMONY_STOPS = ("<|return|>", "<|call|>")
+
+
+def _harmony_stops(tokens: Sequence[str]) -> list[int]:
+    """The ids of ``<|return|>`` and ``<|call|>`` when the vocabulary has both (else none)."""
+    if not all(stop in tokens for stop in _HARMONY_STOPS):
+        return []
+    return [tokens.index(stop) for stop in _HARMONY_STOPS]
 
 
 def _unique(ids: Iterable[int | None]) -> tuple[int, ...]:

@@ -102,7 +102,7 @@ def test_fake_distribution_registers_its_components(install, warnings_log):
         "logit_processors": ["reasoning-budget"],
         "samplers": ["default"],
         "schedulers": ["fcfs"],
-        "tool_call_parsers": ["hermes", "qwen3_coder", "glm47"],
+        "tool_call_parsers": ["hermes", "qwen3_coder", "glm47", "mistral", "granite", "phi4_mini", "harmony"],
         "executors": ["uni", "mp", "env"],
     }
 

@@ -96,7 +96,7 @@ def add_parser(sub, registry) -> argparse.ArgumentParser:
         default=None,
         metavar="NAME",
         help="split <think> reasoning into reasoning_content (qwen3, think, "
-        "deepseek_r1, glm45, none; default: by model type)",
+        "deepseek_r1, glm45, granite, harmony, none; default: by chat template / model type)",
     )
     http.add_argument(
         "--pooling",

@@ -21,6 +21,8 @@ Invariants:
   is sampled alone; a row that still fails finishes with ``"error"`` (its message in
   ``RequestOutput.error``) and every other row gets its token.  ``LLMEngine.fail_in_flight`` is
   left for failures of the step itself (the model).
+- Special tokens are left out of the text, unless the sequence's stream parser says
+  ``keeps_special_tokens`` (its markers are special tokens; it turns them into parsed pieces).
 - A sequence's ``extras["stream_parser"]`` is fed exactly the emitted text deltas, in
   order, in the engine thread, and finished with the sequence; its pieces are
   ``RequestOutput.parsed``.  So its state is current when the next position is sampled.
@@ -225,7 +227,9 @@ class OutputProcessor:
         if seq.detokenizer is None:
             from metrale_core.detokenizer import IncrementalDetokenizer
 
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, skip_special_tokens=True)
+            # a stream parser whose markers are special tokens (harmony, [TOOL_CALLS]) reads them
+            keep = getattr(seq.extras.get("stream_parser"), "keeps_special_tokens", False)
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, skip_special_tokens=not keep)
         previous = len(seq.text)
         seq.text += seq.detokenizer.push([token])
         stops = [s for s in seq.params.stop if s]

@@ -10,7 +10,10 @@ Invariants:
   anything else is a 400 naming ``messages[i].role``.  Only text content parts are served; an
   image/audio/file part is a 400 naming its path, never silently dropped.
 - Assistant ``tool_calls`` reach the template with ``arguments`` as a dict when they are a JSON
-  object (what Qwen/Llama templates expect), else as the string given.
+  object (what Qwen/Llama templates expect), else as the string given.  What a template asks
+  beyond that (Phi-4-mini's tools in the system message, Mistral's 9-character ids) is
+  ``template_adapt``'s; a request's ``reasoning_effort`` is the template variable of that name
+  (gpt-oss) unless ``chat_template_kwargs`` sets it.
 - ``tool_choice``: ``none`` renders the tools but parses no calls; ``auto`` and ``required`` parse
   calls; a named function must be one of ``tools`` (400 otherwise).  ``required`` and a named
   function are enforced by a grammar when a structured-output plugin is installed
@@ -181,12 +184,15 @@ def chat_prompt(tokenizer: Any, req: ChatCompletionRequest, max_model_len: int =
         raise APIError(400, "modalities: only 'text' output is supported", param="modalities")
     messages = template_messages(req.messages)
     tools = template_tools(req)
+    kwargs = req.chat_template_kwargs
+    if req.reasoning_effort is not None and "reasoning_effort" not in (kwargs or {}):
+        kwargs = {**(kwargs or {}), "reasoning_effort": req.reasoning_effort}  # gpt-oss's template reads it
     text = render_messages(
         tokenizer,
         messages,
         tools=tools,
         add_generation_prompt=req.add_generation_prompt,
-        chat_template_kwargs=req.chat_template_kwargs,
+        chat_template_kwargs=kwargs,
         max_model_len=max_model_len,
     )
     return tokenizer.encode(text, add_special_tokens=False), text
@@ -228,9 +234,12 @@ def render_messages(
     """The rendered prompt text; 400 before rendering when the conversation cannot fit the
     context, and the render bounded to what the context can hold (``guards``)."""
     from metrale_core.server.guards import check_prompt_chars, max_prompt_chars
+    from metrale_core.server.template_adapt import adapt_messages
 
     kwargs = template_kwargs(chat_template_kwargs)
     check_prompt_chars(_chars(messages), tokenizer, max_model_len, "messages")
+    template = getattr(tokenizer, "chat_template", None)
+    messages = adapt_messages(template if isinstance(template, str) else None, messages, tools)
     text = tokenizer.apply_chat_template(
         messages,
         add_generation_prompt=add_generation_prompt,
@@ -243,14 +252,17 @@ def render_messages(
 
 
 def reasoning_format(host: Any) -> str | None:
-    """The reasoning format to split off: ``--reasoning-parser``, else by the model type."""
+    """The reasoning format to split off: ``--reasoning-parser``, else by the chat template
+    (harmony) or the model type."""
+    from metrale_core.server.structured import served_chat_template
     from metrale_core.streamparse import default_reasoning
 
     name = host.config.reasoning_parser
     if name == "none":
         return None
     if name is None or name == "auto":
-        return default_reasoning(host.served.model_type if host.served is not None else None)
+        model_type = host.served.model_type if host.served is not None else None
+        return default_reasoning(model_type, served_chat_template(host))
     return name
 
 

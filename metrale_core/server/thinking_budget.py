@@ -7,6 +7,7 @@ to ``generation.plan_jobs``; the core's ``reasoning-budget`` logit processor enf
 Invariants:
 - No budget asked: None.  A budget on a model with no reasoning format (``--reasoning-parser``,
   else by model type) is a 400 naming the field: it could never be enforced.
+- The harmony format (gpt-oss) has no forcible end of reasoning: a budget is a 400 there.
 - A prompt whose template already closed the reasoning (thinking off: it ends with ``</think>``)
   has nothing to bound: None.  One that opened it (ends with ``<think>``) starts inside it.
 - The forced end is ``\\n</think>\\n\\n``, what Qwen3-style templates put between the reasoning and
@@ -34,7 +35,12 @@ def chat_reasoning_budget(
     tokens = getattr(req, "thinking_token_budget", None)
     if tokens is None:
         return None
-    if reasoning_format(host) is None:
+    fmt = reasoning_format(host)
+    if fmt == "harmony":  # its reasoning ends with a channel switch, not a forcible </think>
+        raise APIError(
+            400, f"{field}: not supported for the harmony format (gpt-oss); use reasoning_effort", param=field
+        )
+    if fmt is None:
         raise APIError(
             400,
             f"{field}: the served model has no reasoning format, so there is no reasoning to bound "

@@ -3,7 +3,8 @@
 Owner: the server builds one :class:`StreamParser` per sequence with :func:`make_stream_parser`
 and passes it to the engine as ``extras={"stream_parser": parser}``; the engine feeds it and puts
 the parsed pieces on ``RequestOutput.parsed``.  Tool-call formats are plugins
-(``metrale_tool_call_parsers`` hook); the built-ins are ``hermes``, ``qwen3_coder`` and ``glm47``.
+(``metrale_tool_call_parsers`` hook); the built-ins are ``hermes``, ``qwen3_coder``, ``glm47``,
+``mistral``, ``granite``, ``phi4_mini`` and ``harmony`` (gpt-oss: it also splits the reasoning).
 A plugin parser may use :func:`held_back_len` to hold back a possible partial marker at the end
 of the streamed text, as the built-ins do.
 

@@ -1,6 +1,7 @@
 """The pieces every streaming tool-call parser shares.
 
-Owner: the parsers of this package (``hermes``, ``qwen3_coder``, ``glm47``) subclass
+Owner: the parsers of this package (``hermes``, ``qwen3_coder``, ``glm47``, ``jsoncalls``,
+``mistral``, ``harmony``) subclass
 :class:`TagParserBase`; :class:`metrale_core.streamparse.parser.StreamParser` drives one parser per
 sequence.  Plugins may register any object that satisfies :class:`ToolCallParser`; a plugin
 parser may subclass :class:`TagParserBase` (with its own ``call_open`` / ``call_close`` tags) and
@@ -84,6 +85,10 @@ class ToolCallParser(Protocol):
     """What ``ToolCallParserSpec.factory(tools=...)`` must return: one parser state per sequence.
 
     Header pieces (``tool_call_index`` and ``name``) carry no id; the stream parser adds it.
+    Optional attributes the core reads with ``getattr``: ``keeps_special_tokens = True`` when the
+    format's markers are special tokens (the engine then decodes this sequence without dropping
+    them); ``new_call_id()`` for a format whose templates need another id shape (Mistral's 9
+    characters); ``in_reasoning`` for a parser that also splits reasoning (harmony).
     """
 
     inside_tool_call: bool

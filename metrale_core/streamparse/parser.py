@@ -45,11 +45,17 @@ __all__ = [
 BUILTIN_TOOL_PARSERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "hermes": (
         "metrale_core.streamparse.hermes:HermesParser",
-        ("qwen3", "qwen2", "qwen3_moe", "qwen2_moe", "qwen3_next"),
+        ("qwen3", "qwen2", "qwen3_moe", "qwen2_moe", "qwen3_next", "smollm3"),
     ),
     "qwen3_coder": ("metrale_core.streamparse.qwen3_coder:Qwen3CoderParser", ("qwen3_coder", "qwen3_5", "qwen3_5_moe")),
     "glm47": ("metrale_core.streamparse.glm47:Glm47Parser", ("glm5_next", "glm_moe_dsa", "glm4_moe")),
+    "mistral": ("metrale_core.streamparse.mistral:MistralToolParser", ("mistral", "mistral3")),
+    "granite": ("metrale_core.streamparse.jsoncalls:GraniteParser", ("granite",)),
+    "phi4_mini": ("metrale_core.streamparse.jsoncalls:Phi4MiniParser", ("phi3",)),
+    "harmony": ("metrale_core.streamparse.harmony:HarmonyParser", ("gpt_oss", "gpt-oss")),
 }
+#: The format whose one parser also splits reasoning (its channels say what each text is).
+HARMONY = "harmony"
 #: ``tool_parser="none"`` turns tool-call parsing off (content and reasoning only).
 NO_TOOL_PARSER = "none"
 
@@ -81,7 +87,15 @@ class StreamParser:
     # --- B1 state ----------------------------------------------------------------------------
     @property
     def in_reasoning(self) -> bool:
-        return self.reasoning is not None and self.reasoning.in_reasoning
+        if self.reasoning is None:  # a parser that splits reasoning itself (harmony) says so
+            return bool(getattr(self.tool_parser, "in_reasoning", False))
+        return self.reasoning.in_reasoning
+
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """Whether the tool parser reads markers that are special tokens (the engine must keep
+        them in the text it decodes for this sequence)."""
+        return bool(getattr(self.tool_parser, "keeps_special_tokens", False))
 
     @property
     def inside_tool_call(self) -> bool:
@@ -180,14 +194,25 @@ def _mergeable(a: ParsedDelta, b: ParsedDelta) -> bool:
     return a.tool_call_index == b.tool_call_index
 
 
-def default_reasoning(model_type: str | None) -> str | None:
-    """The reasoning format a model type uses by default (None: no reasoning split)."""
+def default_reasoning(model_type: str | None, chat_template: str | None = None) -> str | None:
+    """The reasoning format a model uses by default (None: no reasoning split): ``harmony``
+    when the chat template writes harmony, else by model type."""
+    from metrale_core.streamparse.template_format import template_tool_format
+
+    if template_tool_format(chat_template) == HARMONY:
+        return HARMONY
     if not model_type:
         return None
     if model_type.startswith("qwen3"):
         return "qwen3"
     if model_type.startswith("glm"):
         return "glm45"
+    if model_type.startswith("smollm3"):
+        return "think"
+    if model_type == "granite":  # thinking=True: <think>...</think><response>...</response>
+        return "granite"
+    if model_type in ("gpt_oss", "gpt-oss"):
+        return HARMONY
     return None
 
 
@@ -249,7 +274,13 @@ def make_stream_parser(
     ``registry``: a ``metrale_core.plugins.Registry``; None uses the built-in parsers only.
     """
     if reasoning == "auto":
-        reasoning = default_reasoning(model_type)
+        reasoning = default_reasoning(model_type, chat_template)
+    factory = _tool_factory(registry, tool_parser, model_type, chat_template)
+    harmony = _harmony_factory(registry)
+    if reasoning == HARMONY or (factory is not None and factory == harmony):
+        # one parser for the whole stream; calls only when tools are parsed
+        parser = harmony(tools=tools, parse_calls=factory is not None)
+        return StreamParser(parser, None, id_factory=_ids(parser, id_factory))
     splitter = None
     if reasoning is not None:
         fmt = REASONING_FORMATS.get(reasoning)
@@ -258,6 +289,20 @@ def make_stream_parser(
                 f"unknown reasoning format {reasoning!r} (known: {', '.join(sorted(REASONING_FORMATS))}, auto, or none)"
             )
         splitter = ReasoningSplitter(fmt, starts_in_reasoning=starts_in_reasoning)
-    factory = _tool_factory(registry, tool_parser, model_type, chat_template)
     parser = factory(tools=tools) if factory is not None else None
-    return StreamParser(parser, splitter, id_factory=id_factory)
+    return StreamParser(parser, splitter, id_factory=_ids(parser, id_factory))
+
+
+def _harmony_factory(registry: Registry | None) -> Callable:
+    spec = registry.tool_call_parsers.get(HARMONY) if registry is not None else None
+    if spec is not None:
+        return spec.factory
+    from metrale_core.plugins import lazy_factory
+
+    return lazy_factory(BUILTIN_TOOL_PARSERS[HARMONY][0])
+
+
+def _ids(parser: ToolCallParser | None, id_factory: Callable[[], str]) -> Callable[[], str]:
+    """The parser's own id style (``new_call_id``: Mistral's 9 characters), unless one was given."""
+    own = getattr(parser, "new_call_id", None)
+    return own if own is not None and id_factory is new_tool_call_id else id_factory

@@ -12,6 +12,9 @@ Behaviour.
 - Reasoning ends at ``</think>`` (dropped) or, in the glm variant, at ``<tool_call>``, which is
   kept and handed on as content so the tool-call parser sees it.  A stream that ends inside
   reasoning was all reasoning.  There is one reasoning span at most.
+- A format with ``answer_tags`` (granite: ``<response>``, ``</response>``) drops them around the
+  answer when the answer that follows the reasoning span opens with the first (after optional
+  whitespace); the text after the closing tag is content again.
 
 Invariants:
 - Any split of the same text over ``feed`` calls gives the same reasoning and content.
@@ -42,6 +45,8 @@ class ReasoningFormat:
     close_tags: tuple[str, ...] = (THINK_CLOSE,)
     #: Tags that end reasoning and are handed on as content (glm: ``<tool_call>``).
     handover_tags: tuple[str, ...] = ()
+    #: Tags around the answer after the reasoning, dropped (granite: ``<response>``...).
+    answer_tags: tuple[str, str] | None = None
 
 
 #: Reasoning formats by name (``make_stream_parser(reasoning=...)``).
@@ -51,6 +56,7 @@ REASONING_FORMATS: dict[str, ReasoningFormat] = {
     "deepseek_r1": ReasoningFormat("deepseek_r1"),
     "glm45": ReasoningFormat("glm45", handover_tags=("<tool_call>",)),
     "glm47": ReasoningFormat("glm47", handover_tags=("<tool_call>",)),
+    "granite": ReasoningFormat("granite", answer_tags=("<response>", "</response>")),
 }
 
 
@@ -92,12 +98,35 @@ class ReasoningSplitter:
             if tag is None:
                 self._buf = self._buf[i:]
                 return out
-            self._state = "content"
+            self._state = "answer_start" if self.format.answer_tags else "content"
             self._buf = self._buf[i + len(tag) :] if tag in self.format.close_tags else self._buf[i:]
+        if self._state == "answer_start":
+            self._answer_start(final)
+        if self._state == "answer" and self._buf:
+            assert self.format.answer_tags is not None
+            i, tag = scan_tags(self._buf, 0, self.format.answer_tags[1:], final)
+            if i:
+                out.append(("content", self._buf[:i]))
+            self._buf = self._buf[i + len(tag) :] if tag is not None else self._buf[i:]
+            if tag is None:
+                return out
+            self._state = "content"
         if self._state == "content" and self._buf:
             out.append(("content", self._buf))
             self._buf = ""
         return out
+
+    def _answer_start(self, final: bool) -> None:
+        assert self.format.answer_tags is not None
+        opening = self.format.answer_tags[0]
+        body = self._buf.lstrip()
+        if len(self._buf) - len(body) > MAX_LEADING_WS:
+            self._state = "content"
+        elif body.startswith(opening):
+            self._buf = body[len(opening) :]
+            self._state = "answer"
+        elif final or not opening.startswith(body):
+            self._state = "content"
 
     def _start(self, final: bool) -> None:
         body = self._buf.lstrip()

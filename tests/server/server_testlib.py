@@ -62,8 +62,17 @@ def _byte_alphabet() -> list[str]:
     return [table[b] for b in range(256)]
 
 
-def write_tokenizer(directory: Path) -> Path:
-    """A byte-level tokenizer (one token per byte, no merges) plus ChatML specials and tags."""
+def write_tokenizer(
+    directory: Path,
+    special: list[str] = SPECIAL,
+    added: list[str] = ADDED,
+    chat_template: str = CHATML,
+    eos: str = "<|im_end|>",
+    generation_eos: tuple[str, ...] = (),
+) -> Path:
+    """A byte-level tokenizer (one token per byte, no merges) plus ChatML specials and tags (or
+    another format's: ``special`` tokens, ``added`` plain tokens, template, EOS, and the extra
+    end-of-generation tokens of a ``generation_config.json``)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -71,20 +80,29 @@ def write_tokenizer(directory: Path) -> Path:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     tok.save(str(directory / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None, "chat_template": CHATML}
+    config = {"eos_token": eos, "pad_token": special[0], "bos_token": None, "chat_template": chat_template}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    if generation_eos:
+        ids = [tok.token_to_id(t) for t in (eos, *generation_eos)]
+        (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}))
     return directory
 
 
 class ScriptedLM:
-    """See the module docstring."""
+    """See the module docstring.  A subclass speaks another chat format by overriding the class
+    attributes (its end token, the assistant and user headers, its scripts)."""
+
+    EOS = "<|im_end|>"
+    ASSISTANT = "<|im_start|>assistant\n"
+    USER = "<|im_start|>user\n"
+    SCRIPTS = SCRIPTS
 
     def __init__(self, tokenizer, max_position: int = 4096):
         self.tokenizer = tokenizer
-        self.eos = tokenizer.token_to_id("<|im_end|>")
+        self.eos = tokenizer.token_to_id(self.EOS)
         self.info = ModelInfo(
             architecture="scripted",
             vocab_size=tokenizer.vocab_size,
@@ -92,8 +110,8 @@ class ScriptedLM:
             kv=KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32),
             eos_token_ids=(self.eos,),
         )
-        self.header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
-        self.user = tokenizer.encode("<|im_start|>user\n", add_special_tokens=False)
+        self.header = tokenizer.encode(self.ASSISTANT, add_special_tokens=False)
+        self.user = tokenizer.encode(self.USER, add_special_tokens=False)
         #: What a template renders after the header when thinking is off (skipped by the script).
         self.no_think = tokenizer.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
         self._replies: dict[tuple[int, ...], list[int] | None] = {}
@@ -130,15 +148,24 @@ class ScriptedLM:
         logits[self.eos] = -5.0  # rare, so random continuations run to max_tokens
         return logits
 
-    def _scripted(self, history: list[int]) -> int | None:
+    def _reply_start(self, history: list[int]) -> int | None:
+        """Where the reply begins: after the last assistant header (and a closed think block)."""
         n = len(self.header)
-        start = None
         for at in range(len(history) - n, -1, -1):
             if history[at : at + n] == self.header:
                 start = at + n
                 if history[start : start + len(self.no_think)] == self.no_think:
                     start += len(self.no_think)
-                break
+                return start
+        return None
+
+    def _tokens_in(self, text: str) -> int:
+        """How many tokens ``text`` (a prefix of a decoded history) is: for ``_reply_start``
+        overrides that find the reply's start in the text."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _scripted(self, history: list[int]) -> int | None:
+        start = self._reply_start(history)
         if start is None:
             return None
         key = tuple(history[:start])
@@ -152,8 +179,8 @@ class ScriptedLM:
 
     def _reply(self, prompt: list[int]) -> list[int] | None:
         text = self.tokenizer.decode(prompt, skip_special_tokens=False)
-        last_user = text.rsplit("<|im_start|>user\n", 1)[-1]
-        for keyword, reply in SCRIPTS:
+        last_user = text.rsplit(self.USER, 1)[-1]
+        for keyword, reply in self.SCRIPTS:
             if keyword in last_user:
                 return self.tokenizer.encode(reply, add_special_tokens=False)
         return None

@@ -9,7 +9,8 @@ from attrs import frozen
 
 from metrale_core.streamparse import make_stream_parser
 
-ID = re.compile(r"call_[0-9a-f]{16}")
+#: OpenAI-style ids, or the 9 letters and digits of the mistral parser.
+ID = re.compile(r"call_[0-9a-f]{16}|[A-Za-z0-9]{9}")
 
 
 @frozen

@@ -59,6 +59,27 @@ ATOMS = {
     ],
     "glm47": COMMON
     + ["f", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<arg_", "key>", "value>", "k", "3"],
+    "mistral": COMMON + ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[TOOL_", "f", '{"a": 1}', "[", "]", '"name"', ":"],
+    "granite": COMMON + ["<|tool_call|>", "<|tool_", "[", "]", '{"name": "f", "arguments": {', '"a": 1', "}}", ","],
+    "phi4_mini": COMMON
+    + ["<|tool_call|>", "<|/tool_call|>", "<|/tool", "[", "]", '{"name": "f"', ', "arguments": {}}'],
+    "harmony": COMMON
+    + [
+        "<|start|>assistant",
+        "<|channel|>",
+        "<|message|>",
+        "<|end|>",
+        "<|call|>",
+        "<|return|>",
+        "<|constrain|>json",
+        "analysis",
+        "final",
+        "commentary",
+        " to=functions.f ",
+        "<|chan",
+        "nel|>",
+        '{"a": 1}',
+    ],
 }
 VALID = {
     "hermes": 'Hi <tool_call>\n{"name": "f", "arguments": {"a": 1, "n": {"s": "x\\"y"}}}\n</tool_call>\n'
@@ -68,7 +89,15 @@ VALID = {
     "</tool_call><tool_call>\n<function=g>\n</function>\n</tool_call>",
     "glm47": "Hi <tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value><arg_key>t</arg_key>"
     "<arg_value>free text</arg_value></tool_call><tool_call>g</tool_call>",
+    "mistral": 'Hi [TOOL_CALLS]f[ARGS]{"a": 1, "n": {"s": "x\\"y"}}[TOOL_CALLS][{"name": "g", "arguments": {}}]',
+    "granite": 'Hi <|tool_call|>[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]',
+    "phi4_mini": 'Hi <|tool_call|>[{"name": "f", "arguments": {"a": 1}}]<|/tool_call|>',
+    "harmony": "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>commentary"
+    ' to=functions.f <|constrain|>json<|message|>{"a": 1}<|end|><|start|>assistant<|channel|>final'
+    "<|message|>Hi<|return|>",
 }
+#: Formats whose markers structure all output (not just calls): their content is not the raw text.
+CHANNELLED = {"harmony"}
 TOOLS = [
     {
         "type": "function",
@@ -103,5 +132,5 @@ def test_random_output_never_raises_and_is_chunking_invariant(fmt):
         for _name, args in whole.tool_calls:  # completed calls are always valid JSON objects
             assert isinstance(json.loads(args), dict)
         # nothing is lost: without a well-formed call, the content is the model's text exactly
-        if not whole.tool_calls and kwargs["reasoning"] is None:
+        if not whole.tool_calls and kwargs["reasoning"] is None and fmt not in CHANNELLED:
             assert whole.content == text

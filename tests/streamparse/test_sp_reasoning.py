@@ -42,6 +42,29 @@ def test_reasoning_split(text, reasoning, content, starts):
     assert (got.reasoning, got.content) == (reasoning, content)
 
 
+@pytest.mark.parametrize(
+    "text, reasoning, content",
+    [
+        ("<think>Plan.</think>\n<response>The answer.</response>", "Plan.", "The answer."),
+        ("<think>a</think><response>x</response> tail", "a", "x tail"),
+        ("<think>a</think> no tags</response>", "a", " no tags</response>"),  # only an opened answer closes
+        ("<think>a</think><response>cut short", "a", "cut short"),
+        ("<response>no reasoning</response>", "", "<response>no reasoning</response>"),
+        ("plain", "", "plain"),
+    ],
+)
+def test_granite_answer_tags_are_dropped_after_reasoning(text, reasoning, content):
+    got = assert_chunking_invariant(text, tool_parser="none", reasoning="granite")
+    assert (got.reasoning, got.content) == (reasoning, content)
+    assert default_reasoning("granite") == "granite"
+
+
+def test_granite_tool_call_inside_the_answer():
+    text = '<think>Need it.</think><response><|tool_call|>[{"name": "f", "arguments": {"a": 1}}]</response>'
+    got = assert_chunking_invariant(text, tool_parser="granite", reasoning="granite")
+    assert got.reasoning == "Need it." and got.content == "" and got.tool_calls == [("f", '{"a": 1}')]
+
+
 def test_long_leading_whitespace_is_content():
     text = " " * (MAX_LEADING_WS + 1) + "<think>x</think>"
     got = assert_chunking_invariant(text, trials=20, tool_parser="none", reasoning="qwen3")
@@ -81,7 +104,9 @@ def test_parser_choice_by_name_model_type_and_registry():
             make_stream_parser(registry, tool_parser="glm47", model_type="qwen3").tool_parser, Glm47Parser
         )
         assert make_stream_parser(registry, tool_parser="none").tool_parser is None
-        with pytest.raises(ConfigError, match=r"no tool-call parser named 'xml'.*glm47, hermes, .*qwen3_coder"):
+        with pytest.raises(
+            ConfigError, match=r"no tool-call parser named 'xml'.*glm47, .*harmony, hermes, .*qwen3_coder"
+        ):
             make_stream_parser(registry, tool_parser="xml")
     with pytest.raises(ConfigError, match="unknown reasoning format 'r1'"):
         make_stream_parser(reasoning="r1")

@@ -7,7 +7,7 @@ import pytest
 
 from metrale_core.streamparse import BUILTIN_TOOL_PARSERS, make_stream_parser
 from metrale_core.streamparse.parser import default_tool_parser
-from metrale_core.streamparse.template_format import template_tool_format
+from metrale_core.streamparse.template_format import template_tool_format, tools_in_system_message
 
 # the tool sections of the real templates, abridged
 QWEN25 = (
@@ -22,6 +22,9 @@ QWEN3_CODER = (
 )
 GLM = "<tool_call>{{ tc.name }}<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value></tool_call>"
 MISTRAL = "{{- '[TOOL_CALLS]' + tool_call.function.name + '[ARGS]' }}"
+HARMONY = '{{- "<|start|>assistant to=functions." + name + "<|channel|>commentary json<|message|>" }}'
+GRANITE = "respond only with <|tool_call|> followed by a JSON list of tools used."
+PHI4 = "{{ '<|system|>' + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' }}"
 PLAIN = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 TYPES = {n: t for n, (_, t) in BUILTIN_TOOL_PARSERS.items()}
 
@@ -33,6 +36,9 @@ TYPES = {n: t for n, (_, t) in BUILTIN_TOOL_PARSERS.items()}
         (QWEN3_CODER, "qwen3_coder"),
         (GLM, "glm47"),
         (MISTRAL, "mistral"),
+        (HARMONY, "harmony"),
+        (GRANITE, "granite"),
+        (PHI4, "phi4_mini"),
         (PLAIN, None),
         ("", None),
         (None, None),
@@ -47,8 +53,12 @@ def test_template_comes_before_model_type_and_hermes_is_last():
     assert default_tool_parser(TYPES, "qwen3_coder", QWEN25) == "hermes"
     assert default_tool_parser(TYPES, "glm4_moe", PLAIN) == "glm47"  # no marker: by model type
     assert default_tool_parser(TYPES, "llama", None) == "hermes"
+    assert default_tool_parser(TYPES, "mistral", PLAIN) == "mistral"
+    assert default_tool_parser(TYPES, "gpt_oss", None) == "harmony"
+    assert default_tool_parser(TYPES, "smollm3", None) == "hermes"
     # a format whose parser is not installed falls through to the model type
-    assert default_tool_parser(TYPES, "glm4_moe", MISTRAL) == "glm47"
+    installed = {n: t for n, t in TYPES.items() if n != "mistral"}
+    assert default_tool_parser(installed, "glm4_moe", MISTRAL) == "glm47"
 
 
 def test_make_stream_parser_uses_the_template_format():
@@ -66,3 +76,9 @@ def test_make_stream_parser_uses_the_template_format():
     deltas = parser.feed("<tool_call>\n" + text + "</tool_call>") + parser.finish()
     assert [d.name for d in deltas if d.name] == ["get_weather"]
     assert not "".join(d.content for d in deltas).strip()
+
+
+def test_tools_in_system_message_only_for_templates_that_read_them_there():
+    assert tools_in_system_message(PHI4)
+    assert not tools_in_system_message(QWEN25) and not tools_in_system_message(None)
+    assert not tools_in_system_message("<|tool|>{{ tools | tojson }}<|/tool|>")

@@ -196,6 +196,23 @@ def test_synthetic_eot_joins_eos_ids_and_chat_template():
     assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "<s>x"
 
 
+def test_harmony_vocab_ends_turns_at_return_and_call():
+    """gpt-oss GGUFs name one EOS; <|call|> must stop generation too (as llama.cpp and HF do)."""
+    from metrale_core.tokenizer import _BYTE_CHARS
+
+    tokens = ["<|endoftext|>", "<|start|>", "<|end|>", "<|return|>", "<|call|>"] + [_BYTE_CHARS[b] for b in range(256)]
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3] * 5 + [1] * 256,
+        "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.eos_token_id": 3,
+    }
+    assert Tokenizer.from_gguf_metadata(meta).eos_token_ids == (3, 4)  # <|end|> (2) is not an end of turn
+    without_call = {**meta, "tokenizer.ggml.tokens": [t if t != "<|call|>" else "<|other|>" for t in tokens]}
+    assert Tokenizer.from_gguf_metadata(without_call).eos_token_ids == (3,)
+
+
 def test_non_ascii_vocab_entries_are_respelled_to_bytes():
     meta = _meta()
     meta["tokenizer.ggml.tokens"] = meta["tokenizer.ggml.tokens"] + ["中"]  # stored raw, outside the byte alphabet

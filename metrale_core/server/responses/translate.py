@@ -18,7 +18,8 @@ Mapping:
   "name"}`` as in chat.
 - ``text.format`` -> ``response_format`` (refused or honoured exactly as chat's is).
 - ``reasoning.effort`` ``none`` -> ``enable_thinking=False``; another effort -> ``True``; absent ->
-  the template's default.
+  the template's default.  ``low`` / ``medium`` / ``high`` are also the template's
+  ``reasoning_effort`` (gpt-oss's ``Reasoning:`` line), as chat's ``reasoning_effort`` is.
 - ``max_output_tokens``, ``temperature``, ``top_p`` as is.
 - ``include`` (any value) and ``truncation`` other than ``disabled`` are a 400 naming the field and
   value: this server does not drop input items to fit, and returns no extra included data.
@@ -204,7 +205,10 @@ def _enable_thinking(reasoning: dict | None) -> dict:
     effort = reasoning["effort"]
     if effort not in ("none", "minimal", "low", "medium", "high", "xhigh"):
         raise _bad("reasoning.effort", f"must be none, minimal, low, medium, high or xhigh, got {effort!r}")
-    return {"enable_thinking": effort != "none"}
+    kwargs: dict = {"enable_thinking": effort != "none"}
+    if effort in ("low", "medium", "high"):
+        kwargs["reasoning_effort"] = effort
+    return kwargs
 
 
 def _refused(req: ResponsesRequest) -> None:

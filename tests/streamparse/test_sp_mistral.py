@@ -1,17 +1,18 @@
-"""metrale-mistral-tools: installed, selected by name or model type, and chunking-proof."""
+"""The built-in ``mistral`` parser (once contrib's metrale-mistral-tools): both [TOOL_CALLS] forms,
+selected by name, model type or template, chunking-proof, 9-character ids."""
 
 from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
+import re
 
 import pytest
+from streamparse_helpers import assert_chunking_invariant
 
 from metrale_core.plugins import load_registry
 from metrale_core.streamparse import StreamParser, ToolCallParser, make_stream_parser
-from metrale_mistral_tools.parser import MistralToolParser
+from metrale_core.streamparse.mistral import MistralToolParser
 
 TWO_CALLS = (
     'Let me check both.\n[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": [1, 2],'
@@ -53,15 +54,11 @@ def random_chunks(rng: random.Random, n: int) -> list[int]:
     return sizes
 
 
-def test_plugin_is_installed(registry):
+def test_built_in(registry):
     spec = registry.tool_call_parsers["mistral"]
-    assert registry.provider("tool_call_parsers", "mistral").distribution == "metrale-mistral-tools"
+    assert registry.provider("tool_call_parsers", "mistral").distribution == "metrale-core"
     assert spec.model_types == ("mistral", "mistral3")
     assert isinstance(spec.factory(tools=None), ToolCallParser)
-    listing = subprocess.run(
-        [sys.executable, "-m", "metrale_core", "plugins"], capture_output=True, text=True, check=True
-    ).stdout
-    assert "metrale-mistral-tools" in listing and "tool_call_parsers: mistral" in listing
 
 
 def test_selected_by_name_and_by_model_type(registry):
@@ -77,7 +74,8 @@ def test_selected_by_name_and_by_model_type(registry):
     by_name.feed(TWO_CALLS[-1])
     by_name.finish()
     assert [c["name"] for c in by_name.tool_calls] == ["get_weather", "get_time"]
-    assert all(c["id"].startswith("call_") for c in by_name.tool_calls)
+    # Mistral's templates refuse any id but 9 letters/digits when the call comes back
+    assert all(re.fullmatch(r"[A-Za-z0-9]{9}", c["id"]) for c in by_name.tool_calls)
     other.feed(TWO_CALLS)
     other.finish()
     assert other.tool_calls == []
@@ -99,7 +97,10 @@ MALFORMED = [
     'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": Paris}',  # invalid JSON
     "Sure.[TOOL_CALLS]get_weather[ARGS][1, 2]",  # not an object
     'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Pa',  # the stream ends inside
-    'Sure.[TOOL_CALLS][{"name": "f", "arguments": {}}]',  # the old v3 form
+    'Sure.[TOOL_CALLS][{"name": "f", "arguments": {}}',  # the v3 form, cut short
+    'Sure.[TOOL_CALLS][{"name": "f", "arguments": [1]}]',  # v3: arguments not an object
+    'Sure.[TOOL_CALLS][{"name": "f", "oops": 1}]',  # v3: an unknown key
+    "Sure.[TOOL_CALLS][]",  # v3: no call
 ]
 
 
@@ -170,3 +171,29 @@ def test_parser_builds_on_the_public_tag_parser_base():
     assert issubclass(MistralToolParser, TagParserBase)
     for method in ("feed", "finish", "_content", "_fallback", "_drive"):
         assert method not in vars(MistralToolParser), method
+
+
+def test_v3_form_of_mistral_nemo_with_ids_and_several_calls():
+    text = (
+        'Checking.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abc123XYZ"}, '
+        '{"name": "get_time", "arguments": "{\\"tz\\": \\"CET\\"}", "id": "def456UVW"}]'
+    )
+    got = assert_chunking_invariant(text, tool_parser="mistral", tools=[])
+    assert got.content == "Checking."
+    assert [(n, json.loads(a)) for n, a in got.tool_calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {"tz": "CET"}),
+    ]
+
+
+def test_small_3_2_call_id_variant():
+    got = assert_chunking_invariant(
+        '[TOOL_CALLS]get_weather[CALL_ID]abc123XYZ[ARGS]{"city": "Oslo"}', tool_parser="mistral"
+    )
+    assert got.tool_calls == [("get_weather", '{"city": "Oslo"}')] and got.content == ""
+
+
+def test_picked_by_a_mistral_template():
+    nemo = "{{- '[TOOL_CALLS][' }}{%- for tool_call in message.tool_calls %}"
+    parser = make_stream_parser(tools=[], chat_template=nemo, model_type="llama")
+    assert isinstance(parser.tool_parser, MistralToolParser) and parser.keeps_special_tokens
