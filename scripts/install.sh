@@ -7,13 +7,15 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
-core="."
+# the dashboard and the HTTP clients are extras of metrale-core (a headless server needs neither);
+# the README's commands get both
+core=".[tui,client]"
 dirs="plugins/*/"
 # metrale-ray pulls in Ray (hundreds of MB) for multi-machine tensor parallelism: opt-in for
 # users (pip install -e plugins/metrale-ray), installed with --dev so its tests run.
 skip="plugins/metrale-ray/"
 if [ "${1:-}" = "--dev" ]; then
-    core=".[test,lint]"
+    core=".[tui,client,test,lint]"
     dirs="plugins/*/ contrib/*/"
     skip="^$"
 fi

@@ -14,8 +14,6 @@ import argparse
 import os
 import sys
 
-from loguru import logger
-
 import metrale_core
 from metrale_core.errors import MetraleError
 
@@ -23,18 +21,10 @@ __all__ = ["build_parser", "main"]
 
 
 def configure_logging(level: str) -> None:
-    """The one place that adds a loguru sink: stderr, at ``level``.
+    """Log to stderr at ``level`` (``metrale_core.logs``, where every sink is set up)."""
+    from metrale_core.logs import to_stderr
 
-    ``diagnose`` and ``backtrace`` are off: a traceback never prints local variables (prompt
-    text, token ids) nor frames above the catch point."""
-    logger.remove()
-    logger.add(
-        sys.stderr,
-        level=level.upper(),
-        diagnose=False,
-        backtrace=False,
-        format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}",
-    )
+    to_stderr(level)
 
 
 def build_parser(registry=None) -> argparse.ArgumentParser:

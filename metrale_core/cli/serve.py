@@ -344,7 +344,6 @@ def _exit_now(code: int) -> None:
 
 
 def run(args, registry) -> int:
-    from loguru import logger
 
     from metrale_core.server import ServerConfig, create_app
     from metrale_core.server.runner import serve_forever
@@ -370,14 +369,9 @@ def run(args, registry) -> int:
         return _run_dashboard(args, registry, model, config)
     if args.log_level in ("warning", "error"):
         # requests are logged at INFO; show them (and only them) even at the default level
-        logger.add(
-            sys.stderr,
-            level="INFO",
-            format="<green>{time:HH:mm:ss}</green> {message}",
-            diagnose=False,
-            backtrace=False,
-            filter=lambda record: record["name"] == "metrale_core.server.app" and record["level"].no < 30,
-        )
+        from metrale_core.logs import show_request_lines
+
+        show_request_lines("metrale_core.server.app")
     jobs: list = []
     app = create_app(config, serving_loader(args, registry, model, jobs=jobs), registry)
     print(

@@ -42,12 +42,12 @@ def run_recording(
     execute = engine.runner.execute
 
     def recording(plan: Any, **kwargs: Any) -> Any:
-        logits = execute(plan, **kwargs)
-        if logits is not None:
-            run.logits.append(logits.clone())
+        result = execute(plan, **kwargs)
+        if result.logits is not None:
+            run.logits.append(result.logits.clone())
         run.batched_decode_steps += sum(1 for c in plan.chunks if c.is_decode) > 1
         run.partial_prefill_steps += any(not c.is_decode and not c.sample for c in plan.chunks)
-        return logits
+        return result
 
     engine.runner.execute = recording
 

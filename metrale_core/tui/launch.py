@@ -26,12 +26,13 @@ Invariants:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TextIO
 
 from loguru import logger
@@ -70,6 +71,8 @@ def use_dashboard(
     stream = sys.stdout if stream is None else stream
     if no_tui:
         return False, "--no-tui"
+    if importlib.util.find_spec("textual") is None:
+        return False, "textual is not installed (pip install 'metrale-core[tui]' for the dashboard)"
     if env.get("METRALE_NO_TUI", "").strip() not in ("", "0"):
         return False, "METRALE_NO_TUI is set"
     try:
@@ -84,22 +87,11 @@ def use_dashboard(
     return True, ""
 
 
-@contextmanager
-def dashboard_logging(ring: LogRing, level: str) -> Iterator[None]:
-    """Route loguru to ``ring`` for the duration (the caller's stderr sink is put back after)."""
-    logger.remove()
-    handler = logger.add(ring.sink, level=level.upper(), format="{message}", diagnose=False, backtrace=False)
-    try:
-        yield
-    finally:
-        logger.remove(handler)
-        logger.add(
-            sys.stderr,
-            level=level.upper(),
-            diagnose=False,
-            backtrace=False,
-            format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}",
-        )
+def dashboard_logging(ring: LogRing, level: str) -> AbstractContextManager[None]:
+    """Route loguru to ``ring`` for the duration (the stderr sink is put back after)."""
+    from metrale_core.logs import routed_to
+
+    return routed_to(ring.sink, level)
 
 
 def follow_host(status: ServerStatus, host: Any) -> None:

@@ -37,6 +37,17 @@ def test_use_dashboard(no_tui, env, stream, expected):
     assert use_dashboard(no_tui, stream=stream, env=env) == expected
 
 
+def test_without_textual_the_server_runs_headless_and_says_how_to_get_the_dashboard(monkeypatch):
+    """textual is the ``tui`` extra: a headless install has none, and ``met serve`` on a terminal
+    then serves without the dashboard instead of failing."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "textual" else real(name, *a))
+    ok, why = use_dashboard(False, stream=_Tty(), env={"TERM": "xterm"})
+    assert not ok and "metrale-core[tui]" in why
+
+
 def test_follow_host_maps_the_server_state():
     engine = types.SimpleNamespace(
         model=types.SimpleNamespace(
