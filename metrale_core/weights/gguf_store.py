@@ -76,8 +76,13 @@ class GGUFStore(WeightStore):
             for t in reader.tensors
             if t.name in CONFIG_TENSORS
         }
+
+        def token_id(text: str) -> int | None:
+            vocab = field_value(path, "tokenizer.ggml.tokens", tokens) if tokens is not None else []
+            return next((i for i, t in enumerate(vocab) if t == text), None)
+
         config = normalise_config(
-            synthesize_config(str(path), scalars, tokens.count if tokens is not None else None, shapes, small)
+            synthesize_config(str(path), scalars, tokens.count if tokens is not None else None, shapes, small, token_id)
         )
         self._arch = str(config["model_type"])
         self._by_name: dict[str, Any] = {}
