@@ -20,7 +20,8 @@ Invariants:
 - A norm slot the recipe does not use is None in :class:`LayerWeights` and never read.
 - A sparse layer (``dims.moe.sparse``) has ``moe`` (``moe_weights.load_moe``) and no dense
   ``gate_up`` / ``down``; a GGUF's stacked experts are read through ``ExpertSlices``.  Its
-  projections are built unrecorded: LoRA adapts attention and dense MLPs only.
+  projections are built unrecorded: LoRA adapts attention and dense MLPs only; its routed
+  experts are built ``lazy`` (``moe_weights``).
 """
 
 from __future__ import annotations
@@ -174,10 +175,11 @@ def load_weights(
     if spec.mlp.fused_gate_up:
         mlp_slots, mlp_shapes = ["gate_up"], [(2 * inter, D)]
 
-    def built(names: list[str], shapes: list[tuple[int, int]]) -> Linear:
+    def built(names: list[str], shapes: list[tuple[int, int]], lazy: bool = False) -> Linear:
         """An MoE projection: not recorded for LoRA (an expert sees a subset of the batch's rows,
-        which the LoRA row map does not follow), so an adapter never wraps one."""
-        return build_unrecorded(store, names, shapes, weight_format, dtype, device, None)
+        which the LoRA row map does not follow), so an adapter never wraps one; ``lazy``: GGUF
+        blocks repacked on first use (a routed expert)."""
+        return build_unrecorded(store, names, shapes, weight_format, dtype, device, None, lazy=lazy)
 
     for i in range(dims.num_layers):
         qkv_bias = biases(qkv_slots, i, [rows for rows, _ in qkv_shapes], dims.qkv_bias)

@@ -152,7 +152,8 @@ class GGUFStore(WeightStore):
     def drop_resident_pages(self) -> None:
         """Let the OS take back the mapped file's pages (``MADV_DONTNEED``): after a load that
         repacked every tensor, the file's pages no longer count in the process's memory; a later
-        read (a token-table row kept in place) maps its page again from the page cache."""
+        read (a token-table row kept in place, an MoE expert repacked on its first use) maps its
+        page again from the page cache."""
         mm = getattr(getattr(self._reader, "data", None), "_mmap", None)
         if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
             mm.madvise(mmap.MADV_DONTNEED)
