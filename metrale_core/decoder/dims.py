@@ -210,7 +210,7 @@ class DecoderDims:
             rms_norm_eps=float(config.get("rms_norm_eps", spec.default_eps)),
             rope_theta=theta,
             rope_scaling=scaling,
-            max_position=int(config.get("max_position_embeddings", 4096)),
+            max_position=int(config.get("max_position_embeddings", spec.default_max_position)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qk_norm=attn.qk_norm,
             qkv_bias=attn.qkv_bias == "always" or (attn.qkv_bias == "config" and attention_bias),

@@ -191,6 +191,8 @@ class DecoderSpec:
     activations: tuple[str, ...] = field(converter=_names, default=("silu",))
     #: The config's ``rms_norm_eps`` when it has none.
     default_eps: float = 1e-6
+    #: The config's ``max_position_embeddings`` when it has none (Gemma 3: 131,072).
+    default_max_position: int = 4096
 
     #: The ``--weight-format`` values the loader honours (:data:`WEIGHT_FORMATS`).
     weight_formats: ClassVar[tuple[str, ...]] = WEIGHT_FORMATS

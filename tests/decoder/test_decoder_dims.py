@@ -81,3 +81,10 @@ def test_a_nested_text_config_is_read_with_the_outer_eos():
 def test_a_bidirectional_embedding_model_is_refused():
     with pytest.raises(ConfigError, match="use_bidirectional_attention"):
         LOCAL.dims({**CONFIG, "use_bidirectional_attention": True})
+
+
+def test_a_missing_max_position_is_the_family_default():
+    assert LOCAL.dims(CONFIG).max_position == 4096
+    spec = DecoderSpec("long", "LongForCausalLM", default_max_position=131_072)
+    assert spec.dims(CONFIG).max_position == 131_072
+    assert spec.dims({**CONFIG, "max_position_embeddings": 512}).max_position == 512

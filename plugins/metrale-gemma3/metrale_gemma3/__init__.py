@@ -41,6 +41,7 @@ GEMMA3 = DecoderSpec(
     scalars=Scalars(embedding="hidden_size**0.5", final_softcap="final_logit_softcapping"),
     names=GEMMA_NAMES,
     activations=("gelu_pytorch_tanh", "gelu_tanh"),
+    default_max_position=131_072,
 )
 
 #: The ``--weight-format`` values the loader honours (every definition's).
