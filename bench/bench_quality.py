@@ -64,7 +64,7 @@ def metrale_logits(path: Path, fmt: str | None, ids: list[int]) -> np.ndarray:
     from metrale_core.loading import load_model
 
     loaded = load_model(path, LoadOptions(weight_format=fmt), progress=False)
-    return all_position_logits(loaded.model, ids, kv_cache_memory=256 << 20).numpy()
+    return all_position_logits(loaded.model, ids).numpy()
 
 
 def llama_logits(python: str, path: Path, ids: list[int], threads: int) -> tuple[np.ndarray, dict]:

@@ -24,7 +24,8 @@ Invariants:
   (``gguf_linear.ActivationPrecision``), set before the first request and never changed after,
   so every request sees the same arithmetic and batch invariance holds in either precision.
 - A model with no GGUF projection is untouched; a probe that fails leaves 15-bit (logged).
-- The probe's engine and logits are freed before this returns.
+- The probe runs the model over a KV pool of its own (no engine is built); the pool and the
+  logits are freed before this returns.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from attrs import evolve, frozen
+from attrs import define, evolve, field, frozen
 from loguru import logger
 
 from metrale_core.errors import ConfigError
@@ -106,20 +107,27 @@ class _AllRows:
         return logits[batch.logits_rows]
 
 
-def all_position_logits(model: Any, ids: list[int], kv_cache_memory: int = 64 << 20) -> torch.Tensor:
+@define(eq=False)
+class _Rows:
+    """The one "sequence" of :func:`all_position_logits` (what a ``BlockManager`` reads)."""
+
+    request_id: str
+    block_ids: list[int] = field(factory=list)
+    group_block_ids: list[list[int]] = field(factory=list)
+
+
+def all_position_logits(model: Any, ids: list[int], block_size: int = 16) -> torch.Tensor:
     """Float32 logits ``[len(ids), vocab]`` of every position of ``ids``, from one prefill of
-    ``model`` through the engine (the probe's, and ``bench/bench_quality.py``'s teacher forcing)."""
-    from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.sampling.params import SamplingParams
+    ``model`` over a paged KV pool of its own (``engine.SidePool``: the engine's runner and
+    block layout, no engine; the probe's, and ``bench/bench_quality.py``'s teacher forcing)."""
+    from metrale_core.engine.side_pool import SidePool
 
     capture = _AllRows(model)
-    engine = LLMEngine(
-        capture,
-        EngineConfig(block_size=16, kv_cache_memory=kv_cache_memory, max_prefill_tokens=len(ids) + 16, max_num_seqs=1),
-    )
-    engine.add_request("all-positions", ids, SamplingParams(temperature=0.0, max_tokens=1))
-    while engine.has_unfinished():
-        engine.step()
+    groups = len(model.info.kv.groups.windows) if model.info.kv is not None else 1
+    pool = SidePool(capture, groups * (-(-len(ids) // block_size) + 1), block_size)
+    rows = _Rows("all-positions")
+    pool.blocks.grow(rows, len(ids))
+    pool.execute([pool.chunk(rows, 0, ids)])
     assert capture.logits is not None and capture.logits.shape[0] == len(ids)
     return capture.logits
 

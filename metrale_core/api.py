@@ -18,7 +18,8 @@ What is here (see :data:`PUBLIC` for the full table):
   ``WeightStore``, ``RawTensor``, ``read_gguf_tensors`` / ``GGUFTensors`` (GGUF files that are
   not models, e.g. LoRA adapters) and ``unpermute_rows`` (llama's Q/K row order);
 - layers (:mod:`metrale_core.layers`): norms, RoPE, gated MLPs, embedding, the linear layer and
-  its weight formats, paged attention, ``torch_dtype``; tensor parallelism
+  its weight formats, paged attention, ``torch_dtype``; MoE routing (``route``, ``Groups``:
+  softmax / sigmoid, correction bias, group-limited top-k, scaling); tensor parallelism
   (:mod:`metrale_core.layers.parallel`): ``TensorParallel``, ``ShardedStore`` / ``Shard``,
   ``RowParallelLinear``, ``VocabParallelEmbedding``, ``ParallelHead``, ``split_heads``, ...;
 - kernels: ``CustomOp``, the input checks, the CPU-library and CuPy launch helpers;
@@ -137,6 +138,7 @@ _MODEL = {
         "write_kv",
         "windowed_paged_attention",
     ),
+    "metrale_core.layers.moe": ("Groups", "route"),
     "metrale_core.layers.parallel": (
         "HeadSplit",
         "ParallelHead",
@@ -383,6 +385,7 @@ if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block
         active_rows,
         attach_lora,
     )
+    from metrale_core.layers.moe import Groups, route
     from metrale_core.layers.parallel import (
         HeadSplit,
         ParallelHead,

@@ -19,7 +19,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
@@ -38,9 +38,20 @@ if TYPE_CHECKING:
         SchedulerSpec,
         ToolCallParserSpec,
     )
-    from metrale_core.engine import LLMEngine
 
-__all__ = ["GROUPS", "hookspec", "render_reference"]
+__all__ = ["GROUPS", "EngineHandle", "hookspec", "render_reference"]
+
+
+class EngineHandle(Protocol):
+    """What the engine hooks receive: the ``metrale_core.engine.LLMEngine`` itself.  Declared
+    here as a protocol so the hook specifications do not import the engine (which reaches them
+    through the registry: that would close an import circle); its documented surface is the
+    engine's."""
+
+    config: Any
+
+    def stats(self) -> Any: ...
+
 
 #: Marker for hook specifications (used only in this module).
 hookspec = pluggy.HookspecMarker("metrale")
@@ -289,7 +300,7 @@ def metrale_engine_flags(parser: argparse._ArgumentGroup) -> None:
 
 
 @hookspec
-def metrale_metrics(engine: LLMEngine) -> Iterable[Metric] | Mapping[str, float] | None:
+def metrale_metrics(engine: EngineHandle) -> Iterable[Metric] | Mapping[str, float] | None:
     """Export a plugin's own counters and gauges through the server's ``GET /metrics``.
 
     Called:
@@ -364,7 +375,7 @@ def metrale_executors(register: Callable[[ExecutorSpec], None]) -> None:
 
 
 @hookspec
-def metrale_engine_started(engine: LLMEngine) -> None:
+def metrale_engine_started(engine: EngineHandle) -> None:
     """Attach per-engine state to a newly built engine: snapshot extras for the dashboard, caches.
 
     Called:

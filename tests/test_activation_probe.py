@@ -80,3 +80,40 @@ def test_a_model_without_gguf_projections_is_not_probed(monkeypatch, qwen2_gguf)
     monkeypatch.setattr(ap, "_measure", lambda *a: pytest.fail("probed a model with no GGUF projection"))
     loaded = load_model(qwen2_gguf, LoadOptions(weight_format="exact"), progress=False)
     assert loaded.activation_precision is None and loaded.activation_probe is None
+
+
+def test_probe_logits_are_the_engines_and_loading_builds_no_engine(monkeypatch, qwen2_gguf, tmp_path):
+    """``all_position_logits`` runs the model over a pool of its own: every row equals the
+    engine's logits after that prefix (teacher forcing), and a load never constructs an engine."""
+    import torch
+
+    from metrale_core.engine import EngineConfig, LLMEngine
+    from metrale_core.sampling.params import SamplingParams
+    from metrale_core.testing.forward_spy import ForwardSpy
+
+    built = []
+    real_init = LLMEngine.__init__
+
+    def counting_init(self, *args, **kwargs):
+        built.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "__init__", counting_init)
+    monkeypatch.delenv(ap.ACTIVATIONS_ENV, raising=False)
+    monkeypatch.setenv("METRALE_REPACK_CACHE", str(tmp_path / "cache"))  # nothing measured yet
+    loaded = load_model(str(qwen2_gguf), progress=False)
+    assert loaded.activation_probe is not None and loaded.activation_probe.kl is not None
+    assert built == []  # the probe measured without an engine
+
+    ids = [3, 17, 5, 60, 9, 41, 22, 8, 71, 14, 2, 33, 50, 6, 19, 27, 44, 12]
+    rows = ap.all_position_logits(loaded.model, ids)
+    assert rows.shape[0] == len(ids)
+    spy = ForwardSpy(loaded.model)
+    engine = LLMEngine(spy, EngineConfig(block_size=4, num_kv_blocks=32, max_prefill_tokens=64))
+    for n in (1, 7, len(ids)):
+        engine.add_request(f"r{n}", ids[:n], SamplingParams(temperature=0.0, max_tokens=1))
+    while engine.has_unfinished():
+        engine.step()
+    assert sorted(len(history) for history, _ in spy.rows) == [1, 7, len(ids)]
+    for history, row in spy.rows:
+        assert torch.equal(row, rows[len(history) - 1]), len(history)

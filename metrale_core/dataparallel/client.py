@@ -31,7 +31,7 @@ from typing import Any
 from loguru import logger
 
 from metrale_core.engine.async_engine import AsyncEngine
-from metrale_core.engine.output import RequestOutput
+from metrale_core.engine.deltas import RequestOutput
 
 __all__ = ["ReplicaClient"]
 

@@ -47,7 +47,7 @@ from metrale_core.dataparallel.replica import replica_main
 from metrale_core.dataparallel.routing import PrefixRouter, Route
 from metrale_core.dataparallel.snapshot import add_snapshots, combined_snapshot, counters_only
 from metrale_core.engine.async_engine import EngineStopped
-from metrale_core.engine.output import RequestOutput
+from metrale_core.engine.deltas import RequestOutput
 from metrale_core.engine.snapshot import EngineSnapshot
 from metrale_core.errors import MetraleError
 from metrale_core.sampling.params import SamplingParams

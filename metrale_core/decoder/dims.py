@@ -17,6 +17,10 @@ Invariants:
   ``attention_bias``; ``mlp.bias`` = ``config`` reads ``mlp_bias``.
 - An MoE definition reads its experts with ``moe_dims.MoeDims``; ``intermediate_size`` (the dense
   MLP's width) is required only when some layer is dense.
+- A latent-attention definition (``Attention(kind="mla")``) reads ``mla.MlaDims``: then
+  ``head_dim`` and ``rotary_dim`` are ``qk_rope_head_dim`` (the RoPE tables' width), every head
+  is its own KV head (a llama.cpp file's ``head_count_kv`` 1 is its MQA view of the latent), and
+  the softmax scale is ``MlaDims.scale``.
 - RoPE: ``rope_parameters`` (transformers >= 5) or ``rope_theta`` / ``rope_scaling``; the kind
   ``default`` leaves ``rope_scaling`` None.  The sliding layers rotate with their own base
   (``local_theta``, unscaled) where the recipe says so (``LayerPattern.sliding_rope_theta``), or
@@ -34,9 +38,10 @@ from typing import Any
 
 from attrs import frozen
 
+from metrale_core.decoder.mla import MlaDims
 from metrale_core.decoder.moe_dims import MoeDims
 from metrale_core.decoder.pattern import layer_ropes, layer_sliding, layer_windows, scalar
-from metrale_core.decoder.spec import ROPE_KINDS, ROPE_KINDS_BUILT, DecoderSpec
+from metrale_core.decoder.spec import ROPE_KINDS_BUILT, DecoderSpec
 from metrale_core.errors import ConfigError
 
 __all__ = ["DecoderDims"]
@@ -56,8 +61,8 @@ def _require(config: Mapping[str, Any], key: str) -> Any:
 def _scaling(params: Mapping[str, Any], family: str) -> dict | None:
     """RoPE parameters -> the scaling the layers take (None: the kind ``default``)."""
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind in ROPE_KINDS and kind not in ROPE_KINDS_BUILT:
-        raise ConfigError(f"{family}: rope type {kind!r} is declared but not built yet (built: {ROPE_KINDS_BUILT})")
+    if kind not in ROPE_KINDS_BUILT:
+        raise ConfigError(f"{family}: rope type {kind!r} is not built (built: {', '.join(ROPE_KINDS_BUILT)})")
     return None if kind == "default" else dict(params)
 
 
@@ -129,6 +134,8 @@ class DecoderDims:
     original_max_position: int | None = None
     #: The experts (``Mlp.kind == "moe"``; None: every layer's MLP is dense).
     moe: MoeDims | None = None
+    #: The latent attention (``Attention.kind == "mla"``; None: GQA).
+    mla: MlaDims | None = None
     #: Per layer: a sliding layer by its type (``pattern.layer_sliding``; its window may be off).
     sliding: tuple[bool, ...] = ()
     #: The sliding layers' RoPE base and scaling (None: they rotate as the global layers).
@@ -180,11 +187,14 @@ class DecoderDims:
         heads = int(_require(config, "num_attention_heads"))
         kv_heads = int(config.get("num_key_value_heads") or heads)
         head_dim = int(config.get("head_dim") or hidden // heads)
+        theta, scaling, local_theta, local_scaling = _rope(config, spec)
+        mla = MlaDims.from_config(config, name, heads, scaling) if spec.attention.kind == "mla" else None
+        if mla is not None:
+            kv_heads, head_dim = heads, mla.shape.rope
         if heads % kv_heads or head_dim % 2:
             raise ConfigError(
                 f"{name}: {heads} heads / {kv_heads} KV heads / head_dim {head_dim} is not a valid GQA layout"
             )
-        theta, scaling, local_theta, local_scaling = _rope(config, spec)
         params = config.get("rope_parameters") or {}
         partial = float(config.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0)
         rotary_dim = int(head_dim * partial)
@@ -219,7 +229,11 @@ class DecoderDims:
             eos_token_ids=eos_ids,
             windows=layer_windows(config, spec, layers),
             ropes=layer_ropes(config, spec, layers),
-            attn_scale=head_dim**-0.5 if attn.scale is None else _on(config, attn.scale, name, "attention.scale"),
+            attn_scale=mla.scale
+            if mla is not None
+            else head_dim**-0.5
+            if attn.scale is None
+            else _on(config, attn.scale, name, "attention.scale"),
             attn_softcap=scalar(config, attn.softcap, name),
             embedding_scale=scalar(config, spec.scalars.embedding, name),
             residual_scale=scalar(config, spec.scalars.residual, name),
@@ -232,4 +246,5 @@ class DecoderDims:
             sliding=layer_sliding(config, spec, layers),
             local_theta=local_theta,
             local_scaling=local_scaling,
+            mla=mla,
         )

@@ -24,6 +24,9 @@ Invariants:
   each branch times ``residual_scale`` before its add, the softmax scale ``attn_scale``, the
   logits divided by ``logits_divisor`` and then soft-capped (``final_softcap``), in float32.
   ``unit_offset`` norms run ``rms_norm(..., unit_offset=True)`` (a per-head QK-norm too).
+- A latent-attention layer (``dims.mla``) attends through ``layers.mla.mla_attention``: its cache
+  is one KV head of ``kv_lora_rank + qk_rope_head_dim`` per token (``info.kv``), its RoPE tables
+  are ``qk_rope_head_dim`` wide, and its per-head products run row by row outside ``exact``.
 - A sparse layer's MLP is its ``MoeBlock`` (``metrale_core.layers.moe``: routed experts grouped
   per expert, the shared expert, the same SwiGLU op), in the same norm placement.
 - The model keeps no recurrent state: ``make_state_pool`` returns None and ``state`` is ignored.
@@ -39,6 +42,7 @@ import torch
 from attrs import evolve
 
 from metrale_core.decoder.dims import DecoderDims
+from metrale_core.decoder.mla import LATENT_EPS
 from metrale_core.decoder.rope import RopeTables
 from metrale_core.decoder.spec import DecoderSpec
 from metrale_core.decoder.weights import DecoderWeights, LayerWeights
@@ -52,6 +56,7 @@ from metrale_core.layers import (
     rms_norm,
     windowed_paged_attention,
 )
+from metrale_core.layers.mla import mla_attention
 from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache
 
 __all__ = ["DecoderLM"]
@@ -78,14 +83,15 @@ class DecoderLM:
         self.num_heads = dims.num_heads if heads is None else heads.num_heads
         self.num_kv_heads = dims.num_kv_heads if heads is None else heads.num_kv_heads
         windowed = any(w is not None for w in dims.windows)
+        mla = dims.mla
         self.info = ModelInfo(
             architecture=spec.name,
             vocab_size=dims.vocab_size,
             max_position=dims.max_position,
             kv=KVLayout(
                 num_layers=dims.num_layers,
-                num_kv_heads=self.num_kv_heads,
-                head_dim=dims.head_dim,
+                num_kv_heads=self.num_kv_heads if mla is None else 1,
+                head_dim=dims.head_dim if mla is None else mla.shape.latent + mla.shape.rope,
                 dtype=dtype,
                 windows=dims.windows if windowed else (),
             ),
@@ -103,6 +109,7 @@ class DecoderLM:
         )
         self._rope_of = tuple(dims.layer_rope(i) for i in range(dims.num_layers))
         self._scale = dims.attn_scale
+        self._rowwise = weights.weight_format != "exact"
         assert self.info.kv is not None
         #: Per layer, its KV group (None: no windows, every layer in one group).
         self._group_of = self.info.kv.groups.group_of_layers() if windowed else None
@@ -239,6 +246,13 @@ class DecoderLM:
         d = self.dims
         ops = self.ops
         h = self._norm(x, w.attn_norm)
+        if w.mla is not None:
+            assert d.mla is not None  # a latent-attention layer of a latent-attention model
+            o = mla_attention(
+                h, w.mla, d.mla.shape, kv, index, batch, plan, ops, cos, sin, self._latent_norm, rowwise=self._rowwise
+            )
+            return self._mlp(self._residual(x, self._norm(w.o_proj(o), w.attn_out_norm)), w)
+        assert w.qkv is not None  # a GQA layer
         qkv = w.qkv(h)
         q_size, kv_size = self.num_heads * d.head_dim, self.num_kv_heads * d.head_dim
         q, k, v = qkv.split_with_sizes([q_size, kv_size, kv_size], dim=-1)
@@ -256,6 +270,13 @@ class DecoderLM:
         else:
             o = windowed_paged_attention(q, kv, index, plan, window=window, softcap=d.attn_softcap)
         x = self._residual(x, self._norm(w.o_proj(o.reshape(-1, q_size)), w.attn_out_norm))
+        return self._mlp(x, w)
+
+    def _latent_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return self.ops.rms_norm(x, weight, LATENT_EPS)
+
+    def _mlp(self, x: torch.Tensor, w: LayerWeights) -> torch.Tensor:
+        """The layer's MLP half: ``x + out_m(mlp(in_m(x)))``, dense or its experts."""
         h = self._norm(x, w.mlp_norm)
         if w.moe is not None:
             return self._residual(x, self._norm(w.moe(h, self.act), w.mlp_out_norm))

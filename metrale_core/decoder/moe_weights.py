@@ -19,27 +19,33 @@ Invariants:
 - Outside ``exact`` a dense router / shared-expert gate (F32 in llama.cpp's files) is a
   ``RowwiseLinear`` and the sigmoids run row by row, so the whole block stays batch-invariant.
 - Shapes are those the config implies (``ShapeMismatch`` naming the tensor otherwise).
+- The router's correction bias (``MoeDims.router_bias``) is read in float32 whatever the
+  activation dtype (transformers keeps it a float32 buffer), with the routing's groups and scale.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from metrale_core.decoder.dims import DecoderDims
 from metrale_core.decoder.names import Resolver
 from metrale_core.decoder.spec import DecoderSpec
 from metrale_core.layers.linear import DenseLinear, Linear
-from metrale_core.layers.moe import Expert, MoeBlock, RowwiseLinear
+from metrale_core.layers.moe import Expert, Groups, MoeBlock, RowwiseLinear
 
 __all__ = ["load_moe"]
 
 #: ``(names, shapes[, lazy]) -> Linear``: the decoder's projection builder (fused along rows, no
 #: bias; ``lazy``: GGUF blocks repacked on first use).
 Build = Callable[..., Linear]
+#: ``(name, shape) -> float32 tensor``: a small tensor read as it is (the router's correction bias).
+Get = Callable[[str, tuple[int, ...]], torch.Tensor]
 
 
 def load_moe(
-    spec: DecoderSpec, dims: DecoderDims, n: Resolver, layer: int, build: Build, *, batch_invariant: bool
+    spec: DecoderSpec, dims: DecoderDims, n: Resolver, layer: int, build: Build, get: Get, *, batch_invariant: bool
 ) -> MoeBlock:
     """Layer ``layer``'s MoE block (``dims.moe`` set); ``batch_invariant``: a dense router or
     shared-expert gate runs one row at a time (every format but ``exact``, whose dense products
@@ -71,9 +77,12 @@ def load_moe(
         router=small("router", moe.num_experts),
         experts=experts,
         top_k=moe.top_k,
-        scoring=spec.mlp.scoring,
+        scoring=moe.scoring,
         normalize=moe.normalize,
+        bias=get(n("router_bias", i, "bias"), (moe.num_experts,)) if moe.router_bias else None,
         shared=shared,
         shared_gate=shared_gate,
         rowwise=batch_invariant,
+        groups=Groups(moe.groups, moe.topk_groups, moe.group_score) if moe.groups > 1 else None,
+        scale=moe.scale,
     )

@@ -2,7 +2,8 @@
 
 Owner: ``metrale_core.decoder``.  A slot is what the builder reads (``q``, ``mlp_norm``,
 ``embed`` ...); a row gives the slot's module path in a Hugging Face checkpoint and in a GGUF file
-(llama.cpp's names), without the ``.weight`` / ``.bias`` suffix, ``{i}`` standing for the layer.
+(llama.cpp's names), without the ``.weight`` / ``.bias`` suffix, ``{i}`` standing for the layer
+(``{kind}`` where the suffix is part of a name: HF's ``e_score_correction_bias``).
 :data:`LLAMA_NAMES` is the table of the Llama decoder; a family changes only the rows that differ
 (``LLAMA_NAMES.replace(mlp_norm=(...))``).
 
@@ -60,6 +61,20 @@ LAYER_SLOTS = (
     "shared_up",
     "shared_down",
     "shared_expert_gate",
+    # the router's selection-only correction bias (DeepSeek-V3's ``e_score_correction_bias``)
+    "router_bias",
+    # multi-head latent attention (``Attention(kind="mla")``): q straight (``q``) or through its
+    # low-rank pair ``q_a`` / ``q_a_norm`` / ``q_b``; the joint latent + rope key ``kv_a`` and its
+    # norm; the latent's up-projection ``kv_b`` (HF, and older GGUFs) or its two halves
+    # ``k_b`` / ``v_b`` (llama.cpp's newer files)
+    "q_a",
+    "q_a_norm",
+    "q_b",
+    "kv_a",
+    "kv_a_norm",
+    "kv_b",
+    "k_b",
+    "v_b",
 )
 
 #: A slot's resolved tensor name: ``(slot, layer or None, "weight" | "bias"[, expert]) -> name``.
@@ -77,7 +92,10 @@ def _table(value: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
 def _expert_name(template: str, layer: int | None, kind: str, expert: int | None) -> str:
     """``template`` for ``layer`` (and ``expert``): a template without ``{e}`` is a stacked tensor,
     whose expert ``e`` is named ``<tensor>[e]`` (``metrale_core.weights.ExpertSlices`` serves it)."""
-    name = f"{template.format(i=layer, e=expert)}.{kind}"
+    if "{kind}" in template:  # the kind is inside the name (``e_score_correction_bias``)
+        name = template.format(i=layer, e=expert, kind=kind)
+    else:
+        name = f"{template.format(i=layer, e=expert)}.{kind}"
     return name if expert is None or "{e}" in template else f"{name}[{expert}]"
 
 
@@ -153,6 +171,15 @@ LLAMA_NAMES = WeightNames(
         "shared_up": ("model.layers.{i}.mlp.shared_expert.up_proj", "blk.{i}.ffn_up_shexp"),
         "shared_down": ("model.layers.{i}.mlp.shared_expert.down_proj", "blk.{i}.ffn_down_shexp"),
         "shared_expert_gate": ("model.layers.{i}.mlp.shared_expert_gate", "blk.{i}.ffn_gate_inp_shexp"),
+        "router_bias": ("model.layers.{i}.mlp.gate.e_score_correction_{kind}", "blk.{i}.exp_probs_b"),
+        "q_a": ("model.layers.{i}.self_attn.q_a_proj", "blk.{i}.attn_q_a"),
+        "q_a_norm": ("model.layers.{i}.self_attn.q_a_layernorm", "blk.{i}.attn_q_a_norm"),
+        "q_b": ("model.layers.{i}.self_attn.q_b_proj", "blk.{i}.attn_q_b"),
+        "kv_a": ("model.layers.{i}.self_attn.kv_a_proj_with_mqa", "blk.{i}.attn_kv_a_mqa"),
+        "kv_a_norm": ("model.layers.{i}.self_attn.kv_a_layernorm", "blk.{i}.attn_kv_a_norm"),
+        "kv_b": ("model.layers.{i}.self_attn.kv_b_proj", "blk.{i}.attn_kv_b"),
+        "k_b": ("model.layers.{i}.self_attn.k_b_proj", "blk.{i}.attn_k_b"),
+        "v_b": ("model.layers.{i}.self_attn.v_b_proj", "blk.{i}.attn_v_b"),
     }
 )
 

@@ -16,6 +16,11 @@ Invariants:
   ``generate`` whenever the prompt fits the original length (its decode steps switch to the long
   factors at the same position); a prompt longer than that is rotated by position here, where
   transformers rotates the whole prompt with the long factors.
+- ``yarn`` (transformers' ``_compute_yarn_parameters``): the interpolated and extrapolated
+  frequencies blended over the correction range of ``beta_fast`` / ``beta_slow`` (truncated
+  unless ``truncate`` is false), cos and sin times the attention factor (``attention_factor``,
+  else ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` where both are set, else
+  ``mscale(factor)``; ``factor`` null: ``max_position / original``).
 - Tables are ``[T, rotary_dim]``; ``rotary_dim < head_dim`` rotates only the leading dimensions
   of each head (``partial_rotary_factor``, transformers' ``q[..., :rotary_dim]``).
 """
@@ -59,14 +64,56 @@ class RopeTables:
             if attention is None:
                 attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(self.original))
             self.attention = float(attention)
+        elif scaling.get("rope_type", scaling.get("type")) == "yarn":
+            inv_freq, self.yarn_factor = _yarn(dims, scaling)
+            self.inv_freq = inv_freq.to(device)
         else:
             self.inv_freq = rope_inv_freq(dims.rotary_dim, dims.rope_theta, dims.rope_scaling).to(device)
 
+    yarn_factor: float | None = None
+
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``[T, rotary_dim]`` cos and sin in ``dtype`` for int positions ``[T]``."""
+        if self.yarn_factor is not None:
+            freqs = positions.float()[:, None] * self.inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return (emb.cos() * self.yarn_factor).to(dtype), (emb.sin() * self.yarn_factor).to(dtype)
         if self.long is None:
             return rope_cos_sin(positions, self.inv_freq, dtype)
         pos = positions.float()[:, None]
         freqs = torch.where(positions[:, None] >= self.original, pos * self.long[None, :], pos * self.inv_freq[None, :])
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.attention).to(dtype), (emb.sin() * self.attention).to(dtype)
+
+
+def _mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(dims: DecoderDims, scaling: dict) -> tuple[torch.Tensor, float]:
+    """YaRN's inverse frequencies and attention factor (module docstring)."""
+    original = scaling.get("original_max_position_embeddings") or dims.original_max_position
+    if not original:
+        raise ConfigError("yarn needs original_max_position_embeddings")
+    dim, base = dims.rotary_dim, dims.rope_theta
+    factor = float(scaling.get("factor") or dims.max_position / original)
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = _mscale(factor, mscale) / _mscale(factor, mscale_all) if mscale and mscale_all else _mscale(factor)
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction(fast), correction(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos = base ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos)) * (1 - extrapolation) + (1.0 / pos) * extrapolation
+    return inv_freq, float(attention)

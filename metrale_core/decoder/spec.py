@@ -16,12 +16,13 @@ layers' own RoPE base), attention-logit and final-logit soft-caps, the softmax s
 GeGLU, the stream's multipliers (:class:`Scalars`), fused ``qkv_proj`` / ``gate_up_proj`` tensors,
 an explicit ``head_dim``, partial rotary dimensions, and mixture-of-experts MLPs
 (``Mlp(kind="moe")``: softmax or sigmoid routing, top-k with optional renormalisation, a shared
-expert with an optional sigmoid gate; the sparse layers are the config's ``decoder_sparse_step`` /
-``mlp_only_layers`` / ``first_k_dense_replace``). What is declared but not built yet -- MLA,
-attention sinks, the router's correction bias -- is accepted here (so GLM-5.3 can be written down)
-and refused at load with a ``ConfigError`` naming the field (:meth:`DecoderSpec.unbuilt`). RoPE
-kinds: default, linear, llama3 and longrope are built; yarn is read from the config and refused the
-same way.
+expert with an optional sigmoid gate, DeepSeek's group-limited top-k, ``routed_scaling_factor`` and
+the selection-only correction bias; the sparse layers are the config's ``decoder_sparse_step`` /
+``mlp_only_layers`` / ``first_k_dense_replace`` / ``moe_layer_freq``), and DeepSeek's multi-head
+latent attention (``Attention(kind="mla")``, ``metrale_core.layers.mla``). What is declared but not
+built yet -- attention sinks -- is accepted here and refused at load with a ``ConfigError`` naming
+the field (:meth:`DecoderSpec.unbuilt`). RoPE kinds: default, linear, llama3, longrope and yarn
+(with DeepSeek's ``mscale`` / ``mscale_all_dim``) are built.
 
 A :data:`Scalar` is off (None), a constant, or read from the config: ``"key"`` (the key's value;
 absent or null: off) or ``"key**p"`` (its power ``p``: Gemma's ``"hidden_size**0.5"``).
@@ -55,7 +56,7 @@ __all__ = [
 
 #: RoPE kinds a config may name (``rope_scaling.rope_type``) and those the layers build.
 ROPE_KINDS = ("default", "linear", "llama3", "yarn", "longrope")
-ROPE_KINDS_BUILT = ("default", "linear", "llama3", "longrope")
+ROPE_KINDS_BUILT = ROPE_KINDS
 
 #: The ``--weight-format`` values every definition's loader honours (``metrale_core.layers.linear``'s
 #: ``WEIGHT_FORMATS``, repeated so that registering imports no torch; a test keeps the two equal).
@@ -85,7 +86,9 @@ class Norms:
 class Attention:
     """The attention of every layer (per-layer variation: :class:`LayerPattern`)."""
 
-    #: ``full`` (GQA over the paged cache) or ``mla`` (multi-head latent attention; not built yet).
+    #: ``full`` (GQA over the paged cache) or ``mla`` (DeepSeek's multi-head latent attention: the
+    #: config's ``q_lora_rank`` / ``kv_lora_rank`` / ``qk_{nope,rope}_head_dim`` / ``v_head_dim``;
+    #: ``decoder.mla``, ``layers.mla``).
     kind: Literal["full", "mla"] = "full"
     #: RMSNorm of q and k before RoPE: ``none``, ``head`` (per head, weight ``[head_dim]``: Qwen3,
     #: Gemma 3) or ``proj`` (over the whole projection, weight ``[heads * head_dim]``: OLMo 2).
@@ -121,12 +124,14 @@ class Mlp:
     shared_experts: bool = False
     #: MoE: the shared expert's output times ``sigmoid(shared_expert_gate(x))`` (Qwen2-MoE).
     shared_gate: bool = False
-    #: MoE: router scores, ``softmax`` over the experts or ``sigmoid`` of each.
+    #: MoE: router scores, ``softmax`` over the experts or ``sigmoid`` of each (a config's
+    #: ``scoring_func`` overrides it).
     scoring: Literal["softmax", "sigmoid"] = "softmax"
     #: MoE: the top-k weights divided by their sum: ``config`` (``norm_topk_prob``), ``always``, ``never``.
     norm_topk: Literal["config", "always", "never"] = "config"
-    #: MoE: a selection-only correction bias on the scores (DeepSeek-V3's ``e_score_correction_bias``;
-    #: ``metrale_core.layers.moe.route`` computes it).  Its loading is not built yet.
+    #: MoE: a selection-only correction bias on the scores (DeepSeek-V3's ``e_score_correction_bias``,
+    #: slot ``router_bias``): True always; also read wherever the config's ``topk_method`` is
+    #: ``noaux_tc`` (``moe_dims``).
     router_bias: bool = False
 
 
@@ -205,9 +210,8 @@ class DecoderSpec:
         """The declared fields the builder does not build yet (empty: this family loads)."""
         a, m = self.attention, self.mlp
         checks = [
-            (a.kind != "full", f"attention.kind={a.kind!r}"),
             (a.sinks, "attention.sinks"),
-            (m.router_bias, "mlp.router_bias"),
+            (a.kind == "mla" and a.fused_qkv, "attention.fused_qkv with attention.kind='mla'"),
             (m.kind != "moe" and (m.shared_experts or m.shared_gate), "mlp.shared_experts without mlp.kind='moe'"),
         ]
         return [what for declared, what in checks if declared]
@@ -215,6 +219,8 @@ class DecoderSpec:
     @property
     def tensor_parallel_note(self) -> str:
         """Why this family cannot be sharded ('' when it can)."""
+        if self.attention.kind == "mla":
+            return f"{self.name}: its latent attention is not sharded between ranks yet"
         if self.attention.qk_norm == "proj":
             return (
                 f"{self.name}: the QK-norm over the whole projection needs every head's values "

@@ -18,6 +18,8 @@ Invariants:
   vocabulary of the embedding and head) or columns (o_proj, down_proj) in any weight format; the
   row-parallel projections sum over the ranks (``RowParallelLinear``, their bias added once).
 - A norm slot the recipe does not use is None in :class:`LayerWeights` and never read.
+- A latent-attention layer (``dims.mla``) has ``mla`` (``mla.load_mla``) and no ``qkv``; its
+  ``o_proj`` reads ``H * v_head_dim`` columns.
 - A sparse layer (``dims.moe.sparse``) has ``moe`` (``moe_weights.load_moe``) and no dense
   ``gate_up`` / ``down``; a GGUF's stacked experts are read through ``ExpertSlices``.  Its
   projections are built unrecorded: LoRA adapts attention and dense MLPs only; its routed
@@ -32,6 +34,7 @@ import torch
 from attrs import frozen
 
 from metrale_core.decoder.dims import DecoderDims
+from metrale_core.decoder.mla import load_mla
 from metrale_core.decoder.moe_weights import load_moe
 from metrale_core.decoder.names import Resolver
 from metrale_core.decoder.spec import DecoderSpec
@@ -39,6 +42,7 @@ from metrale_core.layers import build_embedding, build_tied_head, embed_tokens
 from metrale_core.layers.linear import Linear
 from metrale_core.layers.linear import build_linear as build_unrecorded
 from metrale_core.layers.lora import build_linear
+from metrale_core.layers.mla import MlaWeights
 from metrale_core.layers.moe import MoeBlock
 from metrale_core.layers.parallel import (
     HeadSplit,
@@ -62,7 +66,8 @@ class LayerWeights:
     """One decoder layer's tensors; projections are fused ``Linear`` objects (biases inside them)."""
 
     attn_norm: torch.Tensor | None
-    qkv: Linear
+    #: The fused q/k/v projection (None in a latent-attention layer: ``mla``).
+    qkv: Linear | None
     o_proj: Linear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
@@ -74,10 +79,12 @@ class LayerWeights:
     mlp_out_norm: torch.Tensor | None
     #: A sparse layer's experts (None in a dense layer).
     moe: MoeBlock | None = None
+    #: A latent-attention layer's projections (None in a GQA layer).
+    mla: MlaWeights | None = None
 
     @property
     def qkv_bias(self) -> torch.Tensor | None:
-        return self.qkv.bias
+        return None if self.qkv is None else self.qkv.bias
 
     @property
     def o_bias(self) -> torch.Tensor | None:
@@ -156,6 +163,9 @@ def load_weights(
     def get(slot: str, i: int | None, shape: tuple[int, ...], kind: str = "weight") -> torch.Tensor:
         return store.get(n(slot, i, kind), dtype=dtype, shape=shape).to(device)
 
+    def raw_f32(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return store.get(name, dtype=torch.float32, shape=shape).to(device)
+
     def maybe(slot: str, i: int | None, shape: tuple[int, ...], present: bool, kind: str = "weight") -> Any:
         return get(slot, i, shape, kind) if present else None
 
@@ -181,15 +191,17 @@ def load_weights(
         blocks repacked on first use (a routed expert)."""
         return build_unrecorded(store, names, shapes, weight_format, dtype, device, None, lazy=lazy)
 
+    mla = dims.mla
+    o_in = q_out if mla is None else mla.shape.heads * mla.shape.value
     for i in range(dims.num_layers):
-        qkv_bias = biases(qkv_slots, i, [rows for rows, _ in qkv_shapes], dims.qkv_bias)
+        qkv_bias = biases(qkv_slots, i, [rows for rows, _ in qkv_shapes], dims.qkv_bias and mla is None)
         sparse = dims.moe is not None and dims.moe.sparse[i]
         gate_up_bias = biases(mlp_slots, i, [rows for rows, _ in mlp_shapes], dims.mlp_bias and not sparse)
         layers.append(
             LayerWeights(
                 attn_norm=maybe("attn_norm", i, (D,), norms.pre_attn),
-                qkv=linear(qkv_slots, i, qkv_shapes, qkv_bias),
-                o_proj=row_parallel("o", i, (D, q_out), maybe("o", i, (D,), dims.o_bias, "bias")),
+                qkv=linear(qkv_slots, i, qkv_shapes, qkv_bias) if mla is None else None,
+                o_proj=row_parallel("o", i, (D, o_in), maybe("o", i, (D,), dims.o_bias, "bias")),
                 q_norm=None if qk_norm is None else get("q_norm", i, (qk_norm[0],)),
                 k_norm=None if qk_norm is None else get("k_norm", i, (qk_norm[1],)),
                 attn_out_norm=maybe("attn_out_norm", i, (D,), norms.post_attn),
@@ -199,7 +211,10 @@ def load_weights(
                 if sparse
                 else row_parallel("down", i, (D, inter), maybe("down", i, (D,), dims.mlp_bias, "bias")),
                 mlp_out_norm=maybe("mlp_out_norm", i, (D,), norms.post_mlp),
-                moe=load_moe(spec, dims, n, i, built, batch_invariant=weight_format != "exact") if sparse else None,
+                moe=load_moe(spec, dims, n, i, built, raw_f32, batch_invariant=weight_format != "exact")
+                if sparse
+                else None,
+                mla=None if mla is None else load_mla(mla, D, i, store, n, linear, get),
             )
         )
     embed_name, head_name = n("embed", None, "weight"), n("head", None, "weight")

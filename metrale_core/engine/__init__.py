@@ -11,8 +11,9 @@ from __future__ import annotations
 from metrale_core.engine.async_engine import AsyncEngine, EngineStopped
 from metrale_core.engine.block_manager import BlockManager
 from metrale_core.engine.config import EngineConfig
+from metrale_core.engine.deltas import RequestOutput
 from metrale_core.engine.engine import EngineStats, LLMEngine, build_pipeline
-from metrale_core.engine.output import OutputProcessor, RequestOutput
+from metrale_core.engine.output import OutputProcessor
 from metrale_core.engine.request import Request, Sequence, SequenceStatus
 from metrale_core.engine.runner import ModelRunner
 from metrale_core.engine.scheduler import (

@@ -39,8 +39,8 @@ from typing import Any
 
 from loguru import logger
 
+from metrale_core.engine.deltas import RequestOutput, coalesce
 from metrale_core.engine.engine import LLMEngine
-from metrale_core.engine.output import RequestOutput, coalesce
 from metrale_core.errors import InvalidRequest, MetraleError
 from metrale_core.sampling.params import SamplingParams
 

@@ -29,8 +29,9 @@ from attrs import frozen
 from loguru import logger
 
 from metrale_core.engine.config import EngineConfig
+from metrale_core.engine.deltas import RequestOutput
 from metrale_core.engine.kv_dtype import resolve_kv_storage
-from metrale_core.engine.output import OutputProcessor, RequestOutput
+from metrale_core.engine.output import OutputProcessor
 from metrale_core.engine.pooling import plan_pools, pool_step
 from metrale_core.engine.request import Request, Sequence
 from metrale_core.engine.runner import ModelRunner, model_device
@@ -239,10 +240,12 @@ class LLMEngine:
         plan = self.scheduler.schedule()  # asks the speculation driver for drafts, if any
         pooling = plan_pools(plan)  # embedding rows need the step's hidden states
         self.output_processor.prepare(plan)  # processors may overlap work with the forward
-        logits = self.runner.execute(plan, hidden=pooling)
-        pooled = pool_step(self, plan, self.runner.last_hidden) if pooling else []
-        outputs = pooled + self.output_processor.update(plan, logits)
-        self.speculation.after_step(plan, outputs)  # rollback + report; nothing when off
+        result = self.runner.execute(plan, hidden=pooling)
+        pooled = pool_step(self, plan, result.hidden) if pooling else []
+        update = self.output_processor.update(plan, result.logits)
+        outputs = pooled + update.outputs
+        # rollback + report; nothing when off
+        self.speculation.after_step(plan, outputs, update.verify_outcomes, result.hidden)
         self.snapshots.publish(plan, outputs)
         return outputs
 

@@ -28,73 +28,18 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Seq
 from typing import Any
 
 import torch
-from attrs import evolve, frozen
+from attrs import frozen
 from loguru import logger
 
+from metrale_core.engine.deltas import RequestOutput
 from metrale_core.engine.request import Sequence
 from metrale_core.engine.scheduler import Scheduler, SchedulerOutput
 from metrale_core.streamparse.base import held_back_len
 
-__all__ = ["OutputProcessor", "RequestOutput", "coalesce", "merge_outputs"]
-
-
-@frozen
-class RequestOutput:
-    """One delta of one request's stream."""
-
-    request_id: str
-    #: Token ids generated this step (including a final EOS / stop token).
-    new_token_ids: tuple[int, ...] = ()
-    #: Text added this step (held-back and stop text excluded).
-    text_delta: str = ""
-    finished: bool = False
-    #: "stop" | "length" | "abort" | "timeout" | "error" once finished, else None.
-    finish_reason: str | None = None
-    #: What went wrong when ``finish_reason`` is "error".
-    error: str | None = None
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
-    #: When the request asked for logprobs: per new token ``(token_id, logprob, top)`` with
-    #: ``top`` a tuple of ``(token_id, logprob)`` pairs, most likely first; else None.
-    logprobs: tuple | None = None
-    #: The ``ParsedDelta`` pieces of ``text_delta`` when the request has a ``stream_parser`` extra
-    #: (``metrale_core.streamparse``); the final delta includes what ``finish()`` flushed.
-    parsed: tuple = ()
-    #: The pooled, L2-normalised vector of a pooling (embedding) request's final delta
-    #: (``metrale_core.engine.pooling``); None otherwise.
-    embedding: Any = None
-    #: Engine steps whose tokens this delta carries: 1, more when a consumer that fell behind got
-    #: several steps' deltas coalesced into one (``AsyncEngine.generate``); the server's
-    #: inter-token latency counts one observation per step, however the deltas were delivered.
-    steps: int = 1
-
-
-def merge_outputs(outputs: Seq[RequestOutput]) -> RequestOutput:
-    """One delta equal to consecutive deltas of the same request in order: tokens, text, logprobs
-    and parsed pieces concatenated, everything else (finish, counts, ``steps``) from the last."""
-    if len(outputs) == 1:
-        return outputs[0]
-    changes: dict[str, Any] = {
-        "new_token_ids": sum((tuple(o.new_token_ids) for o in outputs), ()),
-        "text_delta": "".join(o.text_delta for o in outputs),
-        "parsed": sum((tuple(o.parsed or ()) for o in outputs), ()),
-    }
-    if any(o.logprobs is not None for o in outputs):
-        changes["logprobs"] = sum((tuple(o.logprobs or ()) for o in outputs), ())
-    return evolve(outputs[-1], **changes)
-
-
-def coalesce(outputs: Seq[RequestOutput]) -> RequestOutput:
-    """:func:`merge_outputs` of deltas handed over together, with ``steps`` the engine steps they
-    span (the steps of those with tokens; at least 1)."""
-    if len(outputs) == 1:
-        return outputs[0]
-    steps = sum(o.steps for o in outputs if o.new_token_ids)
-    return evolve(merge_outputs(outputs), steps=max(steps, 1))
+__all__ = ["OutputProcessor", "StepUpdate"]
 
 
 def _parse(seq: Sequence, delta: str, finished: bool) -> tuple:
@@ -134,6 +79,16 @@ def _content_delta(text: str) -> Any:
     return ParsedDelta(content=text)
 
 
+@frozen
+class StepUpdate:
+    """What :meth:`OutputProcessor.update` made of one step."""
+
+    #: The step's deltas, in plan order (scheduler-finished ones first).
+    outputs: list[RequestOutput]
+    #: ``VerifyOutcome`` records of the step's verify chunks (speculative decoding), in plan order.
+    verify_outcomes: tuple = ()
+
+
 class OutputProcessor:
     """Samples, appends tokens, detokenizes and applies stop rules."""
 
@@ -151,8 +106,6 @@ class OutputProcessor:
         tok_eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ()) if tokenizer else ()
         self.eos_token_ids = frozenset(eos_token_ids) | frozenset(tok_eos)
         self.max_model_len = max_model_len
-        #: ``VerifyOutcome`` records of the last step's verify chunks.
-        self.last_verify_outcomes: list = []
 
     def prepare(self, plan: SchedulerOutput) -> None:
         """Before ``plan``'s forward pass: let the pipeline start per-row work for the rows
@@ -162,16 +115,16 @@ class OutputProcessor:
         if plain and hasattr(self.pipeline, "prepare"):
             self.pipeline.prepare([chunk.seq for chunk in plain], [chunk.kind for chunk in plain])
 
-    def update(self, plan: SchedulerOutput, logits: torch.Tensor | None) -> list[RequestOutput]:
-        """Process one step; returns the deltas in plan order (scheduler-finished ones first).
+    def update(self, plan: SchedulerOutput, logits: torch.Tensor | None) -> StepUpdate:
+        """Process one step: its deltas in plan order (scheduler-finished ones first).
 
         Verify chunks (speculative decoding; each carries its ``Draft`` record in
         ``chunk.draft``) are accepted and committed by ``metrale_core.engine.verifier``; their
-        outcomes are left in ``last_verify_outcomes``.
+        outcomes come back with the deltas.
         """
         outputs = [self.final_output(seq) for seq in plan.finished]
         self.scheduler.advance(plan)
-        self.last_verify_outcomes = []
+        outcomes: list = []
         offsets, row = [], 0  # first logits row of each chunk
         for chunk in plan.chunks:
             offsets.append(row)
@@ -211,7 +164,7 @@ class OutputProcessor:
 
             assert logits is not None, "a step with verify chunks computed their logits"
 
-            verified, self.last_verify_outcomes = commit_verify_chunks(
+            verified, outcomes = commit_verify_chunks(
                 self,
                 [chunk for _, chunk in verify],
                 [logits[offsets[i] : offsets[i] + chunk.num_logits] for i, chunk in verify],
@@ -219,7 +172,7 @@ class OutputProcessor:
             by_chunk.update(zip((i for i, _ in verify), verified))
         outputs.extend(by_chunk[i] for i, _ in sampled)
         self.scheduler.complete(plan)
-        return outputs
+        return StepUpdate(outputs, tuple(outcomes))
 
     def _sample_rows_alone(self, logits: torch.Tensor, rows: list, kinds: list) -> list:
         """``(0, SampleOutput)`` or ``(0, exception)`` per row, each row sampled by itself."""

@@ -8,7 +8,7 @@ final delta.
 A pooling request is an ordinary sequence to the scheduler (same queue, same KV blocks, same
 chunked prefill, batched with generating sequences in one forward); the only differences:
 
-- Its prompt is never matched against the prefix cache (``skips_prefix_cache``), so every
+- Its prompt is never matched against the prefix cache (``Sequence.pools``), so every
   position runs and its final-normed hidden state is seen by the pool.
 - A step that holds one runs the model's ``forward_with_hidden``; each of its chunks folds its
   rows into the pool (a running sum for ``mean``, the last row for ``last``).
@@ -29,7 +29,9 @@ from typing import Any
 import torch
 from attrs import define
 
-__all__ = ["POOLING_MODES", "Pooling", "can_pool", "default_pooling", "plan_pools", "pool_step", "skips_prefix_cache"]
+from metrale_core.engine.deltas import RequestOutput
+
+__all__ = ["POOLING_MODES", "Pooling", "can_pool", "default_pooling", "plan_pools", "pool_step"]
 
 POOLING_MODES = ("mean", "last")
 
@@ -75,25 +77,19 @@ def default_pooling(model: Any) -> str:
     return mode if mode in POOLING_MODES else "mean"
 
 
-def skips_prefix_cache(seq: Any) -> bool:
-    return "pooling" in seq.extras
-
-
 def plan_pools(plan: Any) -> bool:
     """True when a chunk of ``plan`` belongs to a pooling sequence (the step needs hidden states)."""
-    return any("pooling" in chunk.seq.extras for chunk in plan.chunks)
+    return any(chunk.seq.pools for chunk in plan.chunks)
 
 
 def pool_step(engine: Any, plan: Any, hidden: torch.Tensor | None) -> list:
     """Fold this step's hidden rows into each pooling sequence; finish the complete ones.
 
     Returns their final deltas.  Runs before the output processor, which then skips them
-    (they are finished, so neither advanced nor sampled).  ``hidden`` is the runner's
-    ``last_hidden``, which a step with pooling rows always keeps.
+    (they are finished, so neither advanced nor sampled).  ``hidden`` is the step's
+    ``ForwardResult.hidden``, which a step with pooling rows always asks for.
     """
     assert hidden is not None, "a pooling step keeps its hidden states"
-    from metrale_core.engine.output import RequestOutput
-
     outputs = []
     row = 0
     for chunk in plan.chunks:

@@ -143,6 +143,13 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
+    @property
+    def pools(self) -> bool:
+        """True for a pooling (embedding) request, whose extras hold its ``pooling`` record
+        (``metrale_core.engine.pooling``): its prompt never matches the prefix cache, and a step
+        with its rows keeps hidden states."""
+        return "pooling" in self.extras
+
     def __repr__(self) -> str:
         return (
             f"Sequence({self.request_id!r}, {self.status.value}, prompt_len="

@@ -14,6 +14,8 @@ Invariants:
 - With attention windows each KV group after the first gets its own block tables and slots
   (``ForwardBatch.group_block_tables`` / ``group_slot_mappings``); a row is only ever written
   through blocks its chunk holds (never ``NULL_BLOCK``).
+- What a forward computed comes back in its :class:`ForwardResult` (logits, and hidden states
+  when asked); the runner keeps nothing of a step for others to read afterwards.
 """
 
 from __future__ import annotations
@@ -22,12 +24,24 @@ from contextlib import nullcontext
 from typing import cast
 
 import torch
+from attrs import frozen
 from loguru import logger
 
 from metrale_core.engine.scheduler import SchedulerOutput
 from metrale_core.model_api import CausalLM, ForwardBatch, HiddenStatesLM, PagedKVCache, VerifyCommitLM
 
-__all__ = ["ModelRunner", "model_device"]
+__all__ = ["ForwardResult", "ModelRunner", "model_device"]
+
+
+@frozen
+class ForwardResult:
+    """What one :meth:`ModelRunner.execute` computed."""
+
+    #: ``[N, vocab]`` float32 logits of the sampled rows, in plan order (None: an empty plan).
+    logits: torch.Tensor | None
+    #: ``[T, D]`` final-normed hidden states of every row, when the step asked for them (a
+    #: pooling step, or every step after :meth:`ModelRunner.keep_hidden_states`); else None.
+    hidden: torch.Tensor | None = None
 
 
 def model_device(model: CausalLM) -> torch.device:
@@ -62,8 +76,6 @@ class ModelRunner:
         self.state = model.make_state_pool(num_state_slots) if info.has_recurrent_state else None
         #: Whether :meth:`execute` runs ``forward_with_hidden`` (see :meth:`keep_hidden_states`).
         self.keeps_hidden = False
-        #: Hidden states of the last ``execute`` when ``keeps_hidden`` (``[T, D]``), else None.
-        self.last_hidden: torch.Tensor | None = None
         #: The LoRA ``AdapterBank`` (``engine.adapters``; set by metrale-lora); None: no adapters.
         self.lora = None
         logger.debug(
@@ -141,31 +153,29 @@ class ModelRunner:
         return tables, slots
 
     def keep_hidden_states(self) -> None:
-        """From now on every :meth:`execute` runs the model's ``forward_with_hidden`` and keeps
-        the final-normed hidden states of every row in ``last_hidden`` (an MTP proposer reads
-        them; set once by the engine's speculation driver)."""
+        """From now on every :meth:`execute` runs the model's ``forward_with_hidden`` and returns
+        the final-normed hidden states of every row in its result (an MTP proposer reads them;
+        set once by the engine's speculation driver)."""
         self.keeps_hidden = True
 
-    def execute(self, plan: SchedulerOutput, *, hidden: bool = False) -> torch.Tensor | None:
-        """Run the model over ``plan``; returns ``[N, vocab]`` float32 logits of the sampled rows
-        (None for an empty plan); ``last_hidden`` is kept when ``hidden`` (this step pools
-        embeddings) or after :meth:`keep_hidden_states`."""
-        self.last_hidden = None
+    def execute(self, plan: SchedulerOutput, *, hidden: bool = False) -> ForwardResult:
+        """Run the model over ``plan``; the result holds the sampled rows' logits (None for an
+        empty plan) and, when ``hidden`` (this step pools embeddings) or after
+        :meth:`keep_hidden_states`, every row's hidden states."""
         if plan.is_empty:
-            return None
+            return ForwardResult(None)
         batch = self.build_batch(plan)
+        states = None
         with nullcontext() if self.lora is None else self.lora.scope(plan):
             if self.keeps_hidden or hidden:
                 # only a model with forward_with_hidden keeps hidden states (checked where they are asked for)
-                logits, self.last_hidden = cast(HiddenStatesLM, self.model).forward_with_hidden(
-                    batch, self.kv, self.state
-                )
+                logits, states = cast(HiddenStatesLM, self.model).forward_with_hidden(batch, self.kv, self.state)
             else:
                 logits = self.model.forward(batch, self.kv, self.state)
         expected = int(batch.logits_rows.shape[0])
         if logits.shape[0] != expected:
             raise RuntimeError(f"model returned {logits.shape[0]} logits rows, expected {expected}")
-        return logits.float()
+        return ForwardResult(logits.float(), states)
 
     def commit_verify(self, slots: list[int], num_kept: list[int]) -> None:
         """After a step with verify chunks of a recurrent model: each sequence's state must end

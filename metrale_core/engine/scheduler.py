@@ -58,7 +58,6 @@ from loguru import logger
 from metrale_core.engine.adapter_key import adapter_of
 from metrale_core.engine.block_manager import BlockManager
 from metrale_core.engine.config import EngineConfig
-from metrale_core.engine.pooling import skips_prefix_cache
 from metrale_core.engine.request import Sequence, SequenceStatus
 from metrale_core.engine.state_slots import StateSlots
 from metrale_core.errors import InvalidRequest, KVCacheExhausted
@@ -427,7 +426,7 @@ class Scheduler:
                 continue
             if not self.state_slots.can_allocate() or not self._adapter_fits(seq):
                 break
-            hits = [] if skips_prefix_cache(seq) else bm.match_prefix(seq)
+            hits = [] if seq.pools else bm.match_prefix(seq)
             cached = len(hits) * bm.block_size
             n = min(seq.num_prefill_tokens - cached, budget)
             if not bm.can_allocate(hits, cached + n):

@@ -69,4 +69,4 @@ class SidePool:
 
     def execute(self, chunks: Iterable[ScheduledChunk]) -> torch.Tensor | None:
         """Run the side model over ``chunks``; the logits of each chunk's last row."""
-        return self.runner.execute(self.plan(chunks))
+        return self.runner.execute(self.plan(chunks)).logits

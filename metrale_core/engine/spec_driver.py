@@ -45,7 +45,7 @@ class NullSpeculation:
     speculator = None
     enabled = False
 
-    def after_step(self, plan: Any, outputs: list) -> None:
+    def after_step(self, plan: Any, outputs: list, outcomes: tuple = (), hidden: Any = None) -> None:
         return None
 
     def __repr__(self) -> str:
@@ -105,10 +105,11 @@ class SpecDriver:
                     drafts[seq.request_id] = draft
         return drafts
 
-    def after_step(self, plan: Any, outputs: list) -> None:
-        """Roll recurrent state back to the committed rows, then report the step."""
+    def after_step(self, plan: Any, outputs: list, outcomes: tuple = (), hidden: Any = None) -> None:
+        """Roll recurrent state back to the committed rows, then report the step (``outcomes``:
+        its verify chunks' ``VerifyOutcome`` records; ``hidden``: its hidden states, kept when
+        the speculator wants them)."""
         duration_s = self.clock() - self._started
-        outcomes = tuple(self.output_processor.last_verify_outcomes)
         accepted = {o.request_id: o.num_accepted for o in outcomes if not o.finished}
         verify_chunks = [c for c in plan.chunks if c.is_verify and c.seq.request_id in accepted]
         if verify_chunks:
@@ -133,7 +134,7 @@ class SpecDriver:
                 num_prefill_tokens=sum(c.num_tokens for c in plan.chunks if not c.is_decode),
                 duration_s=duration_s,
                 plan=plan,
-                hidden=self.runner.last_hidden,
+                hidden=hidden,
                 committed_rows=committed,
             )
         )

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from metrale_core.engine.output import merge_outputs
+from metrale_core.engine.deltas import merge_outputs
 from metrale_core.engine.speculation import VerifyOutcome, accept, verify_rows
 from metrale_core.sampling.position import PositionKind
 

@@ -6,8 +6,11 @@ layer (``metrale_core.decoder.moe_weights``).
 The block computes, per row ``x``::
 
     scores  = softmax(router(x))  or  sigmoid(router(x))          (float32)
-    ids     = top_k(scores + bias)        (bias: optional selection-only correction bias)
-    w       = scores[ids]  (divided by their sum with ``normalize``)
+    choice  = scores + bias               (bias: optional selection-only correction bias)
+    choice  = choice outside the best ``topk_groups`` of ``groups`` expert groups set to -inf
+              (a group ranked by its best choice, or by its two best summed: ``group_score``)
+    ids     = top_k(choice)
+    w       = scores[ids]  (divided by their sum with ``normalize``), times ``scale``
     routed  = sum_j  w_j * down_e(act(gate_up_e(x))),   e = ids_j, j = 0 .. k-1 in top-k order
     shared  = down_s(act(gate_up_s(x))) (times sigmoid(shared_gate(x)) where there is one)
     y       = routed + shared
@@ -38,9 +41,10 @@ import torch
 import torch.nn.functional as F
 from attrs import frozen
 
-__all__ = ["Expert", "MoeBlock", "RowwiseLinear", "grouped_experts", "route", "sigmoid"]
+__all__ = ["Expert", "Groups", "MoeBlock", "RowwiseLinear", "grouped_experts", "route", "sigmoid"]
 
 Scoring = Literal["softmax", "sigmoid"]
+GroupScore = Literal["max", "top2"]
 
 
 def sigmoid(x: torch.Tensor, rowwise: bool = False) -> torch.Tensor:
@@ -52,6 +56,26 @@ def sigmoid(x: torch.Tensor, rowwise: bool = False) -> torch.Tensor:
     return torch.stack([torch.sigmoid(row) for row in x.unbind(0)])
 
 
+@frozen
+class Groups:
+    """Group-limited top-k (DeepSeek): the experts split into ``count`` equal groups, a row
+    chooses among the best ``keep`` groups, each ranked by its best choice score (``max``,
+    DeepSeek-V2's ``group_limited_greedy``) or its two best summed (``top2``, V3's ``noaux_tc``)."""
+
+    count: int
+    keep: int
+    score: GroupScore = "max"
+
+
+def _limit_groups(choice: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """``choice`` ``[T, E]`` with every expert outside its row's best groups set to ``-inf``."""
+    rows, experts = choice.shape
+    grouped = choice.view(rows, groups.count, experts // groups.count)
+    rank = grouped.max(dim=-1).values if groups.score == "max" else grouped.topk(2, dim=-1).values.sum(dim=-1)
+    keep = torch.zeros_like(rank, dtype=torch.bool).scatter_(1, rank.topk(groups.keep, dim=-1).indices, True)
+    return grouped.masked_fill(~keep[:, :, None], float("-inf")).view(rows, experts)
+
+
 def route(
     logits: torch.Tensor,
     top_k: int,
@@ -59,10 +83,13 @@ def route(
     normalize: bool = False,
     bias: torch.Tensor | None = None,
     rowwise: bool = False,
+    groups: Groups | None = None,
+    scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Routing of router ``logits`` ``[T, E]``: weights ``[T, k]`` (float32) and expert ids
     ``[T, k]``, best first.  ``bias`` ``[E]`` is added to the scores for the choice only (the
-    weights are the unbiased scores, DeepSeek-V3's correction bias); ``rowwise``: sigmoid scores
+    weights are the unbiased scores, DeepSeek-V3's correction bias); ``groups`` limits the choice
+    to the best groups; the weights are multiplied by ``scale`` last; ``rowwise``: sigmoid scores
     row by row (:func:`sigmoid`; softmax, top-k and the renormalisation are per row already)."""
     if scoring == "softmax":
         scores = torch.softmax(logits.float(), dim=-1)
@@ -70,13 +97,18 @@ def route(
         scores = sigmoid(logits.float(), rowwise)
     else:
         raise ValueError(f"unknown router scoring {scoring!r} (softmax or sigmoid)")
-    if bias is None:
+    if bias is None and (groups is None or groups.count == 1):
         weights, ids = torch.topk(scores, top_k, dim=-1)
     else:
-        _, ids = torch.topk(scores + bias.float(), top_k, dim=-1)
+        choice = scores if bias is None else scores + bias.float()
+        if groups is not None and groups.count > 1:
+            choice = _limit_groups(choice, groups)
+        _, ids = torch.topk(choice, top_k, dim=-1)
         weights = scores.gather(-1, ids)
     if normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    if scale != 1.0:
+        weights = weights * scale
     return weights, ids
 
 
@@ -161,11 +193,17 @@ class MoeBlock:
     shared_gate: Any = None
     #: Batch-invariant: the sigmoids run row by row (:func:`sigmoid`).
     rowwise: bool = False
+    #: Group-limited top-k (None: every expert is a candidate).
+    groups: Groups | None = None
+    #: The routing weights' multiplier (DeepSeek's ``routed_scaling_factor``).
+    scale: float = 1.0
 
     def __call__(self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """``x [T, D] -> [T, D]``; ``act`` is the gated activation of the fused ``[T, 2I]``
         gate/up output (the model's SwiGLU op)."""
-        weights, ids = route(self.router(x), self.top_k, self.scoring, self.normalize, self.bias, self.rowwise)
+        weights, ids = route(
+            self.router(x), self.top_k, self.scoring, self.normalize, self.bias, self.rowwise, self.groups, self.scale
+        )
         y = grouped_experts(x, weights, ids, self.experts, act)
         if self.shared is None:
             return y

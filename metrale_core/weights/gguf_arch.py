@@ -19,6 +19,12 @@ Invariants:
 - The MoE archs (qwen3moe, qwen2moe) get their expert count, top-k and expert widths
   (``_MOE_KEYS``) and ``norm_topk_prob`` from ``expert_weights_norm``, else llama.cpp's default
   for the arch (``_NORM_TOPK``: always for qwen3moe, never for qwen2moe).
+- DeepSeek-V2 (``deepseek2``, llama.cpp's ``DeepseekV2Model``, V3 too): the latent ranks, the
+  no-rope / rope / value head dims (``key_length_mla`` / ``value_length_mla`` in the files with
+  ``attn_k_b`` / ``attn_v_b``, else ``key_length`` / ``value_length``), the leading dense
+  layers, the shared experts, ``expert_weights_scale`` / ``_norm``, the expert groups, the
+  gating function (2: sigmoid, with the ``exp_probs_b`` bias: ``topk_method`` ``noaux_tc``),
+  and YaRN's ``yarn_log_multiplier`` as ``mscale`` = ``mscale_all_dim`` (llama.cpp's reading).
 - :data:`CONFIG_TENSORS` are the only tensors read while a config is made (1-D, a few floats each);
   they stay names of the store as well.
 """
@@ -61,10 +67,21 @@ _ARCH_KEYS = {
     },
     "qwen3moe": _MOE_KEYS,
     "qwen2moe": {**_MOE_KEYS, "shared_expert_intermediate_size": "expert_shared_feed_forward_length"},
+    "deepseek2": {
+        **_MOE_KEYS,
+        "kv_lora_rank": "attention.kv_lora_rank",
+        "q_lora_rank": "attention.q_lora_rank",
+        "qk_rope_head_dim": "rope.dimension_count",
+        "first_k_dense_replace": "leading_dense_block_count",
+        "n_shared_experts": "expert_shared_count",
+        "routed_scaling_factor": "expert_weights_scale",
+        "n_group": "expert_group_count",
+        "topk_group": "expert_group_used_count",
+    },
 }
 #: Per MoE arch: whether llama.cpp renormalises the top-k weights (``norm_topk_prob``) when the
 #: file does not say (``expert_weights_norm``).
-_NORM_TOPK = {"qwen3moe": True, "qwen2moe": False}
+_NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "deepseek2": False}
 #: Gemma: the layer count of the size whose softmax scale llama.cpp takes as hidden / heads (Gemma
 #: 2 27B, Gemma 3 27B; every other size: ``head_dim``).
 _GEMMA_BIG = {"gemma2": 46, "gemma3": 62}
@@ -98,6 +115,32 @@ def arch_config(
         config["eos_token_id"] = _with_end_of_turn(scalars, config.get("eos_token_id"), token_id)
     if arch == "phi3":
         _phi3(scalars, tensors, config)
+    if arch == "deepseek2":
+        _deepseek2(scalars, config)
+
+
+def _deepseek2(scalars: Mapping[str, Any], config: dict[str, Any]) -> None:
+    def key(name: str) -> Any:
+        return scalars.get(f"deepseek2.{name}")
+
+    rope = int(config.get("qk_rope_head_dim") or 0)
+    split = key("attention.key_length_mla") is not None  # attn_k_b / attn_v_b: head_count_kv is 1
+    qk = key("attention.key_length_mla") if split else key("attention.key_length")
+    value = key("attention.value_length_mla") if split else key("attention.value_length")
+    if qk is not None:
+        config["qk_nope_head_dim"] = int(qk) - rope
+    if value is not None:
+        config["v_head_dim"] = int(value)
+    config["num_key_value_heads"] = config["num_attention_heads"]
+    config["head_dim"] = rope
+    if key("expert_gating_func") == 2:
+        config["scoring_func"], config["topk_method"] = "sigmoid", "noaux_tc"
+    elif config.get("n_group") and int(config["n_group"]) > 1:
+        config["topk_method"] = "group_limited_greedy"
+    log_multiplier = key("rope.scaling.yarn_log_multiplier")
+    scaling = config.get("rope_scaling")
+    if scaling and log_multiplier:
+        scaling["mscale"] = scaling["mscale_all_dim"] = float(log_multiplier) / 0.1
 
 
 def _with_end_of_turn(scalars: Mapping[str, Any], eos: Any, token_id: Callable[[str], int | None] | None) -> list[int]:

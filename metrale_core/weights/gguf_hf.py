@@ -12,9 +12,9 @@ Invariants:
   Qwen2/Qwen3/OLMo 2/Gemma are written unpermuted.
 - Arch-specific metadata (Granite's multipliers, Gemma 2's window and soft-caps, Phi-3's window,
   partial rotary and LongRoPE factors, the MoE archs' expert count, top-k, expert widths and top-k
-  renormalisation) becomes the HF config keys the definitions read (``gguf_arch.arch_config``,
-  after the llama-shaped keys); the stacked expert tensors keep their GGUF names
-  (``metrale_core.weights.ExpertSlices`` serves them per expert).
+  renormalisation, DeepSeek-V2's latent attention and routing) becomes the HF config keys the
+  definitions read (``gguf_arch.arch_config``, after the llama-shaped keys); the stacked expert
+  tensors keep their GGUF names (``metrale_core.weights.ExpertSlices`` serves them per expert).
 - An arch not in ``ARCHITECTURES`` gets no ``architectures`` entry and only the config keys its
   metadata has (a missing one is None, not an error), so the loader lookup can refuse it by name.
 - Shapes are the file's, reversed, but for Qwen2-MoE's shared-expert gate (HF ``[1, D]``), which
@@ -57,6 +57,7 @@ ARCHITECTURES = {
     "phi3": "Phi3ForCausalLM",  # fused attn_qkv / ffn_up keep their GGUF names; LongRoPE from gguf_arch
     "qwen3moe": "Qwen3MoeForCausalLM",  # experts stacked in ffn_*_exps, read per expert (ExpertSlices)
     "qwen2moe": "Qwen2MoeForCausalLM",  # ... and a shared expert, ffn_*_shexp / ffn_gate_inp_shexp
+    "deepseek2": "DeepseekV2ForCausalLM",  # latent attention and DeepSeek routing from gguf_arch
 }
 #: llama.cpp's converters that permute Q/K rows (``LlamaModel`` and its subclasses).
 PERMUTED_ARCHS = frozenset({"llama", "granite", "smollm3"})

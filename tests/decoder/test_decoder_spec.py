@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from metrale_core.components import LoadOptions
-from metrale_core.decoder.spec import WEIGHT_FORMATS, Attention, DecoderSpec, Mlp, Norms
+from metrale_core.decoder.spec import ROPE_KINDS, ROPE_KINDS_BUILT, WEIGHT_FORMATS, Attention, DecoderSpec, Mlp, Norms
 from metrale_core.errors import ConfigError
 from metrale_core.layers.parallel import TensorParallel
 
@@ -54,9 +54,8 @@ def test_the_defaults_are_llama_and_the_loader_spec_follows_the_definition():
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        (dict(attention=Attention(kind="mla")), "attention.kind='mla'"),
         (dict(attention=Attention(sinks=True)), "attention.sinks"),
-        (dict(mlp=Mlp(kind="moe", router_bias=True)), "mlp.router_bias"),
+        (dict(attention=Attention(kind="mla", fused_qkv=True)), "attention.fused_qkv with attention.kind='mla'"),
         (dict(mlp=Mlp(shared_experts=True)), "mlp.shared_experts without mlp.kind='moe'"),
     ],
 )
@@ -69,10 +68,11 @@ def test_what_is_declared_but_not_built_is_refused_at_load_by_name(changes, name
         spec.load(SimpleNamespace(config=CONFIG), LoadOptions())
 
 
-def test_rope_kinds_not_built_are_refused_by_name():
+def test_every_declared_rope_kind_is_built_and_another_is_refused_by_name():
+    assert ROPE_KINDS_BUILT == ROPE_KINDS
     spec = DecoderSpec("mini", "MiniForCausalLM")
-    config = {**CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
-    with pytest.raises(ConfigError, match="rope type 'yarn' is declared but not built yet"):
+    config = {**CONFIG, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}
+    with pytest.raises(ConfigError, match="rope type 'dynamic'"):
         spec.load(SimpleNamespace(config=config), LoadOptions())
 
 

@@ -194,7 +194,7 @@ def test_a_consumer_behind_gets_the_waiting_deltas_merged(async_engine, make_eng
 
 
 def test_merge_outputs_concatenates_in_order():
-    from metrale_core.engine.output import RequestOutput, merge_outputs
+    from metrale_core.engine.deltas import RequestOutput, merge_outputs
 
     a = RequestOutput("r", (1,), "a", num_output_tokens=1, logprobs=((1, -0.5, ()),), parsed=("p",))
     b = RequestOutput(
@@ -272,7 +272,7 @@ def test_paced_streams_hand_over_merged_deltas_at_the_interval(make_engine, run,
 def test_paced_deltas_of_a_request_not_stepped_are_handed_over_when_due(make_engine):
     """Held tokens of a request the next steps do not run (preempted, say) still go out once the
     interval has passed, carried by another request's step; an abort drops what is held."""
-    from metrale_core.engine.output import RequestOutput
+    from metrale_core.engine.deltas import RequestOutput
 
     now = [0.0]
     eng = AsyncEngine(make_engine(), stream_interval_s=0.02, clock=lambda: now[0])
@@ -292,7 +292,7 @@ def test_paced_deltas_of_a_request_not_stepped_are_handed_over_when_due(make_eng
 def test_paced_state_of_a_request_whose_consumer_is_gone_is_dropped(make_engine):
     """A hand-over that finds no consumer (the client went away) aborts the request and forgets
     its pacing state, so a long-running server keeps none for requests nobody reads."""
-    from metrale_core.engine.output import RequestOutput
+    from metrale_core.engine.deltas import RequestOutput
 
     now = [0.0]
     eng = AsyncEngine(make_engine(), stream_interval_s=0.02, clock=lambda: now[0])

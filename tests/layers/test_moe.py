@@ -1,7 +1,8 @@
 """The MoE block (``metrale_core.layers.moe``) and the per-expert store (``weights.ExpertSlices``).
 
 Routing against its definition (softmax vs sigmoid, top-k renormalisation, the selection-only
-correction bias), the grouped experts against a row-by-row dense reference, the shared expert's
+correction bias, DeepSeek's group-limited top-k and scaling against transformers' own routers),
+the grouped experts against a row-by-row dense reference, the shared expert's
 sigmoid gate, batch invariance on Q8_0 experts multiplied by the GGUF kernels, expert slices
 served as views of the stacked tensor's bytes, and lazy experts paging in only what is called.
 """
@@ -21,7 +22,7 @@ from gguf.quants import dequantize, quantize
 from metrale_core.decoder.names import LLAMA_NAMES
 from metrale_core.layers import gguf_linear as gl
 from metrale_core.layers.linear import DenseLinear
-from metrale_core.layers.moe import Expert, MoeBlock, RowwiseLinear, grouped_experts, route
+from metrale_core.layers.moe import Expert, Groups, MoeBlock, RowwiseLinear, grouped_experts, route
 from metrale_core.layers.ops import SwiGLU
 from metrale_core.weights import ExpertSlices, RawTensor
 from metrale_core.weights.gguf_store import GGUFStore
@@ -74,6 +75,48 @@ def test_the_correction_bias_chooses_but_does_not_weigh():
     torch.testing.assert_close(w, torch.sigmoid(torch.tensor([[0.0]])))  # ... weighed without it
     w, ids = route(logits, 1, scoring="sigmoid")
     assert ids.tolist() == [[0]]
+
+
+def _hf_router(version: int, **config):
+    """transformers' DeepSeek-V``version`` router with random weights (and correction bias)."""
+    import transformers as tf
+
+    cls = tf.DeepseekV2Config if version == 2 else tf.DeepseekV3Config
+    model = tf.models.deepseek_v2.modeling_deepseek_v2 if version == 2 else tf.models.deepseek_v3.modeling_deepseek_v3
+    router_cls = model.DeepseekV2TopkRouter if version == 2 else model.DeepseekV3TopkRouter
+    router = router_cls(cls(hidden_size=D, n_routed_experts=16, **config))
+    gen = torch.Generator().manual_seed(version)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(16, D, generator=gen))
+        if version == 3:
+            router.e_score_correction_bias.copy_(0.2 * torch.rand(16, generator=gen))
+    return router
+
+
+@pytest.mark.parametrize(
+    ("version", "config", "groups", "scoring"),
+    [
+        (2, dict(topk_method="group_limited_greedy", n_group=4, topk_group=2), Groups(4, 2, "max"), "softmax"),
+        (2, dict(topk_method="greedy"), None, "softmax"),
+        (3, dict(n_group=4, topk_group=2, norm_topk_prob=True), Groups(4, 2, "top2"), "sigmoid"),
+        (3, dict(n_group=1, topk_group=1, norm_topk_prob=False), None, "sigmoid"),
+    ],
+)
+def test_deepseek_routing_equals_transformers_routers(version, config, groups, scoring):
+    """Group-limited top-k (V2: a group's best score; V3: its two best biased scores), the
+    correction bias, renormalisation and ``routed_scaling_factor``, as transformers routes."""
+    router = _hf_router(version, num_experts_per_tok=3, routed_scaling_factor=2.5, **config)
+    x = torch.randn(40, D, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        logits, ref_weights, ref_ids = router(x)
+    bias = router.e_score_correction_bias if version == 3 else None
+    normalize = bool(config.get("norm_topk_prob"))
+    weights, ids = route(logits, 3, scoring, normalize, bias, groups=groups, scale=2.5)
+    order = ref_ids.argsort(dim=-1)  # transformers' top-k is unsorted: compare as sets
+    assert torch.equal(ids.sort(dim=-1).values, ref_ids.gather(-1, order))
+    assert torch.allclose(weights.gather(-1, ids.argsort(dim=-1)), ref_weights.gather(-1, order), atol=1e-6)
+    if groups is not None:  # the groups matter: without them some row chooses otherwise
+        assert not torch.equal(route(logits, 3, scoring, normalize, bias)[1].sort(-1).values, ids.sort(-1).values)
 
 
 def test_grouped_experts_equal_each_row_s_weighted_sum():

@@ -1,4 +1,4 @@
-"""``gguf_arch.arch_config``: Phi-3's and Gemma 3's metadata as llama.cpp writes it -> the HF config keys.
+"""``gguf_arch.arch_config``: Phi-3's, DeepSeek-V2's and Gemma 3's metadata as llama.cpp writes it -> HF keys.
 
 The full path (a Phi-3 GGUF through the engine, against transformers) is
 plugins/metrale-qwen3/tests/test_dense_families.py; here the conventions a small config cannot
@@ -8,6 +8,7 @@ show: Phi-4-mini's window 0 (none) and a file without LongRoPE factors (Phi-3-mi
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from metrale_core.weights.gguf_arch import arch_config, metadata_config
 
@@ -74,3 +75,55 @@ def test_metadata_config_adds_the_arch_keys_from_a_whole_metadata():
     config = {"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 2, "head_dim": 4, "eos_token_id": 1}
     out = metadata_config(config, meta)
     assert out["eos_token_id"] == [1, 2] and config["eos_token_id"] == 1  # a copy
+
+
+def _deepseek2(scalars):
+    config = {"num_attention_heads": 16, "rope_scaling": {"rope_type": "yarn", "factor": 40.0}}
+    arch_config("deepseek2", {f"deepseek2.{k}": v for k, v in scalars.items()}, {}, config)
+    return config
+
+
+def test_deepseek2_v2_lite_metadata_as_llama_cpp_writes_it_with_split_kv_b():
+    """The newer converter's MQA view (``head_count_kv`` 1, ``key_length`` = latent + rope) gives
+    the HF head dims back from ``*_length_mla``; YaRN's log multiplier is both mscales."""
+    config = _deepseek2(
+        {
+            "attention.kv_lora_rank": 512,
+            "attention.key_length": 576,
+            "attention.value_length": 512,
+            "attention.key_length_mla": 192,
+            "attention.value_length_mla": 128,
+            "rope.dimension_count": 64,
+            "leading_dense_block_count": 1,
+            "expert_count": 64,
+            "expert_used_count": 6,
+            "expert_shared_count": 2,
+            "expert_feed_forward_length": 1408,
+            "expert_weights_scale": 1.0,
+            "expert_gating_func": 1,
+            "rope.scaling.yarn_log_multiplier": 0.0707,
+        }
+    )
+    assert (config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"]) == (128, 64, 128)
+    assert (config["num_key_value_heads"], config["head_dim"], config["kv_lora_rank"]) == (16, 64, 512)
+    assert (config["first_k_dense_replace"], config["n_shared_experts"], config["num_experts"]) == (1, 2, 64)
+    assert config["norm_topk_prob"] is False and "scoring_func" not in config and "q_lora_rank" not in config
+    assert config["rope_scaling"]["mscale"] == config["rope_scaling"]["mscale_all_dim"] == pytest.approx(0.707)
+
+
+def test_deepseek2_v3_gating_is_sigmoid_with_the_correction_bias_and_groups():
+    config = _deepseek2(
+        {
+            "attention.key_length": 192,
+            "attention.value_length": 128,
+            "rope.dimension_count": 64,
+            "expert_gating_func": 2,
+            "expert_group_count": 8,
+            "expert_group_used_count": 4,
+            "expert_weights_norm": True,
+            "expert_weights_scale": 2.5,
+        }
+    )
+    assert (config["scoring_func"], config["topk_method"], config["norm_topk_prob"]) == ("sigmoid", "noaux_tc", True)
+    assert (config["n_group"], config["topk_group"], config["routed_scaling_factor"]) == (8, 4, 2.5)
+    assert (config["qk_nope_head_dim"], config["v_head_dim"]) == (128, 128)

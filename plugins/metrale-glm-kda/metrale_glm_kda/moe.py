@@ -1,6 +1,7 @@
 """Feed-forward blocks of GLM-5.3: the clamped SwiGLU MLP and the sigmoid-routed MoE.
 
-Owner: ``metrale_glm_kda``.  :func:`route` is the torch oracle of ``kernels/moe_routing.cu``.
+Owner: ``metrale_glm_kda``.  :func:`route` is the torch oracle of ``kernels/moe_routing.cu``: the
+core's DeepSeek-V3 routing (``metrale_core.api.route``) with GLM's arguments.
 
 Invariants:
 - SwiGLU clamp (``swiglu_limit``): ``gate <= limit``, ``-limit <= up <= limit`` before
@@ -8,7 +9,7 @@ Invariants:
 - Routing is batched over all rows: float32 logits, sigmoid scores, top-k chosen on
   ``scores + e_score_correction_bias`` within the best ``topk_group`` groups (group score = sum of
   its top 2), weights = the *unbiased* scores of the chosen experts, renormalised when
-  ``norm_topk_prob`` (``+ 1e-20``), times ``routed_scaling_factor``.
+  ``norm_topk_prob``, times ``routed_scaling_factor`` (the core's ``route``).
 - Experts run as one matmul pair per *active* expert over its (token, slot) pairs, gathered
   once in expert order (no loop over tokens, one scatter back, a sum over the k slots), or, when
   the whole routed work is small (``DENSE_LIMIT``), densely: every expert on every row, weighted
@@ -21,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from attrs import frozen
 
-from metrale_core.api import Linear
+from metrale_core.api import Groups, Linear
+from metrale_core.api import route as core_route
 
 __all__ = ["DENSE_LIMIT", "MlpWeights", "MoeWeights", "mlp_forward", "moe_forward", "route", "swiglu_clamped"]
 
@@ -70,20 +72,8 @@ def route(
     scaling: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weights [T, k] float32, experts [T, k] int64)`` from router logits ``[T, E]`` (float32)."""
-    scores = logits.float().sigmoid()
-    choice = scores + bias.float()
-    if n_group > 1:
-        rows, experts = choice.shape
-        grouped = choice.view(rows, n_group, experts // n_group)
-        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
-        keep = torch.zeros_like(group_scores, dtype=torch.bool)
-        keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)
-        choice = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(rows, experts)
-    experts_idx = choice.topk(top_k, dim=-1).indices
-    weights = scores.gather(1, experts_idx)
-    if norm_topk_prob:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights * scaling, experts_idx
+    groups = Groups(n_group, topk_group, "top2") if n_group > 1 else None
+    return core_route(logits, top_k, "sigmoid", norm_topk_prob, bias, groups=groups, scale=scaling)
 
 
 #: Routed work (rows x experts x 3 x I x D multiply-adds) up to which every expert runs on every

@@ -97,11 +97,11 @@ class RecordingEngine:
 
         def recording(plan, **kwargs):
             out = execute(plan, **kwargs)
-            if out is not None:
+            if out.logits is not None:
                 row = 0
                 for chunk in plan.chunks:
                     if chunk.sample:
-                        self.logits[(chunk.seq.request_id, chunk.start + chunk.num_tokens - 1)] = out[row]
+                        self.logits[(chunk.seq.request_id, chunk.start + chunk.num_tokens - 1)] = out.logits[row]
                         row += 1
             return out
 

@@ -27,10 +27,18 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from gguf import GGUFWriter
+from family_testlib import (
+    NEW_TOKENS,
+    PROMPTS,
+    finish_gguf,
+    gguf_header,
+    hf_generate,
+    load_family,
+    match_request,
+    stepwise_reference,
+)
 from qwen3_harness import build_hf, open_store, save_checkpoint
 
-from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.layers.parallel import TensorParallel
@@ -40,7 +48,6 @@ from metrale_core.testing.forward_spy import ForwardSpy
 from metrale_core.testing.staggered import run_joining_mid_prefill
 
 VOCAB = 96
-NEW_TOKENS = 16
 BASE = dict(vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 #: family -> (config class, model class, {config name: config}).
 FAMILIES = {
@@ -202,61 +209,11 @@ FAMILIES = {
     ),
 }
 CASES = [(family, name) for family, (_, _, configs) in FAMILIES.items() for name in configs]
-PROMPTS = [
-    [5, 17, 3, 88, 41, 9, 60],
-    [2, 70, 33, 14, 95, 7, 50, 21, 11, 64, 3, 8],
-    [44, 1, 90],
-    [12, 12, 80, 6, 37, 58, 29, 71, 4, 66],
-]
 
 
 def _hf(family: str, name: str, seed: int):
     config_cls, model_cls, configs = FAMILIES[family]
     return build_hf(config_cls, model_cls, seed=seed, **{**BASE, **configs[name]})
-
-
-def _load(family: str, store, **options):
-    spec = load_registry().find_model_loader(store.config)
-    assert spec.name == family
-    return spec.factory(store, LoadOptions(weight_format="exact", **options))
-
-
-def _match(full: list[list[int]], history: tuple) -> int:
-    """The request whose tokens ``history`` is a prefix of (None: a position slid out of every
-    window, matched on the known ones)."""
-    return next(
-        i
-        for i, seq in enumerate(full)
-        if len(seq) >= len(history) and all(h is None or h == t for h, t in zip(history, seq))
-    )
-
-
-def _reference(hf, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
-    """transformers' greedy tokens, decoded one step at a time over its own KV cache, and the
-    logits row after every history length (index ``len(history) - 1``)."""
-    cache = tf.DynamicCache(config=hf.config)
-    tokens: list[int] = []
-    with torch.no_grad():
-        rows = list(hf(torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits[0].float())
-        for p in range(len(prompt), len(prompt) + NEW_TOKENS):
-            tokens.append(int(rows[-1].argmax()))
-            if p < len(prompt) + NEW_TOKENS - 1:
-                step = hf(
-                    torch.tensor([[tokens[-1]]]),
-                    past_key_values=cache,
-                    use_cache=True,
-                    position_ids=torch.tensor([[p]]),
-                )
-                rows.append(step.logits[0, -1].float())
-    return tokens, rows
-
-
-def _generate(hf, prompt: list[int]) -> list[int]:
-    ids = torch.tensor([prompt])
-    hf.generation_config.eos_token_id = None  # as ignore_eos (min_new_tokens would mask EOS instead)
-    with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
-    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -275,7 +232,7 @@ def test_the_family_is_installed_and_registered(family):
 def test_engine_logits_and_greedy_match_hf(family, name, tmp_path):
     torch.set_num_threads(2)
     hf = _hf(family, name, seed=len(name))
-    model = _load(family, open_store(save_checkpoint(hf, tmp_path)))
+    model = load_family(family, open_store(save_checkpoint(hf, tmp_path)))
     spy = ForwardSpy(model)
     # without windows 10 blocks of 4 tokens cannot hold the four sequences at once: the engine
     # preempts; with windows the pool must let every KV group serve the longest request
@@ -287,29 +244,29 @@ def test_engine_logits_and_greedy_match_hf(family, name, tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outputs = run_joining_mid_prefill(engine, PROMPTS, params)
     assert windowed or engine.stats().num_preemptions > 0
-    refs = [_reference(hf, p) for p in PROMPTS]
+    refs = [stepwise_reference(hf, p) for p in PROMPTS]
     full = [p + o for p, o in zip(PROMPTS, outputs)]
     worst = 0.0
     for history, row in spy.rows:
-        worst = max(worst, float((row - refs[_match(full, history)][1][len(history) - 1]).abs().max()))
+        worst = max(worst, float((row - refs[match_request(full, history)][1][len(history) - 1]).abs().max()))
     assert worst <= 1e-4
     assert outputs == [tokens for tokens, _ in refs]
     if family != "phi3":  # see the module docstring: generate's LongRoPE steps differ past the switch
-        assert outputs == [_generate(hf, p) for p in PROMPTS]
+        assert outputs == [hf_generate(hf, p) for p in PROMPTS]
 
 
 def test_windows_reach_the_engine_as_kv_groups(tmp_path):
     hf = _hf("gemma2", "softcaps-window-untied", seed=3)
-    model = _load("gemma2", open_store(save_checkpoint(hf, tmp_path)))
+    model = load_family("gemma2", open_store(save_checkpoint(hf, tmp_path)))
     assert model.info.kv.windows == (5, None, 5)
     assert model.dims.attn_softcap == 1.5 and model.dims.final_softcap == 3.0
     assert model.dims.attn_scale == pytest.approx(24**-0.5)
 
 
 def test_nope_layers_and_multipliers_are_read_from_the_config(tmp_path):
-    smol = _load("smollm3", open_store(save_checkpoint(_hf("smollm3", "nope-every-4", seed=1), tmp_path / "s")))
+    smol = load_family("smollm3", open_store(save_checkpoint(_hf("smollm3", "nope-every-4", seed=1), tmp_path / "s")))
     assert smol.dims.ropes == (True, True, True, False) and smol.info.kv.windows == ()
-    granite = _load("granite", open_store(save_checkpoint(_hf("granite", "gqa-untied", seed=1), tmp_path / "g")))
+    granite = load_family("granite", open_store(save_checkpoint(_hf("granite", "gqa-untied", seed=1), tmp_path / "g")))
     d = granite.dims
     assert (d.embedding_scale, d.residual_scale, d.attn_scale, d.logits_divisor) == (3.0, 0.4, 0.2, 2.5)
 
@@ -317,7 +274,7 @@ def test_nope_layers_and_multipliers_are_read_from_the_config(tmp_path):
 def test_phi3_refuses_tensor_parallelism_with_the_reason(tmp_path):
     store = open_store(save_checkpoint(_hf("phi3", "longrope-gqa", seed=2), tmp_path))
     with pytest.raises(ConfigError, match="fused qkv_proj / gate_up_proj"):
-        _load("phi3", store, tensor_parallel=TensorParallel(rank=0, world=2))
+        load_family("phi3", store, tensor_parallel=TensorParallel(rank=0, world=2))
 
 
 #: HF module path -> llama.cpp tensor name (gguf-py's tensor map), written out here so the test
@@ -361,19 +318,7 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 def _write_gguf(arch: str, hf, path) -> None:
     _, norms, permuted, offset = _ARCHS[arch]
     c = hf.config
-    w = GGUFWriter(str(path), arch)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+    w = gguf_header(path, arch, c, VOCAB)
     if arch == "granite":
         w.add_embedding_scale(c.embedding_multiplier)
         w.add_residual_scale(c.residual_multiplier)
@@ -412,10 +357,7 @@ def _write_gguf(arch: str, hf, path) -> None:
         if offset and name.endswith("norm.weight"):
             a = a + 1.0
         w.add_tensor(gname, np.ascontiguousarray(a))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
 
 
 @pytest.mark.parametrize(
@@ -436,7 +378,7 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(arch, name, tmp_path):
     _write_gguf(arch, hf, path)
     store = open_store(path)
     assert store.config["model_type"] == arch
-    model = _load("llama" if arch == "llama" else family, store)
+    model = load_family("llama" if arch == "llama" else family, store)
     spy = ForwardSpy(model)
     engine = LLMEngine(
         spy, EngineConfig(block_size=4, num_kv_blocks=64, max_prefill_tokens=8), registry=load_registry()
@@ -445,7 +387,7 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(arch, name, tmp_path):
     outputs = run_joining_mid_prefill(engine, PROMPTS, params)
     full = [p + o for p, o in zip(PROMPTS, outputs)]
     if arch == "phi3":  # past LongRoPE's original length: transformers stepped over its cache
-        steps = [_reference(hf, p) for p in PROMPTS]
+        steps = [stepwise_reference(hf, p) for p in PROMPTS]
         assert outputs == [tokens[:4] for tokens, _ in steps]
         ref = [rows for _, rows in steps]
     else:
@@ -453,5 +395,5 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(arch, name, tmp_path):
             ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
     worst = 0.0
     for history, row in spy.rows:
-        worst = max(worst, float((row - ref[_match(full, history)][len(history) - 1]).abs().max()))
+        worst = max(worst, float((row - ref[match_request(full, history)][len(history) - 1]).abs().max()))
     assert worst <= 1e-4

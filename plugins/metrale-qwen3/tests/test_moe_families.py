@@ -24,22 +24,27 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from gguf import GGMLQuantizationType, GGUFWriter
-from gguf.quants import dequantize, quantize
+from family_testlib import (
+    NEW_TOKENS,
+    PROMPTS,
+    engine_rows,
+    finish_gguf,
+    gguf_header,
+    hf_generate,
+    load_family,
+    match_request,
+    q8,
+    stepwise_reference,
+    stored,
+)
 from qwen3_harness import PagedRunner, build_hf, open_store, save_checkpoint
-from test_dense_families import NEW_TOKENS, PROMPTS, _generate, _match, _reference
 
-from metrale_core.components import LoadOptions
-from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.layers import moe as moe_layer
 from metrale_core.layers.gguf_linear import GGUFLinear
 from metrale_core.layers.lora import attach_lora
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugins import load_registry
-from metrale_core.sampling.params import SamplingParams
-from metrale_core.testing.forward_spy import ForwardSpy
-from metrale_core.testing.staggered import run_joining_mid_prefill
 
 VOCAB = 96
 BASE = dict(vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -147,22 +152,6 @@ def _hf(family: str, seed: int, config: dict):
     return build_hf(config_cls, model_cls, seed=seed, **{**BASE, **config})
 
 
-def _load(family: str, store, weight_format: str = "exact", **options):
-    spec = load_registry().find_model_loader(store.config)
-    assert spec.name == family
-    return spec.factory(store, LoadOptions(weight_format=weight_format, **options))
-
-
-def _engine_rows(model, max_tokens: int, blocks: int = 64) -> tuple[list[list[int]], list, LLMEngine]:
-    spy = ForwardSpy(model)
-    engine = LLMEngine(
-        spy, EngineConfig(block_size=4, num_kv_blocks=blocks, max_prefill_tokens=8), registry=load_registry()
-    )
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    outputs = run_joining_mid_prefill(engine, PROMPTS, params)
-    return outputs, spy.rows, engine
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_family_is_registered(family):
     reg = load_registry()
@@ -176,28 +165,28 @@ def test_the_family_is_registered(family):
 def test_engine_logits_and_greedy_match_hf(family, name, tmp_path):
     torch.set_num_threads(2)
     hf = _hf(family, len(name), FAMILIES[family][2][name])
-    model = _load(family, open_store(save_checkpoint(hf, tmp_path)))
+    model = load_family(family, open_store(save_checkpoint(hf, tmp_path)))
     # 10 blocks of 4 tokens cannot hold the four sequences at once: the engine preempts
-    outputs, rows, engine = _engine_rows(model, NEW_TOKENS, blocks=10)
+    outputs, rows, engine = engine_rows(model, NEW_TOKENS, blocks=10)
     assert engine.stats().num_preemptions > 0
-    refs = [_reference(hf, p) for p in PROMPTS]
+    refs = [stepwise_reference(hf, p) for p in PROMPTS]
     full = [p + o for p, o in zip(PROMPTS, outputs)]
     worst = 0.0
     for history, row in rows:
-        worst = max(worst, float((row - refs[_match(full, history)][1][len(history) - 1]).abs().max()))
+        worst = max(worst, float((row - refs[match_request(full, history)][1][len(history) - 1]).abs().max()))
     assert worst <= 1e-4
     assert outputs == [tokens for tokens, _ in refs]
-    assert outputs == [_generate(hf, p) for p in PROMPTS]
+    assert outputs == [hf_generate(hf, p) for p in PROMPTS]
 
 
 def test_sparse_layers_follow_the_config(tmp_path):
     configs = FAMILIES["qwen3moe"][2]
     hf = _hf("qwen3moe", 1, configs["sparse-step-2-bias-tied"])
-    model = _load("qwen3moe", open_store(save_checkpoint(hf, tmp_path / "a")))
+    model = load_family("qwen3moe", open_store(save_checkpoint(hf, tmp_path / "a")))
     assert model.dims.moe.sparse == (False, True, False, True)
     assert [w.moe is not None for w in model.weights.layers] == [False, True, False, True]
     hf = _hf("qwen2moe", 1, FAMILIES["qwen2moe"][2]["shared-renorm-all-experts-dense-first"])
-    model = _load("qwen2moe", open_store(save_checkpoint(hf, tmp_path / "b")))
+    model = load_family("qwen2moe", open_store(save_checkpoint(hf, tmp_path / "b")))
     m = model.dims.moe
     assert (m.sparse, m.normalize, m.shared_intermediate_size) == ((False, True, True), True, 40)
 
@@ -207,7 +196,7 @@ def test_every_weight_format_builds_the_experts(weight_format, tmp_path):
     """The experts go through the shared linear layer: each format loads and stays near HF."""
     torch.set_num_threads(2)
     hf = _hf("qwen2moe", 3, FAMILIES["qwen2moe"][2]["shared-gated-no-renorm"])
-    model = _load("qwen2moe", open_store(save_checkpoint(hf, tmp_path)), weight_format)
+    model = load_family("qwen2moe", open_store(save_checkpoint(hf, tmp_path)), weight_format)
     runner = PagedRunner(model)
     runner.step([(0, PROMPTS[1])])
     ours = torch.stack([runner.logits[(0, p)] for p in range(len(PROMPTS[1]))])
@@ -220,7 +209,7 @@ def test_lora_wraps_attention_and_dense_mlps_but_no_expert(tmp_path):
     """An expert sees a subset of the batch's rows, which the LoRA row map does not follow: its
     projections are not LoRA targets (the dense layer's MLP and every attention are)."""
     hf = _hf("qwen3moe", 4, FAMILIES["qwen3moe"][2]["renorm-mlp-only-layer"])
-    model = _load("qwen3moe", open_store(save_checkpoint(hf, tmp_path)))
+    model = load_family("qwen3moe", open_store(save_checkpoint(hf, tmp_path)))
     modules = set(attach_lora(model, num_slots=2, max_rank=4, dtype=torch.float32, device="cpu"))
     assert "model.layers.0.self_attn.q_proj" in modules and "model.layers.1.mlp.gate_proj" in modules
     assert not any(".mlp.experts." in m or m.endswith("mlp.gate") for m in modules)
@@ -230,7 +219,7 @@ def test_moe_refuses_tensor_parallelism_with_the_reason(tmp_path):
     hf = _hf("qwen3moe", 2, FAMILIES["qwen3moe"][2]["renorm-mlp-only-layer"])
     store = open_store(save_checkpoint(hf, tmp_path))
     with pytest.raises(ConfigError, match="experts are not sharded"):
-        _load("qwen3moe", store, tensor_parallel=TensorParallel(rank=0, world=2))
+        load_family("qwen3moe", store, tensor_parallel=TensorParallel(rank=0, world=2))
 
 
 #: HF module path (in a layer) -> llama.cpp tensor name, written out here so the test does not
@@ -249,11 +238,6 @@ _GGUF = {
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp",
 }
-Q8 = GGMLQuantizationType.Q8_0
-
-
-def _q8(a: np.ndarray) -> np.ndarray:
-    return dequantize(quantize(a, Q8), Q8).reshape(a.shape)
 
 
 def _write_gguf(arch: str, hf, path) -> None:
@@ -261,23 +245,12 @@ def _write_gguf(arch: str, hf, path) -> None:
     expert's gate (F32, the gate 1-D) and the token table in Q8_0; ``hf``'s weights become the
     dequantized values (the oracle's)."""
     c = hf.config
-    w = GGUFWriter(str(path), arch)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w = gguf_header(path, arch, c, VOCAB, dense_ffn=False)
     w.add_expert_count(c.num_experts)
     w.add_expert_used_count(c.num_experts_per_tok)
     w.add_expert_feed_forward_length(c.moe_intermediate_size)
     if arch == "qwen2moe":
         w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
-    w.add_token_list([f"t{i}" for i in range(VOCAB)])
     top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
     with torch.no_grad():
         for name, t in hf.state_dict().items():
@@ -286,33 +259,23 @@ def _write_gguf(arch: str, hf, path) -> None:
             # transformers 5 keeps a layer's experts stacked: gate_up_proj [E, 2I, D], down_proj [E, D, I]
             quantized = a.ndim >= 2 and not base.endswith(("mlp.gate", "_gate")) and base != "model.embed_tokens"
             if quantized:
-                a = _q8(a)
+                a = q8(a)
                 t.copy_(torch.from_numpy(a))
             if base in top:
-                w.add_tensor(f"{top[base]}.{kind}", **_stored(a, quantized))
+                w.add_tensor(f"{top[base]}.{kind}", **stored(a, quantized))
                 continue
             i, rest = base.removeprefix("model.layers.").split(".", 1)
             if rest == "mlp.experts" and kind == "gate_up_proj":
                 gate, up = np.split(a, 2, axis=1)
-                w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **_stored(gate, True))
-                w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **_stored(up, True))
+                w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **stored(gate, True))
+                w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **stored(up, True))
             elif rest == "mlp.experts":
-                w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **_stored(a, True))
+                w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **stored(a, True))
             elif rest == "mlp.shared_expert_gate":  # 1-D, the shape llama.cpp's loader asks for
-                w.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.{kind}", **_stored(a[0], False))
+                w.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.{kind}", **stored(a[0], False))
             else:
-                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", **_stored(a, quantized))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def _stored(a: np.ndarray, quantized: bool) -> dict:
-    """``add_tensor``'s arguments for ``a``, in Q8_0 or as it is."""
-    if quantized:
-        return dict(tensor=quantize(np.ascontiguousarray(a), Q8), raw_dtype=Q8)
-    return dict(tensor=np.ascontiguousarray(a))
+                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", **stored(a, quantized))
+    finish_gguf(w)
 
 
 def _gguf_model(family: str, tmp_path, weight_format: str):
@@ -322,7 +285,7 @@ def _gguf_model(family: str, tmp_path, weight_format: str):
         _write_gguf(family, hf, path)
     store = open_store(path)
     assert store.config["model_type"] == family
-    return hf, _load(family, store, weight_format)
+    return hf, load_family(family, store, weight_format)
 
 
 @pytest.mark.parametrize("family", sorted(GGUF_CONFIGS))
@@ -333,13 +296,13 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(family, weight_format, tmp_path
     if weight_format == "auto":  # the experts stay Q8_0 blocks
         expert = model.weights.layers[0].moe.experts[0]
         assert isinstance(expert.gate_up, GGUFLinear) and isinstance(expert.down, GGUFLinear)
-    outputs, rows, _ = _engine_rows(model, 4)
+    outputs, rows, _ = engine_rows(model, 4)
     full = [p + o for p, o in zip(PROMPTS, outputs)]
     with torch.no_grad():
         ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
     worst = 0.0
     for history, row in rows:
-        worst = max(worst, float((row - ref[_match(full, history)][len(history) - 1]).abs().max()))
+        worst = max(worst, float((row - ref[match_request(full, history)][len(history) - 1]).abs().max()))
     assert worst <= (1e-4 if weight_format == "exact" else 2e-2)
 
 

@@ -12,11 +12,10 @@ import importlib.metadata
 import numpy as np
 import pytest
 import torch
-from gguf import GGUFWriter
+from family_testlib import finish_gguf, gguf_header, load_family
 from qwen3_harness import build_hf, max_logit_diff, open_store, run_mixed_schedule, save_checkpoint
 from transformers import Olmo2Config, Olmo2ForCausalLM
 
-from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.layers.parallel import TensorParallel
@@ -64,12 +63,6 @@ PROMPTS = [
 ]
 
 
-def _load(store, **options):
-    spec = load_registry().find_model_loader(store.config)
-    assert spec.name == "olmo2"
-    return spec.factory(store, LoadOptions(weight_format="exact", **options))
-
-
 def test_olmo2_is_installed_and_registered():
     eps = importlib.metadata.entry_points(group="metrale")
     assert "metrale_qwen3.olmo2" in {ep.value for ep in eps if ep.name == "olmo2"}
@@ -87,7 +80,7 @@ def test_olmo2_is_installed_and_registered():
 def test_olmo2_paged_logits_match_hf(name, tmp_path):
     torch.set_num_threads(2)
     hf = build_hf(Olmo2Config, Olmo2ForCausalLM, seed=len(name), **CONFIGS[name])
-    model = _load(open_store(save_checkpoint(hf, tmp_path)))
+    model = load_family("olmo2", open_store(save_checkpoint(hf, tmp_path)))
     layer = model.weights.layers[0]
     assert layer.attn_norm is None and layer.mlp_norm is None  # post-norms only
     assert layer.q_norm.shape == (CONFIGS[name]["hidden_size"],)  # over the whole projection
@@ -100,7 +93,7 @@ def test_olmo2_engine_logits_and_greedy_match_hf(name, tmp_path):
     torch.set_num_threads(2)
     hf = build_hf(Olmo2Config, Olmo2ForCausalLM, seed=len(name) + 1, **CONFIGS[name])
     registry = load_registry()
-    spy = ForwardSpy(_load(open_store(save_checkpoint(hf, tmp_path))))
+    spy = ForwardSpy(load_family("olmo2", open_store(save_checkpoint(hf, tmp_path))))
     engine = LLMEngine(spy, EngineConfig(block_size=4, num_kv_blocks=64, max_prefill_tokens=8), registry=registry)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outputs = run_joining_mid_prefill(engine, PROMPTS, params)
@@ -142,17 +135,8 @@ _GGUF = {
 }
 
 
-def _write_gguf(hf, config: dict, path) -> None:
-    w = GGUFWriter(str(path), "olmo2")
-    w.add_embedding_length(config["hidden_size"])
-    w.add_block_count(config["num_hidden_layers"])
-    w.add_head_count(config["num_attention_heads"])
-    w.add_head_count_kv(config["num_key_value_heads"])
-    w.add_feed_forward_length(config["intermediate_size"])
-    w.add_context_length(config["max_position_embeddings"])
-    w.add_rope_freq_base(config["rope_theta"])
-    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+def _write_gguf(hf, path) -> None:
+    w = gguf_header(path, "olmo2", hf.config, VOCAB)
     top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
     top["lm_head.weight"] = "output.weight"
     for name, t in hf.state_dict().items():
@@ -163,10 +147,7 @@ def _write_gguf(hf, config: dict, path) -> None:
             base, kind = rest.rsplit(".", 1)
             gname = f"blk.{i}.{_GGUF[base]}.{kind}"
         w.add_tensor(gname, np.ascontiguousarray(t.float().numpy()))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
 
 
 def test_olmo2_gguf_logits_match_hf(tmp_path):
@@ -174,10 +155,10 @@ def test_olmo2_gguf_logits_match_hf(tmp_path):
     config = CONFIGS["gqa2-untied"]
     hf = build_hf(Olmo2Config, Olmo2ForCausalLM, seed=11, **config)
     path = tmp_path / "olmo2.gguf"
-    _write_gguf(hf, config, path)
+    _write_gguf(hf, path)
     store = open_store(path)
     assert store.config["model_type"] == "olmo2"
-    runner = run_mixed_schedule(_load(store), PROMPTS, decode_steps=4, block_size=4)
+    runner = run_mixed_schedule(load_family("olmo2", store), PROMPTS, decode_steps=4, block_size=4)
     assert max_logit_diff(hf, runner) <= 1e-4
 
 
@@ -185,4 +166,4 @@ def test_olmo2_refuses_tensor_parallelism_with_the_reason(tmp_path):
     hf = build_hf(Olmo2Config, Olmo2ForCausalLM, seed=2, **CONFIGS["gqa2-untied"])
     store = open_store(save_checkpoint(hf, tmp_path))
     with pytest.raises(ConfigError, match="whole projection"):
-        _load(store, tensor_parallel=TensorParallel(rank=0, world=2))
+        load_family("olmo2", store, tensor_parallel=TensorParallel(rank=0, world=2))

@@ -67,7 +67,7 @@ class DraftModelProposer:
                     chunks.append(cache.chunk(ds, ds.computed, tokens[ds.computed :]))
                 else:
                     chunks.append(cache.chunk(ds, seq.num_tokens - 1 + step, (drafts[i][-1],)))
-            logits = cache.runner.execute(cache.plan(chunks))
+            logits = cache.runner.execute(cache.plan(chunks)).logits
             assert logits is not None  # the plan has a chunk per live sequence
             tokens, qs = sample_drafts(
                 self.pipeline, logits, [seq for _, seq, _, _ in live], [drafts[i] for i, _, _, _ in live]

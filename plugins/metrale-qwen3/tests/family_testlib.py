@@ -1,0 +1,155 @@
+"""Shared pieces of the family tests (issue 31): loading through the registry, transformers'
+references, and GGUF files written under llama.cpp's names.
+
+Owner: ``plugins/metrale-qwen3/tests``.  Each family's test module keeps its own configs and its
+own table of llama.cpp tensor names (written out there, so a test does not read the definition's
+tables); what every family does the same way lives here once.
+
+Invariants:
+- ``load_family`` goes through ``load_registry().find_model_loader`` -- the path ``met serve``
+  takes -- and asserts the registry picked the family the test means.
+- ``stepwise_reference`` decodes one token at a time over transformers' own KV cache, so a
+  position-dependent RoPE (LongRoPE's switch at its original length) is compared step by step.
+- ``gguf_header`` writes only the keys every llama.cpp decoder arch has; family keys are the
+  caller's.
+- ``engine_rows`` runs the real engine (requests joining mid-prefill, chunks of 8 tokens, blocks
+  of 4) and records every logits row the model gave with its history (``ForwardSpy``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import transformers as tf
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize, quantize
+
+from metrale_core.components import LoadOptions
+from metrale_core.engine import EngineConfig, LLMEngine
+from metrale_core.plugins import load_registry
+from metrale_core.sampling.params import SamplingParams
+from metrale_core.testing.forward_spy import ForwardSpy
+from metrale_core.testing.staggered import run_joining_mid_prefill
+
+NEW_TOKENS = 16
+PROMPTS = [
+    [5, 17, 3, 88, 41, 9, 60],
+    [2, 70, 33, 14, 95, 7, 50, 21, 11, 64, 3, 8],
+    [44, 1, 90],
+    [12, 12, 80, 6, 37, 58, 29, 71, 4, 66],
+]
+
+
+def load_family(family: str, store: Any, weight_format: str = "exact", **options: Any) -> Any:
+    """The model the registry's loader for ``store`` builds, which must be ``family``'s."""
+    spec = load_registry().find_model_loader(store.config)
+    assert spec.name == family
+    return spec.factory(store, LoadOptions(weight_format=weight_format, **options))
+
+
+def match_request(full: list[list[int]], history: tuple) -> int:
+    """The request whose tokens ``history`` is a prefix of (None: a position slid out of every
+    window, matched on the known ones)."""
+    return next(
+        i
+        for i, seq in enumerate(full)
+        if len(seq) >= len(history) and all(h is None or h == t for h, t in zip(history, seq))
+    )
+
+
+def stepwise_reference(hf: Any, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+    """transformers' greedy tokens, decoded one step at a time over its own KV cache, and the
+    logits row after every history length (index ``len(history) - 1``)."""
+    cache = tf.DynamicCache(config=hf.config)
+    tokens: list[int] = []
+    with torch.no_grad():
+        rows = list(hf(torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits[0].float())
+        for p in range(len(prompt), len(prompt) + NEW_TOKENS):
+            tokens.append(int(rows[-1].argmax()))
+            if p < len(prompt) + NEW_TOKENS - 1:
+                step = hf(
+                    torch.tensor([[tokens[-1]]]),
+                    past_key_values=cache,
+                    use_cache=True,
+                    position_ids=torch.tensor([[p]]),
+                )
+                rows.append(step.logits[0, -1].float())
+    return tokens, rows
+
+
+def hf_generate(hf: Any, prompt: list[int]) -> list[int]:
+    """transformers' ``generate``, greedy, ``NEW_TOKENS`` long, EOS ignored."""
+    ids = torch.tensor([prompt])
+    hf.generation_config.eos_token_id = None  # as ignore_eos (min_new_tokens would mask EOS instead)
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+def engine_rows(model: Any, max_tokens: int, blocks: int = 64) -> tuple[list[list[int]], list, LLMEngine]:
+    """Greedy outputs of ``PROMPTS`` through the engine (``blocks`` KV blocks of 4 tokens, prefill
+    chunks of 8, requests joining mid-prefill), every logits row with its history, the engine."""
+    spy = ForwardSpy(model)
+    engine = LLMEngine(
+        spy, EngineConfig(block_size=4, num_kv_blocks=blocks, max_prefill_tokens=8), registry=load_registry()
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outputs = run_joining_mid_prefill(engine, PROMPTS, params)
+    return outputs, spy.rows, engine
+
+
+Q8 = GGMLQuantizationType.Q8_0
+
+
+def q8(a: np.ndarray) -> np.ndarray:
+    """``a`` through Q8_0 and back (the values a Q8_0 file holds)."""
+    return dequantize(quantize(a, Q8), Q8).reshape(a.shape)
+
+
+def stored(a: np.ndarray, quantized: bool) -> dict:
+    """``GGUFWriter.add_tensor``'s arguments for ``a``, in Q8_0 or as it is."""
+    if quantized:
+        return dict(tensor=quantize(np.ascontiguousarray(a), Q8), raw_dtype=Q8)
+    return dict(tensor=np.ascontiguousarray(a))
+
+
+def gguf_header(
+    path: Any,
+    arch: str,
+    config: Any,
+    vocab: int,
+    *,
+    dense_ffn: bool = True,
+    head_lengths: tuple[int, int, int] | None = None,
+) -> GGUFWriter:
+    """A writer for ``path`` holding the keys every decoder arch has, read from an HF config (the
+    dense MLP's width unless ``dense_ffn`` is false; ``head_lengths``: the KV heads, key and value
+    lengths where the arch writes others than the config's); the caller adds its family's keys
+    and tensors, then ``finish_gguf``."""
+    c = config.to_dict()
+    w = GGUFWriter(str(path), arch)
+    w.add_embedding_length(c["hidden_size"])
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_head_count(c["num_attention_heads"])
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    kv_heads, key, value = head_lengths or (c["num_key_value_heads"], head_dim, head_dim)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(key)
+    w.add_value_length(value)
+    if dense_ffn:
+        w.add_feed_forward_length(c["intermediate_size"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_rope_freq_base(c["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    return w
+
+
+def finish_gguf(w: GGUFWriter) -> None:
+    """Write the header, the key-values and the tensors, and close the file."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
