@@ -13,7 +13,7 @@ What is here (see :data:`PUBLIC` for the full table):
 - the model contract: ``CausalLM``, ``ForwardBatch``, ``ModelInfo``, ``KVLayout``,
   ``RecurrentLayout``, ``PagedKVCache``, ``KVCodec``, ``gather_blocks``; decoder definitions
   (:mod:`metrale_core.decoder`): ``DecoderSpec`` and its recipe records (``Norms``,
-  ``Attention``, ``Mlp``, ``LayerPattern``, ``Scalars``), ``WeightNames`` / ``LLAMA_NAMES``,
+  ``Attention``, ``Mlp``, ``LayerPattern``, ``Scalars``), ``WeightNames`` / ``LLAMA_NAMES`` / ``GEMMA_NAMES``,
   ``DecoderLM``; weights: ``open_weights``,
   ``WeightStore``, ``RawTensor``, ``read_gguf_tensors`` / ``GGUFTensors`` (GGUF files that are
   not models, e.g. LoRA adapters) and ``unpermute_rows`` (llama's Q/K row order);
@@ -99,7 +99,7 @@ _MODEL = {
         "Norms",
         "Scalars",
     ),
-    "metrale_core.decoder.names": ("LLAMA_NAMES", "WeightNames"),
+    "metrale_core.decoder.names": ("GEMMA_NAMES", "LLAMA_NAMES", "WeightNames"),
     "metrale_core.decoder.model": ("DecoderLM",),
     "metrale_core.weights": ("RawTensor", "WeightStore", "open_weights"),
     "metrale_core.weights.gguf_tensors": ("GGUFTensors", "read_gguf_tensors"),
@@ -255,6 +255,7 @@ if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block
         DecoderLM,
     )
     from metrale_core.decoder.names import (
+        GEMMA_NAMES,
         LLAMA_NAMES,
         WeightNames,
     )

@@ -12,7 +12,17 @@ attrs alone); the builder modules are imported when a model loads.
 
 from __future__ import annotations
 
-from metrale_core.decoder.names import LLAMA_NAMES, WeightNames
+from metrale_core.decoder.names import GEMMA_NAMES, LLAMA_NAMES, WeightNames
 from metrale_core.decoder.spec import Attention, DecoderSpec, LayerPattern, Mlp, Norms, Scalars
 
-__all__ = ["LLAMA_NAMES", "Attention", "DecoderSpec", "LayerPattern", "Mlp", "Norms", "Scalars", "WeightNames"]
+__all__ = [
+    "GEMMA_NAMES",
+    "LLAMA_NAMES",
+    "Attention",
+    "DecoderSpec",
+    "LayerPattern",
+    "Mlp",
+    "Norms",
+    "Scalars",
+    "WeightNames",
+]

@@ -27,6 +27,13 @@ Invariants:
   on the block kernels, or a dequantized checkpoint.
 - RoPE: ``rope_parameters`` (transformers >= 5) or ``rope_theta`` / ``rope_scaling``; the kind
   ``default`` leaves ``rope_scaling`` None; a kind outside ``spec.ROPE_KINDS_BUILT`` is refused.
+  The sliding layers rotate with their own base
+  (``local_theta``, unscaled) where the recipe says so (``LayerPattern.sliding_rope_theta``), or
+  with their own parameters where the config's ``rope_parameters`` are per layer type
+  (``full_attention`` / ``sliding_attention``, each without its ``rope_theta`` in the scaling).
+- A config nesting the text decoder under ``text_config`` (a multimodal checkpoint) is read from
+  there, the outer ``eos_token_id`` where the inner has none; ``use_bidirectional_attention`` (an
+  embedding model) is refused.
 """
 
 from __future__ import annotations
@@ -38,11 +45,15 @@ from attrs import frozen
 
 from metrale_core.decoder.mla import MlaDims
 from metrale_core.decoder.moe_dims import MoeDims
-from metrale_core.decoder.pattern import layer_ropes, layer_windows, scalar
+from metrale_core.decoder.pattern import layer_ropes, layer_sliding, layer_windows, scalar
 from metrale_core.decoder.spec import ROPE_KINDS_BUILT, DecoderSpec
 from metrale_core.errors import ConfigError
 
 __all__ = ["DecoderDims"]
+
+#: The sliding layers' RoPE base where the recipe gives them one and the config names none
+#: (transformers' Gemma 3 default, and llama.cpp's for its gemma3 files).
+_LOCAL_THETA = 10_000.0
 
 
 def _require(config: Mapping[str, Any], key: str) -> Any:
@@ -52,14 +63,32 @@ def _require(config: Mapping[str, Any], key: str) -> Any:
     return value
 
 
-def _rope(config: Mapping[str, Any], family: str) -> tuple[float, dict | None]:
-    params = config.get("rope_parameters") or {}
-    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-    scaling = dict(config.get("rope_scaling") or params)
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+def _scaling(params: Mapping[str, Any], family: str) -> dict | None:
+    """RoPE parameters -> the scaling the layers take (None: the kind ``default``)."""
+    kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_KINDS_BUILT:
         raise ConfigError(f"{family}: rope type {kind!r} is not built (built: {', '.join(ROPE_KINDS_BUILT)})")
-    return float(theta), (None if kind == "default" else scaling)
+    return None if kind == "default" else dict(params)
+
+
+def _rope(config: Mapping[str, Any], spec: DecoderSpec) -> tuple[float, dict | None, float | None, dict | None]:
+    """``(theta, scaling)`` of the global layers and of the sliding ones (None, None: the same)."""
+    family = spec.name
+    params = config.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:  # transformers >= 5, per layer type
+        full, local = params.get("full_attention") or {}, params.get("sliding_attention")
+        bare = lambda p: {k: v for k, v in p.items() if k != "rope_theta"}
+        theta = float(full.get("rope_theta", config.get("rope_theta", 10000.0)))
+        if local is None:
+            return theta, _scaling(bare(full), family), None, None
+        local_theta = float(local.get("rope_theta", config.get("rope_local_base_freq", _LOCAL_THETA)))
+        return theta, _scaling(bare(full), family), local_theta, _scaling(bare(local), family)
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    scaling = _scaling(dict(config.get("rope_scaling") or params), family)
+    if spec.layers.sliding_rope_theta is None:
+        return float(theta), scaling, None, None
+    local = scalar(config, spec.layers.sliding_rope_theta, family)
+    return float(theta), scaling, _LOCAL_THETA if local is None else local, None
 
 
 def _on(config: Mapping[str, Any], value: Any, family: str, field: str) -> float:
@@ -112,10 +141,44 @@ class DecoderDims:
     moe: MoeDims | None = None
     #: The latent attention (``Attention.kind == "mla"``; None: GQA).
     mla: MlaDims | None = None
+    #: Per layer: a sliding layer by its type (``pattern.layer_sliding``; its window may be off).
+    sliding: tuple[bool, ...] = ()
+    #: The sliding layers' RoPE base and scaling (None: they rotate as the global layers).
+    local_theta: float | None = None
+    local_scaling: dict | None = None
+
+    def window(self, layer: int) -> int | None:
+        """The attention window of ``layer`` (None: the whole context)."""
+        return self.windows[layer]
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """Per layer, transformers' name of its type: ``sliding_attention`` / ``full_attention``."""
+        return tuple("sliding_attention" if s else "full_attention" for s in self.sliding)
+
+    @property
+    def global_theta(self) -> float:
+        """The global layers' RoPE base (``rope_theta``), named as beside :attr:`local_theta`."""
+        return self.rope_theta
+
+    @property
+    def global_scaling(self) -> dict | None:
+        """The global layers' RoPE scaling (``rope_scaling``)."""
+        return self.rope_scaling
+
+    def layer_rope(self, layer: int) -> int:
+        """Which RoPE table ``layer`` rotates with: 0 the global one, 1 the sliding layers' own."""
+        return int(self.local_theta is not None and self.sliding[layer])
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], spec: DecoderSpec, *, gguf: bool = False) -> DecoderDims:
         name = spec.name
+        if isinstance(config.get("text_config"), Mapping):  # a multimodal checkpoint: its text decoder
+            outer_eos = config.get("eos_token_id")
+            config = dict(config["text_config"])
+            config.setdefault("eos_token_id", outer_eos)
+        if config.get("use_bidirectional_attention"):
+            raise ConfigError(f"{name}: use_bidirectional_attention (embedding models) is not supported")
         unbuilt = spec.unbuilt()
         if unbuilt:
             raise ConfigError(f"{name}: the definition declares {', '.join(unbuilt)}, not built yet")
@@ -128,14 +191,15 @@ class DecoderDims:
             )
         act = config.get("hidden_activation") or config.get("hidden_act", spec.activations[0])
         if act not in spec.activations:
+            key = "hidden_activation" if config.get("hidden_activation") else "hidden_act"
             raise ConfigError(
-                f"hidden_act {act!r} is not supported by the {name} loader (only {'/'.join(spec.activations)})"
+                f"{key} {act!r} is not supported by the {name} loader (only {'/'.join(spec.activations)})"
             )
         hidden = int(_require(config, "hidden_size"))
         heads = int(_require(config, "num_attention_heads"))
         kv_heads = int(config.get("num_key_value_heads") or heads)
         head_dim = int(config.get("head_dim") or hidden // heads)
-        theta, scaling = _rope(config, name)
+        theta, scaling, local_theta, local_scaling = _rope(config, spec)
         mla = MlaDims.from_config(config, name, heads, scaling) if spec.attention.kind == "mla" else None
         if mla is not None:
             kv_heads, head_dim = heads, mla.shape.rope
@@ -168,7 +232,7 @@ class DecoderDims:
             rms_norm_eps=float(config.get("rms_norm_eps", spec.default_eps)),
             rope_theta=theta,
             rope_scaling=scaling,
-            max_position=int(config.get("max_position_embeddings", 4096)),
+            max_position=int(config.get("max_position_embeddings", spec.default_max_position)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qk_norm=attn.qk_norm,
             qkv_bias=attn.qkv_bias == "always" or (attn.qkv_bias == "config" and attention_bias),
@@ -191,5 +255,8 @@ class DecoderDims:
             rotary_dim=rotary_dim,
             original_max_position=config.get("original_max_position_embeddings"),
             moe=moe,
+            sliding=layer_sliding(config, spec, layers),
+            local_theta=local_theta,
+            local_scaling=local_scaling,
             mla=mla,
         )

@@ -12,7 +12,9 @@ Invariants:
   identity.  With the default recipe (pre-norms only) this is exactly the Llama layer, op for op.
 - QK-norm ``head`` normalises each head inside ``qk_norm_rope``; ``proj`` normalises the whole q
   and k projections first (then RoPE alone).  A NoPE layer (``dims.ropes``) skips the rotation;
-  partial rotary dimensions rotate the leading ``dims.rotary_dim`` of each head (``rope``).
+  partial rotary dimensions rotate the leading ``dims.rotary_dim`` of each head (``rope``).  The
+  sliding layers rotate with their own table where ``dims.local_theta`` is set (Gemma 3's local
+  base), the others with the global one; each table is computed once per forward.
 - Windows (``dims.windows``) are declared in ``info.kv.windows``, so the core's KV groups keep a
   sliding layer's blocks only while its window sees them; each layer writes and reads through
   its group's tables (``batch.for_group``), planned once per group per forward.  A layer with a
@@ -42,6 +44,7 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
+from attrs import evolve
 
 from metrale_core.decoder.dims import DecoderDims
 from metrale_core.decoder.mla import LATENT_EPS
@@ -109,6 +112,13 @@ class DecoderLM:
             rowwise = weights.weight_format != "exact"
             self.expert_act = partial(swiglu_oai, alpha=moe.swiglu_alpha, limit=moe.swiglu_limit, rowwise=rowwise)
         self.rope = RopeTables(dims, self.device)
+        #: The sliding layers' own rotation (``dims.local_theta``), else None.
+        self.local_rope = (
+            None
+            if dims.local_theta is None
+            else RopeTables(evolve(dims, rope_theta=dims.local_theta, rope_scaling=dims.local_scaling), self.device)
+        )
+        self._rope_of = tuple(dims.layer_rope(i) for i in range(dims.num_layers))
         self._scale = dims.attn_scale
         self._rowwise = weights.weight_format != "exact"
         assert self.info.kv is not None
@@ -151,7 +161,9 @@ class DecoderLM:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if kv is None or len(kv.k) != self.dims.num_layers:
             raise ValueError(f"{self.info.architecture} needs a paged KV cache with {self.dims.num_layers} layers")
-        cos, sin = self.rope.cos_sin(batch.positions, self.dtype)
+        tables = [self.rope.cos_sin(batch.positions, self.dtype)]
+        if self.local_rope is not None:
+            tables.append(self.local_rope.cos_sin(batch.positions, self.dtype))
         groups, plans, group_of = self._groups(batch, kv)
         if inputs_embeds is not None:
             x = inputs_embeds.to(self.dtype)
@@ -164,7 +176,7 @@ class DecoderLM:
                 x = x * self._embed_scale
         for i, layer in enumerate(self.weights.layers):
             g = group_of[i]
-            x = self._layer(x, layer, kv, i, groups[g], plans[g], cos, sin)
+            x = self._layer(x, layer, kv, i, groups[g], plans[g], *tables[self._rope_of[i]])
         hidden = None
         if all_hidden:
             hidden = self._norm(x, self.weights.norm)

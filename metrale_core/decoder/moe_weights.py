@@ -8,6 +8,11 @@ Invariants:
   shared expert's and its gate -- is built by the decoder's own ``build`` (the shared linear
   layer, any weight format; not recorded for LoRA), so a GGUF expert stays in its blocks and runs on
   the GGUF kernels; no expert is dequantized under ``auto``.
+- Under ``auto`` a GGUF's routed experts are built ``lazy``: loading keeps views of the mapped
+  file and reads none of their pages; an expert is repacked (into the file-backed repack cache)
+  on its first call, when the router first picks it, so a file larger than free RAM serves and
+  memory follows the experts in use.  The records are an eager load's, so the results (and their
+  batch invariance) are the same bits.  The shared expert and the router are built at load.
 - Names come from the definition's table: an HF checkpoint's experts are ``...experts.{e}...``
   tensors, a GGUF's are slices ``name[e]`` of the stacked ``ffn_*_exps`` tensors, which the
   store wrapped in ``metrale_core.weights.ExpertSlices`` serves as views of the mapped file.
@@ -35,8 +40,9 @@ from metrale_core.layers.moe import Expert, Groups, MoeBlock, RowwiseLinear
 
 __all__ = ["load_moe"]
 
-#: ``(names, shapes, bias) -> Linear``: the decoder's projection builder (fused along rows).
-Build = Callable[[list[str], list[tuple[int, int]], "torch.Tensor | None"], Linear]
+#: ``(names, shapes, bias[, lazy]) -> Linear``: the decoder's projection builder (fused along
+#: rows; ``lazy``: GGUF blocks repacked on first use).
+Build = Callable[..., Linear]
 #: ``(name, shape, dtype) -> tensor``: a tensor of the store on the model's device, in ``dtype``
 #: (None: the model's; the router's correction bias is read in float32).
 Get = Callable[[str, tuple[int, ...], "torch.dtype | None"], torch.Tensor]
@@ -72,9 +78,10 @@ def load_moe(
 
     def expert(slots: tuple[str, str, str], size: int, e: int | None = None) -> Expert:
         gate, up, down = (n(s, i, "weight", e) for s in slots)
+        lazy = e is not None  # a routed expert: paged in when first routed to; the shared one always runs
         return Expert(
-            gate_up=build([gate, up], [(size, D), (size, D)], bias(slots[:2], (size, size), e)),
-            down=build([down], [(D, size)], bias(slots[2:], (D,), e)),
+            gate_up=build([gate, up], [(size, D), (size, D)], bias(slots[:2], (size, size), e), lazy=lazy),
+            down=build([down], [(D, size)], bias(slots[2:], (D,), e), lazy=lazy),
         )
 
     experts = tuple(expert(("expert_gate", "expert_up", "expert_down"), width, e) for e in range(moe.num_experts))

@@ -15,6 +15,8 @@ Invariants:
   names otherwise; :meth:`WeightNames.resolver` maps a slot to the name *that store* serves it
   under (the HF name the store gave its GGUF tensor, else the GGUF name itself), so a family whose
   GGUF names differ from llama's (Gemma's ``ffn_norm`` is its pre-MLP norm) reads the right tensor.
+- An HF store without the table's embedding but with it under one of :data:`TEXT_PREFIXES` (a
+  multimodal checkpoint, Gemma 3's) is read there: every ``model.`` name under that prefix.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ from typing import Any
 
 from attrs import field, frozen
 
-__all__ = ["LAYER_SLOTS", "LLAMA_NAMES", "TOP_SLOTS", "WeightNames"]
+__all__ = ["GEMMA_NAMES", "LAYER_SLOTS", "LLAMA_NAMES", "TEXT_PREFIXES", "TOP_SLOTS", "WeightNames"]
+
+#: Where a multimodal HF checkpoint keeps its text decoder's ``model.`` tensors (transformers >= 4.52
+#: writes ``model.language_model.``, older ones ``language_model.model.``).
+TEXT_PREFIXES = ("model.language_model.", "language_model.model.")
 
 #: Slots outside the layers.
 TOP_SLOTS = ("embed", "norm", "head")
@@ -118,7 +124,20 @@ class WeightNames:
     def resolver(self, store: Any) -> Resolver:
         """The name each slot has in ``store`` (HF names, or a GGUF store's names; module docstring)."""
         if getattr(store, "format", None) != "gguf":
-            return self.hf
+            embed = self.hf("embed")
+            has = getattr(store, "__contains__", None)
+            if has is None or not embed.startswith("model.") or has(embed):
+                return self.hf
+            rest = embed.removeprefix("model.")
+            prefix = next((p for p in TEXT_PREFIXES if has(p + rest)), None)
+            if prefix is None:
+                return self.hf
+
+            def nested(slot: str, layer: int | None = None, kind: str = "weight", expert: int | None = None) -> str:
+                name = self.hf(slot, layer, kind, expert)
+                return prefix + name.removeprefix("model.") if name.startswith("model.") else name
+
+            return nested
         served = {gguf: hf for hf, gguf in store.gguf_names.items()}
 
         def name(slot: str, layer: int | None = None, kind: str = "weight", expert: int | None = None) -> str:
@@ -170,3 +189,7 @@ LLAMA_NAMES = WeightNames(
         "v_b": ("model.layers.{i}.self_attn.v_b_proj", "blk.{i}.attn_v_b"),
     }
 )
+
+#: The Gemma 2 / Gemma 3 table: HF ``pre_feedforward_layernorm`` is the pre-MLP norm (GGUF
+#: ``ffn_norm``); the post-norms are llama's rows ``attn_out_norm`` / ``mlp_out_norm``.
+GEMMA_NAMES = LLAMA_NAMES.replace(mlp_norm=("model.layers.{i}.pre_feedforward_layernorm", "blk.{i}.ffn_norm"))

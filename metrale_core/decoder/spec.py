@@ -11,7 +11,8 @@ sharded) and LoRA (every projection is built with the recording ``build_linear``
 checkpoint module path).  :meth:`DecoderSpec.loader_spec` is the family's ``ModelLoaderSpec``.
 
 Every default is the Llama decoder, so a family states only what differs.  Built: the norm
-placement and Gemma's unit-offset norms, QK-norm, sliding windows with a per-layer pattern,
+placement and Gemma's unit-offset norms, QK-norm, sliding windows with a per-layer pattern (and the
+sliding layers' own RoPE base),
 attention-logit and final-logit soft-caps, the softmax scale, NoPE layers, GeGLU, the stream's
 multipliers (:class:`Scalars`), fused ``qkv_proj`` / ``gate_up_proj`` tensors, an explicit
 ``head_dim``, partial rotary dimensions, and mixture-of-experts MLPs (``Mlp(kind="moe")``: softmax
@@ -36,7 +37,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from attrs import field, frozen
 
@@ -158,6 +159,12 @@ class LayerPattern:
     #: Every k-th layer (1-based) has no RoPE (NoPE), unless the config lists
     #: ``no_rope_layers`` (1: RoPE, 0: NoPE) or sets ``no_rope_layer_interval`` (SmolLM3).
     nope_every: int | None = None
+    #: The sliding layers rotate with their own RoPE base, unscaled (a :data:`Scalar`; Gemma 3
+    #: ``"rope_local_base_freq"``, 10,000 where the config lacks it, as transformers defaults it);
+    #: None: every layer rotates with ``rope_theta`` / ``rope_scaling``.  transformers >= 5's
+    #: ``rope_parameters`` per layer type (``full_attention`` / ``sliding_attention``) are read
+    #: whatever this says.
+    sliding_rope_theta: Scalar = None
 
 
 @frozen
@@ -200,6 +207,11 @@ class DecoderSpec:
     activations: tuple[str, ...] = field(converter=_names, default=("silu",))
     #: The config's ``rms_norm_eps`` when it has none.
     default_eps: float = 1e-6
+    #: The config's ``max_position_embeddings`` when it has none (Gemma 3: 131,072).
+    default_max_position: int = 4096
+
+    #: The ``--weight-format`` values the loader honours (:data:`WEIGHT_FORMATS`).
+    weight_formats: ClassVar[tuple[str, ...]] = WEIGHT_FORMATS
 
     def __attrs_post_init__(self) -> None:
         if not self.model_types:
@@ -235,6 +247,18 @@ class DecoderSpec:
                 "per-rank slices are not built"
             )
         return ""
+
+    def dims(self, config: Any, *, gguf_metadata: Any = None) -> Any:
+        """The ``DecoderDims`` this family reads from an HF ``config``, or from a GGUF's
+        llama-shaped ``config`` and its full ``gguf_metadata`` (the arch's own keys added as the
+        GGUF store adds them)."""
+        from metrale_core.decoder.dims import DecoderDims
+
+        if gguf_metadata is None:
+            return DecoderDims.from_config(config, self)
+        from metrale_core.weights.gguf_arch import metadata_config
+
+        return DecoderDims.from_config(metadata_config(config, gguf_metadata), self, gguf=True)
 
     def load(self, store: Any, options: Any) -> Any:
         """The loader factory: ``(store, LoadOptions) -> CausalLM`` (imports torch here)."""

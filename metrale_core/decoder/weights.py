@@ -24,7 +24,8 @@ Invariants:
   ``o_proj`` reads ``H * v_head_dim`` columns.
 - A sparse layer (``dims.moe.sparse``) has ``moe`` (``moe_weights.load_moe``) and no dense
   ``gate_up`` / ``down``; a GGUF's stacked experts are read through ``ExpertSlices``.  Its
-  projections are built unrecorded: LoRA adapts attention and dense MLPs only.
+  projections are built unrecorded: LoRA adapts attention and dense MLPs only; its routed
+  experts are built ``lazy`` (``moe_weights``).
 """
 
 from __future__ import annotations
@@ -185,10 +186,13 @@ def load_weights(
     if spec.mlp.fused_gate_up:
         mlp_slots, mlp_shapes = ["gate_up"], [(2 * inter, D)]
 
-    def built(names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None) -> Linear:
+    def built(
+        names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None = None, lazy: bool = False
+    ) -> Linear:
         """An MoE projection: not recorded for LoRA (an expert sees a subset of the batch's rows,
-        which the LoRA row map does not follow), so an adapter never wraps one."""
-        return build_unrecorded(store, names, shapes, weight_format, dtype, device, bias)
+        which the LoRA row map does not follow), so an adapter never wraps one; ``lazy``: GGUF
+        blocks repacked on first use (a routed expert)."""
+        return build_unrecorded(store, names, shapes, weight_format, dtype, device, bias, lazy=lazy)
 
     def tensor(name: str, shape: tuple[int, ...], as_dtype: torch.dtype | None = None) -> torch.Tensor:
         return store.get(name, dtype=as_dtype or dtype, shape=shape).to(device)

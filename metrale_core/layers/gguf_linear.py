@@ -29,6 +29,10 @@ Invariants:
   a few chunks' temporaries, never a dequantized matrix; the records are the same in any order.
 - A row's result depends only on that row (the kernel splits channel tiles between threads and
   fixes each row's order of sums): batch-invariant by construction.
+- A projection built ``lazy`` (an MoE's routed experts) keeps views of the mapped file until its
+  first call repacks them (through the repack cache: file-backed records, evictable), so loading
+  reads no expert and only the experts the router picks are ever paged in; the records, and so
+  the results, are those of an eager repack.
 - ``decode(...)`` reproduces ``gguf.quants.dequantize`` exactly: ``codes * d + m`` equals it in
   float32 (tested per type).
 """
@@ -57,6 +61,7 @@ __all__ = [
     "GGUF_KINDS",
     "REPACK_ROWS",
     "GGUFLinear",
+    "PendingRepack",
     "QuantEmbedding",
     "Repacked",
     "decode",
@@ -521,11 +526,26 @@ def activation_precision_scope() -> Iterator[ActivationPrecision]:
 
 
 @frozen
+class PendingRepack:
+    """GGUF tensors not repacked yet (views of the mapped file): :class:`GGUFLinear` repacks them
+    on its first call -- an MoE expert is paged in when the router first picks it."""
+
+    raws: tuple[Any, ...]
+    native: bool
+    out_features: int
+
+
+#: Serialises first-use repacks (a projection is repacked once, whichever thread calls it first).
+_FIRST_USE = threading.Lock()
+
+
+@frozen
 class GGUFLinear:
     """A projection kept as GGUF blocks (any type of :data:`GGUF_KINDS`), multiplied by the C
-    kernel (``kernel`` set) or by torch (:func:`fallback_matmul`)."""
+    kernel (``kernel`` set) or by torch (:func:`fallback_matmul`); a :class:`PendingRepack`
+    weight is repacked on the first call (:meth:`repacked`), the same records as at load."""
 
-    weight: Repacked
+    weight: Repacked | PendingRepack
     kernel: Any = field(default=None, repr=False)
     bias: torch.Tensor | None = None
     precision: ActivationPrecision = field(factory=ActivationPrecision, repr=False)
@@ -539,24 +559,46 @@ class GGUFLinear:
         """15-bit activations (``255 * hi + lo``); False: int8 as llama.cpp."""
         return self.precision.fine
 
+    @property
+    def pending(self) -> bool:
+        """Not repacked yet (built lazily and never called)."""
+        return isinstance(self.weight, PendingRepack)
+
+    def repacked(self) -> Repacked:
+        """The weight, repacked now if it is still pending."""
+        w = self.weight
+        if isinstance(w, PendingRepack):
+            with _FIRST_USE:
+                w = self.weight
+                if isinstance(w, PendingRepack):
+                    w = repack(w.raws, native=w.native)
+                    object.__setattr__(self, "weight", w)  # the one change of a frozen record
+        return w
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight if isinstance(self.weight, Repacked) else self.repacked()
         flat = x.dim() == 2 and x.dtype is torch.float32  # the decoders' case: no reshape, no casts
         x2 = x if flat else x.reshape(-1, x.shape[-1]).float()
         if self.kernel is not None:
-            y = native_matmul(self.kernel, x2, self.weight, self.fine)
+            y = native_matmul(self.kernel, x2, w, self.fine)
         else:
-            y = fallback_matmul(x2, self.weight, self.fine)
+            y = fallback_matmul(x2, w, self.fine)
         if not flat:
             y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
 
 def gguf_linear(
-    raws: Sequence[Any], bias: torch.Tensor | None = None, precision: ActivationPrecision | None = None
+    raws: Sequence[Any],
+    bias: torch.Tensor | None = None,
+    precision: ActivationPrecision | None = None,
+    *,
+    lazy: bool = False,
 ) -> GGUFLinear:
     """The :class:`GGUFLinear` of GGUF tensors ``raws`` (fused along rows; one GGML type),
     reading ``precision`` (default: the enclosing :func:`activation_precision_scope`'s, else
-    its own, 15-bit)."""
+    its own, 15-bit); ``lazy``: repacked on its first call, not now (its pages of the mapped
+    file are read then)."""
     lib = gguf_kernel()
     n = sum(int(r.shape[0]) for r in raws)
     if lib is not None and (n % TILE or int(raws[0].shape[1]) % QK):
@@ -564,7 +606,9 @@ def gguf_linear(
     cell = precision or _SCOPE.get() or ActivationPrecision()
     cell.members += 1
     cell.native = cell.native and lib is not None
-    return GGUFLinear(repack(raws, native=lib is not None), lib, bias, cell)
+    native = lib is not None
+    weight = PendingRepack(tuple(raws), native, n) if lazy else repack(raws, native=native)
+    return GGUFLinear(weight, lib, bias, cell)
 
 
 # --- token tables --------------------------------------------------------------------------------

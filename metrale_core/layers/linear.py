@@ -404,18 +404,21 @@ def build_linear(
     dense: torch.Tensor | None = None,
     *,
     output_head: bool = False,
+    lazy: bool = False,
 ) -> Linear:
     """The projection stacking tensors ``names`` (with their expected ``shapes``) in format ``fmt``.
 
     ``dense`` is the already-loaded fused matrix in ``dtype`` when the caller has it (the tied
     output head reuses the embedding); otherwise the parts are read with ``store.get``.
     ``output_head``: the matrix computes the logits, which ``bf16`` keeps in float32
-    (:class:`Bf16Linear`) where the CPU can.
+    (:class:`Bf16Linear`) where the CPU can.  ``lazy``: GGUF blocks kept in format ``auto`` are
+    repacked on the projection's first call, not now (``gguf_linear.PendingRepack``: an MoE's
+    routed experts); every other format reads its tensors now.
     """
     out_features = sum(s[0] for s in shapes)
     in_features = shapes[0][1]
     if fmt == "auto":
-        return _build_auto(store, names, shapes, dtype, device, bias, dense, output_head)
+        return _build_auto(store, names, shapes, dtype, device, bias, dense, output_head, lazy)
     if fmt != "exact" and torch.device(device).type != "cpu":
         raise ConfigError(f"weight format {fmt!r} runs on CPU only; use --weight-format exact on {device}")
     int4 = fmt == "int4" and _int4_ready(store, names, out_features, in_features)
@@ -479,10 +482,11 @@ def _auto_part(
     device: torch.device | str,
     bias: torch.Tensor | None,
     output_head: bool,
+    lazy: bool = False,
 ) -> Linear:
     """One run of same-typed parts of a projection in format ``auto``."""
     if store.format == "gguf" and gguf_linear.kind_of(quant_type) is not None:
-        return gguf_linear.gguf_linear([store.get_raw(n) for n in names], bias)
+        return gguf_linear.gguf_linear([store.get_raw(n) for n in names], bias, lazy=lazy)
     parts = [store.get(n, dtype=dtype, shape=s).to(device) for n, s in zip(names, shapes, strict=True)]
     dense = parts[0] if len(parts) == 1 else torch.cat(parts)
     if quant_type in ("F16", "BF16") and dtype == torch.float32:
@@ -501,6 +505,7 @@ def _build_auto(
     bias: torch.Tensor | None,
     dense: torch.Tensor | None,
     output_head: bool,
+    lazy: bool = False,
 ) -> Linear:
     """Format ``auto`` (module docstring): each part in its checkpoint's precision class."""
     on_cpu = torch.device(device).type == "cpu"
@@ -520,9 +525,9 @@ def _build_auto(
         else:
             runs.append((t, [i]))
     if len(runs) == 1:
-        return _auto_part(store, names, shapes, types[0], dtype, device, bias, output_head)
+        return _auto_part(store, names, shapes, types[0], dtype, device, bias, output_head, lazy)
     stacked = tuple(
-        _auto_part(store, [names[i] for i in idx], [shapes[i] for i in idx], t, dtype, device, None, output_head)
+        _auto_part(store, [names[i] for i in idx], [shapes[i] for i in idx], t, dtype, device, None, output_head, lazy)
         for t, idx in runs
     )
     return StackedLinear(stacked, bias)

@@ -1,43 +1,35 @@
 """A tiny random Llama checkpoint on disk, and its greedy text from one in-process engine.
 
-Owner: the multi-process and multi-host tests (``tests/parallel/test_two_hosts.py`` and the
-metrale-ray plugin's), which serve it over several ranks, replicas or hosts and compare with
-:func:`greedy_text` (the single-process oracle).
+Owner: the multi-process and multi-host tests (``tests/parallel/test_two_hosts.py``,
+``tests/server/test_serve_tensor_parallel.py`` and the metrale-ray plugin's), which serve it over
+several ranks, replicas or hosts and compare with :func:`greedy_text` (the single-process oracle).
 
 Invariants:
-- Deterministic: the same weights (``torch.manual_seed(0)``) and a byte-level tokenizer (one token
-  per byte, no merges, EOS ``<|im_end|>``), so a prompt's text round-trips and the served text of
-  greedy decoding equals :func:`greedy_text`'s.
+- Deterministic: the same weights (``torch.manual_seed(0)``) and the byte-level tokenizer of
+  :mod:`metrale_core.testing.byte_tokenizer` (one token per byte, EOS ``<|im_end|>``), so a
+  prompt's text round-trips and the served text of greedy decoding equals :func:`greedy_text`'s.
 - Its shapes split over 2 or 3 tensor-parallel ranks (6 heads, 3 KV heads).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from metrale_core.testing.byte_tokenizer import write_tokenizer
 
 __all__ = ["greedy_text", "write_tiny_llama"]
 
 
 def write_tiny_llama(directory: Path) -> Path:
-    """Write the checkpoint (``config.json``, safetensors, ``tokenizer.json``) into ``directory``."""
+    """Write the checkpoint (``config.json``, safetensors, the tokenizer files) into ``directory``."""
     import torch
     import transformers
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    from metrale_core.tokenizer import _bytes_to_unicode
+    from metrale_core.tokenizer import Tokenizer
 
-    directory.mkdir(parents=True, exist_ok=True)
-    table = _bytes_to_unicode()
-    tok = Tokenizer(models.BPE(vocab={table[b]: b for b in range(256)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<|endoftext|>", "<|im_end|>")])
-    tok.save(str(directory / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    write_tokenizer(directory)
     llama = transformers.LlamaConfig(
-        vocab_size=tok.get_vocab_size(),
+        vocab_size=Tokenizer.from_dir(directory).vocab_size,
         hidden_size=48,
         intermediate_size=64,
         num_hidden_layers=2,

@@ -7,6 +7,10 @@ Invariants:
 - Granite's multipliers and Gemma 2's window and soft-caps are copied from ``{arch}.<key>``
   (``_ARCH_KEYS``) when the file has them; a Gemma 2 file gets its activation and
   ``query_pre_attn_scalar`` as llama.cpp reads them (the 27B, 46 layers, scales by hidden / heads).
+- Gemma 3 as llama.cpp reads it: its window, window pattern (every k-th layer global) and final
+  soft-cap from the metadata, the sliding layers' RoPE base 10,000, the softmax scale as Gemma 2's
+  rule (the 27B, 62 layers, by hidden / heads), and ``eos_token_id`` the file's EOS plus its end
+  of turn (``tokenizer.ggml.eot_token_id``, else the token ``<end_of_turn>``).
 - Phi-3 (llama.cpp's ``Phi3MiniModel``): ``attention.sliding_window`` is the window (0: none, as
   Phi-4-mini writes it), ``rope.dimension_count`` below ``head_dim`` is ``partial_rotary_factor``,
   ``rope.scaling.original_context_length`` is ``original_max_position_embeddings``, and the
@@ -32,12 +36,12 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CONFIG_TENSORS", "arch_config"]
+__all__ = ["CONFIG_TENSORS", "arch_config", "metadata_config"]
 
 #: GGUF tensors whose values are config (Phi-3's LongRoPE factors).
 CONFIG_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
@@ -59,6 +63,11 @@ _ARCH_KEYS = {
     "gemma2": {
         "sliding_window": "attention.sliding_window",
         "attn_logit_softcapping": "attn_logit_softcapping",
+        "final_logit_softcapping": "final_logit_softcapping",
+    },
+    "gemma3": {
+        "sliding_window": "attention.sliding_window",
+        "sliding_window_pattern": "attention.sliding_window_pattern",
         "final_logit_softcapping": "final_logit_softcapping",
     },
     "qwen3moe": _MOE_KEYS,
@@ -84,24 +93,37 @@ _ARCH_KEYS = {
 #: Per MoE arch: whether llama.cpp renormalises the top-k weights (``norm_topk_prob``) when the
 #: file does not say (``expert_weights_norm``).
 _NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "deepseek2": False}
+#: Gemma: the layer count of the size whose softmax scale llama.cpp takes as hidden / heads (Gemma
+#: 2 27B, Gemma 3 27B; every other size: ``head_dim``).
+_GEMMA_BIG = {"gemma2": 46, "gemma3": 62}
+#: The sliding layers' RoPE base of a gemma3 file (llama.cpp's constant; the file holds none).
+_GEMMA3_LOCAL_THETA = 10_000.0
 
 
 def arch_config(
-    arch: str, scalars: Mapping[str, Any], tensors: Mapping[str, np.ndarray], config: dict[str, Any]
+    arch: str,
+    scalars: Mapping[str, Any],
+    tensors: Mapping[str, np.ndarray],
+    config: dict[str, Any],
+    token_id: Callable[[str], int | None] | None = None,
 ) -> None:
     """Add ``arch``'s own keys to ``config`` (llama-shaped already) from its metadata ``scalars``
-    and the :data:`CONFIG_TENSORS` the file has (``tensors``, by GGUF name)."""
+    and the :data:`CONFIG_TENSORS` the file has (``tensors``, by GGUF name); ``token_id(text)``
+    finds a token of the file's vocabulary (None: not there)."""
     for hf_key, gguf_key in _ARCH_KEYS.get(arch, {}).items():
         if f"{arch}.{gguf_key}" in scalars:
             config[hf_key] = scalars[f"{arch}.{gguf_key}"]
     if arch in _NORM_TOPK:
         config["norm_topk_prob"] = bool(scalars.get(f"{arch}.expert_weights_norm", _NORM_TOPK[arch]))
-    if arch == "gemma2":
+    if arch in _GEMMA_BIG:
         config["hidden_act"] = "gelu_pytorch_tanh"
-        big = config["num_hidden_layers"] == 46
+        big = config["num_hidden_layers"] == _GEMMA_BIG[arch]
         config["query_pre_attn_scalar"] = (
             config["hidden_size"] // config["num_attention_heads"] if big else config["head_dim"]
         )
+    if arch == "gemma3":
+        config["rope_local_base_freq"] = _GEMMA3_LOCAL_THETA
+        config["eos_token_id"] = _with_end_of_turn(scalars, config.get("eos_token_id"), token_id)
     if arch == "phi3":
         _phi3(scalars, tensors, config)
     scaling = config.get("rope_scaling")
@@ -137,6 +159,31 @@ def _deepseek2(scalars: Mapping[str, Any], config: dict[str, Any]) -> None:
     scaling = config.get("rope_scaling")
     if scaling and log_multiplier:
         scaling["mscale"] = scaling["mscale_all_dim"] = float(log_multiplier) / 0.1
+
+
+def _with_end_of_turn(scalars: Mapping[str, Any], eos: Any, token_id: Callable[[str], int | None] | None) -> list[int]:
+    """The file's EOS and its end of turn (``tokenizer.ggml.eot_token_id``, else the token
+    ``<end_of_turn>``): Gemma's chat turns end with the latter, not with EOS."""
+    ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    eot = scalars.get("tokenizer.ggml.eot_token_id")
+    if eot is None and token_id is not None:
+        eot = token_id("<end_of_turn>")
+    if eot is not None and int(eot) not in ids:
+        ids.append(int(eot))
+    return ids
+
+
+def metadata_config(config: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` (llama-shaped, as the GGUF store synthesizes it) plus the arch's own keys from a
+    file's whole ``metadata`` (arrays included: the vocabulary for ``token_id``)."""
+    out = dict(config)
+    tokens = metadata.get("tokenizer.ggml.tokens") or []
+
+    def token_id(text: str) -> int | None:
+        return next((i for i, t in enumerate(tokens) if t == text), None)
+
+    arch_config(str(metadata.get("general.architecture")), metadata, {}, out, token_id)
+    return out
 
 
 def _phi3(scalars: Mapping[str, Any], tensors: Mapping[str, np.ndarray], config: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,7 @@ ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
-    "gemma3": "Gemma3ForCausalLM",  # its extra norms map through the same table (metrale-gemma3 reads them)
+    "gemma3": "Gemma3ForCausalLM",  # as gemma2, plus QK-norm, two RoPE bases and its end of turn (gguf_arch)
     "olmo2": "Olmo2ForCausalLM",  # its post-norms keep their GGUF names (the olmo2 definition reads them)
     "granite": "GraniteForCausalLM",  # its multipliers come from the metadata (gguf_arch)
     "smollm3": "SmolLM3ForCausalLM",
@@ -126,12 +126,14 @@ def synthesize_config(
     n_tokens: int | None,
     shapes: Mapping[str, tuple[int, ...]],
     tensors: Mapping[str, np.ndarray] | None = None,
+    token_id: Callable[[str], int | None] | None = None,
 ) -> dict[str, Any]:
     """An HF-style config dict from GGUF metadata.
 
     ``scalars`` holds the non-array metadata; ``n_tokens`` the length of ``tokenizer.ggml.tokens``;
     ``shapes`` the numpy (HF) shape of every tensor by GGUF name; ``tensors`` the values of the
-    ``gguf_arch.CONFIG_TENSORS`` the file has.  ``where`` names the file in errors.
+    ``gguf_arch.CONFIG_TENSORS`` the file has; ``token_id(text)`` finds a token of the vocabulary
+    (read only where an arch needs one).  ``where`` names the file in errors.
     """
     tensors = tensors or {}
     arch = scalars.get("general.architecture")
@@ -186,5 +188,5 @@ def synthesize_config(
                 int, key("rope.scaling.original_context_length", config["max_position_embeddings"])
             ),
         }
-    arch_config(arch, scalars, tensors, config)
+    arch_config(arch, scalars, tensors, config, token_id)
     return config

@@ -76,8 +76,13 @@ class GGUFStore(WeightStore):
             for t in reader.tensors
             if t.name in CONFIG_TENSORS
         }
+
+        def token_id(text: str) -> int | None:
+            vocab = field_value(path, "tokenizer.ggml.tokens", tokens) if tokens is not None else []
+            return next((i for i, t in enumerate(vocab) if t == text), None)
+
         config = normalise_config(
-            synthesize_config(str(path), scalars, tokens.count if tokens is not None else None, shapes, small)
+            synthesize_config(str(path), scalars, tokens.count if tokens is not None else None, shapes, small, token_id)
         )
         self._arch = str(config["model_type"])
         self._by_name: dict[str, Any] = {}
@@ -147,7 +152,8 @@ class GGUFStore(WeightStore):
     def drop_resident_pages(self) -> None:
         """Let the OS take back the mapped file's pages (``MADV_DONTNEED``): after a load that
         repacked every tensor, the file's pages no longer count in the process's memory; a later
-        read (a token-table row kept in place) maps its page again from the page cache."""
+        read (a token-table row kept in place, an MoE expert repacked on its first use) maps its
+        page again from the page cache."""
         mm = getattr(getattr(self._reader, "data", None), "_mmap", None)
         if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
             mm.madvise(mmap.MADV_DONTNEED)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metrale_core.decoder.names import LAYER_SLOTS, LLAMA_NAMES, TOP_SLOTS, WeightNames
+from metrale_core.decoder.names import LAYER_SLOTS, LLAMA_NAMES, TEXT_PREFIXES, TOP_SLOTS, WeightNames
 from metrale_core.weights.gguf_hf import hf_name
 
 
@@ -51,3 +51,24 @@ def test_a_gguf_store_is_read_under_the_names_it_serves():
     assert name("attn_out_norm", 0, "weight") == "blk.0.post_attention_norm.weight"  # served as stored
     hf = gemma.resolver(object())  # any other store: HF names
     assert hf("mlp_norm", 0, "weight") == "model.layers.0.pre_feedforward_layernorm.weight"
+
+
+class _HFStore:
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names
+
+
+@pytest.mark.parametrize("prefix", TEXT_PREFIXES)
+def test_a_multimodal_checkpoint_is_read_under_its_text_prefix(prefix):
+    name = LLAMA_NAMES.resolver(_HFStore({prefix + "embed_tokens.weight"}))
+    assert name("q", 2) == prefix + "layers.2.self_attn.q_proj.weight"
+    assert name("embed") == prefix + "embed_tokens.weight" and name("norm") == prefix + "norm.weight"
+    assert name("head") == "lm_head.weight"  # outside the text model: as the table says
+
+
+def test_a_plain_checkpoint_keeps_the_table_names():
+    name = LLAMA_NAMES.resolver(_HFStore({"model.embed_tokens.weight", "model.language_model.embed_tokens.weight"}))
+    assert name("q", 0) == "model.layers.0.self_attn.q_proj.weight"

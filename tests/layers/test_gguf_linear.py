@@ -220,3 +220,23 @@ def test_quant_embedding_rows(store: GGUFStore, t: str) -> None:
     table = gl.QuantEmbedding(r, torch.float32)
     ids = torch.tensor([[3, 0, 3], [47, 5, 3]])
     np.testing.assert_array_equal(table.lookup(ids).numpy(), oracle(r)[ids.numpy()])
+
+
+@pytest.mark.parametrize("t", ["Q4_K", "Q8_0"])
+def test_a_lazy_projection_repacks_on_its_first_call_once_to_the_same_bits(
+    store: GGUFStore, t: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lazy`` (an MoE's routed experts): nothing is repacked when built, the first call repacks
+    once, and the records -- so every result -- are an eager build's."""
+    calls = []
+    real = gl.repack
+    monkeypatch.setattr(gl, "repack", lambda raws, native: calls.append(len(raws)) or real(raws, native))
+    with gl.activation_precision_scope() as cell:
+        lazy = gl.gguf_linear([raw(store, t)], lazy=True)
+    assert lazy.pending and calls == [] and lazy.out_features == N and cell.members == 1
+    eager = gl.gguf_linear([raw(store, t)])
+    assert calls == [1]
+    x = torch.randn(5, K, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(lazy(x), eager(x)) and not lazy.pending and calls == [1, 1]
+    assert torch.equal(lazy(x[:1]), eager(x[:1])) and calls == [1, 1]  # repacked once
+    assert isinstance(lazy.weight, gl.Repacked)

@@ -3,16 +3,20 @@
 Routing against its definition (softmax vs sigmoid, top-k renormalisation, the selection-only
 correction bias, DeepSeek's group-limited top-k and scaling against transformers' own routers),
 the grouped experts against a row-by-row dense reference, the shared expert's
-sigmoid gate, batch invariance on Q8_0 experts multiplied by the GGUF kernels, and expert slices
-served as views of the stacked tensor's bytes.
+sigmoid gate, batch invariance on Q8_0 experts multiplied by the GGUF kernels, expert slices
+served as views of the stacked tensor's bytes, and lazy experts paging in only what is called.
 """
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
+
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from metrale_core.decoder.names import LLAMA_NAMES
@@ -21,6 +25,7 @@ from metrale_core.layers.linear import DenseLinear
 from metrale_core.layers.moe import Expert, Groups, MoeBlock, RowwiseLinear, grouped_experts, route, swiglu_oai
 from metrale_core.layers.ops import SwiGLU
 from metrale_core.weights import ExpertSlices, RawTensor
+from metrale_core.weights.gguf_store import GGUFStore
 
 Q8 = GGMLQuantizationType.Q8_0
 E, D, I = 8, 64, 32  # noqa: E741 -- the expert width, as the configs name it
@@ -285,3 +290,69 @@ def test_rowwise_linear_adds_its_bias():
     g = torch.Generator().manual_seed(6)
     w, b, x = torch.randn(4, 8, generator=g), torch.randn(4, generator=g), torch.randn(3, 8, generator=g)
     assert torch.allclose(RowwiseLinear(w, b)(x), x @ w.T + b, atol=1e-6)
+
+
+def _present_pages(start: int, nbytes: int) -> tuple[int, int]:
+    """``(present, total)`` pages of this process's mapping in ``[start, start + nbytes)``
+    (``/proc/self/pagemap``: bit 63 of a page's entry is set while the page is mapped)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, last = start // page, (start + nbytes - 1) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        entries = np.frombuffer(f.read((last - first + 1) * 8), dtype="<u8")
+    return int((entries >> np.uint64(63)).sum()), len(entries)
+
+
+def _no_readahead(start: int, nbytes: int) -> None:
+    """``madvise(MADV_RANDOM)`` over the pages of ``[start, start + nbytes)``: a fault reads its
+    own page only (no readahead of the neighbours, which would map them with it)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    first = start // page * page
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.madvise(first, start + nbytes - first, mmap.MADV_RANDOM) == 0, os.strerror(ctypes.get_errno())
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="needs Linux's /proc/self/pagemap")
+def test_lazy_experts_page_in_only_the_routed_experts_of_the_mapped_file(tmp_path):
+    """Experts built ``lazy`` from a memory-mapped GGUF (as the decoder builds routed experts
+    under ``auto``) map none of their pages until called; calling experts 2 and 5 maps all of
+    theirs and none of the experts away from them (each expert spans 68 pages, more than the
+    kernel's 16-page fault-around window; the file is out of the page cache and read without
+    readahead, so only what is read is mapped)."""
+    experts, rows, cols = 8, 256, 1024
+    stacked = (0.1 * torch.randn(experts, rows, cols, generator=torch.Generator().manual_seed(8))).numpy()
+    path = tmp_path / "experts.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_embedding_length(cols)
+    writer.add_head_count(8)
+    writer.add_block_count(1)
+    writer.add_context_length(64)
+    writer.add_tensor("blk.0.ffn_up_exps.weight", quantize(stacked, Q8), raw_dtype=Q8)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    fd = os.open(path, os.O_RDONLY)
+    try:  # out of the page cache, so a page is mapped only when read (never as a cached neighbour)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    gguf = GGUFStore(path)
+    store = ExpertSlices(gguf)
+    raws = [store.get_raw(f"blk.0.ffn_up_exps.weight[{e}]") for e in range(experts)]
+    lazy = [gl.gguf_linear([r], lazy=True) for r in raws]
+    gguf.drop_resident_pages()  # as the loader does after building the model
+    spans = [(np.asarray(r.data).ctypes.data, np.asarray(r.data).nbytes) for r in raws]
+    _no_readahead(spans[0][0], spans[-1][0] + spans[-1][1] - spans[0][0])
+    assert all(_present_pages(*span)[0] == 0 for span in spans)
+    x = torch.randn(3, cols, generator=torch.Generator().manual_seed(9))
+    for e in (2, 5):
+        assert torch.equal(lazy[e](x), gl.gguf_linear([raws[e]])(x))
+    present = [_present_pages(*span) for span in spans]
+    for e in (2, 5):
+        assert present[e][0] == present[e][1], (e, present)
+    for e in (0, 7):
+        assert present[e][0] == 0, (e, present)
+    assert all(p.pending for e, p in enumerate(lazy) if e not in (2, 5))

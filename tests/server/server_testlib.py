@@ -11,37 +11,14 @@ a deterministic function of the history, so seeds and temperature matter.
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 import torch
 
 from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache
+from metrale_core.testing.byte_tokenizer import CHATML, write_tokenizer
 
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-ADDED = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
-
-CHATML = (
-    "{% if tools %}<|im_start|>system\n"
-    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
-    "# Tools\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools><|im_end|>\n"
-    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
-    "{% endif %}"
-    "{% for m in messages %}"
-    "{% if m.role == 'system' and loop.first %}"
-    "{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}"
-    "{% for c in m.tool_calls or [] %}<tool_call>\n"
-    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}'
-    "\n</tool_call>{% endfor %}<|im_end|>\n"
-    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
-    "</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
-    "{% endif %}{% endif %}"
-)
+__all__ = ["CHATML", "write_tokenizer"]  # the shared byte-level tokenizer, re-exported for the tests here
 
 WEATHER_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 #: keyword in the last user turn -> reply (checked in order).
@@ -53,42 +30,6 @@ SCRIPTS = (
     ("count", "one two three four five six seven eight nine ten"),
     ("café", "Un café crème, s'il vous plaît ☕ merci"),
 )
-
-
-def _byte_alphabet() -> list[str]:
-    from metrale_core.tokenizer import _bytes_to_unicode
-
-    table = _bytes_to_unicode()
-    return [table[b] for b in range(256)]
-
-
-def write_tokenizer(
-    directory: Path,
-    special: list[str] = SPECIAL,
-    added: list[str] = ADDED,
-    chat_template: str = CHATML,
-    eos: str = "<|im_end|>",
-    generation_eos: tuple[str, ...] = (),
-) -> Path:
-    """A byte-level tokenizer (one token per byte, no merges) plus ChatML specials and tags (or
-    another format's: ``special`` tokens, ``added`` plain tokens, template, EOS, and the extra
-    end-of-generation tokens of a ``generation_config.json``)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    directory.mkdir(parents=True, exist_ok=True)
-    vocab = {ch: i for i, ch in enumerate(_byte_alphabet())}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
-    tok.save(str(directory / "tokenizer.json"))
-    config = {"eos_token": eos, "pad_token": special[0], "bos_token": None, "chat_template": chat_template}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    if generation_eos:
-        ids = [tok.token_to_id(t) for t in (eos, *generation_eos)]
-        (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}))
-    return directory
 
 
 class ScriptedLM:

@@ -17,36 +17,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-import transformers
-from server_testlib import wait_ready, write_tokenizer
+from server_testlib import wait_ready
 
 from metrale_core.parallel.executors import free_port
+from metrale_core.testing.tiny_llama import greedy_text, write_tiny_llama
 
 PROMPT = "the quick brown fox jumps over"
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    import torch
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    write_tokenizer(path)
-    from metrale_core.tokenizer import Tokenizer
-
-    vocab = Tokenizer.from_dir(path).vocab_size
-    config = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=48,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=3,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    return path
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def _serve(path: Path, port: int, log: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
@@ -122,24 +103,6 @@ def _gone(pid: int) -> bool:
     return state == "Z"
 
 
-def _expected_text(path: Path) -> str:
-    from metrale_core.components import LoadOptions
-    from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.loading import load_model
-    from metrale_core.sampling import SamplingParams
-
-    loaded = load_model(path, LoadOptions(weight_format="exact"), progress=False)
-    engine = LLMEngine(loaded.model, EngineConfig(), tokenizer=loaded.tokenizer)
-    engine.add_request(
-        "r", loaded.tokenizer.encode(PROMPT), SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    )
-    ids: list[int] = []
-    while engine.has_unfinished():
-        for out in engine.step():
-            ids += out.new_token_ids
-    return loaded.tokenizer.decode(ids)
-
-
 def test_serve_rank0_and_worker_rank1_on_loopback_give_tp1_tokens(tiny_llama, tmp_path):
     port, master = free_port(), free_port()
     dist = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master), "WORLD_SIZE": "2"}
@@ -164,7 +127,7 @@ def test_serve_rank0_and_worker_rank1_on_loopback_give_tp1_tokens(tiny_llama, tm
         _ready(server, f"http://127.0.0.1:{port}", tmp_path / "serve.txt")
         resp = _complete(f"http://127.0.0.1:{port}")
         assert resp.status_code == 200, resp.text
-        assert resp.json()["choices"][0]["text"] == _expected_text(tiny_llama)
+        assert resp.json()["choices"][0]["text"] == greedy_text(tiny_llama, PROMPT, 12)
         server.send_signal(signal.SIGTERM)
         assert server.wait(30) == 128 + signal.SIGTERM  # stopped gracefully, as without TP
         assert worker.wait(30) == 0  # rank 0 told it to stop

@@ -5,9 +5,9 @@ Owner: ``metrale_qwen3`` (entry point ``gemma2``).  Gemma 2 (transformers' ``Gem
 embeddings times ``sqrt(hidden_size)``, the softmax scale ``query_pre_attn_scalar ** -0.5``,
 attention logits soft-capped at ``attn_logit_softcapping`` and the final logits at
 ``final_logit_softcapping``, and sliding layers alternating with global ones (``layer_types``,
-else every second layer global) over ``sliding_window`` positions.  Weight names: HF
-``pre_feedforward_layernorm`` is the pre-MLP norm (GGUF ``ffn_norm``); the post-norms are the
-table's defaults.  GGUF arch ``gemma2``: llama.cpp's converter stores norms as ``1 + w`` (read as
+else every second layer global) over ``sliding_window`` positions.  Weight names: the core's
+Gemma table (``GEMMA_NAMES``: HF ``pre_feedforward_layernorm`` is the pre-MLP norm, GGUF
+``ffn_norm``).  GGUF arch ``gemma2``: llama.cpp's converter stores norms as ``1 + w`` (read as
 plain weights) and Q/K unpermuted; the GGUF store fills the config from its metadata.
 
 Invariants: this module imports no torch; the core builds the model when the factory runs.
@@ -16,7 +16,7 @@ Invariants: this module imports no torch; the core builds the model when the fac
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.api import LLAMA_NAMES, Attention, DecoderSpec, LayerPattern, Mlp, Norms, Scalars
+from metrale_core.api import GEMMA_NAMES, Attention, DecoderSpec, LayerPattern, Mlp, Norms, Scalars
 
 __all__ = ["GEMMA2", "metrale_model_loaders"]
 
@@ -29,7 +29,7 @@ GEMMA2 = DecoderSpec(
     mlp=Mlp(kind="geglu", bias="never"),
     layers=LayerPattern(sliding_window="sliding_window", global_every=2),
     scalars=Scalars(embedding="hidden_size**0.5", final_softcap="final_logit_softcapping"),
-    names=LLAMA_NAMES.replace(mlp_norm=("model.layers.{i}.pre_feedforward_layernorm", "blk.{i}.ffn_norm")),
+    names=GEMMA_NAMES,
     activations=("gelu_pytorch_tanh", "gelu_tanh"),
 )
 

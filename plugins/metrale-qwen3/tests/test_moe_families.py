@@ -41,6 +41,7 @@ from family_testlib import (
 from qwen3_harness import PagedRunner, build_hf, open_store, save_checkpoint
 
 from metrale_core.errors import ConfigError
+from metrale_core.layers import moe as moe_layer
 from metrale_core.layers.gguf_linear import GGUFLinear
 from metrale_core.layers.lora import attach_lora
 from metrale_core.layers.parallel import TensorParallel
@@ -311,3 +312,35 @@ def test_a_request_gives_the_same_bits_alone_and_in_a_batch(family, tmp_path):
     torch.set_num_threads(2)
     _, model = _gguf_model(family, tmp_path, "auto")
     assert_same_bits_alone_and_batched(model)
+
+
+@pytest.mark.parametrize("family", sorted(GGUF_CONFIGS))
+def test_experts_are_paged_in_on_first_use_only_when_routed_to(family, tmp_path, monkeypatch):
+    """``auto`` on a GGUF: loading repacks no routed expert (it holds views of the mapped file and
+    reads none of their pages); a prompt repacks exactly the experts its rows were routed to."""
+    torch.set_num_threads(2)
+    _, model = _gguf_model(family, tmp_path, "auto")
+    blocks = [layer.moe for layer in model.weights.layers if layer.moe is not None]
+    assert blocks
+
+    def projections(block):
+        return [p for expert in block.experts for p in (expert.gate_up, expert.down)]
+
+    assert all(isinstance(p, GGUFLinear) and p.pending for b in blocks for p in projections(b))
+    if family == "qwen2moe":  # the shared expert runs for every row: built at load
+        assert not any(b.shared.gate_up.pending or b.shared.down.pending for b in blocks)
+    routed: list[set[int]] = [set() for _ in blocks]
+    grouped = moe_layer.grouped_experts
+
+    def spy(x, weights, ids, experts, act):
+        routed[[b.experts is experts for b in blocks].index(True)].update(ids.reshape(-1).tolist())
+        return grouped(x, weights, ids, experts, act)
+
+    monkeypatch.setattr(moe_layer, "grouped_experts", spy)
+    runner = PagedRunner(model, seed=1)
+    runner.step([(0, PROMPTS[0][:2])])
+    runner.step([(0, [5])])
+    for block, ids in zip(blocks, routed):
+        assert 0 < len(ids) < len(block.experts)  # some experts were never routed to
+        for e, expert in enumerate(block.experts):
+            assert expert.gate_up.pending == expert.down.pending == (e not in ids), e
