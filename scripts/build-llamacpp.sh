@@ -9,8 +9,9 @@
 #   DEST defaults to ~/.cache/metrale-anchors/llamacpp-metrale/<version>-<recipe hash>, so a new
 #   llama-cpp-python version, a change of met_logits.cpp / CMakeLists.txt or of the build flags
 #   builds afresh and an unchanged recipe is reused. Prints the folder holding the binaries
-#   (DEST/bin; the converter is DEST/bin/convert/convert_hf_to_gguf.py). The build takes ~20-25
-#   minutes on 2 cores the first time; METRALE_LLAMACPP_JOBS sets -j (default: nproc).
+#   (DEST/bin; the converter is DEST/bin/convert/convert_hf_to_gguf.py). The first build took 41
+#   minutes at -j2 on 2 cores shared with other jobs (load ~8; less alone); METRALE_LLAMACPP_JOBS
+#   sets -j (default: nproc).
 #
 # Intel AMX: METRALE_LLAMACPP_AMX=auto|off|on (default auto: off where /proc/cpuinfo lists amx_int8).
 # With GGML_NATIVE=ON, -march=native on an AMX CPU (Sapphire Rapids and later) defines __AMX_INT8__,
@@ -55,6 +56,12 @@ key=$( { echo "$VERSION ${cmake_flags[*]} ${targets[*]}"; cat "$recipe/CMakeList
 DEST=${1:-$HOME/.cache/metrale-anchors/llamacpp-metrale/$VERSION-$key}
 if [ -f "$DEST/complete" ]; then echo "$DEST/bin"; exit 0; fi
 
+# a fresh machine may lack the toolchain: Debian's packages, as scripts/test.sh installs its own
+if ! command -v cmake >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && apt-get install -y -qq cmake g++ make) >&2
+    fi
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 start=$(date +%s)
