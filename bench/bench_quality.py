@@ -9,10 +9,10 @@ transformers):
 - mean KL(exact || other) in nats over the positions.
 
 Rows: the loader's default format (no ``--weight-format``), each of ``--formats``, and llama.cpp's
-logits on the same GGUF through llama-cpp-python (``logits_all``), run in the interpreter given by
-``--llama-python`` (a separate venv: ``python -m venv .venv-bench && CMAKE_ARGS=-DGGML_NATIVE=ON
-.venv-bench/bin/pip install llama-cpp-python``); its version and ``system_info`` are printed.
-Not a test: run by hand.
+logits on the same GGUF through ``met-logits`` of the natively built llama.cpp
+(``scripts/build-llamacpp.sh``; ``$METRALE_LLAMACPP_BIN`` or its newest build).  The figures are
+``metrale_core.testing.llamacpp.compare``'s, as in the llama.cpp oracle tests.  Not a test: run
+by hand.
 
     python bench/bench_quality.py [--models smollm2,qwen] [--formats int4,bf16] [--tokens 256]
 """
@@ -20,16 +20,14 @@ Not a test: run by hand.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from metrale_core.activation_probe import PROBE_TEXT
 from metrale_core.testing.chunked_weights import model_by_name
+from metrale_core.testing.llamacpp import bin_dir, compare, llama_logits
 
 REPO = Path(__file__).resolve().parents[1]
 #: The load-time probe's text, then more prose.
@@ -43,20 +41,6 @@ function turns each key into an index, and collisions are resolved by chaining o
 """
 )
 
-_LLAMA = """
-import json, sys
-import numpy as np
-import llama_cpp
-path, out, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
-ids = json.loads(sys.stdin.read())
-llm = llama_cpp.Llama(model_path=path, n_ctx=len(ids) + 16, n_batch=512, n_threads=threads,
-                      n_threads_batch=threads, logits_all=True, verbose=False)
-llm.eval(ids)
-np.save(out, np.asarray(llm.scores[:len(ids)], dtype=np.float32))
-print(json.dumps({"version": llama_cpp.__version__,
-                  "system_info": llama_cpp.llama_print_system_info().decode()}))
-"""
-
 
 def metrale_logits(path: Path, fmt: str | None, ids: list[int]) -> np.ndarray:
     from metrale_core.activation_probe import all_position_logits
@@ -67,40 +51,12 @@ def metrale_logits(path: Path, fmt: str | None, ids: list[int]) -> np.ndarray:
     return all_position_logits(loaded.model, ids).numpy()
 
 
-def llama_logits(python: str, path: Path, ids: list[int], threads: int) -> tuple[np.ndarray, dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "logits.npy"
-        proc = subprocess.run(
-            [python, "-c", _LLAMA, str(path), str(out), str(threads)],
-            input=json.dumps(ids),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return np.load(out), json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def compare(ref: np.ndarray, other: np.ndarray) -> tuple[float, float]:
-    """(top-1 agreement, mean KL(ref || other)) over the positions."""
-    vocab = min(ref.shape[1], other.shape[1])  # llama.cpp may pad nothing; metrale may pad
-    ref, other = ref[:, :vocab].astype(np.float64), other[:, :vocab].astype(np.float64)
-
-    def log_softmax(x):
-        x = x - x.max(axis=1, keepdims=True)
-        return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
-
-    lp, lq = log_softmax(ref), log_softmax(other)
-    kl = (np.exp(lp) * (lp - lq)).sum(axis=1)
-    return float((ref.argmax(1) == other.argmax(1)).mean()), float(kl.mean())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2,qwen")
     ap.add_argument("--formats", default="", help="extra weight formats to compare (comma list)")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--llama-python", default=str(REPO / ".venv-bench" / "bin" / "python"))
     args = ap.parse_args()
 
     import torch
@@ -112,7 +68,8 @@ def main() -> None:
     logger.remove()
     torch.set_num_threads(args.threads)
     rows = []
-    info = None
+    where = bin_dir()
+    llama = where / "met-logits" if where is not None and (where / "met-logits").is_file() else None
     for name in args.models.split(","):
         path = model_by_name(name)
         tok = Tokenizer.from_store(open_weights(path))
@@ -122,15 +79,14 @@ def main() -> None:
         for label, fmt in candidates:
             rows.append((path.name, label, *compare(exact, metrale_logits(path, fmt, ids))))
             print(rows[-1], file=sys.stderr, flush=True)
-        if Path(args.llama_python).exists():
-            logits, info = llama_logits(args.llama_python, path, ids, args.threads)
-            rows.append((path.name, f"llama.cpp {info['version']}", *compare(exact, logits)))
+        if llama is not None:
+            rows.append((path.name, "llama.cpp (met-logits)", *compare(exact, llama_logits(path, ids, args.threads))))
         else:
-            rows.append((path.name, f"llama.cpp: no {args.llama_python}", float("nan"), float("nan")))
+            rows.append((path.name, "llama.cpp: met-logits not built", float("nan"), float("nan")))
         print(rows[-1], file=sys.stderr, flush=True)
     print(f"teacher-forced against --weight-format exact, {args.tokens} tokens max per model")
-    if info is not None:
-        print(f"llama-cpp-python {info['version']} system_info: {info['system_info'].strip()}")
+    if llama is not None:
+        print(f"llama.cpp: {llama}")
     print(f"{'model':<42} {'format':<28} {'top-1':>7} {'mean KL':>9}")
     for model, label, top1, kl in rows:
         print(f"{model:<42} {label:<28} {top1:>7.3f} {kl:>9.4f}")

@@ -174,6 +174,7 @@ def synthesize_config(
         "max_position_embeddings": number(int, key("context_length")),
         "tie_word_embeddings": "output.weight" not in shapes,
         "attention_bias": "blk.0.attn_q.bias" in shapes,
+        "mlp_bias": "blk.0.ffn_up.bias" in shapes,
         "hidden_act": "silu",
         "bos_token_id": scalars.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": scalars.get("tokenizer.ggml.eos_token_id"),

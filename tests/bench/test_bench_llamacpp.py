@@ -1,38 +1,27 @@
 """``met bench serve`` against llama.cpp's ``llama-server`` (natively built; the embedded SmolLM2
 GGUF): the same result checks as against ``met serve``, through llama-server's own ``/tokenize``
-shape and usage chunk.  The binary comes from ``$METRALE_LLAMACPP_BIN`` (its folder, or the
-binary) or ``~/.cache/metrale-anchors/llamacpp/bin`` (``shared/tools/build-llamacpp.sh``); where
-it or the model is absent the test skips, and fails under ``CI=true``."""
+shape and usage chunk.  The binary is found by ``metrale_core.testing.llamacpp.tool``
+(``$METRALE_LLAMACPP_BIN``, else the newest ``scripts/build-llamacpp.sh`` build); where it or the
+model is absent the test skips, and fails under ``CI=true``."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from benchlib import assert_sane_level, free_port, read_result, run_met
 
+from metrale_core.testing.llamacpp import tool
 from metrale_core.testing.requires import missing
-
-DEFAULT_BIN = Path.home() / ".cache" / "metrale-anchors" / "llamacpp" / "bin"
-
-
-def llama_server_binary() -> Path:
-    where = Path(os.environ.get("METRALE_LLAMACPP_BIN") or DEFAULT_BIN).expanduser()
-    binary = where if where.is_file() else where / "llama-server"
-    if not binary.is_file():
-        missing(f"llama-server is not built at {binary} (set METRALE_LLAMACPP_BIN or run build-llamacpp.sh)")
-    return binary
 
 
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory):
     from metrale_core.embedded import cache_dir
 
-    binary = llama_server_binary()
+    binary = tool("llama-server")
     model = cache_dir() / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not model.is_file():
         missing(f"{model} is not cached (run met generate once to fetch it)")

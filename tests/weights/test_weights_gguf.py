@@ -74,6 +74,7 @@ def test_f32_round_trip_is_exact(tmp_path: Path, arch: str, tie: bool, bias: boo
     ):
         assert cfg[key] == hp[key], key
     assert cfg["tie_word_embeddings"] is tie and cfg["attention_bias"] is bias
+    assert cfg["mlp_bias"] is (bias and arch == "llama")  # ffn_*.bias: only the llama case has them
     assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (1, 2)
     assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": hp["rope_theta"]}
 

@@ -110,7 +110,7 @@ def tiny_hf_model(arch: str, *, tie: bool, bias: bool = False, seed: int = 0) ->
         tie_word_embeddings=tie,
     )
     if arch == "llama":
-        cfg = LlamaConfig(**common, head_dim=16, attention_bias=bias, rope_theta=5000.0)
+        cfg = LlamaConfig(**common, head_dim=16, attention_bias=bias, mlp_bias=bias, rope_theta=5000.0)
         model = LlamaForCausalLM(cfg)
     elif arch == "qwen2":
         cfg = Qwen2Config(**common, rope_theta=5000.0)

@@ -54,12 +54,13 @@ CONFIGS = {
 }
 
 
-def make_hf_model(name: str, seed: int = 0):
-    """A random ``Gemma3ForCausalLM`` (fp32, eager attention, eval) of config ``name``."""
+def make_hf_model(name: str, seed: int = 0, config: dict | None = None):
+    """A random ``Gemma3ForCausalLM`` (fp32, eager attention, eval) of config ``name`` (or of
+    ``config``, a variant of it)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(seed)
-    config = Gemma3TextConfig(**CONFIGS[name], pad_token_id=0, bos_token_id=2, eos_token_id=1)
+    config = Gemma3TextConfig(**(config or CONFIGS[name]), pad_token_id=0, bos_token_id=2, eos_token_id=1)
     config._attn_implementation = "eager"
     model = Gemma3ForCausalLM(config).eval()
     gen = torch.Generator().manual_seed(seed)
