@@ -41,8 +41,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from attrs import frozen
+
+from metrale_core.layers.rows_matmul import rows_matmul
 
 __all__ = ["Expert", "Groups", "MoeBlock", "RowwiseLinear", "grouped_experts", "route", "sigmoid", "swiglu_oai"]
 
@@ -133,9 +134,9 @@ def route(
 @frozen
 class RowwiseLinear:
     """A small dense matrix (the router, the shared expert's gate: llama.cpp keeps them F32)
-    multiplied one row at a time, each row the same one-row product whatever the batch, so its
-    result is batch-invariant as the GGUF kernels' (``F.linear`` of a whole batch is not: its
-    order of sums follows the row count)."""
+    multiplied so that each row's result does not depend on the batch (``rows_matmul``: a C kernel
+    with a fixed order of sums, else one-row products), batch-invariant as the GGUF kernels'
+    (``F.linear`` of a whole batch is not: its order of sums follows the row count)."""
 
     weight: torch.Tensor
     #: ``[out]`` added to every row in the activation dtype (gpt-oss's router); None: none.
@@ -146,9 +147,7 @@ class RowwiseLinear:
         return int(self.weight.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        rows = [F.linear(row.to(w.dtype), w) for row in x.unbind(0)]
-        out = torch.stack(rows).to(x.dtype) if rows else x.new_zeros(0, self.out_features)
+        out = rows_matmul(x.to(self.weight.dtype), self.weight).to(x.dtype)
         return out if self.bias is None else out + self.bias.to(x.dtype)
 
 

@@ -329,3 +329,46 @@ int dop_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_
     }
     return failed ? -1 : 0;
 }
+
+/* One column's dot product: lane-wise fused multiply-adds over k in order, then the lanes summed. */
+static inline float dot_fixed(const float *a, const float *b, int k) {
+    mt_vf acc = mt_zero();
+    for (int i = 0; i < k; i += MT_LANES) {
+        const mt_mask m = mt_tail_mask(k - i);
+        acc = mt_fmadd(mt_maskz_load(m, a + i), mt_maskz_load(m, b + i), acc);
+    }
+    return mt_reduce_add(acc);
+}
+
+/* out[r, j] = x[r] . w[j] for x [rows, k] (row stride x_stride) and a dense w [n, k]: each dot
+ * product in one fixed order (dot_fixed's; four columns share the loads of x but keep their own
+ * accumulators), whatever rows, n or threads are, so a row's result never depends on the other
+ * rows (the router of an MoE layer, batch-invariant as the GGUF kernels). */
+int dop_rows_matmul(const float *x, int64_t x_stride, const float *w, float *out, int rows, int n, int k,
+                    int threads) {
+    if (rows < 0 || n <= 0 || k <= 0 || threads <= 0 || x_stride < k) return -1;
+#pragma omp parallel for num_threads(threads) schedule(static) if ((int64_t)rows * n * k >= (1 << 20))
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (int64_t)r * x_stride;
+        float *o = out + (int64_t)r * n;
+        int j = 0;
+        for (; j + 4 <= n; j += 4) {
+            const float *w0 = w + (int64_t)j * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+            mt_vf a0 = mt_zero(), a1 = mt_zero(), a2 = mt_zero(), a3 = mt_zero();
+            for (int i = 0; i < k; i += MT_LANES) {
+                const mt_mask m = mt_tail_mask(k - i);
+                const mt_vf v = mt_maskz_load(m, xr + i);
+                a0 = mt_fmadd(v, mt_maskz_load(m, w0 + i), a0);
+                a1 = mt_fmadd(v, mt_maskz_load(m, w1 + i), a1);
+                a2 = mt_fmadd(v, mt_maskz_load(m, w2 + i), a2);
+                a3 = mt_fmadd(v, mt_maskz_load(m, w3 + i), a3);
+            }
+            o[j] = mt_reduce_add(a0);
+            o[j + 1] = mt_reduce_add(a1);
+            o[j + 2] = mt_reduce_add(a2);
+            o[j + 3] = mt_reduce_add(a3);
+        }
+        for (; j < n; j++) o[j] = dot_fixed(xr, w + (int64_t)j * k, k);
+    }
+    return 0;
+}
