@@ -22,6 +22,9 @@ Invariants:
   ``original_max_position_embeddings`` (floored / ceiled unless ``truncate`` is false, as
   gpt-oss's config says), cos and sin times ``attention_factor`` (else ``0.1 ln(factor) + 1``, or
   the ``mscale`` / ``mscale_all_dim`` ratio) in float32 before the cast.
+- ``freq_factors`` (a GGUF's ``rope_freqs.weight``: llama.cpp's converter writes Llama 3.1's
+  llama3 scaling so): inverse frequencies ``1 / (factors * base ** (2j / dim))``, llama.cpp's
+  ``theta / freq_factor``, no attention factor.
 - Tables are ``[T, rotary_dim]``; ``rotary_dim < head_dim`` rotates only the leading dimensions
   of each head (``partial_rotary_factor``, transformers' ``q[..., :rotary_dim]``).
 """
@@ -67,6 +70,13 @@ class RopeTables:
             if attention is None:
                 attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(self.original))
             self.attention = float(attention)
+        elif scaling.get("rope_type") == "freq_factors":
+            dim = dims.rotary_dim
+            values = scaling.get("factors")
+            if values is None or len(values) != dim // 2:
+                raise ConfigError(f"rope freq_factors must list {dim // 2} divisors, not {values!r}")
+            shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+            self.inv_freq = (1.0 / (torch.tensor(values, dtype=torch.float32) * dims.rope_theta**shape)).to(device)
         elif scaling.get("rope_type", scaling.get("type")) == "yarn":
             inv_freq, self.attention = _yarn(dims, scaling)
             self.inv_freq = inv_freq.to(device)

@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 #: RoPE kinds a config may name (``rope_scaling.rope_type``) and those the layers build.
-ROPE_KINDS = ("default", "linear", "llama3", "yarn", "longrope")
+ROPE_KINDS = ("default", "linear", "llama3", "yarn", "longrope", "freq_factors")
 ROPE_KINDS_BUILT = ROPE_KINDS
 
 #: The ``--weight-format`` values every definition's loader honours (``metrale_core.layers.linear``'s

@@ -43,8 +43,8 @@ import numpy as np
 
 __all__ = ["CONFIG_TENSORS", "arch_config", "metadata_config"]
 
-#: GGUF tensors whose values are config (Phi-3's LongRoPE factors).
-CONFIG_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
+#: GGUF tensors whose values are config (Phi-3's LongRoPE factors, llama3 scaling's frequency divisors).
+CONFIG_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight", "rope_freqs.weight")
 
 #: The experts' keys of an MoE arch: HF config key -> GGUF metadata key.
 _MOE_KEYS = {
@@ -135,6 +135,11 @@ def arch_config(
         scaling["truncate"] = True
     if arch == "deepseek2":
         _deepseek2(scalars, config)
+    freqs = tensors.get("rope_freqs.weight")
+    if freqs is not None and not config.get("rope_scaling"):
+        # llama.cpp's converter writes llama3 scaling (Llama 3.1 / 3.2) as one divisor per
+        # frequency, with no rope.scaling keys: theta_j = base ** (-2j / dim) / factors[j]
+        config["rope_scaling"] = {"rope_type": "freq_factors", "factors": [float(x) for x in freqs.reshape(-1)]}
 
 
 def _deepseek2(scalars: Mapping[str, Any], config: dict[str, Any]) -> None:
@@ -194,7 +199,7 @@ def _phi3(scalars: Mapping[str, Any], tensors: Mapping[str, np.ndarray], config:
     original = scalars.get("phi3.rope.scaling.original_context_length")
     if original is not None:
         config["original_max_position_embeddings"] = int(original)
-    short, long = (tensors.get(name) for name in CONFIG_TENSORS)
+    short, long = (tensors.get(name) for name in CONFIG_TENSORS[:2])
     if short is None or long is None:
         return
     scaling: dict[str, Any] = {

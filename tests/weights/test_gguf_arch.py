@@ -127,3 +127,26 @@ def test_deepseek2_v3_gating_is_sigmoid_with_the_correction_bias_and_groups():
     assert (config["scoring_func"], config["topk_method"], config["norm_topk_prob"]) == ("sigmoid", "noaux_tc", True)
     assert (config["n_group"], config["topk_group"], config["routed_scaling_factor"]) == (8, 4, 2.5)
     assert (config["qk_nope_head_dim"], config["v_head_dim"]) == (128, 128)
+
+
+def test_rope_freqs_tensor_is_the_llama3_scaling_llamacpp_wrote():
+    """llama.cpp's converter writes a Llama 3.1 / 3.2 config's llama3 RoPE scaling as the tensor
+    ``rope_freqs.weight`` (one divisor per frequency, no rope.scaling keys): the config gets it as
+    ``freq_factors``, and the tables divide each default frequency by its factor."""
+    import torch
+
+    from metrale_core.decoder.dims import DecoderDims
+    from metrale_core.decoder.rope import RopeTables
+    from metrale_core.decoder.spec import DecoderSpec
+
+    factors = np.array([1.0, 1.0, 2.5, 8.0], dtype=np.float32)
+    config: dict = {}
+    arch_config("llama", {}, {"rope_freqs.weight": factors}, config)
+    assert config["rope_scaling"] == {"rope_type": "freq_factors", "factors": [1.0, 1.0, 2.5, 8.0]}
+    hf = dict(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, intermediate_size=64,
+        vocab_size=16, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0, **config,
+    )  # fmt: skip
+    tables = RopeTables(DecoderDims.from_config(hf, DecoderSpec("llama", "LlamaForCausalLM")), torch.device("cpu"))
+    default = 1.0 / 10000.0 ** (torch.arange(0, 8, 2).float() / 8)
+    assert torch.allclose(tables.inv_freq, default / torch.from_numpy(factors), rtol=1e-6)

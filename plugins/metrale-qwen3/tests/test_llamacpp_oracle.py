@@ -75,18 +75,21 @@ CASES = {
         {"original_max_position_embeddings": 256, "max_position_embeddings": 1024},
     ),
     "qwen2moe": ("qwen2moe", *MOE["qwen2moe"][:2], MOE["qwen2moe"][2]["shared-gated-no-renorm"], "smollm2", {}),
+    # llama3 RoPE scaling, which llama.cpp's converter writes as a rope_freqs.weight tensor
+    "llama-llama3-rope": (
+        "llama",
+        tf.LlamaConfig,
+        tf.LlamaForCausalLM,
+        LLAMA_QWEN2["llama-gqa3-llama3-rope"][3],
+        "smollm2",
+        {},
+    ),
 }
 
 
 #: Cases where Metrale and llama.cpp differ on llama.cpp's own file, each with why (strict: a fix
 #: turns them into failures until they join CASES).
 DIFFERENT = {
-    "llama-llama3-rope": (
-        ("llama", tf.LlamaConfig, tf.LlamaForCausalLM, LLAMA_QWEN2["llama-gqa3-llama3-rope"][3], "smollm2", {}),
-        "llama.cpp's converter stores llama3 RoPE scaling as a rope_freqs.weight tensor (no "
-        "rope.scaling keys); Metrale's GGUF path ignores that tensor, so Llama-3.1-style files rotate "
-        "with the unscaled frequencies",
-    ),
     "qwen3moe": (
         # llama.cpp's qwen3moe has no dense layers (see the refusal test): every layer sparse here
         (
