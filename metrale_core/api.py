@@ -18,7 +18,8 @@ What is here (see :data:`PUBLIC` for the full table):
   ``WeightStore``, ``RawTensor``, ``read_gguf_tensors`` / ``GGUFTensors`` (GGUF files that are
   not models, e.g. LoRA adapters) and ``unpermute_rows`` (llama's Q/K row order);
 - layers (:mod:`metrale_core.layers`): norms, RoPE, gated MLPs, embedding, the linear layer and
-  its weight formats, paged attention, ``torch_dtype``; MoE routing (``route``, ``Groups``:
+  its weight formats, paged attention, ``torch_dtype``; the LoRA targets a model declares
+  (``LoRATargets`` of ``LoRATarget`` / ``LoRAPart``, ``LoRATargetsLM``); MoE routing (``route``, ``Groups``:
   softmax / sigmoid, correction bias, group-limited top-k, scaling); tensor parallelism
   (:mod:`metrale_core.layers.parallel`): ``TensorParallel``, ``ShardedStore`` / ``Shard``,
   ``RowParallelLinear``, ``VocabParallelEmbedding``, ``ParallelHead``, ``split_heads``, ...;
@@ -138,6 +139,7 @@ _MODEL = {
         "write_kv",
         "windowed_paged_attention",
     ),
+    "metrale_core.layers.lora_targets": ("LoRAPart", "LoRATarget", "LoRATargets", "LoRATargetsLM"),
     "metrale_core.layers.moe": ("Groups", "route"),
     "metrale_core.layers.parallel": (
         "HeadSplit",
@@ -384,6 +386,12 @@ if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block
         LoRARows,
         active_rows,
         attach_lora,
+    )
+    from metrale_core.layers.lora_targets import (
+        LoRAPart,
+        LoRATarget,
+        LoRATargets,
+        LoRATargetsLM,
     )
     from metrale_core.layers.moe import Groups, route
     from metrale_core.layers.parallel import (

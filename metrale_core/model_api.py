@@ -32,6 +32,10 @@ Optional extensions (the engine checks with ``hasattr``):
   ``commit_verify`` a recurrent model cannot be speculated on (``ConfigError``).
 - ``forward_with_hidden(batch, kv, state) -> (logits, hidden)``: like ``forward`` and also the
   final-normed hidden states ``[T, D]`` of every row (MTP draft heads read them).
+- ``lora_targets() -> LoRATargets`` (``metrale_core.layers.lora_targets``, protocol
+  ``LoRATargetsLM``): the projections a LoRA adapter may wrap, each by its path from the model and
+  the checkpoint module paths it fuses.  ``attach_lora`` wraps exactly these; a model without it
+  takes no adapter (``ConfigError``).  Every model on the decoder definition has it.
 - Nothing here imports a model plugin; plugins import this module.
 
 Attention windows and KV groups.  A model may declare per-layer attention windows

@@ -85,9 +85,10 @@ class MlaDims:
         return cls(shape, int(config.get("q_lora_rank") or 0), scale)
 
 
-#: ``(slots, layer, shapes, bias) -> Linear`` and ``(slot, layer, shape) -> tensor``: the decoder's
-#: projection builder and tensor reader (``weights.load_weights``).
-Build = Callable[[list[str], int, list[tuple[int, int]], Any], Linear]
+#: ``(slots, layer, shapes, bias, at) -> Linear`` and ``(slot, layer, shape) -> tensor``: the
+#: decoder's projection builder (``at``: its path in the layer's record, declared for LoRA) and
+#: tensor reader (``weights.load_weights``).
+Build = Callable[[list[str], int, list[tuple[int, int]], Any, tuple[str, ...]], Linear]
 Get = Callable[[str, int, tuple[int, ...]], torch.Tensor]
 
 
@@ -97,11 +98,11 @@ def load_mla(mla: MlaDims, hidden: int, layer: int, store: Any, n: Resolver, lin
     q_out = s.heads * (s.nope + s.rope)
     q = q_a = q_a_norm = q_b = None
     if mla.q_rank:
-        q_a = linear(["q_a"], i, [(mla.q_rank, D)], None)
+        q_a = linear(["q_a"], i, [(mla.q_rank, D)], None, ("mla", "q_a"))
         q_a_norm = get("q_a_norm", i, (mla.q_rank,))
-        q_b = linear(["q_b"], i, [(q_out, mla.q_rank)], None)
+        q_b = linear(["q_b"], i, [(q_out, mla.q_rank)], None, ("mla", "q_b"))
     else:
-        q = linear(["q"], i, [(q_out, D)], None)
+        q = linear(["q"], i, [(q_out, D)], None, ("mla", "q"))
     if n("kv_b", i, "weight") in store:
         kv_b = get("kv_b", i, (s.heads * (s.nope + s.value), s.latent)).view(s.heads, s.nope + s.value, s.latent)
         w_uk, w_uv = kv_b.split([s.nope, s.value], dim=1)
@@ -113,7 +114,7 @@ def load_mla(mla: MlaDims, hidden: int, layer: int, store: Any, n: Resolver, lin
         q_a=q_a,
         q_a_norm=q_a_norm,
         q_b=q_b,
-        kv_a=linear(["kv_a"], i, [(s.latent + s.rope, D)], None),
+        kv_a=linear(["kv_a"], i, [(s.latent + s.rope, D)], None, ("mla", "kv_a")),
         kv_a_norm=get("kv_a_norm", i, (s.latent,)),
         w_uk=w_uk.contiguous(),
         w_uv=w_uv.contiguous(),

@@ -32,6 +32,8 @@ Invariants:
   per expert, the shared expert, the same SwiGLU op -- or gpt-oss's clamped ``swiglu_oai``, its
   sigmoid row by row outside ``exact``), in the same norm placement.
 - The model keeps no recurrent state: ``make_state_pool`` returns None and ``state`` is ignored.
+- ``lora_targets()`` is the weights' declaration (``DecoderWeights.lora``) seen from the model, so
+  every family on the definition can take LoRA adapters without code of its own.
 - Ops are built once per model, so the kernel path is chosen once.
 - Under tensor parallelism the model is one rank's shard (``weights.heads`` says which heads):
   ``info.kv`` lists this rank's KV heads (its shard of the cache), ``info.vocab_size`` the whole
@@ -61,6 +63,7 @@ from metrale_core.layers import (
     rms_norm,
     windowed_paged_attention,
 )
+from metrale_core.layers.lora_targets import LoRATargets
 from metrale_core.layers.mla import mla_attention
 from metrale_core.layers.moe import swiglu_oai
 from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache
@@ -135,6 +138,10 @@ class DecoderLM:
 
     def make_state_pool(self, num_slots: int) -> None:
         return None
+
+    def lora_targets(self) -> LoRATargets:
+        """The projections LoRA may wrap, by their paths from this model (``weights.lora``)."""
+        return self.weights.lora.under("weights")
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv: PagedKVCache | None, state: object | None = None) -> torch.Tensor:

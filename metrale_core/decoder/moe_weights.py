@@ -6,7 +6,7 @@ Owner: ``metrale_core.decoder``; ``weights.load_weights`` calls :func:`load_moe`
 Invariants:
 - Every projection -- the router, each routed expert's fused ``[gate; up]`` and ``down``, the
   shared expert's and its gate -- is built by the decoder's own ``build`` (the shared linear
-  layer, any weight format; not recorded for LoRA), so a GGUF expert stays in its blocks and runs on
+  layer, any weight format; not declared for LoRA), so a GGUF expert stays in its blocks and runs on
   the GGUF kernels; no expert is dequantized under ``auto``.
 - Under ``auto`` a GGUF's routed experts are built ``lazy``: loading keeps views of the mapped
   file and reads none of their pages; an expert is repacked (into the file-backed repack cache)

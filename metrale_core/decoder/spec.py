@@ -7,8 +7,9 @@ its weight-name table (:class:`~metrale_core.decoder.names.WeightNames`, HF and 
 Dimensions, epsilon, RoPE kind and scaling come from each checkpoint's config
 (``metrale_core.decoder.dims``); :func:`metrale_core.decoder.build.build_decoder` makes the model
 on ``metrale_core.layers`` with every weight format, tensor parallelism (where the recipe can be
-sharded) and LoRA (every projection is built with the recording ``build_linear``, under its
-checkpoint module path).  :meth:`DecoderSpec.loader_spec` is the family's ``ModelLoaderSpec``.
+sharded) and LoRA (every attention and dense-MLP projection is declared, by its path and its
+checkpoint module paths, in ``DecoderLM.lora_targets()``).  :meth:`DecoderSpec.loader_spec` is
+the family's ``ModelLoaderSpec``.
 
 Every default is the Llama decoder, so a family states only what differs.  Built: the norm
 placement and Gemma's unit-offset norms, QK-norm, sliding windows with a per-layer pattern (and the

@@ -10,9 +10,12 @@ Invariants:
 - The output head is tied to the embedding when the config says so or the checkpoint has no head.
 - Projections are fused at load time: ``qkv = [q; k; v]`` and ``gate_up = [gate; up]`` (read as
   one tensor where the checkpoint fuses them: ``Attention.fused_qkv``, ``Mlp.fused_gate_up``), and kept
-  in the weight format of the shared linear layer (``metrale_core.layers.lora.build_linear``, which
-  records each projection's checkpoint module paths for LoRA; ``auto`` by default: a GGUF stays
-  in its blocks, its token table too (``build_embedding``)).
+  in the weight format of the shared linear layer (``build_linear``; ``auto`` by default: a GGUF
+  stays in its blocks, its token table too (``build_embedding``)).
+- Every projection LoRA may adapt is declared in ``DecoderWeights.lora`` as it is built: its path
+  in the record (``layers.{i}.qkv``, ``layers.{i}.mla.q_a``, ``layers.{i}.o_proj.inner`` under
+  tensor parallelism) and the checkpoint module paths it fuses (``layers.lora_targets``); the
+  head and the MoE projections are not declared.
 - Under tensor parallelism (``tp.world > 1``) the store is wrapped in a ``ShardedStore`` built by
   :func:`shard_plan`, so every projection is read as this rank's rows (q/k/v, gate/up, the
   vocabulary of the embedding and head) or columns (o_proj, down_proj) in any weight format; the
@@ -24,7 +27,7 @@ Invariants:
   ``o_proj`` reads ``H * v_head_dim`` columns.
 - A sparse layer (``dims.moe.sparse``) has ``moe`` (``moe_weights.load_moe``) and no dense
   ``gate_up`` / ``down``; a GGUF's stacked experts are read through ``ExpertSlices``.  Its
-  projections are built unrecorded: LoRA adapts attention and dense MLPs only; its routed
+  projections are not declared for LoRA: LoRA adapts attention and dense MLPs only; its routed
   experts are built ``lazy`` (``moe_weights``).
 """
 
@@ -33,17 +36,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from attrs import frozen
+from attrs import field, frozen
 
 from metrale_core.decoder.dims import DecoderDims
 from metrale_core.decoder.mla import load_mla
 from metrale_core.decoder.moe_weights import load_moe
 from metrale_core.decoder.names import Resolver
 from metrale_core.decoder.spec import DecoderSpec
-from metrale_core.layers import build_embedding, build_tied_head, embed_tokens
+from metrale_core.layers import build_embedding, build_linear, build_tied_head, embed_tokens
 from metrale_core.layers.linear import Linear
-from metrale_core.layers.linear import build_linear as build_unrecorded
-from metrale_core.layers.lora import build_linear
+from metrale_core.layers.lora_targets import LoRATarget, LoRATargets
 from metrale_core.layers.mla import MlaWeights
 from metrale_core.layers.moe import MoeBlock
 from metrale_core.layers.parallel import (
@@ -111,6 +113,8 @@ class DecoderWeights:
     embedding: Any = None
     #: The attention heads this rank keeps (all of them without tensor parallelism).
     heads: HeadSplit | None = None
+    #: The projections LoRA may wrap, by their paths in this record (see the module docstring).
+    lora: LoRATargets = field(factory=LoRATargets)
 
 
 def shard_plan(
@@ -155,14 +159,19 @@ def load_weights(
     if dims.moe is not None:  # a GGUF's stacked experts, served one expert at a time
         store = ExpertSlices(store)
 
-    def linear(slots: list[str], i: int | None, shapes: list[tuple[int, int]], bias: Any) -> Linear:
-        return build_linear(store, [n(s, i, "weight") for s in slots], shapes, weight_format, dtype, device, bias)
+    lora: list[LoRATarget] = []
 
-    def row_parallel(slot: str, i: int, shape: tuple[int, int], bias: torch.Tensor | None) -> Linear:
+    def linear(slots: list[str], i: int, shapes: list[tuple[int, int]], bias: Any, at: tuple[str, ...]) -> Linear:
+        """Layer ``i``'s projection fusing ``slots``, declared for LoRA at ``layers.{i}.{at}``."""
+        names = [n(s, i, "weight") for s in slots]
+        lora.append(LoRATarget.of(("layers", i, *at), names, shapes))
+        return build_linear(store, names, shapes, weight_format, dtype, device, bias)
+
+    def row_parallel(slot: str, i: int, shape: tuple[int, int], bias: torch.Tensor | None, at: str) -> Linear:
         """A projection whose input is split: its bias is added once, after the sum of the ranks."""
         if tp.enabled:
-            return RowParallelLinear(linear([slot], i, [shape], None), tp, bias)
-        return linear([slot], i, [shape], bias)
+            return RowParallelLinear(linear([slot], i, [shape], None, (at, "inner")), tp, bias)
+        return linear([slot], i, [shape], bias, (at,))
 
     def get(slot: str, i: int | None, shape: tuple[int, ...], kind: str = "weight") -> torch.Tensor:
         return store.get(n(slot, i, kind), dtype=dtype, shape=shape).to(device)
@@ -189,10 +198,10 @@ def load_weights(
     def built(
         names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None = None, lazy: bool = False
     ) -> Linear:
-        """An MoE projection: not recorded for LoRA (an expert sees a subset of the batch's rows,
+        """An MoE projection: not declared for LoRA (an expert sees a subset of the batch's rows,
         which the LoRA row map does not follow), so an adapter never wraps one; ``lazy``: GGUF
         blocks repacked on first use (a routed expert)."""
-        return build_unrecorded(store, names, shapes, weight_format, dtype, device, bias, lazy=lazy)
+        return build_linear(store, names, shapes, weight_format, dtype, device, bias, lazy=lazy)
 
     def tensor(name: str, shape: tuple[int, ...], as_dtype: torch.dtype | None = None) -> torch.Tensor:
         return store.get(name, dtype=as_dtype or dtype, shape=shape).to(device)
@@ -206,16 +215,16 @@ def load_weights(
         layers.append(
             LayerWeights(
                 attn_norm=maybe("attn_norm", i, (D,), norms.pre_attn),
-                qkv=linear(qkv_slots, i, qkv_shapes, qkv_bias) if mla is None else None,
-                o_proj=row_parallel("o", i, (D, o_in), maybe("o", i, (D,), dims.o_bias, "bias")),
+                qkv=linear(qkv_slots, i, qkv_shapes, qkv_bias, ("qkv",)) if mla is None else None,
+                o_proj=row_parallel("o", i, (D, o_in), maybe("o", i, (D,), dims.o_bias, "bias"), "o_proj"),
                 q_norm=None if qk_norm is None else get("q_norm", i, (qk_norm[0],)),
                 k_norm=None if qk_norm is None else get("k_norm", i, (qk_norm[1],)),
                 attn_out_norm=maybe("attn_out_norm", i, (D,), norms.post_attn),
                 mlp_norm=maybe("mlp_norm", i, (D,), norms.pre_mlp),
-                gate_up=None if sparse else linear(mlp_slots, i, mlp_shapes, gate_up_bias),
+                gate_up=None if sparse else linear(mlp_slots, i, mlp_shapes, gate_up_bias, ("gate_up",)),
                 down=None
                 if sparse
-                else row_parallel("down", i, (D, inter), maybe("down", i, (D,), dims.mlp_bias, "bias")),
+                else row_parallel("down", i, (D, inter), maybe("down", i, (D,), dims.mlp_bias, "bias"), "down"),
                 mlp_out_norm=maybe("mlp_out_norm", i, (D,), norms.post_mlp),
                 moe=load_moe(spec, dims, n, i, built, tensor, batch_invariant=weight_format != "exact")
                 if sparse
@@ -246,4 +255,5 @@ def load_weights(
         weight_format=weight_format,
         embedding=embedding,
         heads=heads,
+        lora=LoRATargets(tuple(lora)),
     )

@@ -20,7 +20,9 @@ kernel (``kernels/cpu/*.c``):
   layers with a sliding window and/or logit soft-capping (Gemma).
 
 - tensor parallelism (:mod:`metrale_core.layers.parallel`): the rank's group, sharded weight
-  stores, row-parallel / vocab-parallel layers and the head gathered on rank 0.
+  stores, row-parallel / vocab-parallel layers and the head gathered on rank 0;
+- LoRA (:mod:`metrale_core.layers.lora`): the per-row adapter wrapper, put at the projections a
+  model declares (``lora_targets()``, :mod:`metrale_core.layers.lora_targets`).
 
 Invariants: the oracles follow HF transformers (see ``functional.py``); :class:`DecoderOps`
 builds each op once per model so its path is chosen once; plugins import these names from
@@ -46,12 +48,12 @@ from metrale_core.layers.linear import (
     DenseLinear,
     Linear,
     build_embedding,
+    build_linear,
     build_tied_head,
     embed_tokens,
     require_weight_format,
     resolve_weight_format,
 )
-from metrale_core.layers.lora import build_linear  # records fused tensor names for LoRA
 from metrale_core.layers.native_ops import Embedding, GeGLU
 from metrale_core.layers.ops import (
     DecoderOps,

@@ -3,10 +3,10 @@
 Owner: ``metrale_core.layers``.  The adapter bank (``metrale_core.engine.adapters``) wraps a
 model's projections with :class:`LoRALinear` after loading (:func:`attach_lora`), writes adapter
 weights into their slots, and the runner makes each step's row -> slot map visible to every
-wrapper for the duration of one forward (:func:`active_rows`).  Model plugins change nothing:
-the projections they build with :func:`build_linear` are recorded with the checkpoint tensor
-names they fuse, which is how a wrapper knows which PEFT modules (``q_proj``, ``k_proj`` ...) it
-holds and where each one's rows sit in the fused output.
+wrapper for the duration of one forward (:func:`active_rows`).  The model declares what may be
+wrapped (``lora_targets()``, :mod:`metrale_core.layers.lora_targets`): per projection its path
+from the model and the checkpoint module paths it fuses, which is how a wrapper knows which PEFT
+modules (``q_proj``, ``k_proj`` ...) it holds and where each one's rows sit in the fused output.
 
 The maths (per adapter ``a`` and projection part ``p``): ``y[t] += scale_a * (x[t] @ A_ap.T) @
 B_ap.T`` for every row ``t`` of adapter ``a``; the scale is folded into ``B`` when a slot is
@@ -19,7 +19,8 @@ Invariants:
   projection's output (same tensor).
 - Rows are grouped by slot (:class:`LoRARows`), so a row's delta is computed from that row and
   its adapter only; rows of other adapters or the base never change it.
-- The output head is never wrapped (``build_linear(..., output_head=True)`` is not recorded).
+- Only the declared targets are wrapped, each by its path (no search of the model's objects);
+  a model that declares none is a ``ConfigError`` naming it.  The output head is never declared.
 - Paths over one storage (slot-stacked ``A`` ``[S, R, in]``, ``B`` ``[S, out, R]``): on CPU the
   C kernel (``kernels/cpu/lora_apply.c``, float32: every slot in one call, reading only the
   parts' own blocks of the weights, which bound the work at a few rows per adapter); where it does
@@ -33,9 +34,6 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import types
-import weakref
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -43,10 +41,11 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
+from metrale_core.errors import ConfigError
 from metrale_core.kernels import CustomOp, cpu_layer_library
 from metrale_core.kernels.cuda import i32, i64, ptr, torch_stream
-from metrale_core.layers import linear as _linear
 from metrale_core.layers.cpu_qmatmul import PACKAGE  # the C library of metrale_core.layers
+from metrale_core.layers.lora_targets import LoRAPart, replace, resolve
 
 __all__ = [
     "LoRAApply",
@@ -56,62 +55,9 @@ __all__ = [
     "SlotBatches",
     "active_rows",
     "attach_lora",
-    "build_linear",
-    "recorded_parts",
 ]
 
-#: ``id(linear) -> parts`` of every projection built through :func:`build_linear` (dropped with it).
-_RECORDED: dict[int, tuple[LoRAPart, ...]] = {}
 _ROWS: ContextVar[LoRARows | None] = ContextVar("metrale_lora_rows", default=None)
-
-
-@frozen
-class LoRAPart:
-    """One checkpoint projection inside a (fused) ``Linear``: its module name and output rows."""
-
-    #: Module name without ``.weight`` (``model.layers.0.self_attn.q_proj``).
-    module: str
-    offset: int
-    out_features: int
-    in_features: int
-
-
-def _module_name(tensor_name: str) -> str:
-    return tensor_name[: -len(".weight")] if tensor_name.endswith(".weight") else tensor_name
-
-
-def build_linear(
-    store: Any,
-    names: Sequence[str],
-    shapes: Sequence[tuple[int, int]],
-    fmt: str,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    bias: torch.Tensor | None = None,
-    dense: torch.Tensor | None = None,
-    *,
-    output_head: bool = False,
-) -> Any:
-    """:func:`metrale_core.layers.linear.build_linear`, recording which tensors the projection
-    fuses (so :func:`attach_lora` can wrap it later); the result is the base ``Linear`` unchanged."""
-    result = _linear.build_linear(store, names, shapes, fmt, dtype, device, bias, dense, output_head=output_head)
-    if not output_head:
-        parts, offset = [], 0
-        for name, (out_f, in_f) in zip(names, shapes, strict=True):
-            parts.append(LoRAPart(_module_name(name), offset, int(out_f), int(in_f)))
-            offset += int(out_f)
-        key = id(result)
-        try:
-            weakref.finalize(result, _RECORDED.pop, key, None)
-        except TypeError:  # not weak-referenceable: not recorded, never wrapped
-            return result
-        _RECORDED[key] = tuple(parts)
-    return result
-
-
-def recorded_parts(linear: Any) -> tuple[LoRAPart, ...] | None:
-    """The parts :func:`build_linear` recorded for ``linear`` (None if it did not build it)."""
-    return _RECORDED.get(id(linear))
 
 
 @frozen
@@ -434,89 +380,31 @@ class LoRALinear:
         return y.index_add_(0, batches.rows, delta.view(-1, y.shape[1]))
 
 
-def _children(obj: Any) -> Iterator[tuple[Any, str | int, Any]]:
-    """``(container, key, value)`` of the attributes / items a model object holds."""
-    if isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield obj, i, v
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield obj, k, v
-    else:
-        names = list(getattr(obj, "__dict__", {}))
-        for cls in type(obj).__mro__:
-            names += [s for s in getattr(cls, "__slots__", ()) if s not in ("__weakref__", "__dict__")]
-        for name in names:
-            try:
-                yield obj, name, object.__getattribute__(obj, name)
-            except AttributeError:
-                continue
-
-
-#: How deep :func:`attach_lora` looks for projections (model -> weights -> layers -> layer -> linear).
-_MAX_DEPTH = 8
-#: Types never searched for projections (tensors, kernels, modules, code).
-_OPAQUE = (
-    torch.Tensor,
-    str,
-    bytes,
-    int,
-    float,
-    bool,
-    type(None),
-    type,
-    types.ModuleType,
-    types.FunctionType,
-    types.MethodType,
-    types.BuiltinFunctionType,
-    ctypes.CDLL,
-)
-
-
-def _searchable(value: Any) -> bool:
-    """Containers and plain model records (not tensors, code, kernels or third-party objects)."""
-    if isinstance(value, (list, tuple, dict)):
-        return True
-    if isinstance(value, _OPAQUE):
-        return False
-    module = type(value).__module__ or ""
-    return module.split(".", 1)[0] not in ("torch", "numpy", "ctypes", "builtins", "cupy", "tokenizers")
-
-
 def attach_lora(
     model: Any, num_slots: int, max_rank: int, dtype: torch.dtype, device: torch.device | str
 ) -> dict[str, tuple[LoRALinear, LoRAPart]]:
-    """Wrap every recorded projection reachable from ``model`` in a :class:`LoRALinear` (in place;
-    frozen records are updated through ``object.__setattr__``); returns module -> (wrapper, part).
-    Only containers and plain records are searched, at most ``_MAX_DEPTH`` levels deep.  A model
-    already wrapped returns its existing wrappers."""
+    """Wrap every projection ``model.lora_targets()`` declares in a :class:`LoRALinear`, in place
+    at its path (``lora_targets.replace``); returns module -> (wrapper, part).  A model already
+    wrapped returns its existing wrappers; one without ``lora_targets`` is a ``ConfigError``."""
+    declared = getattr(model, "lora_targets", None)
+    if declared is None:
+        raise ConfigError(
+            f"the model {type(model).__name__} declares no LoRA targets (it has no lora_targets(); "
+            f"a model on the decoder definition declares them itself)"
+        )
     found: dict[str, tuple[LoRALinear, LoRAPart]] = {}
-    seen: set[int] = set()
-    stack = [(model, 0)]
-    while stack:
-        obj, depth = stack.pop()
-        if id(obj) in seen or depth > _MAX_DEPTH:
-            continue
-        seen.add(id(obj))
-        for container, key, value in list(_children(obj)):
-            if isinstance(value, LoRALinear):
-                for part in value.parts:
-                    found[part.module] = (value, part)
-                continue
-            parts = None if isinstance(value, _OPAQUE) else recorded_parts(value)
-            if parts is None:
-                if _searchable(value):
-                    stack.append((value, depth + 1))
-                continue
-            wrapper = LoRALinear(value, parts, num_slots, max_rank, dtype, device)
-            if isinstance(container, tuple):
-                raise TypeError(f"cannot wrap projection {parts[0].module!r}: it sits in a tuple")
-            if isinstance(container, list):
-                container[int(key)] = wrapper  # a list's children are keyed by index
-            elif isinstance(container, dict):
-                container[key] = wrapper
-            else:
-                object.__setattr__(container, str(key), wrapper)
-            for part in parts:
-                found[part.module] = (wrapper, part)
+    for target in declared():
+        current = resolve(model, target.path)
+        if isinstance(current, LoRALinear):
+            wrapper = current
+        else:
+            if int(current.out_features) != sum(p.out_features for p in target.parts):
+                raise ValueError(
+                    f"{type(model).__name__}: the projection at {target.dotted!r} has {current.out_features} "
+                    f"outputs, not the {sum(p.out_features for p in target.parts)} its LoRA parts declare"
+                )
+            wrapper = LoRALinear(current, target.parts, num_slots, max_rank, dtype, device)
+            replace(model, target.path, wrapper)
+        for part in target.parts:
+            found[part.module] = (wrapper, part)
     return found

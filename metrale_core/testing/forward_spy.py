@@ -31,6 +31,10 @@ class ForwardSpy:
     def make_state_pool(self, num_slots):
         return self._model.make_state_pool(num_slots)
 
+    def lora_targets(self):
+        """The wrapped model's LoRA targets, seen from the spy (so adapters can wrap a spied model)."""
+        return self._model.lora_targets().under("_model")
+
     def forward(self, batch, kv, state=None):
         logits = self._model.forward(batch, kv, state)
         for slot, tok in zip(batch.slot_mapping.tolist(), batch.input_ids.tolist()):

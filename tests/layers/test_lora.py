@@ -1,5 +1,5 @@
-"""The LoRA seam of the shared linear layer: recording, wrapping, and the batched matmul against a
-per-row oracle."""
+"""The LoRA seam of the shared linear layer: declared targets, wrapping, and the batched matmul
+against a per-row oracle."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from attrs import frozen
 
 from metrale_core.kernels import compile_ptx, nvcc_path, ptx_entries
 from metrale_core.layers import DenseLinear, build_linear
-from metrale_core.layers.lora import LoRAApply, LoRALinear, LoRARows, active_rows, attach_lora, recorded_parts
+from metrale_core.layers.lora import LoRAApply, LoRALinear, LoRARows, active_rows, attach_lora
+from metrale_core.layers.lora_targets import LoRATarget, LoRATargets
 
 
 class _Store:
@@ -26,6 +27,11 @@ class _Store:
 class _Layer:
     qkv: object
     down: object
+    #: ``(path, tensor names, shapes)`` of each declared projection.
+    declared: tuple = ()
+
+    def lora_targets(self) -> LoRATargets:
+        return LoRATargets(tuple(LoRATarget.of(*d) for d in self.declared))
 
 
 def _fused(seed: int = 0):
@@ -36,23 +42,23 @@ def _fused(seed: int = 0):
         "m.down_proj.weight": torch.randn(6, 5, generator=gen),
     }
     store = _Store(tensors)
-    qkv = build_linear(store, ["m.q_proj.weight", "m.v_proj.weight"], [(8, 6), (4, 6)], "exact", torch.float32, "cpu")
+    qkv_names, qkv_shapes = ["m.q_proj.weight", "m.v_proj.weight"], [(8, 6), (4, 6)]
+    qkv = build_linear(store, qkv_names, qkv_shapes, "exact", torch.float32, "cpu")
     down = build_linear(store, ["m.down_proj.weight"], [(6, 5)], "exact", torch.float32, "cpu")
-    return _Layer(qkv, down), tensors
+    declared = ((("qkv",), qkv_names, qkv_shapes), (("down",), ["m.down_proj.weight"], [(6, 5)]))
+    return _Layer(qkv, down, declared), tensors
 
 
-def test_build_linear_records_the_fused_parts_but_not_the_head():
-    layer, tensors = _fused()
-    assert isinstance(layer.qkv, DenseLinear)  # unchanged base object
-    parts = recorded_parts(layer.qkv)
-    assert [(p.module, p.offset, p.out_features, p.in_features) for p in parts] == [
+def test_a_target_records_the_fused_parts_and_the_projection_stays_the_base():
+    layer, _ = _fused()
+    assert isinstance(layer.qkv, DenseLinear)  # build_linear's base object, unchanged
+    target = layer.lora_targets().targets[0]
+    assert target.path == ("qkv",) and target.dotted == "qkv"
+    assert [(p.module, p.offset, p.out_features, p.in_features) for p in target.parts] == [
         ("m.q_proj", 0, 8, 6),
         ("m.v_proj", 8, 4, 6),
     ]
-    head = build_linear(
-        _Store(tensors), ["m.down_proj.weight"], [(6, 5)], "exact", torch.float32, "cpu", output_head=True
-    )
-    assert recorded_parts(head) is None
+    assert layer.lora_targets().under("model", 0).targets[1].path == ("model", 0, "down")
 
 
 def _adapter(gen, rank, modules):
@@ -154,20 +160,64 @@ def test_lora_kernel_compiles_with_both_entries(tmp_path):
     assert {"lora_shrink_f32", "lora_expand_f32"} <= entries
 
 
-def test_attach_searches_model_records_not_modules_or_classes():
-    import sys
+def test_attach_wraps_declared_paths_only_inside_tuples_and_frozen_records():
+    """Targets are found by path: a projection in a tuple inside a frozen record deep inside the
+    model is wrapped (the tuple rebuilt on its owner); a projection reachable but not declared is
+    left alone; two models in one process never see each other's targets."""
+    from typing import NamedTuple
 
-    layer, _ = _fused()
+    class Pair(NamedTuple):
+        first: object
+        second: object
 
-    class Model:
-        def __init__(self):
-            self.layers = [layer]
-            self.torch, self.sys, self.cls, self.fn = torch, sys, _Store, _fused  # never walked into
+    def model():
+        layer, _ = _fused()
 
-    model = Model()
-    targets = attach_lora(model, 1, 2, torch.float32, "cpu")
+        class Model:
+            def __init__(self):
+                self.blocks = [{"inner": (_Layer(layer.qkv, None), Pair(layer.down, layer.down))}]
+
+            def lora_targets(self):
+                return LoRATargets(
+                    (
+                        LoRATarget.of(("blocks", 0, "inner", 0, "qkv"), *layer.declared[0][1:]),
+                        LoRATarget.of(("blocks", 0, "inner", 1, 1), *layer.declared[1][1:]),
+                    )
+                )
+
+        return Model()
+
+    one, two = model(), model()
+    inner = one.blocks[0]["inner"]
+    targets = attach_lora(one, 1, 2, torch.float32, "cpu")
     assert set(targets) == {"m.q_proj", "m.v_proj", "m.down_proj"}
-    assert model.layers[0] is layer and isinstance(layer.down, LoRALinear)
+    wrapped = one.blocks[0]["inner"]
+    assert wrapped is not inner and isinstance(wrapped[1], Pair)  # the tuples rebuilt, same types
+    assert wrapped[0] is inner[0] and isinstance(wrapped[0].qkv, LoRALinear)  # the record kept, set in place
+    assert isinstance(wrapped[1].second, LoRALinear) and isinstance(wrapped[1].first, DenseLinear)
+    assert targets["m.down_proj"][0] is wrapped[1].second
+    untouched = two.blocks[0]["inner"]
+    assert isinstance(untouched[0].qkv, DenseLinear) and isinstance(untouched[1].second, DenseLinear)
+    assert set(attach_lora(two, 1, 2, torch.float32, "cpu")) == set(targets)
+    assert two.blocks[0]["inner"][0].qkv is not wrapped[0].qkv
+
+
+def test_a_model_without_targets_is_a_config_error_naming_it():
+    from metrale_core.errors import ConfigError
+
+    class Undeclared:
+        def __init__(self):
+            self.layer, _ = _fused()  # projections reachable, but nothing declared
+
+    with pytest.raises(ConfigError, match="Undeclared declares no LoRA targets"):
+        attach_lora(Undeclared(), 1, 2, torch.float32, "cpu")
+    layer, _ = _fused()
+    bad = _Layer(layer.qkv, layer.down, ((("down",), ["m.q_proj.weight"], [(8, 6)]),))
+    with pytest.raises(ValueError, match="at 'down' has 6 outputs, not the 8"):
+        attach_lora(bad, 1, 2, torch.float32, "cpu")
+    missing = _Layer(layer.qkv, layer.down, ((("up",), ["m.down_proj.weight"], [(6, 5)]),))
+    with pytest.raises(LookupError, match="nothing at 'up'"):
+        attach_lora(missing, 1, 2, torch.float32, "cpu")
 
 
 def _gguf_store(tmp_path, tensors):
@@ -211,7 +261,7 @@ def test_an_adapter_adds_its_exact_delta_on_every_weight_format(fmt, tmp_path):
         fmt = "auto"
     else:
         store = _Store(tensors)
-    layer = _Layer(build_linear(store, names, shapes, fmt, torch.float32, "cpu"), None)
+    layer = _Layer(build_linear(store, names, shapes, fmt, torch.float32, "cpu"), None, ((("qkv",), names, shapes),))
     assert not isinstance(layer.qkv, DenseLinear) or fmt == "bf16"
     targets = attach_lora(layer, num_slots=2, max_rank=4, dtype=torch.float32, device="cpu")
     modules = sorted(targets)
@@ -243,7 +293,7 @@ def test_the_c_kernel_matches_the_grouped_path_across_row_groups_and_output_tile
     qkv = build_linear(
         _Store(tensors), [f"{m}.weight" for m in shapes], list(shapes.values()), "exact", torch.float32, "cpu"
     )
-    parts = recorded_parts(qkv)
+    parts = LoRATarget.of((), [f"{m}.weight" for m in shapes], list(shapes.values())).parts
     wrappers = {path: LoRALinear(qkv, parts, 3, 8, torch.float32, "cpu") for path in ("c", "torch")}
     wrappers["torch"].kernel = None
 

@@ -40,6 +40,27 @@ def _model(path, weight_format="exact"):
     return load_registry().find_model_loader(store.config).factory(store, LoadOptions(weight_format=weight_format))
 
 
+def test_lora_targets_are_attention_and_mlp_of_every_layer_by_path(checkpoint):
+    """The model declares q/k/v, o, gate/up and down of every layer for LoRA (not the head), by
+    checkpoint module path and by their path from the model; attach_lora wraps exactly those."""
+    from metrale_core.layers.lora import LoRALinear, attach_lora
+
+    model = _model(checkpoint[0])
+    declared = {t.dotted: [p.module.split("layers.")[-1] for p in t.parts] for t in model.lora_targets()}
+    want = {}
+    for i in range(len(model.weights.layers)):
+        a, m = f"{i}.self_attn.", f"{i}.mlp."
+        want[f"weights.layers.{i}.qkv"] = [a + "q_proj", a + "k_proj", a + "v_proj"]
+        want[f"weights.layers.{i}.o_proj"] = [a + "o_proj"]
+        want[f"weights.layers.{i}.gate_up"] = [m + "gate_proj", m + "up_proj"]
+        want[f"weights.layers.{i}.down"] = [m + "down_proj"]
+    assert declared == want
+    attach_lora(model, num_slots=1, max_rank=2, dtype=torch.float32, device="cpu")
+    for layer in model.weights.layers:
+        assert all(isinstance(p, LoRALinear) for p in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+    assert not isinstance(model.weights.head, LoRALinear)
+
+
 def _prompt(n: int, seed: int) -> list[int]:
     return torch.randint(3, H.VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 

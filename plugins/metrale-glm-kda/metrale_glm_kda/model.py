@@ -17,6 +17,7 @@ Invariants:
   so any KV dtype works (fp8 stores the latent and the indexer rows quantized).
 - Residual streams are ``[T, hc_mult, D]`` (mHC); logits are computed for ``logits_rows`` only
   from the mean of the streams, final norm and LM head, in float32.
+- ``lora_targets()`` declares every projection but the head (``GlmWeights.lora``) for LoRA.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from metrale_core.api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache, RecurrentLayout, rms_norm
+from metrale_core.api import (
+    ForwardBatch,
+    KVLayout,
+    LoRATargets,
+    ModelInfo,
+    PagedKVCache,
+    RecurrentLayout,
+    rms_norm,
+)
 from metrale_glm_kda import kda
 from metrale_glm_kda.config import GlmDims
 from metrale_glm_kda.hc import hc_collapse, hc_expand
@@ -98,6 +107,10 @@ class GlmKdaLM:
             f"GlmKdaLM({len(d.kda_layers)} KDA + {len(d.mla_layers)} MLA layers, hidden={d.hidden_size}, "
             f"hc={d.hc_mult}, experts={d.n_routed_experts}/top{d.top_k}, dtype={self.dtype}, {self.ops})"
         )
+
+    def lora_targets(self) -> LoRATargets:
+        """The projections LoRA may wrap (every one but the head), by their paths from this model."""
+        return self.weights.lora.under("weights")
 
     def make_state_pool(self, num_slots: int) -> KdaStatePool:
         return KdaStatePool.allocate(self.dims, num_slots, self.dtype, self.device)

@@ -18,6 +18,9 @@ Invariants:
   such a projection stay in the model dtype in every format: the routed experts (stacked
   ``[E, ..]``, gathered per expert), ``W_uk`` / ``W_uv`` (absorbed into einsums), the indexer
   (its scores pick the attended tokens), the router, norms and the mHC parameters.
+- Every projection but the head is declared for LoRA as it is built (``GlmWeights.lora``): its
+  path in the record (``layers.{i}.attn.qkv``, ``layers.{i}.mlp.shared.down`` ...) and the
+  checkpoint module paths it fuses.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from attrs import frozen
+from attrs import field, frozen
 
-from metrale_core.api import Linear, WeightsError, build_linear
+from metrale_core.api import Linear, LoRATarget, LoRATargets, WeightsError, build_linear
 from metrale_glm_kda.config import GlmDims
 from metrale_glm_kda.hc import HcWeights
 from metrale_glm_kda.mla import IndexerWeights, MlaWeights
@@ -71,11 +74,15 @@ class GlmWeights:
     lm_head: Linear
     #: The weight format of the projections (``exact`` unless ``--weight-format`` asked for another).
     weight_format: str = "exact"
+    #: The projections LoRA may wrap, by their paths in this record.
+    lora: LoRATargets = field(factory=LoRATargets)
 
 
 class _Reader:
     def __init__(self, store: Any, dtype: torch.dtype, device: torch.device | str, weight_format: str) -> None:
         self.store, self.dtype, self.device, self.weight_format = store, dtype, device, weight_format
+        #: The LoRA targets declared so far (``linear(..., at=)``).
+        self.lora: list[LoRATarget] = []
 
     def name(self, names: str | tuple[str, ...]) -> str:
         """The first of ``names`` the checkpoint holds."""
@@ -103,12 +110,17 @@ class _Reader:
         shapes: list[tuple[int, int]],
         dense: torch.Tensor | None = None,
         *,
+        at: tuple[str | int, ...] | None = None,
         output_head: bool = False,
     ) -> Linear:
-        """The projection stacking ``parts`` (each a name or its alternatives) in the weight format."""
+        """The projection stacking ``parts`` (each a name or its alternatives) in the weight format,
+        declared for LoRA at path ``at`` in the weights record (None: not declared)."""
+        names = [self.name(p) for p in parts]
+        if at is not None:
+            self.lora.append(LoRATarget.of(at, names, shapes))
         return build_linear(
             self.store,
-            [self.name(p) for p in parts],
+            names,
             shapes,
             self.weight_format,
             self.dtype,
@@ -128,9 +140,9 @@ def _hc(r: _Reader, p: str, which: str, dims: GlmDims) -> HcWeights:
     )
 
 
-def _kda(r: _Reader, a: str, dims: GlmDims) -> KdaWeights:
+def _kda(r: _Reader, a: str, dims: GlmDims, at: tuple[str | int, ...]) -> KdaWeights:
     D, H, K, P, W = dims.hidden_size, dims.linear_num_heads, dims.linear_head_dim, dims.linear_dim, dims.conv_kernel
-    qkv = r.linear([a + f"{x}_proj.weight" for x in "qkv"], [(P, D)] * 3)
+    qkv = r.linear([a + f"{x}_proj.weight" for x in "qkv"], [(P, D)] * 3, at=(*at, "qkv"))
     if a + "q_conv1d.weight" in r.store:
         conv = torch.cat([r.get(a + f"{x}_conv1d.weight", (P, W), True) for x in "qkv"])
     else:
@@ -139,19 +151,19 @@ def _kda(r: _Reader, a: str, dims: GlmDims) -> KdaWeights:
     return KdaWeights(
         qkv=qkv,
         conv=conv,
-        f_a=r.linear([(a + "f_a_proj.weight", fg + "f_a_proj.weight")], [(K, D)]),
-        f_b=r.linear([(a + "f_b_proj.weight", fg + "f_b_proj.weight")], [(P, K)]),
+        f_a=r.linear([(a + "f_a_proj.weight", fg + "f_a_proj.weight")], [(K, D)], at=(*at, "f_a")),
+        f_b=r.linear([(a + "f_b_proj.weight", fg + "f_b_proj.weight")], [(P, K)], at=(*at, "f_b")),
         dt_bias=r.get((a + "dt_bias", fg + "dt_bias"), (P,), True),
         a_log=r.get((a + "A_log", fg + "A_log"), (H,), True),
-        b_proj=r.linear([a + "b_proj.weight"], [(H, D)]),
-        g_a=r.linear([a + "g_a_proj.weight"], [(K, D)]),
-        g_b=r.linear([a + "g_b_proj.weight"], [(P, K)]),
+        b_proj=r.linear([a + "b_proj.weight"], [(H, D)], at=(*at, "b_proj")),
+        g_a=r.linear([a + "g_a_proj.weight"], [(K, D)], at=(*at, "g_a")),
+        g_b=r.linear([a + "g_b_proj.weight"], [(P, K)], at=(*at, "g_b")),
         o_norm=r.get(a + "o_norm.weight", (K,)),
-        o_proj=r.linear([a + "o_proj.weight"], [(D, P)]),
+        o_proj=r.linear([a + "o_proj.weight"], [(D, P)], at=(*at, "o_proj")),
     )
 
 
-def _mla(r: _Reader, a: str, dims: GlmDims, full_indexer: bool) -> MlaWeights:
+def _mla(r: _Reader, a: str, dims: GlmDims, full_indexer: bool, at: tuple[str | int, ...]) -> MlaWeights:
     D, H, Rq, R = dims.hidden_size, dims.num_heads, dims.q_lora_rank, dims.kv_lora_rank
     nope, v = dims.qk_nope_head_dim, dims.v_head_dim
     kv_b = r.get(a + "kv_b_proj.weight", (H * (nope + v), R)).view(H, nope + v, R)
@@ -168,27 +180,28 @@ def _mla(r: _Reader, a: str, dims: GlmDims, full_indexer: bool) -> MlaWeights:
             gate=r.get(i + "index_kpool_compress_gate", (d, D)),
         )
     return MlaWeights(
-        q_a=r.linear([a + "q_a_proj.weight"], [(Rq, D)]),
+        q_a=r.linear([a + "q_a_proj.weight"], [(Rq, D)], at=(*at, "q_a")),
         q_a_norm=r.get(a + "q_a_layernorm.weight", (Rq,)),
-        q_b=r.linear([a + "q_b_proj.weight"], [(H * nope, Rq)]),
-        kv_a=r.linear([a + "kv_a_proj_with_mqa.weight"], [(R, D)]),
+        q_b=r.linear([a + "q_b_proj.weight"], [(H * nope, Rq)], at=(*at, "q_b")),
+        kv_a=r.linear([a + "kv_a_proj_with_mqa.weight"], [(R, D)], at=(*at, "kv_a")),
         kv_a_norm=r.get(a + "kv_a_layernorm.weight", (R,)),
         w_uk=kv_b[:, :nope].contiguous(),
         w_uv=kv_b[:, nope:].contiguous(),
-        o_proj=r.linear([a + "o_proj.weight"], [(D, H * v)]),
+        o_proj=r.linear([a + "o_proj.weight"], [(D, H * v)], at=(*at, "o_proj")),
         indexer=indexer,
     )
 
 
-def _mlp(r: _Reader, m: str, dims: GlmDims, inter: int) -> MlpWeights:
+def _mlp(r: _Reader, m: str, dims: GlmDims, inter: int, at: tuple[str | int, ...]) -> MlpWeights:
     D = dims.hidden_size
+    gate_up: list[str | tuple[str, ...]] = [m + "gate_proj.weight", m + "up_proj.weight"]
     return MlpWeights(
-        gate_up=r.linear([m + "gate_proj.weight", m + "up_proj.weight"], [(inter, D), (inter, D)]),
-        down=r.linear([m + "down_proj.weight"], [(D, inter)]),
+        gate_up=r.linear(gate_up, [(inter, D), (inter, D)], at=(*at, "gate_up")),
+        down=r.linear([m + "down_proj.weight"], [(D, inter)], at=(*at, "down")),
     )
 
 
-def _moe(r: _Reader, m: str, dims: GlmDims) -> MoeWeights:
+def _moe(r: _Reader, m: str, dims: GlmDims, at: tuple[str | int, ...]) -> MoeWeights:
     D, E, inter = dims.hidden_size, dims.n_routed_experts, dims.moe_intermediate_size
     e = m + "experts."
     if e + "gate_up_proj" in r.store:
@@ -207,7 +220,7 @@ def _moe(r: _Reader, m: str, dims: GlmDims) -> MoeWeights:
         bias=r.get(m + "gate.e_score_correction_bias", (E,), True),
         gate_up=gate_up,
         down=down,
-        shared=_mlp(r, m + "shared_experts.", dims, inter * dims.n_shared_experts),
+        shared=_mlp(r, m + "shared_experts.", dims, inter * dims.n_shared_experts, (*at, "shared")),
     )
 
 
@@ -223,13 +236,13 @@ def load_weights(
         p = f"{root}layers.{i}."
         attn: KdaWeights | MlaWeights
         if dims.layer_types[i] == "kda":
-            attn = _kda(r, p + "self_attn.", dims)
+            attn = _kda(r, p + "self_attn.", dims, ("layers", i, "attn"))
         else:
-            attn = _mla(r, p + "self_attn.", dims, dims.indexer_types[i] == "full")
+            attn = _mla(r, p + "self_attn.", dims, dims.indexer_types[i] == "full", ("layers", i, "attn"))
         mlp = (
-            _moe(r, p + "mlp.", dims)
+            _moe(r, p + "mlp.", dims, ("layers", i, "mlp"))
             if dims.mlp_types[i] == "sparse"
-            else _mlp(r, p + "mlp.", dims, dims.intermediate_size)
+            else _mlp(r, p + "mlp.", dims, dims.intermediate_size, ("layers", i, "mlp"))
         )
         layers.append(
             LayerWeights(
@@ -251,4 +264,5 @@ def load_weights(
         norm=r.get(root + "norm.weight", (D,)),
         lm_head=lm_head,
         weight_format=weight_format,
+        lora=LoRATargets(tuple(r.lora)),
     )

@@ -41,6 +41,34 @@ def test_loader_is_registered_and_declares_state(checkpoint):
     assert pool.nbytes() == 3 * info.recurrent.bytes_per_sequence
 
 
+def test_lora_targets_are_every_projection_but_the_head_by_path(checkpoint):
+    """The loader declares each projection it builds (KDA's seven, MLA's four, the dense and the
+    shared-expert MLPs) at its path in the weights record; attach_lora wraps exactly those."""
+    from metrale_core.layers.lora import LoRALinear, attach_lora
+    from metrale_core.layers.lora_targets import resolve
+
+    store = open_weights(checkpoint)
+    model = load_registry().find_model_loader(store.config).factory(store, LoadOptions())
+    declared = {t.dotted: [p.module for p in t.parts] for t in model.lora_targets()}
+    d = model.dims
+    for i, kind in enumerate(d.layer_types):
+        a = f"weights.layers.{i}.attn."
+        kda = ("qkv", "f_a", "f_b", "b_proj", "g_a", "g_b", "o_proj")
+        own = kda if kind == "kda" else ("q_a", "q_b", "kv_a", "o_proj")
+        assert {k for k in declared if k.startswith(a)} == {a + n for n in own}
+        sparse = d.mlp_types[i] == "sparse"
+        gate_up = declared[f"weights.layers.{i}.mlp.{'shared.' if sparse else ''}gate_up"]
+        mlp = f"{i}.mlp.{'shared_experts.' if sparse else ''}"
+        assert [m.rsplit("layers.", 1)[-1] for m in gate_up] == [mlp + "gate_proj", mlp + "up_proj"]
+    assert {"mla", "kda"} <= set(d.layer_types) and "sparse" in d.mlp_types
+    modules = [m for ms in declared.values() for m in ms]
+    assert not any("embed_tokens" in m or "lm_head" in m or ".experts." in m for m in modules)
+    targets = attach_lora(model, num_slots=1, max_rank=2, dtype=torch.float32, device="cpu")
+    assert sorted(targets) == sorted(modules)
+    assert all(isinstance(resolve(model, t.path), LoRALinear) for t in model.lora_targets())
+    assert not isinstance(model.weights.lm_head, LoRALinear)
+
+
 def test_config_refuses_shared_indexer_without_full_layer():
     cfg = H.hf_config("hc2").to_dict()
     cfg["text_config"]["indexer_types"] = ["full", "shared", "shared", "full"]

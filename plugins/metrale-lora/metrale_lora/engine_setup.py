@@ -1,4 +1,4 @@
-"""Give an engine its LoRA adapter bank: wrap the model's projections, hang the bank on the runner.
+"""Give an engine its LoRA adapter bank: wrap the model's declared projections, hang the bank on the runner.
 
 Owner: ``metrale_lora``; ``metrale_engine_started`` calls :func:`enable_adapters` (tests and the
 benchmark call it directly).
@@ -35,8 +35,7 @@ def enable_adapters(
     targets = attach_lora(model, max_loras, max_rank, getattr(model, "dtype", None) or torch.float32, device)
     if not targets:
         raise ConfigError(
-            f"the model {type(model).__name__} has no projection LoRA can wrap "
-            f"(its loader does not build them with build_linear)"
+            f"the model {type(model).__name__} has no projection LoRA can wrap (its lora_targets() declares none)"
         )
 
     def row_scope(slots: list[int] | None):

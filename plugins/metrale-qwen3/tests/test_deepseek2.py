@@ -47,6 +47,7 @@ from qwen3_harness import PagedRunner, build_hf, open_store, save_checkpoint
 from metrale_core.decoder.moe_dims import MoeDims
 from metrale_core.errors import ConfigError
 from metrale_core.layers.gguf_linear import GGUFLinear
+from metrale_core.layers.lora import LoRALinear, attach_lora
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugins import load_registry
 from metrale_qwen3.deepseek2 import DEEPSEEK2
@@ -215,6 +216,32 @@ def test_latent_attention_refuses_tensor_parallelism_with_the_reason(tmp_path):
     store = open_store(save_checkpoint(_hf(2, CONFIGS["lite-no-q-lora-greedy"]), tmp_path))
     with pytest.raises(ConfigError, match="latent attention is not sharded"):
         load_family("deepseek2", store, tensor_parallel=TensorParallel(rank=0, world=2))
+
+
+@pytest.mark.parametrize("name", ["lite-no-q-lora-greedy", "q-lora-grouped-yarn"])
+def test_lora_targets_are_the_latent_projections_and_dense_mlps_by_path(name, tmp_path):
+    """The definition declares an MLA layer's q (or q_a / q_b), kv_a and o_proj at their paths in
+    the layer's record; kv_b (kept dense, per head) and the experts are not declared."""
+    hf = _hf(1, CONFIGS[name])
+    model = load_family("deepseek2", open_store(save_checkpoint(hf, tmp_path)))
+    declared = {t.dotted: [p.module for p in t.parts] for t in model.lora_targets()}
+    a = "model.layers.0.self_attn."
+    q = {"weights.layers.0.mla.q": [a + "q_proj"]}
+    if CONFIGS[name].get("q_lora_rank"):
+        q = {"weights.layers.0.mla.q_a": [a + "q_a_proj"], "weights.layers.0.mla.q_b": [a + "q_b_proj"]}
+    layer0 = {k: v for k, v in declared.items() if k.startswith("weights.layers.0.")}
+    assert layer0 == {
+        **q,
+        "weights.layers.0.mla.kv_a": [a + "kv_a_proj_with_mqa"],
+        "weights.layers.0.o_proj": [a + "o_proj"],
+        "weights.layers.0.gate_up": ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"],
+        "weights.layers.0.down": ["model.layers.0.mlp.down_proj"],
+    }
+    modules = [m for ms in declared.values() for m in ms]
+    assert not any(".mlp.experts." in m or ".shared_experts." in m or "kv_b" in m for m in modules)
+    attach_lora(model, num_slots=1, max_rank=2, dtype=torch.float32, device="cpu")
+    mla = model.weights.layers[0].mla
+    assert all(isinstance(p, LoRALinear) for p in (mla.q or mla.q_b, mla.kv_a, model.weights.layers[0].o_proj))
 
 
 #: HF module path (in a layer) -> llama.cpp's deepseek2 tensor name, written out here so the test
