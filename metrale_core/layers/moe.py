@@ -48,6 +48,8 @@ from metrale_core.layers.rows_matmul import rows_matmul
 __all__ = ["Expert", "Groups", "MoeBlock", "RowwiseLinear", "grouped_experts", "route", "sigmoid", "swiglu_oai"]
 
 Scoring = Literal["softmax", "sigmoid", "topk_softmax"]
+#: At most this many (row, slot) pairs in a step: each pair's expert is called on its row directly.
+FEW_PAIRS = 16
 GroupScore = Literal["max", "top2"]
 
 
@@ -170,8 +172,13 @@ def grouped_experts(
     act: Callable[[torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
     """``sum_j weights[:, j] * experts[ids[:, j]](x)`` ``[T, D]``, each active expert called once
-    on its rows (module docstring: grouped, summed in slot order)."""
+    on its rows (module docstring: grouped, summed in slot order).  A step of at most
+    :data:`FEW_PAIRS` (row, slot) pairs (decode) calls each pair's expert on its row directly --
+    no sort, gather or scatter -- with the same products and the same slot-order sum, so the
+    same bits."""
     rows, k = ids.shape
+    if rows * k <= FEW_PAIRS:
+        return _pair_by_pair(x, weights, ids, experts, act)
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=len(experts)).tolist()
@@ -189,6 +196,25 @@ def grouped_experts(
     for j in range(1, k):
         y = y + out[:, j]
     return y
+
+
+def _pair_by_pair(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    experts: Sequence[Expert],
+    act: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """:func:`grouped_experts` of a few pairs, one expert call per (row, slot)."""
+    scale = weights.to(x.dtype)
+    out = []
+    for t, row_ids in enumerate(ids.tolist()):
+        xt = x[t : t + 1]
+        y = experts[row_ids[0]](xt, act) * scale[t : t + 1, 0:1]
+        for j in range(1, len(row_ids)):
+            y = y + experts[row_ids[j]](xt, act) * scale[t : t + 1, j : j + 1]
+        out.append(y)
+    return torch.cat(out) if out else x.new_zeros(0, x.shape[-1])
 
 
 @frozen

@@ -22,7 +22,16 @@ from gguf.quants import dequantize, quantize
 from metrale_core.decoder.names import LLAMA_NAMES
 from metrale_core.layers import gguf_linear as gl
 from metrale_core.layers.linear import DenseLinear
-from metrale_core.layers.moe import Expert, Groups, MoeBlock, RowwiseLinear, grouped_experts, route, swiglu_oai
+from metrale_core.layers.moe import (
+    FEW_PAIRS,
+    Expert,
+    Groups,
+    MoeBlock,
+    RowwiseLinear,
+    grouped_experts,
+    route,
+    swiglu_oai,
+)
 from metrale_core.layers.ops import SwiGLU
 from metrale_core.weights import ExpertSlices, RawTensor
 from metrale_core.weights.gguf_store import GGUFStore
@@ -129,6 +138,31 @@ def test_grouped_experts_equal_each_row_s_weighted_sum():
         [sum(w[r, j] * experts[int(ids[r, j])](x[r : r + 1], _silu_glu)[0] for j in range(3)) for r in range(9)]
     )
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_a_few_pairs_one_by_one_give_the_grouped_bits():
+    """Decode (at most ``FEW_PAIRS`` (row, slot) pairs) calls each pair's expert on its row; a row
+    gets the same bits that way as grouped with others (row-invariant experts: the C router
+    product, an exact gate)."""
+    gen = torch.Generator().manual_seed(11)
+    experts = [
+        Expert(
+            gate_up=RowwiseLinear(torch.randn(2 * I, D, generator=gen)),
+            down=RowwiseLinear(torch.randn(D, I, generator=gen)),
+        )
+        for _ in range(E)
+    ]
+
+    def relu_glu(gate_up):
+        return gate_up[:, :I].clamp(min=0) * gate_up[:, I:]
+
+    rows = FEW_PAIRS // 3 + 3  # grouped: more pairs than FEW_PAIRS
+    x = torch.randn(rows, D, generator=gen)
+    w, ids = route(torch.randn(rows, E, generator=gen), 3, normalize=True)
+    batched = grouped_experts(x, w, ids, experts, relu_glu)
+    for r in range(rows):
+        alone = grouped_experts(x[r : r + 1], w[r : r + 1], ids[r : r + 1], experts, relu_glu)
+        assert torch.equal(alone, batched[r : r + 1]), r
 
 
 def test_an_empty_batch_gives_no_rows():
