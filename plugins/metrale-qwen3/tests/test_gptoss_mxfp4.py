@@ -32,6 +32,7 @@ from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tenso
 
 from metrale_core.layers.gguf_linear import GGUFLinear
 from metrale_core.layers.linear import DenseLinear
+from metrale_core.weights import mxfp4_hf
 
 CONFIG = dict(
     vocab_size=96,
@@ -104,9 +105,15 @@ def test_exact_experts_are_transformers_dequantized_values(tmp_path):
 
 
 @pytest.mark.parametrize("weight_format", ["exact", "auto"])
-def test_an_hf_mxfp4_checkpoint_matches_transformers(weight_format, tmp_path):
+def test_an_hf_mxfp4_checkpoint_matches_transformers(weight_format, tmp_path, monkeypatch):
     torch.set_num_threads(2)
     path, ref = _checkpoint(tmp_path)
+    if weight_format == "auto":  # no expert is dequantized: the blocks go to the kernel as they are
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("an MXFP4 expert was dequantized under auto")
+
+        monkeypatch.setattr(mxfp4_hf, "dequantize", refuse)
     model = load_family("gpt-oss", open_store(path), weight_format)
     expert = model.weights.layers[1].moe.experts[5]
     blocks = (GGUFLinear,) if weight_format == "auto" else (DenseLinear,)
