@@ -23,8 +23,8 @@ Invariants:
   is its own KV head (a llama.cpp file's ``head_count_kv`` 1 is its MQA view of the latent), and
   the softmax scale is ``MlaDims.scale``.
 - A safetensors checkpoint whose ``quantization_config`` says ``mxfp4`` (gpt-oss's ``*_blocks`` /
-  ``*_scales`` experts) is refused with the way out: its GGUF conversion, whose MXFP4 experts run
-  on the block kernels, or a dequantized checkpoint.
+  ``*_scales`` experts) is read where the definition has experts (``weights.load_weights`` serves
+  them as GGUF MXFP4 blocks); one without experts is refused.
 - RoPE: ``rope_parameters`` (transformers >= 5) or ``rope_theta`` / ``rope_scaling``; the kind
   ``default`` leaves ``rope_scaling`` None; a kind outside ``spec.ROPE_KINDS_BUILT`` is refused.
   The sliding layers rotate with their own base
@@ -183,12 +183,8 @@ class DecoderDims:
         if unbuilt:
             raise ConfigError(f"{name}: the definition declares {', '.join(unbuilt)}, not built yet")
         quant = (config.get("quantization_config") or {}).get("quant_method")
-        if quant == "mxfp4" and not gguf:
-            raise ConfigError(
-                f"{name}: HF MXFP4 checkpoints (experts as *_blocks / *_scales) are not read yet; convert it "
-                "with llama.cpp's convert_hf_to_gguf.py (its MXFP4 experts run on the block kernels) or use a "
-                "dequantized (bf16) checkpoint"
-            )
+        if quant == "mxfp4" and not gguf and spec.mlp.kind != "moe":
+            raise ConfigError(f"{name}: an HF MXFP4 checkpoint quantizes experts, and this definition has none")
         act = config.get("hidden_activation") or config.get("hidden_act", spec.activations[0])
         if act not in spec.activations:
             key = "hidden_activation" if config.get("hidden_activation") else "hidden_act"

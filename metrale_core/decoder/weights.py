@@ -26,9 +26,10 @@ Invariants:
 - A latent-attention layer (``dims.mla``) has ``mla`` (``mla.load_mla``) and no ``qkv``; its
   ``o_proj`` reads ``H * v_head_dim`` columns.
 - A sparse layer (``dims.moe.sparse``) has ``moe`` (``moe_weights.load_moe``) and no dense
-  ``gate_up`` / ``down``; a GGUF's stacked experts are read through ``ExpertSlices``.  Its
-  projections are not declared for LoRA: LoRA adapts attention and dense MLPs only; its routed
-  experts are built ``lazy`` (``moe_weights``).
+  ``gate_up`` / ``down``; a GGUF's stacked experts are read through ``ExpertSlices``, an HF
+  MXFP4 checkpoint's (gpt-oss's ``*_blocks`` / ``*_scales``) through ``HfMxfp4Experts`` as GGUF
+  MXFP4 blocks.  Its projections are not declared for LoRA: LoRA adapts attention and dense MLPs
+  only; its routed experts are built ``lazy`` (``moe_weights``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from metrale_core.layers.parallel import (
     split_unit,
 )
 from metrale_core.weights import ExpertSlices
+from metrale_core.weights.mxfp4_hf import HfMxfp4Experts, is_hf_mxfp4
 
 __all__ = ["DecoderWeights", "LayerWeights", "load_weights", "shard_plan"]
 
@@ -158,6 +160,8 @@ def load_weights(
         store = ShardedStore(store, plan, weight_format)
     if dims.moe is not None:  # a GGUF's stacked experts, served one expert at a time
         store = ExpertSlices(store)
+        if is_hf_mxfp4(store):  # gpt-oss's HF *_blocks / *_scales, served as GGUF MXFP4 blocks
+            store = HfMxfp4Experts(store)
 
     lora: list[LoRATarget] = []
 

@@ -485,7 +485,7 @@ def _auto_part(
     lazy: bool = False,
 ) -> Linear:
     """One run of same-typed parts of a projection in format ``auto``."""
-    if store.format == "gguf" and gguf_linear.kind_of(quant_type) is not None:
+    if gguf_linear.kind_of(quant_type) is not None:  # GGUF blocks (or HF MXFP4 experts served as them)
         return gguf_linear.gguf_linear([store.get_raw(n) for n in names], bias, lazy=lazy)
     parts = [store.get(n, dtype=dtype, shape=s).to(device) for n, s in zip(names, shapes, strict=True)]
     dense = parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -516,7 +516,7 @@ def _build_auto(
         return DenseLinear(dense, bias)
     _check_shapes(store, names, shapes)
     types = [store.quant_type(n) for n in names]
-    if dense is not None and not (store.format == "gguf" and gguf_linear.kind_of(types[0]) is not None):
+    if dense is not None and gguf_linear.kind_of(types[0]) is None:
         return DenseLinear(dense, bias)
     runs: list[tuple[str, list[int]]] = []
     for i, t in enumerate(types):

@@ -28,22 +28,26 @@ Invariants:
   attends; softmax runs in float32 (``paged_attention``); the softmax scale is the plan's.
 - RoPE rotates adjacent pairs (DeepSeek's complex form, llama.cpp's NORM rope on these archs) of
   the rope dims only, with the tables' first ``r / 2`` frequencies (``[T, r]`` tables, halves equal).
-- ``rowwise``: the per-head absorptions run one row at a time, so a row's result does not depend
-  on the batch around it (the batch-invariant formats).
+- ``rowwise``: a row's per-head absorptions do not depend on the batch around it (the
+  batch-invariant formats): the C kernel (``kernels/cpu/mla_absorb.c``, float32, all rows in one
+  call, each row's sums in a fixed order) where it runs, else torch one row at a time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from attrs import frozen
 
+from metrale_core.kernels import cpu_layer_library
 from metrale_core.layers.attention import AttentionPlan, paged_attention
+from metrale_core.layers.cpu_qmatmul import PACKAGE  # the C library of metrale_core.layers
 from metrale_core.layers.linear import Linear
 from metrale_core.model_api import ForwardBatch, PagedKVCache
 
-__all__ = ["MlaShape", "MlaWeights", "mla_attention", "rope_interleaved"]
+__all__ = ["MlaShape", "MlaWeights", "mla_attention", "mla_kernel", "rope_interleaved"]
 
 Norm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -84,10 +88,33 @@ def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
 
 
+def mla_kernel() -> Any:
+    """The package's C library when the CPU path is chosen for the absorptions, else None."""
+    return cpu_layer_library("MlaAbsorb", PACKAGE)
+
+
+#: The per-head products: ``x`` ``[T, H, K]`` times ``w_uk`` ``[H, K, N]`` / ``w_uv`` ``[H, N, K]``.
+_UK, _UV = "thn,hnr->thr", "thr,hvr->thv"
+
+
 def _per_head(x: torch.Tensor, w: torch.Tensor, equation: str, rowwise: bool) -> torch.Tensor:
-    if not rowwise or x.shape[0] <= 1:
+    """``einsum(equation, x, w)`` (:data:`_UK` or :data:`_UV`); ``rowwise``: batch-invariant, on
+    the C kernel where it runs, else torch one row at a time."""
+    if not rowwise:
         return torch.einsum(equation, x, w)
-    return torch.cat([torch.einsum(equation, row, w) for row in x.split(1)])
+    lib = mla_kernel() if x.dtype == w.dtype == torch.float32 and x.device.type == "cpu" else None
+    if lib is None or x.stride(-1) != 1 or not w.is_contiguous():
+        parts = [torch.einsum(equation, row, w) for row in x.split(1)]
+        return torch.cat(parts) if len(parts) > 1 else torch.einsum(equation, x, w)
+    if equation == _UV:  # w_uv [H, N, K] -> [H, K, N]: the kernel's one form (4 MB for V2-Lite)
+        w = w.transpose(1, 2).contiguous()
+    rows, heads, k = x.shape
+    n = int(w.shape[2])
+    out = torch.empty(rows, heads, n, dtype=torch.float32)
+    args = (x.data_ptr(), x.stride(0), x.stride(1), w.data_ptr(), out.data_ptr())
+    if lib.mt_head_matmul(*args, rows, heads, k, n, torch.get_num_threads()) != 0:
+        raise ValueError(f"mt_head_matmul cannot take x {list(x.shape)} with w {list(w.shape)}")
+    return out
 
 
 def mla_attention(
@@ -118,10 +145,10 @@ def mla_attention(
     c = norm(c.contiguous(), w.kv_a_norm)
     q_pe = rope_interleaved(q_pe, cos, sin)
     k_pe = rope_interleaved(k_pe.reshape(rows, 1, s.rope), cos, sin)
-    q_lat = _per_head(q_nope, w.w_uk, "thn,hnr->thr", rowwise)
+    q_lat = _per_head(q_nope, w.w_uk, _UK, rowwise)
     key = torch.cat((c.view(rows, 1, s.latent), k_pe), dim=-1)
     kv.write(layer, batch.slot_mapping, key, key, kernel=ops.kv_write)  # type: ignore[attr-defined]
     query = torch.cat((q_lat, q_pe), dim=-1).contiguous()
     out = paged_attention(query, kv, layer, plan, ops.decode_attention, ops.prefill_attention)  # type: ignore[attr-defined]
-    o = _per_head(out[..., : s.latent], w.w_uv, "thr,hvr->thv", rowwise)
+    o = _per_head(out[..., : s.latent], w.w_uv, _UV, rowwise)
     return o.reshape(rows, s.heads * s.value)

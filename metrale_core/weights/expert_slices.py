@@ -38,7 +38,7 @@ from metrale_core.errors import ShapeMismatch, WeightsError
 from metrale_core.weights.gguf_dequant import dequantize
 from metrale_core.weights.store import RawTensor
 
-__all__ = ["ExpertSlices", "expert_slice"]
+__all__ = ["ExpertSlices", "expert_selectors", "expert_slice"]
 
 _SLICE = re.compile(r"^(?P<name>.+?)\[(?P<e>\d+)\](?:\[(?P<start>\d+)::(?P<step>\d+)\])?(?P<t>\.T)?$")
 
@@ -49,7 +49,7 @@ def expert_slice(name: str) -> tuple[str, int] | None:
     return None if m is None else (m["name"], int(m["e"]))
 
 
-def _selectors(name: str) -> tuple[int, int, bool]:
+def expert_selectors(name: str) -> tuple[int, int, bool]:
     """``(start, step, transposed)`` of a slice name (``(0, 1, False)``: the expert as stored)."""
     m = _SLICE.match(name)
     assert m is not None
@@ -77,7 +77,7 @@ class ExpertSlices:
         shape = tuple(int(s) for s in self._store.shape(base))
         if len(shape) not in (2, 3) or not 0 <= e < shape[0]:
             raise ShapeMismatch(f"tensor {name!r}: {base!r} of shape {list(shape)} has no expert {e}")
-        start, step, transposed = _selectors(name)
+        start, step, transposed = expert_selectors(name)
         out = [*shape[1:-1], len(range(start, shape[-1], step))]
         return base, e, tuple(reversed(out) if transposed else out)
 
@@ -96,7 +96,7 @@ class ExpertSlices:
         base, e, shape = self._part(name)
         raw = self._store.get_raw(base)
         data = raw.data[e] if isinstance(raw.data, torch.Tensor) else np.asarray(raw.data)[e]
-        start, step, transposed = _selectors(name)
+        start, step, transposed = expert_selectors(name)
         if (step, start, transposed) != (1, 0, False):
             if not isinstance(data, torch.Tensor):
                 raise WeightsError(

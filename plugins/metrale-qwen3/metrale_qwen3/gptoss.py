@@ -14,7 +14,9 @@ gate and up interleaved column by column, ``down_proj`` ``[E, I, D]``, their ``*
 table reads expert ``e``'s gate as ``gate_up_proj[e][0::2].T`` (``metrale_core.weights``'
 expert slices).  llama.cpp's converter (GGUF arch ``gpt-oss``) writes them de-interleaved as
 ``ffn_{gate,up,down}_exps`` (weights, usually MXFP4, and ``[E, rows]`` biases), the pre-MLP norm
-as ``post_attention_norm`` and the sinks as ``attn_sinks``.
+as ``post_attention_norm`` and the sinks as ``attn_sinks``.  The official HF checkpoints store the
+experts in MXFP4 (``gate_up_proj_blocks`` / ``_scales``, ``quantization_config`` ``mxfp4``): the
+core serves the same names from those as GGUF MXFP4 blocks (``metrale_core.weights.mxfp4_hf``).
 
 Invariants: this module imports no torch; the core builds the model when the factory runs;
 tensor parallelism is refused (sinks and experts are not split between ranks).  The harmony chat
@@ -33,7 +35,7 @@ _EXPERTS = "model.layers.{i}.mlp.experts."
 GPTOSS = DecoderSpec(
     "gpt-oss",
     "GptOssForCausalLM",
-    "gpt-oss decoder (attention sinks, alternating sliding windows, biased top-k experts, MXFP4 in GGUF)",
+    "gpt-oss decoder (attention sinks, alternating sliding windows, biased top-k experts, MXFP4 in GGUF or HF)",
     model_types=("gpt_oss", "gpt-oss"),
     attention=Attention(sinks=True),
     mlp=Mlp(

@@ -17,8 +17,6 @@ on their MXFP4 blocks); under ``auto`` a request's logits are the same bits alon
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -98,16 +96,6 @@ def test_the_family_is_registered():
     assert not reg.model_loaders["gpt-oss"].tensor_parallel
     with pytest.raises(UnknownArchitecture, match="gpt-oss"):  # the list an unknown GGUF arch gets
         reg.find_model_loader({"model_type": "mamba", "architectures": []}, gguf_architectures=ARCHITECTURES)
-
-
-def test_an_hf_mxfp4_checkpoint_is_refused_with_the_way_out(tmp_path):
-    hf = _hf(3, CONFIGS["alternating-window-yarn-untied"])
-    path = save_checkpoint(hf, tmp_path)
-    config = json.loads((path / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4"}
-    (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match=r"MXFP4 .*convert_hf_to_gguf"):
-        load_family("gpt-oss", open_store(path))
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
