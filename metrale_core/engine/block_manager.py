@@ -336,15 +336,6 @@ class BlockManager:
                     block.key = parent
                     cached[parent] = block.block_id
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached key (blocks in use keep their contents)."""
-        for block in self._blocks:
-            block.key = None
-        for cached in self._cached:
-            cached.clear()
-        for keys in self._seq_keys.values():
-            keys.clear()
-
     def _release(self, block_ids: Seq[int]) -> None:
         for block_id in reversed(block_ids):
             if block_id == NULL_BLOCK:

@@ -111,11 +111,6 @@ class EngineSnapshot:
         return self.num_blocks - self.num_free_blocks
 
     @property
-    def num_active(self) -> int:
-        """Requests admitted or queued (running + waiting)."""
-        return self.num_running + self.num_waiting
-
-    @property
     def prefix_cache_hit_rate(self) -> float | None:
         """Hits / queries in [0, 1]; None before the first lookup (or with caching off)."""
         if self.prefix_cache_queries == 0:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from attrs import field, frozen
 
-from metrale_core.sampling.sampler import _inverse_cdf
+from metrale_core.sampling.sampler import inverse_cdf
 
 if TYPE_CHECKING:
     from metrale_core.registry import Registry
@@ -124,7 +124,7 @@ def _uniform(generator: torch.Generator | None) -> float:
 
 def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     u = torch.tensor([_uniform(generator)], dtype=probs.dtype)
-    return int(_inverse_cdf(probs[None, :].cpu(), u)[0])
+    return int(inverse_cdf(probs[None, :].cpu(), u)[0])
 
 
 def accept(

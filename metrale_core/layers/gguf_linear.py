@@ -76,7 +76,6 @@ __all__ = [
 ]
 
 QK = 32
-QK_K = 256
 TILE = 16
 #: Rows decoded and packed at a time while loading (bounds the load's temporaries).
 REPACK_ROWS = 1024

@@ -26,12 +26,7 @@ import torch
 from metrale_core.errors import InvalidRequest
 from metrale_core.sampling.interface import RowLike
 
-__all__ = ["apply_penalties_and_bias", "has_penalties_or_bias"]
-
-
-def has_penalties_or_bias(rows: Sequence[RowLike]) -> bool:
-    """Whether :func:`apply_penalties_and_bias` would change any row."""
-    return any(_needs_repetition(r) or _needs_occurrence(r) or _needs_bias(r) for r in rows)
+__all__ = ["apply_penalties_and_bias"]
 
 
 def apply_penalties_and_bias(logits: torch.Tensor, rows: Sequence[RowLike]) -> torch.Tensor:

@@ -163,10 +163,6 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return torch.minimum(picked, last)
 
 
-#: The name core modules used before ``inverse_cdf`` was public.
-_inverse_cdf = inverse_cdf
-
-
 def _top(logprobs: torch.Tensor, rows: Sequence[RowLike]) -> list[list[tuple[int, float]]]:
     """Per row, its ``params.logprobs`` most likely finite ``(token_id, logprob)`` pairs."""
     wanted = [r.params.logprobs or 0 for r in rows]

@@ -71,7 +71,3 @@ class LogRing:
 
     def all(self) -> list[LogRecord]:
         return self.since(0)
-
-    @property
-    def last_seq(self) -> int:
-        return self._seq
