@@ -80,6 +80,21 @@ def stepwise_reference(hf: Any, prompt: list[int]) -> tuple[list[int], list[torc
     return tokens, rows
 
 
+def assert_rows_match_hf(hf: Any, outputs: list[list[int]], rows: list, generate: bool = True) -> None:
+    """Every engine logits row (``rows``: ``(history, row)``) within 1e-4 of transformers' stepwise
+    decode of its request, the greedy ``outputs`` equal to those steps' and (``generate``) to
+    transformers' ``generate``."""
+    refs = [stepwise_reference(hf, p) for p in PROMPTS]
+    full = [p + o for p, o in zip(PROMPTS, outputs)]
+    worst = 0.0
+    for history, row in rows:
+        worst = max(worst, float((row - refs[match_request(full, history)][1][len(history) - 1]).abs().max()))
+    assert worst <= 1e-4
+    assert outputs == [tokens for tokens, _ in refs]
+    if generate:
+        assert outputs == [hf_generate(hf, p) for p in PROMPTS]
+
+
 def hf_generate(hf: Any, prompt: list[int]) -> list[int]:
     """transformers' ``generate``, greedy, ``NEW_TOKENS`` long, EOS ignored."""
     ids = torch.tensor([prompt])

@@ -24,14 +24,13 @@ import transformers as tf
 from family_testlib import (
     NEW_TOKENS,
     PROMPTS,
+    assert_rows_match_hf,
     assert_same_bits_alone_and_batched,
     engine_rows,
     finish_gguf,
     gguf_header,
-    hf_generate,
     load_family,
     match_request,
-    stepwise_reference,
 )
 from gguf import GGMLQuantizationType, RopeScalingType
 from gguf.quants import dequantize, quantize
@@ -108,14 +107,7 @@ def test_engine_logits_and_greedy_match_hf(name, tmp_path):
     # 7 full-attention blocks and 2 of its window's): the engine preempts
     outputs, rows, engine = engine_rows(model, NEW_TOKENS, blocks=14)
     assert engine.stats().num_preemptions > 0
-    refs = [stepwise_reference(hf, p) for p in PROMPTS]
-    full = [p + o for p, o in zip(PROMPTS, outputs)]
-    worst = 0.0
-    for history, row in rows:
-        worst = max(worst, float((row - refs[match_request(full, history)][1][len(history) - 1]).abs().max()))
-    assert worst <= 1e-4
-    assert outputs == [tokens for tokens, _ in refs]
-    assert outputs == [hf_generate(hf, p) for p in PROMPTS]
+    assert_rows_match_hf(hf, outputs, rows)
 
 
 def test_windows_sinks_and_experts_follow_the_config(tmp_path):

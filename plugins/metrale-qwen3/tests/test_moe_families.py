@@ -27,15 +27,14 @@ import transformers as tf
 from family_testlib import (
     NEW_TOKENS,
     PROMPTS,
+    assert_rows_match_hf,
     assert_same_bits_alone_and_batched,
     engine_rows,
     finish_gguf,
     gguf_header,
-    hf_generate,
     load_family,
     match_request,
     q8,
-    stepwise_reference,
     stored,
 )
 from qwen3_harness import PagedRunner, build_hf, open_store, save_checkpoint
@@ -170,14 +169,7 @@ def test_engine_logits_and_greedy_match_hf(family, name, tmp_path):
     # 10 blocks of 4 tokens cannot hold the four sequences at once: the engine preempts
     outputs, rows, engine = engine_rows(model, NEW_TOKENS, blocks=10)
     assert engine.stats().num_preemptions > 0
-    refs = [stepwise_reference(hf, p) for p in PROMPTS]
-    full = [p + o for p, o in zip(PROMPTS, outputs)]
-    worst = 0.0
-    for history, row in rows:
-        worst = max(worst, float((row - refs[match_request(full, history)][1][len(history) - 1]).abs().max()))
-    assert worst <= 1e-4
-    assert outputs == [tokens for tokens, _ in refs]
-    assert outputs == [hf_generate(hf, p) for p in PROMPTS]
+    assert_rows_match_hf(hf, outputs, rows)
 
 
 def test_sparse_layers_follow_the_config(tmp_path):
