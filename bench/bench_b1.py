@@ -96,8 +96,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     logger.remove()
     logger.add(sys.stderr, level="ERROR")  # the drift warnings of the in-body workload are expected
-    from metrale_core.loading import load_model
-    from metrale_core.plugins import load_registry
+    from metrale_core.loading.load import load_model
+    from metrale_core.plugin.discovery import load_registry
 
     registry = load_registry()
     loaded = load_model(None, registry=registry, progress=False)

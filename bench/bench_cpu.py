@@ -67,8 +67,8 @@ def _free_port() -> int:
 
 
 def _metrale(fmt: str, dtype: str, short, long_ids, args) -> dict:
-    from metrale_core.components import LoadOptions
-    from metrale_core.loading import load_model
+    from metrale_core.loading.load import load_model
+    from metrale_core.plugin.components import LoadOptions
 
     os.environ["METRALE_WEIGHT_FORMAT"] = fmt
     model = load_model(args.model, LoadOptions(dtype=dtype), progress=False).model
@@ -278,8 +278,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from metrale_core.loading import resolve_model_path
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.loading.load import resolve_model_path
+    from metrale_core.text.tokenizer import Tokenizer
     from metrale_core.weights import open_weights
 
     path = resolve_model_path(args.model, progress=False)

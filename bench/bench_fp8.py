@@ -157,9 +157,9 @@ def main() -> None:
 
     from loguru import logger
 
-    from metrale_core.embedded import default_model_path
-    from metrale_core.loading import load_model
-    from metrale_core.plugins import load_registry
+    from metrale_core.loading.embedded import default_model_path
+    from metrale_core.loading.load import load_model
+    from metrale_core.plugin.discovery import load_registry
 
     logger.remove()
     logger.add(lambda m: print("   log:", m, end=""), level="WARNING", format="{message}")

@@ -35,8 +35,8 @@ DEFAULT_LLAMA_BENCH = Path.home() / ".cache" / "metrale-anchors" / "llamacpp" / 
 
 
 def _metrale(path: Path, args) -> dict:
-    from metrale_core.components import LoadOptions
-    from metrale_core.loading import load_model
+    from metrale_core.loading.load import load_model
+    from metrale_core.plugin.components import LoadOptions
 
     model = load_model(str(path), LoadOptions(weight_format=args.weight_format), progress=False).model
     short = [2, 818, 5279, 529, 7001, 563]  # <bos>The capital of France is
@@ -97,8 +97,8 @@ def _blocks_run(model, prompt: list[int], new_tokens: int) -> dict:
 
 
 def _kv_blocks(path: Path, args) -> None:
-    from metrale_core.components import LoadOptions
-    from metrale_core.loading import load_model
+    from metrale_core.loading.load import load_model
+    from metrale_core.plugin.components import LoadOptions
 
     model = load_model(str(path), LoadOptions(weight_format=args.weight_format), progress=False).model
     prompt = [2, 818, 5279, 529, 7001, 563]  # <bos>The capital of France is

@@ -68,8 +68,8 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from metrale_core.embedded import default_model_path
-    from metrale_core.loading import load_model
+    from metrale_core.loading.embedded import default_model_path
+    from metrale_core.loading.load import load_model
 
     path = default_model_path()
     loaded = load_model(path, progress=False)

@@ -93,8 +93,8 @@ def main() -> None:
 
     from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
 
-    from metrale_core.components import LoadOptions
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.components import LoadOptions
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.weights import open_weights
     from metrale_glm_kda.config import GlmDims
     from metrale_glm_kda.state import state_bytes_per_sequence

@@ -149,8 +149,8 @@ async def engine_round(async_engine, tokenizer, n: int, max_tokens: int) -> dict
 def in_process(model: str | None, levels: list[int], max_tokens: int) -> dict[int, dict]:
     from metrale_core.cli.flags import add_engine_flags, engine_config_from_args
     from metrale_core.engine import AsyncEngine, LLMEngine
-    from metrale_core.loading import load_model
-    from metrale_core.plugins import load_registry
+    from metrale_core.loading.load import load_model
+    from metrale_core.plugin.discovery import load_registry
 
     registry = load_registry()
     parser = argparse.ArgumentParser()

@@ -60,9 +60,9 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from metrale_core.embedded import default_model_path
     from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.loading import load_model
+    from metrale_core.loading.embedded import default_model_path
+    from metrale_core.loading.load import load_model
     from metrale_lora.engine_setup import enable_adapters
 
     loaded = load_model(default_model_path(), progress=False)

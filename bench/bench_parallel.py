@@ -24,10 +24,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
-from metrale_core.loading import load_model
+from metrale_core.loading.load import load_model
 from metrale_core.parallel.launch import load_parallel
+from metrale_core.plugin.components import LoadOptions
 from metrale_core.sampling import SamplingParams
 
 WORDS = [

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from metrale_core.activation_probe import PROBE_TEXT
+from metrale_core.loading.activation_probe import PROBE_TEXT
 from metrale_core.testing.chunked_weights import model_by_name
 from metrale_core.testing.llamacpp import bin_dir, compare, llama_logits
 
@@ -43,9 +43,9 @@ function turns each key into an index, and collisions are resolved by chaining o
 
 
 def metrale_logits(path: Path, fmt: str | None, ids: list[int]) -> np.ndarray:
-    from metrale_core.activation_probe import all_position_logits
-    from metrale_core.components import LoadOptions
-    from metrale_core.loading import load_model
+    from metrale_core.loading.activation_probe import all_position_logits
+    from metrale_core.loading.load import load_model
+    from metrale_core.plugin.components import LoadOptions
 
     loaded = load_model(path, LoadOptions(weight_format=fmt), progress=False)
     return all_position_logits(loaded.model, ids).numpy()
@@ -62,7 +62,7 @@ def main() -> None:
     import torch
     from loguru import logger
 
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
     from metrale_core.weights import open_weights
 
     logger.remove()

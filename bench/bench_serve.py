@@ -264,8 +264,8 @@ class InProcess:
     def __init__(self, path: Path, prompt_500: str, args) -> None:
         from metrale_core.cli.flags import engine_config_from_args, load_options_from_args
         from metrale_core.engine import LLMEngine
-        from metrale_core.loading import load_model
-        from metrale_core.plugins import load_registry
+        from metrale_core.loading.load import load_model
+        from metrale_core.plugin.discovery import load_registry
 
         registry = load_registry()
         flags = met_flags(args, registry)
@@ -390,7 +390,7 @@ def llama_bench(binary: Path, path: Path, threads: int) -> dict:
 def bench_model(name: str, args, logs: Path) -> dict:
     import torch
 
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
     from metrale_core.weights import open_weights
 
     path = model_by_name(name)
@@ -433,7 +433,7 @@ def bench_model(name: str, args, logs: Path) -> dict:
 def met_flags(args, registry=None) -> argparse.Namespace:
     """``met serve``'s engine flags as the benchmark passes them (``--met-flags``; defaults else)."""
     from metrale_core.cli.flags import add_engine_flags
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--no-tui", action="store_true")

@@ -34,7 +34,7 @@ def serve(port: int, step_ms: float) -> None:
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.server import ServedModel, ServerConfig, create_app
     from metrale_core.server.runner import serve_forever
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
 
     logger.remove()
     tok = Tokenizer.from_dir(write_tokenizer(Path(tempfile.mkdtemp())))

@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--gate", choices=("auto", "force"), default="force")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from metrale_core.loading import load_model
+    from metrale_core.loading.load import load_model
     from metrale_speculative.draft_model import DraftModelProposer
     from metrale_speculative.gate import SpecGate
     from metrale_speculative.ngram import NgramProposer

@@ -47,10 +47,10 @@ SCHEMA = {
 
 
 def _engine():
-    from metrale_core.embedded import default_model_path
     from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.loading import load_model
-    from metrale_core.plugins import load_registry
+    from metrale_core.loading.embedded import default_model_path
+    from metrale_core.loading.load import load_model
+    from metrale_core.plugin.discovery import load_registry
 
     loaded = load_model(default_model_path(progress=False), progress=False)
     engine = LLMEngine(

@@ -55,7 +55,7 @@ __all__ = ["PUBLIC"]  # extended below with every public name
 
 _REGISTRATION = {
     "metrale_core": ("hookimpl", "__version__"),
-    "metrale_core.components": (
+    "metrale_core.plugin.components": (
         "ExecutorSpec",
         "KVScaleSourceSpec",
         "LoadOptions",
@@ -66,8 +66,8 @@ _REGISTRATION = {
         "SchedulerSpec",
         "ToolCallParserSpec",
     ),
-    "metrale_core.plugins": ("LazyFactory", "lazy_factory", "load_registry"),
-    "metrale_core.model_build": ("model_from_store",),
+    "metrale_core.plugin.discovery": ("LazyFactory", "lazy_factory", "load_registry"),
+    "metrale_core.loading.model_build": ("model_from_store",),
     "metrale_core.errors": (
         "ConfigError",
         "CorruptWeightsFile",
@@ -242,17 +242,6 @@ if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block
         __version__,
         hookimpl,
     )
-    from metrale_core.components import (
-        ExecutorSpec,
-        KVScaleSourceSpec,
-        LoadOptions,
-        LogitProcessorSpec,
-        ModelLoaderSpec,
-        ProposerSpec,
-        SamplerSpec,
-        SchedulerSpec,
-        ToolCallParserSpec,
-    )
     from metrale_core.decoder.model import (
         DecoderLM,
     )
@@ -406,6 +395,9 @@ if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block
         split_range,
         split_unit,
     )
+    from metrale_core.loading.model_build import (
+        model_from_store,
+    )
     from metrale_core.model_api import (
         CausalLM,
         ForwardBatch,
@@ -417,13 +409,21 @@ if TYPE_CHECKING:  # the same names for static checkers (a test keeps this block
         RecurrentLayout,
         gather_blocks,
     )
-    from metrale_core.model_build import (
-        model_from_store,
-    )
     from metrale_core.parallel.distributed import Rendezvous
     from metrale_core.parallel.executors import free_port
     from metrale_core.parallel.worker import run_worker
-    from metrale_core.plugins import (
+    from metrale_core.plugin.components import (
+        ExecutorSpec,
+        KVScaleSourceSpec,
+        LoadOptions,
+        LogitProcessorSpec,
+        ModelLoaderSpec,
+        ProposerSpec,
+        SamplerSpec,
+        SchedulerSpec,
+        ToolCallParserSpec,
+    )
+    from metrale_core.plugin.discovery import (
         LazyFactory,
         lazy_factory,
         load_registry,

@@ -19,7 +19,7 @@ fail() {
 # The real SmolLM2 GGUF, through the same code `met` uses on first run.
 py=python3
 [ -x .venv/bin/python ] && py=.venv/bin/python
-if ! "$py" -c "from metrale_core.embedded import default_model_path; default_model_path(progress=False)" >/dev/null; then
+if ! "$py" -c "from metrale_core.loading.embedded import default_model_path; default_model_path(progress=False)" >/dev/null; then
     fail "could not fetch the SmolLM2 GGUF (is metrale-core installed? see the error above)"
 fi
 

@@ -88,7 +88,7 @@ def test_corrupt_safetensors(tmp_path):
 
 
 def test_truncated_gguf(tmp_path):
-    from metrale_core.embedded import default_model_path
+    from metrale_core.loading.embedded import default_model_path
 
     src = default_model_path(progress=False)
     bad = tmp_path / "truncated.gguf"

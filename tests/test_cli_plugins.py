@@ -1,7 +1,7 @@
 """``met plugins`` with a plugin that raises at import: reported by name and skipped; with
 ``METRALE_STRICT_PLUGINS=1`` the command fails with a one-line error naming it.
 
-The broken distribution is a fake ``*.dist-info`` on ``PYTHONPATH`` (see tests/test_plugins.py),
+The broken distribution is a fake ``*.dist-info`` on ``PYTHONPATH`` (see tests/plugin/test_discovery.py),
 so discovery runs through ``importlib.metadata`` as for a pip install, in a real ``met`` process.
 """
 

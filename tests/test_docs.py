@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from metrale_core import hookspecs
-from metrale_core.hookdoc import hookspecs_of
+from metrale_core.plugin import hookspecs
+from metrale_core.plugin.hookdoc import hookspecs_of
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -46,14 +46,15 @@ HOOK_TESTS = _hook_tests()
 def test_hook_is_documented(hook):
     heading = f"### `{hook}({', '.join(SIGNATURES[hook])})`"
     assert heading in (DOCS / "hooks.md").read_text(encoding="utf-8"), (
-        f"docs/hooks.md has no entry {heading}; regenerate it with `python -m metrale_core.hookspecs > docs/hooks.md`"
+        f"docs/hooks.md has no entry {heading}; regenerate it with "
+        "`python -m metrale_core.plugin.hookspecs > docs/hooks.md`"
     )
 
 
 @pytest.mark.parametrize("hook", HOOKS)
 def test_hook_has_a_test(hook):
     assert hook in HOOK_TESTS, (
-        f"no test exercises {hook}: add `def test_hook_{hook}()` (see tests/test_hooks.py) that "
+        f"no test exercises {hook}: add `def test_hook_{hook}()` (see tests/plugin/test_hooks.py) that "
         "registers a plugin implementing it and asserts what changes"
     )
 

@@ -208,7 +208,7 @@ def engine_config_from_args(args: argparse.Namespace):
 def load_options_from_args(args: argparse.Namespace):
     """Build the :class:`LoadOptions` the flags describe; applies ``--threads`` (process-wide, so
     it holds for the engine thread too)."""
-    from metrale_core.components import LoadOptions
+    from metrale_core.plugin.components import LoadOptions
 
     if getattr(args, "threads", None):
         import torch

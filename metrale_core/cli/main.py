@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     configure_logging(os.environ.get("METRALE_LOG", "warning"))
     try:
-        from metrale_core.plugins import load_registry
+        from metrale_core.plugin.discovery import load_registry
 
         registry = load_registry()
         parser = build_parser(registry)

@@ -11,7 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
-from metrale_core.registry import PluginInfo, Registry
+from metrale_core.plugin.registry import PluginInfo, Registry
 
 __all__ = ["format_plugins", "plugins_json"]
 

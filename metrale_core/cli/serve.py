@@ -215,7 +215,7 @@ def build_loader(args, registry, model: str | None, on_tensor=None, jobs: list |
 def replica_served(options: dict, model: str | None):
     """In a data-parallel replica process: the served model the flags in ``options`` describe
     (plugins loaded afresh, since a registry does not cross processes)."""
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     return build_loader(argparse.Namespace(**options), load_registry(), model)()
 

@@ -270,7 +270,7 @@ class DecoderSpec:
     def loader_spec(self) -> Any:
         """This family's ``ModelLoaderSpec``: every weight format, tensor parallelism where the
         recipe can be sharded (else refused with :attr:`tensor_parallel_note`)."""
-        from metrale_core.components import ModelLoaderSpec
+        from metrale_core.plugin.components import ModelLoaderSpec
 
         note = self.tensor_parallel_note
         return ModelLoaderSpec(

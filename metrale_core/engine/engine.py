@@ -43,7 +43,7 @@ from metrale_core.model_api import CausalLM
 from metrale_core.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
-    from metrale_core.registry import Registry
+    from metrale_core.plugin.registry import Registry
 
 __all__ = ["EngineStats", "LLMEngine", "announce_engine_started", "build_pipeline"]
 

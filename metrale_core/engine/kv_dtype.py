@@ -30,7 +30,7 @@ from metrale_core.errors import ConfigError
 from metrale_core.model_api import CausalLM, KVCodec, KVLayout, PlainKVCodec
 
 if TYPE_CHECKING:
-    from metrale_core.registry import Registry
+    from metrale_core.plugin.registry import Registry
 
 __all__ = ["CORE_KV_DTYPES", "KVCodecRequest", "KVStorage", "resolve_kv_storage"]
 
@@ -94,7 +94,7 @@ def _providers(wanted: str, registry: Registry | None) -> list[str]:
     """Distributions whose KV-scale sources declare ``wanted``: in ``registry``, else (the engine
     was built without one) among the installed plugins."""
     if registry is None:
-        from metrale_core.plugins import load_registry
+        from metrale_core.plugin.discovery import load_registry
 
         try:
             registry = load_registry()

@@ -225,7 +225,7 @@ class OutputProcessor:
         if self.tokenizer is None:
             return False
         if seq.detokenizer is None:
-            from metrale_core.detokenizer import IncrementalDetokenizer
+            from metrale_core.text.detokenizer import IncrementalDetokenizer
 
             # a stream parser whose markers are special tokens (harmony, [TOOL_CALLS]) reads them
             keep = getattr(seq.extras.get("stream_parser"), "keeps_special_tokens", False)

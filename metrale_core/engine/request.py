@@ -28,7 +28,7 @@ from attrs import define, field, frozen
 from metrale_core.sampling.params import SamplingParams, as_tuple
 
 if TYPE_CHECKING:
-    from metrale_core.detokenizer import IncrementalDetokenizer
+    from metrale_core.text.detokenizer import IncrementalDetokenizer
 
 __all__ = ["FinishReason", "Request", "Sequence", "SequenceStatus"]
 

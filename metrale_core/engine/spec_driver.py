@@ -34,7 +34,7 @@ from metrale_core.engine.speculation import (
 from metrale_core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from metrale_core.registry import Registry
+    from metrale_core.plugin.registry import Registry
 
 __all__ = ["NULL_SPECULATION", "NullSpeculation", "SpecDriver", "build_spec_driver"]
 

@@ -36,7 +36,7 @@ from attrs import field, frozen
 from metrale_core.sampling.sampler import inverse_cdf
 
 if TYPE_CHECKING:
-    from metrale_core.registry import Registry
+    from metrale_core.plugin.registry import Registry
 
 __all__ = [
     "SPECULATIVE_EXTRA",
@@ -222,12 +222,12 @@ class ProposerContext:
     def load_model(self, source: Any, options: Any = None) -> Any:
         """A side model (draft model, MTP layer) from ``source`` (a checkpoint path or an open
         ``WeightStore``), built by the engine's registry through the same loading function as
-        the target (``metrale_core.model_build.model_from_store``); by default with the target's
+        the target (``metrale_core.loading.model_build.model_from_store``); by default with the target's
         dtype and device."""
-        from metrale_core.components import LoadOptions
         from metrale_core.engine.runner import model_device
         from metrale_core.errors import ConfigError
-        from metrale_core.model_build import model_from_store
+        from metrale_core.loading.model_build import model_from_store
+        from metrale_core.plugin.components import LoadOptions
         from metrale_core.weights import open_weights
 
         if self.registry is None:

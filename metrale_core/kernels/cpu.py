@@ -64,7 +64,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from metrale_core.embedded import cache_dir
+from metrale_core.loading.embedded import cache_dir
 
 __all__ = [
     "CPU_CFLAGS",

@@ -12,7 +12,7 @@ its E8M0 byte, ``2^(e - 128)`` times codes that are the e2m1 values doubled, as 
 record layout) multiplies by those codes with activations quantized per block of 32, to 15 bits
 (``255 * hi + lo``, two int8 dot products: twice llama.cpp's integer work, the same weight bytes)
 or to int8 as llama.cpp's Q8_0 -- one :class:`ActivationPrecision` per model, which the load
-chooses by measuring both (``metrale_core.activation_probe``): int8 flips near-tied greedy
+chooses by measuring both (``metrale_core.loading.activation_probe``): int8 flips near-tied greedy
 choices on some models, e.g. the embedded SmolLM2's answer to "What is the capital of France?".
 (llama.cpp quantizes activations per 256 for K-quants; per 32 is finer.)  Q2_K and Q3_K have no
 kernel of their own: their codes (2-3 bits, scales per 16) are repacked into the 8-bit, per-16
@@ -500,7 +500,7 @@ def native_matmul(
 @define
 class ActivationPrecision:
     """How the :class:`GGUFLinear` s of one model quantize their activations, shared by all of
-    them so one decision at load (``metrale_core.activation_probe``) sets the whole model:
+    them so one decision at load (``metrale_core.loading.activation_probe``) sets the whole model:
     ``fine`` 15-bit (``255 * hi + lo``), else int8 as llama.cpp (half the integer work).
     ``members`` counts the projections that read it, ``native`` whether they all run the C kernel."""
 

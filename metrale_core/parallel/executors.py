@@ -1,6 +1,6 @@
 """The built-in executors: where the ranks of a tensor-parallel job run.
 
-Owner: ``metrale_core.builtins`` registers them (``metrale_executors``); ``launch.load_parallel``
+Owner: ``metrale_core.plugin.builtins`` registers them (``metrale_executors``); ``launch.load_parallel``
 calls the one ``--distributed-executor-backend`` names.  An executor (a plugin's too, e.g.
 ``metrale-ray``) has three methods:
 

@@ -24,9 +24,9 @@ from typing import Any
 from attrs import evolve
 from loguru import logger
 
-from metrale_core.components import LoadOptions
 from metrale_core.errors import ConfigError
-from metrale_core.loading import LoadedModel, load_model, resolve_model_path
+from metrale_core.loading.load import LoadedModel, load_model, resolve_model_path
+from metrale_core.plugin.components import LoadOptions
 
 __all__ = ["DEFAULT_BACKEND", "check_engine_config", "load_parallel", "parallel_driver"]
 
@@ -63,7 +63,7 @@ def load_parallel(
     ``timeout_s``: how long a collective of the running job waits for a rank (default
     ``DEFAULT_TIMEOUT_S``)."""
     from metrale_core.parallel.distributed import DEFAULT_TIMEOUT_S
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     options = options or LoadOptions()
     registry = registry if registry is not None else load_registry()

@@ -60,8 +60,7 @@ def _ignore_interrupts() -> None:
 
 def run_worker(env: Mapping[str, str] | None = None, registry: Any = None) -> int:
     """Join the job described by ``env`` (default: ``os.environ``) as a worker and serve it."""
-    from metrale_core.components import LoadOptions
-    from metrale_core.loading import load_model
+    from metrale_core.loading.load import load_model
     from metrale_core.parallel.distributed import (
         device_for,
         join,
@@ -71,6 +70,7 @@ def run_worker(env: Mapping[str, str] | None = None, registry: Any = None) -> in
         rendezvous_from_env,
     )
     from metrale_core.parallel.driver import batch_to
+    from metrale_core.plugin.components import LoadOptions
 
     _ignore_interrupts()
     _exit_with_parent(os.environ if env is None else env)

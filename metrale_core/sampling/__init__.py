@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from metrale_core.sampling.structured import StructuredOutput, StructuredOutputError
 
 #: Public name -> the submodule that defines it.  Imported on first use (PEP 562), so that
-#: ``metrale_core.sampling.position`` (imported by ``metrale_core.components`` and so by every
+#: ``metrale_core.sampling.position`` (imported by ``metrale_core.plugin.components`` and so by every
 #: plugin at discovery) and ``metrale_core.sampling.params`` do not pull in torch.
 _EXPORTS: dict[str, str] = {
     "LogitProcessor": "interface",

@@ -38,7 +38,7 @@ from metrale_core.sampling.position import PositionKind
 from metrale_core.sampling.structured import StructuredOutputError
 
 if TYPE_CHECKING:  # components imports sampling.position: a runtime import here would be circular
-    from metrale_core.components import LogitProcessorSpec
+    from metrale_core.plugin.components import LogitProcessorSpec
 
 __all__ = ["DEBUG_OBSERVERS_ENV", "LogitPipeline", "LogitProcessorFailed", "ObserverWroteLogits"]
 

@@ -4,7 +4,7 @@ of the reasoning is forced and the answer follows.
 Owner: the server builds a :class:`ReasoningBudget` for a request that asks for one (chat's
 ``thinking_token_budget``, Messages' ``thinking.budget_tokens``) and puts it on
 ``SamplingParams.reasoning_budget``; the core's built-in logit processor ``reasoning-budget``
-(:class:`ReasoningBudgetProcessor`, registered by ``metrale_core.builtins``) enforces it.
+(:class:`ReasoningBudgetProcessor`, registered by ``metrale_core.plugin.builtins``) enforces it.
 
 State of one sequence, read from its output ids (llama.cpp's reasoning-budget sampler and vLLM's
 thinking budget work the same way):

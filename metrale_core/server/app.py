@@ -51,7 +51,7 @@ from metrale_core.server.tokenize import detokenize, tokenize
 from metrale_core.server.webui import webui_handlers
 
 if TYPE_CHECKING:
-    from metrale_core.registry import Registry
+    from metrale_core.plugin.registry import Registry
 
 __all__ = ["create_app"]
 

@@ -41,7 +41,7 @@ from metrale_core.server.errors import APIError
 from metrale_core.server.offload import in_own_thread
 
 if TYPE_CHECKING:
-    from metrale_core.registry import Registry
+    from metrale_core.plugin.registry import Registry
 
 __all__ = ["EngineHost", "ServedModel", "ServerConfig"]
 

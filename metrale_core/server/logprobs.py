@@ -23,7 +23,7 @@ __all__ = ["TokenNamer", "chat_logprobs", "completion_logprobs"]
 
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
-    from metrale_core.tokenizer import _bytes_to_unicode
+    from metrale_core.text.tokenizer import _bytes_to_unicode
 
     return {ch: b for b, ch in _bytes_to_unicode().items()}
 

@@ -36,7 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from metrale_core.registry import Registry
+    from metrale_core.plugin.registry import Registry
 
 __all__ = ["ServerMetrics", "metrics_route", "plugin_metric_families"]
 

@@ -17,7 +17,7 @@ Invariants:
   half speed (SmolLM2 189 -> 79 tok/s on 2 cores).  Torch work goes to :func:`in_own_thread`,
   whose thread (and team) ends with the work.
 - A runaway chat template is stopped by the template's own time budget
-  (``metrale_core.chat_template``), so a worker is never lost for good.
+  (``metrale_core.text.chat_template``), so a worker is never lost for good.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ``glm47`` tool-call format (GLM-4.7, GLM-5.x; GLM-4.5's newline variant is accepted too).
 
-Owner: registered by ``metrale_core.builtins`` as tool-call parser ``glm47``; one
+Owner: registered by ``metrale_core.plugin.builtins`` as tool-call parser ``glm47``; one
 :class:`Glm47Parser` per sequence.
 
 Format (specs §5.3)::

@@ -1,6 +1,6 @@
 """The ``hermes`` tool-call format (Qwen2.5 / Qwen3): a JSON object between ``<tool_call>`` tags.
 
-Owner: registered by ``metrale_core.builtins`` as tool-call parser ``hermes``; one
+Owner: registered by ``metrale_core.plugin.builtins`` as tool-call parser ``hermes``; one
 :class:`HermesParser` per sequence.
 
 Format (specs §5.1)::

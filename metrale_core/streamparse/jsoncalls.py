@@ -1,6 +1,6 @@
 """Tool calls written as JSON after a marker: one call object, or a list of them.
 
-Owner: registered by ``metrale_core.builtins`` as tool-call parsers ``granite`` and ``phi4_mini``;
+Owner: registered by ``metrale_core.plugin.builtins`` as tool-call parsers ``granite`` and ``phi4_mini``;
 :class:`JsonCallsParser` is also the base of the ``mistral`` parser (its older form).
 
 Formats::

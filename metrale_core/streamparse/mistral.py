@@ -1,6 +1,6 @@
 """The ``mistral`` tool-call format: ``[TOOL_CALLS]`` in both of Mistral's forms.
 
-Owner: registered by ``metrale_core.builtins`` as tool-call parser ``mistral`` (picked for
+Owner: registered by ``metrale_core.plugin.builtins`` as tool-call parser ``mistral`` (picked for
 templates that write ``[TOOL_CALLS]`` and for model types ``mistral`` / ``mistral3``); one
 :class:`MistralToolParser` per sequence.  (It was the contrib plugin ``metrale-mistral-tools``;
 the core serves Mistral-Nemo, so the parser lives here and the plugin is gone.)

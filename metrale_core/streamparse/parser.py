@@ -29,7 +29,7 @@ from metrale_core.streamparse.base import ParsedDelta, ToolCallParser
 from metrale_core.streamparse.reasoning import REASONING_FORMATS, ReasoningSplitter
 
 if TYPE_CHECKING:
-    from metrale_core.registry import Registry
+    from metrale_core.plugin.registry import Registry
 
 __all__ = [
     "BUILTIN_TOOL_PARSERS",
@@ -236,7 +236,7 @@ def _tool_factory(
     if registry is not None:
         specs = {n: (s.factory, tuple(s.model_types)) for n, s in registry.tool_call_parsers.items()}
     else:
-        from metrale_core.plugins import lazy_factory
+        from metrale_core.plugin.discovery import lazy_factory
 
         specs = {n: (lazy_factory(t), types) for n, (t, types) in BUILTIN_TOOL_PARSERS.items()}
     if name == NO_TOOL_PARSER:
@@ -271,7 +271,7 @@ def make_stream_parser(
     of :data:`~metrale_core.streamparse.reasoning.REASONING_FORMATS`, or ``"auto"`` (by
     ``model_type``, see :func:`default_reasoning`).  ``starts_in_reasoning``: the prompt already
     opened ``<think>``.  ``tools``: the request's OpenAI tools (parameter types for conversion).
-    ``registry``: a ``metrale_core.plugins.Registry``; None uses the built-in parsers only.
+    ``registry``: a ``metrale_core.plugin.discovery.Registry``; None uses the built-in parsers only.
     """
     if reasoning == "auto":
         reasoning = default_reasoning(model_type, chat_template)
@@ -297,7 +297,7 @@ def _harmony_factory(registry: Registry | None) -> Callable:
     spec = registry.tool_call_parsers.get(HARMONY) if registry is not None else None
     if spec is not None:
         return spec.factory
-    from metrale_core.plugins import lazy_factory
+    from metrale_core.plugin.discovery import lazy_factory
 
     return lazy_factory(BUILTIN_TOOL_PARSERS[HARMONY][0])
 

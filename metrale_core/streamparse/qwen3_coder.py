@@ -1,6 +1,6 @@
 """The ``qwen3_coder`` tool-call format (Qwen3-Coder, Qwen3.5): XML-like functions and parameters.
 
-Owner: registered by ``metrale_core.builtins`` as tool-call parser ``qwen3_coder``; one
+Owner: registered by ``metrale_core.plugin.builtins`` as tool-call parser ``qwen3_coder``; one
 :class:`Qwen3CoderParser` per sequence.
 
 Format (specs §5.2)::

@@ -57,7 +57,7 @@ def write_tokenizer(
     ``generation_config.json``."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    from metrale_core.tokenizer import _bytes_to_unicode
+    from metrale_core.text.tokenizer import _bytes_to_unicode
 
     directory.mkdir(parents=True, exist_ok=True)
     table = _bytes_to_unicode()

@@ -26,8 +26,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from metrale_core.embedded import _record, cache_dir, is_verified
 from metrale_core.errors import ConfigError
+from metrale_core.loading.embedded import _record, cache_dir, is_verified
 
 __all__ = ["GEMMA3_270M_Q4_K_M", "QWEN25_CODER_05B_Q4_K_M", "ChunkedModel", "fetch", "model_by_name"]
 
@@ -156,7 +156,7 @@ def model_by_name(name: str) -> Path:
     """The benchmarks' model argument: ``smollm2`` (the embedded default), ``qwen``
     (Qwen2.5-Coder-0.5B), ``gemma3`` (Gemma-3-270M), fetched as needed; anything else is a path."""
     if name == "smollm2":
-        from metrale_core.embedded import default_model_path
+        from metrale_core.loading.embedded import default_model_path
 
         return default_model_path(progress=False)
     if name == "qwen":

@@ -96,7 +96,7 @@ def save_tokenizer(kind: str, dest: Path) -> Path:
     - ``sentencepiece``: a small unigram model trained on fixed text (Gemma 2's converter reads only
       ``tokenizer.model``; it pads the vocabulary to the config's).
     """
-    from metrale_core.embedded import GGUF_NAME, cache_dir
+    from metrale_core.loading.embedded import GGUF_NAME, cache_dir
     from metrale_core.testing.smollm2 import save_hf_tokenizer
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -114,7 +114,7 @@ def save_tokenizer(kind: str, dest: Path) -> Path:
     elif kind == "sentencepiece":
         import sentencepiece as spm
 
-        from metrale_core.activation_probe import PROBE_TEXT
+        from metrale_core.loading.activation_probe import PROBE_TEXT
 
         model = io.BytesIO()
         spm.SentencePieceTrainer.train(
@@ -134,9 +134,9 @@ def save_tokenizer(kind: str, dest: Path) -> Path:
 def metrale_logits(path: Path, family: str, ids: list[int], weight_format: str | None) -> np.ndarray:
     """Metrale's float32 logits ``[len(ids), vocab]`` on GGUF ``path``, loaded by the registry's
     loader (which must be ``family``'s) in ``weight_format`` (None: the default)."""
-    from metrale_core.activation_probe import all_position_logits
-    from metrale_core.components import LoadOptions
-    from metrale_core.plugins import load_registry
+    from metrale_core.loading.activation_probe import all_position_logits
+    from metrale_core.plugin.components import LoadOptions
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.weights import open_weights
 
     store = open_weights(path)

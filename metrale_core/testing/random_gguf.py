@@ -1,8 +1,8 @@
 """A small random Qwen2 written as a GGUF of mixed block types, for tests of the GGUF path.
 
 Owner: the tests of batch invariance (``tests/e2e``) and of the load-time activation probe
-(``tests/test_activation_probe.py``).  Invariants: deterministic (seeded) weights; transformers' Qwen2 is the source,
-so the file's maths is a real model's.
+(``tests/loading/test_activation_probe.py``).  Invariants: deterministic (seeded) weights;
+transformers' Qwen2 is the source, so the file's maths is a real model's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import transformers
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
-from metrale_core.tokenizer import _BYTE_CHARS
+from metrale_core.text.tokenizer import _BYTE_CHARS
 
 __all__ = ["HF_TO_GGUF", "TYPES", "VOCAB", "write_random_qwen2_gguf"]
 

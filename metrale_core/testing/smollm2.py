@@ -2,7 +2,7 @@
 tests that pin them, and the tokenizer as HF files for checkpoints that need a real one.
 
 Owner: tests only.  Invariants: the ids are what the GGUF's own tokenizer and chat template give
-(``tests/tokenizer/test_chat_template.py`` checks them against transformers' template), so a test
+(``tests/text/test_chat_template.py`` checks them against transformers' template), so a test
 that feeds them to the model feeds exactly what ``met serve`` would.  :func:`save_hf_tokenizer`
 writes the GGUF's vocabulary and merges with SmolLM's own pre-tokenizer (individual digits, then
 GPT-2's byte level), so llama.cpp's converter, which names BPE pre-tokenizers by a hash of what a

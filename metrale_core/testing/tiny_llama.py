@@ -25,7 +25,7 @@ def write_tiny_llama(directory: Path) -> Path:
     import torch
     import transformers
 
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
 
     write_tokenizer(directory)
     llama = transformers.LlamaConfig(
@@ -45,9 +45,9 @@ def write_tiny_llama(directory: Path) -> Path:
 
 def greedy_text(directory: Path, prompt: str, max_tokens: int) -> str:
     """The text one in-process engine generates greedily for ``prompt`` (EOS ignored)."""
-    from metrale_core.components import LoadOptions
     from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.loading import load_model
+    from metrale_core.loading.load import load_model
+    from metrale_core.plugin.components import LoadOptions
     from metrale_core.sampling import SamplingParams
 
     loaded = load_model(directory, LoadOptions(weight_format="exact"), progress=False)

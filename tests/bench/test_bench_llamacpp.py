@@ -19,7 +19,7 @@ from metrale_core.testing.requires import missing
 
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory):
-    from metrale_core.embedded import cache_dir
+    from metrale_core.loading.embedded import cache_dir
 
     binary = tool("llama-server")
     model = cache_dir() / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"

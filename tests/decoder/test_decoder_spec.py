@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from metrale_core.components import LoadOptions
 from metrale_core.decoder.spec import ROPE_KINDS, ROPE_KINDS_BUILT, WEIGHT_FORMATS, Attention, DecoderSpec, Mlp, Norms
 from metrale_core.errors import ConfigError
 from metrale_core.layers.parallel import TensorParallel
+from metrale_core.plugin.components import LoadOptions
 
 #: A tiny Llama config: the definition reads it before any tensor.
 CONFIG = dict(

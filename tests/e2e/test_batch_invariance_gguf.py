@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from metrale_core.components import LoadOptions
-from metrale_core.embedded import default_model_path
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.layers.gguf_linear import GGUFLinear, activation_precision_scope
-from metrale_core.plugins import load_registry
+from metrale_core.loading.embedded import default_model_path
+from metrale_core.plugin.components import LoadOptions
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.random_gguf import VOCAB, write_random_qwen2_gguf
 from metrale_core.weights import open_weights

@@ -16,8 +16,8 @@ CHAT_NEW_IDS = [504, 3575, 282, 4649, 314, 7042, 30, 2]
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from metrale_core.embedded import default_model_path
-    from metrale_core.loading import load_model
+    from metrale_core.loading.embedded import default_model_path
+    from metrale_core.loading.load import load_model
 
     return load_model(default_model_path(progress=False), progress=False)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from metrale_core.components import LogitProcessorSpec, SamplerSpec, SchedulerSpec
 from metrale_core.engine import EngineConfig, FcfsPolicy, LLMEngine
 from metrale_core.errors import ConfigError, InvalidRequest, PromptTooLong
-from metrale_core.registry import Registry as _CoreRegistry
+from metrale_core.plugin.components import LogitProcessorSpec, SamplerSpec, SchedulerSpec
+from metrale_core.plugin.registry import Registry as _CoreRegistry
 from metrale_core.sampling import DefaultSampler, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)

@@ -14,7 +14,7 @@ def tiny_checkpoint(tmp_path_factory):
     import torch
     import transformers
 
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
 
     path = tmp_path_factory.mktemp("tiny-qwen3")
     write_tokenizer(path)

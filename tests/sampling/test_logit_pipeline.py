@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from metrale_core.components import LogitProcessorSpec
+from metrale_core.plugin.components import LogitProcessorSpec
 from metrale_core.sampling import (
     DEBUG_OBSERVERS_ENV,
     DefaultSampler,

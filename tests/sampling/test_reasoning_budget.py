@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from metrale_core.components import LogitProcessorSpec
+from metrale_core.plugin.components import LogitProcessorSpec
 from metrale_core.sampling import DefaultSampler, LogitPipeline, PositionKind, ReasoningBudget, StructuredOutputError
 from metrale_core.sampling.reasoning_budget import ReasoningBudgetProcessor, budget_state
 
@@ -115,7 +115,7 @@ def test_pipeline_refuses_a_budget_nobody_enforces(make_row):
 
 
 def test_builtins_register_the_processor():
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     spec = load_registry().logit_processors["reasoning-budget"]
     assert spec.order < 50 and isinstance(

@@ -1,7 +1,7 @@
 """A policy's hold-back: ``next_waiting`` returning None ends admission for the step.
 
 Driven through the real engine over the recording model (``run_scenario``) with inline policy
-plugins registered through the real loader, as in tests/test_hooks.py.  Checked here: None stops
+plugins registered through the real loader, as in tests/plugin/test_hooks.py.  Checked here: None stops
 admission while running sequences keep going; the no-deadlock guard (None with nothing running
 admits the queue front); a policy that takes ``step`` sees what the step holds, and one that
 never returns None schedules exactly like FCFS.
@@ -15,9 +15,9 @@ import types
 from typing import ClassVar
 
 from metrale_core import hookimpl
-from metrale_core.components import SchedulerSpec
 from metrale_core.engine import AdmissionStep
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.components import SchedulerSpec
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.testing import EOS, Arrive, Scenario, run_scenario
 
 MODULE = "_metrale_inline_hold_back_policies"

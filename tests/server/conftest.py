@@ -20,7 +20,7 @@ def byte_tokenizer_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def byte_tokenizer(byte_tokenizer_dir):
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
 
     return Tokenizer.from_dir(byte_tokenizer_dir)
 
@@ -28,7 +28,7 @@ def byte_tokenizer(byte_tokenizer_dir):
 @pytest.fixture(scope="session")
 def start_server(byte_tokenizer):
     """``start_server(**options) -> (RunningServer, EngineHost)``; all are stopped at the end."""
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.server import ServerConfig, create_app, serve_in_thread
 
     registry = load_registry()
@@ -78,7 +78,7 @@ def tiny_qwen3(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("tiny-qwen3")
     write_tokenizer(path)
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
 
     vocab = Tokenizer.from_dir(path).vocab_size
     config = transformers.Qwen3Config(

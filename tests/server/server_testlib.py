@@ -137,10 +137,10 @@ def scripted_served(tokenizer, engine_options=None, registry=None, model_class=N
     ``model_class`` a ``ScriptedLM`` subclass to serve instead."""
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.server import ServedModel
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
 
     if registry is None:
-        from metrale_core.plugins import load_registry
+        from metrale_core.plugin.discovery import load_registry
 
         registry = load_registry()
     if not isinstance(tokenizer, Tokenizer):
@@ -180,10 +180,10 @@ def checkpoint_loader(path, registry, **engine):
     """A server loader for an HF checkpoint directory through the registry's model loader."""
 
     def load():
-        from metrale_core.components import LoadOptions
         from metrale_core.engine import EngineConfig, LLMEngine
+        from metrale_core.plugin.components import LoadOptions
         from metrale_core.server import ServedModel
-        from metrale_core.tokenizer import Tokenizer
+        from metrale_core.text.tokenizer import Tokenizer
         from metrale_core.weights import open_weights
 
         store = open_weights(path)

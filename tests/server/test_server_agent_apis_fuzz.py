@@ -103,8 +103,8 @@ def _variants(body):
 
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory, start_server):
-    from metrale_core.plugins import load_registry
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.plugin.discovery import load_registry
+    from metrale_core.text.tokenizer import Tokenizer
 
     path = tmp_path_factory.mktemp("fuzz-qwen3")
     write_tokenizer(path)

@@ -50,9 +50,9 @@ def scripted(start_server):
     from server_testlib import ScriptedLM
 
     from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.server import ServedModel
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(QWEN3)
     registry = load_registry()
@@ -164,7 +164,7 @@ def test_messages_tools_and_thinking_with_qwen3_template(scripted, hf_tok):
 def random_qwen3(tmp_path_factory, start_server):
     from server_testlib import checkpoint_loader
 
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     path = tmp_path_factory.mktemp("random-qwen3")
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -34,7 +34,7 @@ def _alive(pid: int) -> bool:
 def dp(byte_tokenizer, byte_tokenizer_dir):
     """``(RunningServer, ReplicaPool, openai client)`` with two replicas."""
     from metrale_core.dataparallel import ReplicaPool
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.server import ServerConfig, create_app, serve_in_thread
 
     registry = load_registry()

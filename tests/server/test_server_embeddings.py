@@ -25,7 +25,7 @@ TEXTS = ["The quick brown fox", "jumps over the lazy dog and keeps running far a
 def qwen3_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("embed-qwen3")
     write_tokenizer(path)
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
 
     config = transformers.Qwen3Config(
         vocab_size=Tokenizer.from_dir(path).vocab_size,
@@ -47,7 +47,7 @@ def qwen3_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(qwen3_dir, start_server):
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     path, hf = qwen3_dir
     server, host = start_server(loader=checkpoint_loader(path, load_registry()), served_model_name="tiny")
@@ -138,7 +138,7 @@ def test_embeddings_batch_with_generation_and_keep_no_kv(served):
 
 
 def test_last_token_pooling_flag(qwen3_dir, start_server):
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     path, hf = qwen3_dir
     server, _ = start_server(loader=checkpoint_loader(path, load_registry()), served_model_name="tiny", pooling="last")

@@ -3,7 +3,7 @@ model whose tokenizer has harmony's markers as *special* tokens (so the engine m
 the parser) and ``<|return|>`` / ``<|call|>`` as end-of-generation tokens.
 
 The chat template is a compact one written from gpt-oss's official format (the real template's
-rendering is checked in ``tests/tokenizer/test_family_templates.py``); the parser is picked from it.
+rendering is checked in ``tests/text/test_family_templates.py``); the parser is picked from it.
 """
 
 from __future__ import annotations
@@ -107,9 +107,9 @@ def harmony_client(start_server, tmp_path_factory):
     from server_testlib import SCRIPTED_ENGINE
 
     from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.server import ServedModel
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
 
     directory = tmp_path_factory.mktemp("harmonytok")
     write_tokenizer(directory, SPECIAL, [], HARMONY, eos="<|return|>", generation_eos=("<|call|>",))

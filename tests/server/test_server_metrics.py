@@ -76,7 +76,7 @@ class _Broken:
 
 
 def test_hook_metrale_metrics_exports_plugin_metrics(start_server):
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     registry = load_registry()
     for plugin in (_Exporter(), _DictExporter(), _Broken()):

@@ -1,7 +1,7 @@
 """Mistral's ``[TOOL_CALLS]`` end to end: real uvicorn, the official ``openai`` client, a scripted
 model whose tokenizer has Mistral's control tokens as *special* tokens, and a template written from
 Mistral-Nemo's format (it refuses tool-call ids that are not 9 characters, as the real one does;
-the real template's rendering is checked in ``tests/tokenizer/test_family_templates.py``).
+the real template's rendering is checked in ``tests/text/test_family_templates.py``).
 
 The parser is picked from the template, not the model type (a Mistral-Nemo GGUF says ``llama``).
 """
@@ -76,9 +76,9 @@ def mistral_client(start_server, tmp_path_factory):
     from server_testlib import SCRIPTED_ENGINE
 
     from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.server import ServedModel
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
 
     directory = tmp_path_factory.mktemp("mistraltok")
     tokenizer = Tokenizer.from_dir(write_tokenizer(directory, SPECIAL, [], NEMO, eos="</s>"))

@@ -258,7 +258,7 @@ def test_a_dropped_stream_does_not_hurt_the_others(base_url, oclient):
 
 @pytest.fixture(scope="module")
 def embedder(tiny_qwen3, start_server):
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     server, _ = start_server(loader=checkpoint_loader(tiny_qwen3, load_registry()), served_model_name="tiny")
     return server.url

@@ -199,7 +199,7 @@ def test_response_format_json_object_is_refused_without_a_structured_plugin(star
 
     import openai
 
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     eps = [ep for ep in importlib.metadata.entry_points(group="metrale") if ep.name != "structured"]
     bare, _ = start_server(registry=load_registry(entry_points=eps))

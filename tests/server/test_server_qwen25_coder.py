@@ -34,7 +34,7 @@ WEATHER_TOOL = {
 def qwen_server(start_server):
     from metrale_core.cli.main import build_parser
     from metrale_core.cli.serve import build_loader
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.testing.chunked_weights import QWEN25_CODER_05B_Q4_K_M, fetch
 
     try:

@@ -12,9 +12,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smollm2_server(start_server):
-    from metrale_core.embedded import cache_dir
     from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.loading import load_model
+    from metrale_core.loading.embedded import cache_dir
+    from metrale_core.loading.load import load_model
     from metrale_core.server import ServedModel
 
     path = cache_dir() / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -117,7 +117,7 @@ def gate():
 def gated(start_server, byte_tokenizer, gate):
     """``(server, host)`` serving :class:`GatedLM` (no API key), every delta sent at once."""
     from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.server import ServedModel
 
     options: dict[str, Any] = dict(SCRIPTED_ENGINE)

@@ -13,10 +13,10 @@ import json
 import pytest
 from streamparse_helpers import collect
 
-from metrale_core.components import LogitProcessorSpec, SamplerSpec, SchedulerSpec
 from metrale_core.engine import AsyncEngine, EngineConfig, FcfsPolicy, LLMEngine
 from metrale_core.errors import InvalidRequest
-from metrale_core.registry import Registry as _CoreRegistry
+from metrale_core.plugin.components import LogitProcessorSpec, SamplerSpec, SchedulerSpec
+from metrale_core.plugin.registry import Registry as _CoreRegistry
 from metrale_core.sampling import DefaultSampler, PositionKind, SamplingParams
 from metrale_core.streamparse import StreamParser, make_stream_parser
 from metrale_core.testing.recording_model import EOS, RecordingModel, SeqScript

@@ -10,7 +10,7 @@ import re
 import pytest
 from streamparse_helpers import assert_chunking_invariant
 
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.streamparse import StreamParser, ToolCallParser, make_stream_parser
 from metrale_core.streamparse.mistral import MistralToolParser
 

@@ -8,7 +8,7 @@ import pytest
 from streamparse_helpers import assert_chunking_invariant
 
 from metrale_core.errors import ConfigError
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.streamparse import (
     StreamParserClosed,
     default_reasoning,

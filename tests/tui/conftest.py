@@ -26,7 +26,7 @@ def served(tiny_llama):
 
     import httpx
 
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.server import ServerConfig, create_app, serve_in_thread
     from metrale_core.tui.launch import follow_host
     from metrale_core.tui.status import ServerStatus

@@ -22,7 +22,7 @@ SMOL = Path.home() / ".cache/metrale/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def main() -> None:
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.server import ServerConfig, create_app, serve_in_thread
     from metrale_core.tui.app import MetraleApp
     from metrale_core.tui.launch import PHASES, follow_host, observe_loader
@@ -40,7 +40,7 @@ def main() -> None:
 
     def load():
         from metrale_core.engine import EngineConfig, LLMEngine
-        from metrale_core.loading import load_model
+        from metrale_core.loading.load import load_model
         from metrale_core.server import ServedModel
 
         loaded = load_model(SMOL, registry=registry, progress=False, on_tensor=status.tensor_loaded)

@@ -147,7 +147,7 @@ def screen_text(app) -> str:
 def make_loader(status, path: Path, registry, **engine_options):
     """A server loader that reports its phases and weight progress into ``status``."""
     from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.loading import load_model
+    from metrale_core.loading.load import load_model
     from metrale_core.server import ServedModel
 
     def load():

@@ -15,10 +15,10 @@ import torch
 
 from metrale_core.cli.flags import engine_config_from_args
 from metrale_core.cli.main import build_parser
-from metrale_core.components import LogitProcessorSpec
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.model_api import ModelInfo
+from metrale_core.plugin.components import LogitProcessorSpec
 from metrale_core.sampling import DefaultSampler, LogitPipeline, PositionKind, SamplingParams
 from metrale_dry.penalty import MAX_MATCH, DryPenalty, DrySettings, build, match_lengths
 
@@ -53,7 +53,7 @@ class Row:
 
 @pytest.fixture(scope="module")
 def registry():
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     return load_registry()
 

@@ -17,7 +17,7 @@ from metrale_core.cli.flags import engine_config_from_args
 from metrale_core.cli.main import build_parser
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.testing import EOS, Advance, Arrive, RecordingModel, Scenario, SeqScript, run_scenario
 from metrale_slai.policy import SlaiPolicy
 

@@ -12,7 +12,7 @@ import torch
 from attrs import define, field
 from loguru import logger
 
-from metrale_core.registry import Registry as _CoreRegistry
+from metrale_core.plugin.registry import Registry as _CoreRegistry
 from metrale_core.sampling import SamplingParams
 
 OBSERVER_LOGGER = "metrale_b1.b1_margin"
@@ -48,7 +48,7 @@ def gap_logits(
 def observer_spec(stats):
     """The registered ``b1-margin`` spec, its factory bound to an observer counting into ``stats``."""
     from metrale_b1.b1_margin import B1MarginObserver
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     spec = load_registry().logit_processors["b1-margin"]
     return attrs.evolve(spec, factory=lambda config: B1MarginObserver(stats))
@@ -59,8 +59,8 @@ class SpecRegistry(_CoreRegistry):
 
     def __init__(self, *specs) -> None:
         super().__init__()  # a real (typed) Registry with an empty plugin manager
-        from metrale_core.components import SamplerSpec, SchedulerSpec
         from metrale_core.engine import FcfsPolicy
+        from metrale_core.plugin.components import SamplerSpec, SchedulerSpec
         from metrale_core.sampling import DefaultSampler
 
         self.samplers = {"default": SamplerSpec("default", DefaultSampler)}

@@ -144,7 +144,7 @@ def test_speculative_decoding_counts_committed_positions_only(drafts):
 
 def test_observer_off_counts_nothing():
     from metrale_core.engine.engine import build_pipeline
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     registry = load_registry()
     on = build_pipeline(EngineConfig(), registry)
@@ -156,7 +156,7 @@ def test_count_is_published_as_the_b1_count_extra_and_shown_on_the_stats_tab():
     """Built with the installed plugins (``metrale_engine_started``), the engine publishes its
     own observer's count each step; with the observer off it publishes nothing."""
     from metrale_b1.b1_margin import low_margin_count
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     registry = load_registry()
     scripts = [SeqScript([40, 41], CALL)]

@@ -10,7 +10,7 @@ import torch
 from b1_testlib import OBSERVER_LOGGER, Row, captured_lines, gap_logits, observer_spec
 
 from metrale_b1.b1_margin import B1MarginObserver, B1Stats
-from metrale_core.components import LogitProcessorSpec
+from metrale_core.plugin.components import LogitProcessorSpec
 from metrale_core.sampling import DefaultSampler, LogitPipeline, PositionKind, SamplingParams
 from metrale_core.streamparse import make_stream_parser
 

@@ -10,7 +10,7 @@ import metrale_b1
 from metrale_b1.b1_margin import B1MarginObserver, B1Stats, make_observer
 from metrale_core.engine import EngineConfig
 from metrale_core.engine.engine import build_pipeline
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling import PositionKind
 
 

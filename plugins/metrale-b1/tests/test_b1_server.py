@@ -49,9 +49,9 @@ class ToolCallingLM(ScriptedLM):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.server import ServedModel, ServerConfig, create_app, serve_in_thread
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(write_tokenizer(tmp_path_factory.mktemp("b1tok")))
     runner_up = tokenizer.encode("~", add_special_tokens=False)[0]

@@ -81,13 +81,13 @@ def write_checkpoint(
 
 def load_checkpoint(directory: Path, dtype: str = "float32"):
     """The model as ``met`` loads it (``weight_store`` attached)."""
-    from metrale_core.components import LoadOptions
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.components import LoadOptions
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.weights import open_weights
 
     registry = load_registry()
     spec = registry.find_model_loader(json.loads((directory / "config.json").read_text()))
     store = open_weights(directory)
     model = spec.factory(store, LoadOptions(dtype=dtype))
-    model.weight_store = store  # what metrale_core.loading.load_model attaches
+    model.weight_store = store  # what metrale_core.loading.load.load_model attaches
     return model, registry

@@ -9,7 +9,7 @@ from fp8_testutil import load_checkpoint, write_checkpoint
 
 from metrale_core.cli.flags import add_engine_flags, engine_config_from_args
 from metrale_core.engine import EngineConfig, LLMEngine
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
 
 

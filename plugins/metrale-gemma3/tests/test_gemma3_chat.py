@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from metrale_core.tokenizer import Tokenizer
+from metrale_core.text.tokenizer import Tokenizer
 from metrale_gemma3.config import Gemma3Dims
 
 #: Gemma 3's chat template (the instruction-tuned checkpoints' ``chat_template``, text parts only).

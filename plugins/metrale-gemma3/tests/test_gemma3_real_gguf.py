@@ -26,13 +26,13 @@ import numpy as np
 import pytest
 import torch
 
-from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.model_api import ForwardBatch, PagedKVCache
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.components import LoadOptions
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.chunked_weights import GEMMA3_270M_Q4_K_M, fetch
-from metrale_core.tokenizer import Tokenizer
+from metrale_core.text.tokenizer import Tokenizer
 from metrale_core.weights import open_weights
 
 REPO = Path(__file__).resolve().parents[3]

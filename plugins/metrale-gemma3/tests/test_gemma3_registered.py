@@ -8,9 +8,9 @@ import gemma3_harness as H
 import pytest
 
 from metrale_core.api import ConfigError
-from metrale_core.components import LoadOptions
 from metrale_core.model_api import CausalLM
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.components import LoadOptions
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.weights import open_weights
 from metrale_gemma3 import WEIGHT_FORMATS
 from metrale_gemma3.config import Gemma3Dims

@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 from gemma3_harness import VOCAB, save_checkpoint
 
-from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
-from metrale_core.loading import load_model
+from metrale_core.loading.load import load_model
 from metrale_core.parallel.launch import load_parallel
+from metrale_core.plugin.components import LoadOptions
 from metrale_core.sampling import SamplingParams
 from metrale_core.testing.tensor_parallel import run_recording
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.components import LoadOptions
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.forward_spy import ForwardSpy
 from metrale_core.weights import open_weights

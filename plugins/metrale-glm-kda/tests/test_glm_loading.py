@@ -11,9 +11,9 @@ import glm_harness as H
 import pytest
 import torch
 
-from metrale_core.components import LoadOptions
 from metrale_core.errors import ConfigError
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.components import LoadOptions
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.weights import open_weights
 from metrale_glm_kda.config import GlmDims
 

@@ -19,11 +19,11 @@ import glm_harness as H
 import pytest
 import torch
 
-from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.engine.speculation import Draft
 from metrale_core.model_api import ForwardBatch, PagedKVCache
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.components import LoadOptions
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.weights import open_weights
 from metrale_glm_kda import kda

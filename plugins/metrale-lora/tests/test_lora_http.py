@@ -29,7 +29,7 @@ PROMPTS = ["abc", "hello there", "lora"]
 
 @pytest.fixture(scope="module")
 def byte_tokenizer(tmp_path_factory):
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
 
     return Tokenizer.from_dir(write_tokenizer(tmp_path_factory.mktemp("bytetok")))
 
@@ -100,9 +100,9 @@ def checkpoints(tmp_path_factory, byte_tokenizer):
 @pytest.fixture(scope="module")
 def lora_server(start_server, checkpoints, byte_tokenizer):
     def make(max_loras: int, runtime: bool, api_key: str | None = None):
-        from metrale_core.components import LoadOptions
         from metrale_core.engine import EngineConfig, LLMEngine
-        from metrale_core.plugins import load_registry
+        from metrale_core.plugin.components import LoadOptions
+        from metrale_core.plugin.discovery import load_registry
         from metrale_core.server import ServedModel
         from metrale_core.weights import open_weights
 

@@ -8,7 +8,7 @@ import pytest
 
 import metrale_lora
 from metrale_core.api import ConfigError
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.discovery import load_registry
 
 
 @pytest.fixture(scope="module")

@@ -27,9 +27,9 @@ import transformers as tf
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.components import LoadOptions
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.forward_spy import ForwardSpy
 from metrale_core.testing.staggered import run_joining_mid_prefill

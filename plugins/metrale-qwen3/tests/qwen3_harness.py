@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from metrale_core.components import LoadOptions
 from metrale_core.errors import ShapeMismatch, WeightsError
 from metrale_core.model_api import ForwardBatch, PagedKVCache
+from metrale_core.plugin.components import LoadOptions
 from metrale_core.testing.requires import needs_file
 from metrale_core.weights import open_weights
 

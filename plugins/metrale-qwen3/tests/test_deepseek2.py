@@ -48,7 +48,7 @@ from metrale_core.errors import ConfigError
 from metrale_core.layers.gguf_linear import GGUFLinear
 from metrale_core.layers.lora import LoRALinear, attach_lora
 from metrale_core.layers.parallel import TensorParallel
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.discovery import load_registry
 from metrale_qwen3.deepseek2 import DEEPSEEK2
 
 VOCAB = 96

@@ -44,7 +44,7 @@ from metrale_core.layers import moe as moe_layer
 from metrale_core.layers.gguf_linear import GGUFLinear
 from metrale_core.layers.lora import attach_lora
 from metrale_core.layers.parallel import TensorParallel
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.discovery import load_registry
 
 VOCAB = 96
 BASE = dict(vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)

@@ -19,7 +19,7 @@ from transformers import Olmo2Config, Olmo2ForCausalLM
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.layers.parallel import TensorParallel
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.forward_spy import ForwardSpy
 from metrale_core.testing.staggered import run_joining_mid_prefill

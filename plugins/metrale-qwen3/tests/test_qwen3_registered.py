@@ -15,7 +15,7 @@ from metrale_core.model_api import CausalLM
 def test_plugin_is_installed_and_registered():
     eps = importlib.metadata.entry_points(group="metrale")
     assert "metrale_qwen3" in {ep.value for ep in eps if ep.name == "qwen3"}
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     reg = load_registry()
     info = {p.name: p for p in reg.plugins}["qwen3"]
@@ -44,8 +44,8 @@ def _tiny_llama(tmp_path, **overrides):
 
 @pytest.mark.parametrize("store_kind", ["fake", "real"])
 def test_registry_factory_builds_a_causal_lm(tmp_path, store_kind):
-    from metrale_core.components import LoadOptions
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.components import LoadOptions
+    from metrale_core.plugin.discovery import load_registry
 
     store = open_store(_tiny_llama(tmp_path), use_real=store_kind == "real")
     spec = load_registry().find_model_loader(store.config)
@@ -74,7 +74,7 @@ def test_wrong_shape_names_the_tensor(tmp_path, store_kind):
 def test_loaders_declare_the_weight_formats_they_honour():
     """The registration (torch-free) declares exactly the formats ``linear`` implements."""
     from metrale_core.layers.linear import WEIGHT_FORMATS
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     reg = load_registry()
     for name in ("qwen3", "llama", "qwen2"):

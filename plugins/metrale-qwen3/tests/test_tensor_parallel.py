@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 
 from metrale_core.api import LoadOptions, ShapeMismatch
 from metrale_core.engine import EngineConfig, LLMEngine
-from metrale_core.loading import load_model
+from metrale_core.loading.load import load_model
 from metrale_core.parallel.launch import load_parallel
 from metrale_core.sampling import SamplingParams
 from metrale_core.testing.tensor_parallel import run_recording

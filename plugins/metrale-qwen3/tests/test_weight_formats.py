@@ -13,7 +13,6 @@ from qwen3_harness import SMOL_GGUF as GGUF
 from qwen3_harness import PagedRunner, load, needs_smol
 
 import metrale_core.layers.linear as linear_mod
-from metrale_core.components import LoadOptions
 from metrale_core.errors import ConfigError
 from metrale_core.kernels import KERNELS_ENV
 from metrale_core.kernels.cpu import cpu_flags
@@ -31,6 +30,7 @@ from metrale_core.layers.linear import (
     quantize_int8,
     resolve_weight_format,
 )
+from metrale_core.plugin.components import LoadOptions
 from metrale_core.testing.requires import cpu_isa_params, missing, use_cpu_isa
 from metrale_core.testing.smollm2 import CAPITAL_CHAT_IDS
 from metrale_core.weights import open_weights

@@ -7,11 +7,11 @@ import torch
 import transformers
 
 import metrale_ray
-from metrale_core.components import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
-from metrale_core.loading import load_model
+from metrale_core.loading.load import load_model
 from metrale_core.parallel.launch import load_parallel
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.components import LoadOptions
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling import SamplingParams
 from metrale_core.testing.requires import missing
 from metrale_core.testing.tensor_parallel import run_recording

@@ -8,7 +8,7 @@ import torch
 from spec_harness import load, write_qwen3
 
 from metrale_core.engine import EngineConfig, LLMEngine
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_speculative.spec_stats import SpecStats
 

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not GGUF.exists(), reason="Sm
 
 def test_spec_smollm2_greedy_equivalence():
     torch.set_num_threads(2)
-    from metrale_core.loading import load_model
+    from metrale_core.loading.load import load_model
 
     loaded = load_model(GGUF, progress=False)
     tok = loaded.tokenizer

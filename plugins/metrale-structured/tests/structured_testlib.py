@@ -22,7 +22,7 @@ QWEN3_TOKENIZER = Path.home() / ".cache" / "metrale" / "tokenizers" / "qwen3"
 
 
 def smollm2_path() -> Path:
-    from metrale_core.embedded import cache_dir
+    from metrale_core.loading.embedded import cache_dir
 
     path = cache_dir() / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not path.is_file():
@@ -49,8 +49,8 @@ def qwen3_dir(tmp: Path) -> Path:
 def start(path: Path, *, registry=None, model_type: str, name: str = "m", engine=None, **server_options):
     """A running server for the checkpoint at ``path``; returns ``(server, host)``."""
     from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.loading import load_model
-    from metrale_core.plugins import load_registry
+    from metrale_core.loading.load import load_model
+    from metrale_core.plugin.discovery import load_registry
     from metrale_core.server import ServedModel, ServerConfig, create_app, serve_in_thread
 
     registry = registry if registry is not None else load_registry()

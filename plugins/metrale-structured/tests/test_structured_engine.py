@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    from metrale_core.loading import load_model
+    from metrale_core.loading.load import load_model
 
     torch.set_num_threads(2)
     return load_model(qwen3_dir(tmp_path_factory.mktemp("q3e")), progress=False)
@@ -66,7 +66,7 @@ def _check_valid(result):
 def test_speculative_greedy_equals_plain_greedy_under_a_grammar(qwen3):
     from spec_harness import run, streams
 
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
     from metrale_speculative.draft_model import DraftModelProposer
     from metrale_speculative.gate import SpecGate
     from metrale_speculative.ngram import NgramProposer
@@ -92,7 +92,7 @@ def test_speculative_greedy_equals_plain_greedy_under_a_grammar(qwen3):
 def test_preemption_recompute_and_mixed_batch_keep_outputs(qwen3):
     from spec_harness import run, streams
 
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     registry, tok, model = load_registry(), qwen3.tokenizer, qwen3.model
     requests = _requests(tok)
@@ -133,7 +133,7 @@ class _GarbageDrafts:
 def test_drafts_the_grammar_rejects_never_reach_verify(qwen3):
     from spec_harness import run, streams
 
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     registry, tok, model = load_registry(), qwen3.tokenizer, qwen3.model
     requests = [r for r in _requests(tok) if r[0] != "ref"]  # an int array: no strings
@@ -169,7 +169,7 @@ def test_grammar_with_logprobs_and_stop_strings(qwen3):
     string cuts the constrained output where it first appears."""
     import math
 
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
     from metrale_structured.stats import STATS
 
     registry, tok, model = load_registry(), qwen3.tokenizer, qwen3.model

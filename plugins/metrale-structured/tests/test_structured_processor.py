@@ -38,7 +38,7 @@ class Row:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.text.tokenizer import Tokenizer
 
     return Tokenizer.from_dir(write_tokenizer(tmp_path_factory.mktemp("tok")))
 
@@ -66,7 +66,7 @@ def allowed(proc, rows, kinds=None) -> list[set[int]]:
 def test_registered_and_handles_structured_output():
     from metrale_core.engine.config import EngineConfig
     from metrale_core.engine.engine import build_pipeline
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     registry = load_registry()
     spec = registry.logit_processors["structured-output"]
@@ -225,7 +225,7 @@ def test_drafts_are_trimmed_to_the_grammar_valid_prefix(proc, tokenizer):
 
 
 def test_pipeline_draft_prefix_asks_only_processors_that_want_the_row(proc):
-    from metrale_core.components import LogitProcessorSpec
+    from metrale_core.plugin.components import LogitProcessorSpec
     from metrale_core.sampling.pipeline import LogitPipeline
     from metrale_core.sampling.sampler import DefaultSampler
 

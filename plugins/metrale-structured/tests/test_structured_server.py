@@ -344,7 +344,7 @@ def test_mixed_concurrent_streams_and_metrics(served):
 
     import httpx
 
-    from metrale_core.plugins import load_registry
+    from metrale_core.plugin.discovery import load_registry
 
     _, server, _host, checkpoint = served
     c = client(server)

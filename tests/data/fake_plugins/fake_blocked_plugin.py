@@ -1,7 +1,7 @@
 """Fake plugin (tests): loads fine; tests block it and check it is never imported."""
 
 from metrale_core import hookimpl
-from metrale_core.components import SamplerSpec
+from metrale_core.plugin.components import SamplerSpec
 
 
 @hookimpl

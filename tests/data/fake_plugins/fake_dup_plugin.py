@@ -1,7 +1,7 @@
 """Fake plugin (tests): registers a sampler name that fake_good_plugin also registers."""
 
 from metrale_core import hookimpl
-from metrale_core.components import SamplerSpec
+from metrale_core.plugin.components import SamplerSpec
 
 
 @hookimpl

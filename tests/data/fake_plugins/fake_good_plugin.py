@@ -1,7 +1,7 @@
 """Fake plugin (tests): registers a sampler and a model loader, and adds an engine flag."""
 
 from metrale_core import hookimpl
-from metrale_core.components import ModelLoaderSpec, SamplerSpec
+from metrale_core.plugin.components import ModelLoaderSpec, SamplerSpec
 
 
 def _make_sampler():

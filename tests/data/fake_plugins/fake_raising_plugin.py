@@ -1,7 +1,7 @@
 """Fake plugin (tests): registers one scheduler, then fails inside a registration hook."""
 
 from metrale_core import hookimpl
-from metrale_core.components import SchedulerSpec
+from metrale_core.plugin.components import SchedulerSpec
 
 
 @hookimpl

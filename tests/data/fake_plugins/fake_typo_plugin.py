@@ -1,7 +1,7 @@
 """Fake plugin (tests): implements a misspelled hook (singular ``metrale_sampler``)."""
 
 from metrale_core import hookimpl
-from metrale_core.components import SamplerSpec
+from metrale_core.plugin.components import SamplerSpec
 
 
 @hookimpl

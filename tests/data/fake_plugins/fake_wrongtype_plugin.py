@@ -1,7 +1,7 @@
 """Fake plugin (tests): hands a SchedulerSpec to the sampler hook's register()."""
 
 from metrale_core import hookimpl
-from metrale_core.components import SchedulerSpec
+from metrale_core.plugin.components import SchedulerSpec
 
 
 @hookimpl

@@ -10,10 +10,10 @@ from typing import ClassVar
 
 import pytest
 
-from metrale_core.components import LoadOptions, ModelLoaderSpec
 from metrale_core.errors import ConfigError
-from metrale_core.loading import model_from_store
-from metrale_core.registry import Registry
+from metrale_core.loading.load import model_from_store
+from metrale_core.plugin.components import LoadOptions, ModelLoaderSpec
+from metrale_core.plugin.registry import Registry
 
 
 class Store:
@@ -57,11 +57,11 @@ def test_a_declared_weight_format_reaches_the_loader():
 
 
 def test_a_loader_without_tensor_parallelism_is_refused_with_its_reason():
-    from metrale_core.components import LoadOptions, ModelLoaderSpec
     from metrale_core.errors import ConfigError
     from metrale_core.layers.parallel import TensorParallel
-    from metrale_core.loading import model_from_store
-    from metrale_core.registry import Registry
+    from metrale_core.loading.load import model_from_store
+    from metrale_core.plugin.components import LoadOptions, ModelLoaderSpec
+    from metrale_core.plugin.registry import Registry
 
     called = []
     spec = ModelLoaderSpec(

@@ -1,4 +1,4 @@
-"""Plugin loading (``metrale_core.plugins``), the registry and ``met plugins`` output.
+"""Plugin loading (``metrale_core.plugin.discovery``), the registry and ``met plugins`` output.
 
 Fake installed distributions are written as ``*.dist-info`` folders into a tmp dir on
 ``sys.path``, so entry-point discovery runs through ``importlib.metadata`` exactly as for a pip
@@ -26,9 +26,9 @@ from metrale_core.errors import (
     PluginImportError,
     UnknownArchitecture,
 )
-from metrale_core.plugins import LazyFactory, lazy_factory, load_registry
+from metrale_core.plugin.discovery import LazyFactory, lazy_factory, load_registry
 
-DATA = Path(__file__).parent / "data" / "fake_plugins"
+DATA = Path(__file__).resolve().parents[1] / "data" / "fake_plugins"
 ENV_VARS = ("METRALE_PLUGINS", "METRALE_DISABLE_PLUGINS", "METRALE_STRICT_PLUGINS")
 FAKEPLUG = {"good": "fake_good_plugin", "broken": "fake_broken_plugin", "blocked": "fake_blocked_plugin"}
 

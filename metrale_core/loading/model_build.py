@@ -1,6 +1,6 @@
 """Building one model from an open weight store through the loader plugin its config names.
 
-Owner: ``metrale_core.loading.load_model`` (the served model) and the engine's
+Owner: ``metrale_core.loading.load.load_model`` (the served model) and the engine's
 ``ProposerContext.load_model`` (draft models, MTP layers) call :func:`model_from_store`: the one
 loading function of every model.  It sits below the engine, which imports it; ``loading`` (which
 also calibrates the loaded model with the engine) sits above.
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from metrale_core.components import LoadOptions, ModelLoaderSpec
 from metrale_core.errors import ConfigError
+from metrale_core.plugin.components import LoadOptions, ModelLoaderSpec
 
 if TYPE_CHECKING:
-    from metrale_core.registry import Registry
+    from metrale_core.plugin.registry import Registry
 
 __all__ = ["model_from_store"]
 

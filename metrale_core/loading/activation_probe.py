@@ -1,6 +1,6 @@
 """The activation precision of a GGUF model's block kernels, measured once at load.
 
-Owner: ``metrale_core.loading.load_model`` calls :func:`choose_activation_precision` once per
+Owner: ``metrale_core.loading.load.load_model`` calls :func:`choose_activation_precision` once per
 model it loads, before the model serves anything.
 
 The GGUF kernels (``layers.gguf_linear``) quantize activations per block of 32 either to 15 bits

@@ -1,6 +1,6 @@
 """The ``tokenizers`` backend of a GGUF SentencePiece vocabulary (``tokenizer.ggml.model == "llama"``).
 
-Owner: ``metrale_core.tokenizer`` (``Tokenizer.from_gguf_metadata`` calls :func:`spm_backend`).
+Owner: ``metrale_core.text.tokenizer`` (``Tokenizer.from_gguf_metadata`` calls :func:`spm_backend`).
 
 Invariants:
 - The vocabulary is a byte-fallback BPE whose merges come from the piece scores (a pair merges

@@ -1,8 +1,8 @@
 """Every hook a Metrale plugin can implement, documented in one place.
 
-Owner: the plugin manager (``metrale_core.plugins``) adds these specs to a fresh
+Owner: the plugin manager (``metrale_core.plugin.discovery``) adds these specs to a fresh
 ``pluggy.PluginManager("metrale")``; ``docs/hooks.md`` is generated from the docstrings below
-(``python -m metrale_core.hookspecs > docs/hooks.md``) and a test keeps the two equal.
+(``python -m metrale_core.plugin.hookspecs > docs/hooks.md``) and a test keeps the two equal.
 
 Invariants:
 - One string for everything: the project name, the entry-point group and the hook prefix are all
@@ -11,7 +11,7 @@ Invariants:
   imported under ``TYPE_CHECKING`` only (annotations are strings at run time), so static checkers
   see them and discovery stays torch-free.
 - Every spec's docstring has the sections ``Called:``, ``Args:`` (one entry per argument),
-  ``Returns:``, ``Flags:`` and ``Example:`` (enforced by ``tests/test_hookspecs.py``).
+  ``Returns:``, ``Flags:`` and ``Example:`` (enforced by ``tests/plugin/test_hookspecs.py``).
 - Specs evolve additively: arguments are added, never renamed or removed (pluggy lets an
   implementation accept fewer arguments than its spec).
 """
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-    from metrale_core.components import (
+    from metrale_core.plugin.components import (
         ExecutorSpec,
         KVScaleSourceSpec,
         LogitProcessorSpec,
@@ -65,7 +65,7 @@ def metrale_model_loaders(register: Callable[[ModelLoaderSpec], None]) -> None:
     """Register model loaders (``ModelLoaderSpec``): what builds a model from a checkpoint.
 
     Called:
-        once per plugin by ``metrale_core.plugins.load_registry()`` at startup (CLI, server,
+        once per plugin by ``metrale_core.plugin.discovery.load_registry()`` at startup (CLI, server,
         tests), before any checkpoint is opened. Each plugin's implementation is called on its
         own with its own ``register``, so every record is attributed to its distribution. Keep it
         cheap: import torch and the model code inside the factory, not here.
@@ -342,7 +342,7 @@ def metrale_executors(register: Callable[[ExecutorSpec], None]) -> None:
     """Register executors (``ExecutorSpec``): where the ranks of a tensor-parallel job run.
 
     Called:
-        once per plugin by ``metrale_core.plugins.load_registry()`` at startup. ``met serve`` /
+        once per plugin by ``metrale_core.plugin.discovery.load_registry()`` at startup. ``met serve`` /
         ``met generate`` with ``--tensor-parallel-size N`` build the executor named by
         ``--distributed-executor-backend`` (default ``uni`` for N = 1, ``mp`` above) once, in
         ``metrale_core.parallel.launch.load_parallel``, before any weight is read. The core
@@ -419,7 +419,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "Registration hooks",
         "Called once per plugin at startup with a `register` callback that takes one frozen "
-        "record from `metrale_core.components`. The core collects the records per family, "
+        "record from `metrale_core.plugin.components`. The core collects the records per family, "
         "rejects a name registered twice (naming both distributions) and selects components "
         "by configured name or by what a checkpoint declares.",
         (
@@ -455,9 +455,9 @@ def render_reference() -> str:
     """Return the Markdown hook reference (``docs/hooks.md``) rendered from the docstrings above."""
     import importlib
 
-    from metrale_core.hookdoc import render_markdown
+    from metrale_core.plugin.hookdoc import render_markdown
 
-    return render_markdown(importlib.import_module("metrale_core.hookspecs"), GROUPS)
+    return render_markdown(importlib.import_module("metrale_core.plugin.hookspecs"), GROUPS)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Parse hookspec docstrings and render the hook reference (``docs/hooks.md``) from them.
 
-Owner: ``metrale_core.hookspecs.render_reference`` and ``tests/test_hookspecs.py``.
+Owner: ``metrale_core.plugin.hookspecs.render_reference`` and ``tests/plugin/test_hookspecs.py``.
 
 Invariants:
 - The docstring is the only copy of a hook's documentation; the Markdown is derived from it.

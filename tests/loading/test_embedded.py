@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from metrale_core import embedded
 from metrale_core.errors import ConfigError
+from metrale_core.loading import embedded
 from metrale_core.testing.requires import missing
 
 PAYLOAD = os.urandom(3 << 20) + b"GGUF-fake-tail"

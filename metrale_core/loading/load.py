@@ -9,7 +9,7 @@ Invariants:
 - What ``model_from_store`` guarantees (loader choice, format and tensor-parallel checks, the
   ``weight_store`` attribute) holds for the model :func:`load_model` returns.
 - The GGUF projections of the model :func:`load_model` builds share one activation precision,
-  chosen once before it returns (``metrale_core.activation_probe``; not under tensor parallelism of
+  chosen once before it returns (``metrale_core.loading.activation_probe``; not under tensor parallelism of
   more than one rank, which keeps 15-bit).
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 
 from attrs import frozen
 
-from metrale_core.components import LoadOptions
 from metrale_core.layers.gguf_linear import activation_precision_scope
-from metrale_core.model_build import model_from_store
+from metrale_core.loading.model_build import model_from_store
+from metrale_core.plugin.components import LoadOptions
 
 __all__ = ["LoadedModel", "load_model", "model_from_store", "resolve_model_path"]
 
@@ -86,7 +86,7 @@ class _ProgressStore:
 def resolve_model_path(model: str | Path | None, *, progress: bool = True) -> Path:
     """The checkpoint path to load: ``model`` if given, else the embedded default model."""
     if model is None:
-        from metrale_core.embedded import default_model_path
+        from metrale_core.loading.embedded import default_model_path
 
         return default_model_path(progress=progress)
     return Path(model).expanduser()
@@ -105,8 +105,8 @@ def load_model(
     ``on_tensor(done, total, nbytes)`` (optional) is called after each tensor is read, with the
     tensors read so far, the tensors in the checkpoint and the bytes of the tensor just read.
     """
-    from metrale_core.plugins import load_registry
-    from metrale_core.tokenizer import Tokenizer
+    from metrale_core.plugin.discovery import load_registry
+    from metrale_core.text.tokenizer import Tokenizer
     from metrale_core.weights import open_weights
 
     options = options or LoadOptions()
@@ -130,7 +130,7 @@ def load_model(
     probe = None
     tp = options.tensor_parallel
     if precision.members and (tp is None or tp.world == 1):
-        from metrale_core.activation_probe import choose_activation_precision
+        from metrale_core.loading.activation_probe import choose_activation_precision
 
         probe = choose_activation_precision(
             model_obj, tokenizer, precision, source=path if path.is_file() else None, native=precision.native

@@ -1,13 +1,13 @@
 """The component registry: what each loaded plugin provides, and lookups over it.
 
-Owner: built and filled by ``metrale_core.plugins.load_registry()``; read by the engine, the CLI
+Owner: built and filled by ``metrale_core.plugin.discovery.load_registry()``; read by the engine, the CLI
 (``met plugins``) and the server. Core code selects components here and calls the non-registration
 hooks only through the typed facade below (:meth:`Registry.announce_engine_started`,
 :meth:`Registry.collect_metrics`, :meth:`Registry.add_engine_flags`), never ``pm.hook`` directly.
 
 Invariants:
 - One dict per family (``Registry.<family>``: name -> ``*Spec`` record from
-  ``metrale_core.components``); a name is unique within its family across all distributions.
+  ``metrale_core.plugin.components``); a name is unique within its family across all distributions.
 - ``origins[(family, name)]`` names the plugin that registered each component, and that plugin
   is in ``plugins``.
 - Every hook call goes through pluggy (``pm.hook`` / ``pm.subset_hook_caller``), so
@@ -27,8 +27,8 @@ import pluggy
 from attrs import define, field, frozen
 from loguru import logger
 
-from metrale_core import components as c
 from metrale_core.errors import ConfigError, PluginError, UnknownArchitecture
+from metrale_core.plugin import components as c
 
 __all__ = ["FAMILIES", "PluginInfo", "Registry", "call_for", "new_plugin_manager", "singular"]
 
@@ -67,7 +67,7 @@ class PluginInfo:
 
 def new_plugin_manager() -> pluggy.PluginManager:
     """A ``pluggy.PluginManager("metrale")`` with the hookspecs added and nothing registered."""
-    from metrale_core import hookspecs
+    from metrale_core.plugin import hookspecs
 
     pm = pluggy.PluginManager(GROUP)
     pm.add_hookspecs(hookspecs)

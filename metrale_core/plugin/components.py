@@ -1,7 +1,7 @@
 """Registration records (``<Thing>Spec``) that plugins hand to the registration hooks.
 
-Owner: the plugin manager (``metrale_core.plugins``) collects these through the ``metrale_*``
-registration hooks in ``metrale_core.hookspecs``.
+Owner: the plugin manager (``metrale_core.plugin.discovery``) collects these through the ``metrale_*``
+registration hooks in ``metrale_core.plugin.hookspecs``.
 
 Invariants:
 - Every record is frozen; ``name`` is unique within its family across all installed

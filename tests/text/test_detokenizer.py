@@ -10,9 +10,9 @@ import pytest
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers
 
-from metrale_core.detokenizer import IncrementalDetokenizer
 from metrale_core.testing.requires import missing
-from metrale_core.tokenizer import _BYTE_CHARS, Tokenizer
+from metrale_core.text.detokenizer import IncrementalDetokenizer
+from metrale_core.text.tokenizer import _BYTE_CHARS, Tokenizer
 
 SMOL = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 

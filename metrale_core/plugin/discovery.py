@@ -1,12 +1,12 @@
 """Plugin loading: find, import and register every plugin, then collect what each registers.
 
 Owner: ``load_registry()`` builds a fresh ``pluggy.PluginManager("metrale")`` and a
-:class:`~metrale_core.registry.Registry` from it; core code reads components from the registry,
+:class:`~metrale_core.plugin.registry.Registry` from it; core code reads components from the registry,
 never from ``pm.hook``.
 
 Loading sequence (deterministic):
-1. add the hookspecs (``metrale_core.hookspecs``);
-2. register the core's built-ins (``metrale_core.builtins``) exactly like a plugin;
+1. add the hookspecs (``metrale_core.plugin.hookspecs``);
+2. register the core's built-ins (``metrale_core.plugin.builtins``) exactly like a plugin;
 3. load entry points of group ``metrale`` (sorted by name), one at a time, honouring
    ``METRALE_PLUGINS`` (allow-list of entry-point names; set but empty = no external plugins),
    ``METRALE_DISABLE_PLUGINS`` (block-list, via ``pm.set_blocked``) and
@@ -36,7 +36,7 @@ from attrs import define, evolve, field, frozen
 from loguru import logger
 
 from metrale_core.errors import DuplicateComponent, PluginError, PluginImportError
-from metrale_core.registry import (
+from metrale_core.plugin.registry import (
     FAMILIES,
     GROUP,
     PluginInfo,
@@ -48,7 +48,7 @@ from metrale_core.registry import (
 
 __all__ = ["FAMILIES", "LazyFactory", "PluginInfo", "Registry", "lazy_factory", "load_registry"]
 
-BUILTINS = ("builtins", "metrale_core.builtins")  # plugin name, module
+BUILTINS = ("builtins", "metrale_core.plugin.builtins")  # plugin name, module
 
 
 @frozen

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from metrale_core.chat_template import render_chat_template
 from metrale_core.errors import InvalidRequest
 from metrale_core.server.template_adapt import adapt_messages
 from metrale_core.streamparse.parser import BUILTIN_TOOL_PARSERS, default_reasoning, default_tool_parser
 from metrale_core.streamparse.template_format import template_tool_format
 from metrale_core.testing.requires import missing
+from metrale_core.text.chat_template import render_chat_template
 
 LLAMACPP = Path(
     os.environ.get("METRALE_LLAMACPP_TEMPLATES_DIR") or Path.home() / ".cache/metrale/templates/llamacpp-0.3.36"

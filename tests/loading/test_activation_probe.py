@@ -1,4 +1,4 @@
-"""The activation precision chosen at load (metrale_core.activation_probe).
+"""The activation precision chosen at load (metrale_core.loading.activation_probe).
 
 Oracles: the real embedded SmolLM2 GGUF (its probe KL is measured, above the bound: it stays
 15-bit, as its chat answer needs), a random Qwen2 GGUF for the decision's other branches, the
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 from loguru import logger
 
-from metrale_core import activation_probe as ap
-from metrale_core.components import LoadOptions
 from metrale_core.errors import ConfigError
-from metrale_core.loading import load_model
+from metrale_core.loading import activation_probe as ap
+from metrale_core.loading.load import load_model
+from metrale_core.plugin.components import LoadOptions
 from metrale_core.testing.random_gguf import write_random_qwen2_gguf
 
 

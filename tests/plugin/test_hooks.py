@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from metrale_core import hookimpl
-from metrale_core.components import (
+from metrale_core.engine import EngineConfig, build_pipeline
+from metrale_core.plugin.components import (
     ExecutorSpec,
     KVScaleSourceSpec,
     LogitProcessorSpec,
@@ -25,8 +26,7 @@ from metrale_core.components import (
     SchedulerSpec,
     ToolCallParserSpec,
 )
-from metrale_core.engine import EngineConfig, build_pipeline
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling import DefaultSampler, PositionKind, SamplingParams
 
 MODULE = "_metrale_inline_hook_plugins"

@@ -25,7 +25,7 @@ print("TORCH-LOADED" if "torch" in sys.modules else "TORCH-FREE")
 
 _REGISTRY = """
 import sys
-from metrale_core.plugins import load_registry
+from metrale_core.plugin.discovery import load_registry
 registry = load_registry()
 assert registry.model_loaders and registry.samplers, registry
 print("TORCH-LOADED" if "torch" in sys.modules else "TORCH-FREE")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from metrale_core.chat_template import render_chat_template
 from metrale_core.errors import ConfigError, InvalidRequest
 from metrale_core.testing.requires import missing
 from metrale_core.testing.smollm2 import CAPITAL_CHAT_IDS
-from metrale_core.tokenizer import Tokenizer
+from metrale_core.text.chat_template import render_chat_template
+from metrale_core.text.tokenizer import Tokenizer
 
 SMOL = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 QWEN3 = Path(os.environ.get("METRALE_QWEN3_TOKENIZER_DIR") or Path.home() / ".cache/metrale/tokenizers/qwen3")

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from metrale_core import hookspecs
-from metrale_core.hookdoc import doc_problems, hookspecs_of, parse_hookspec, render_markdown
-from metrale_core.hookspecs import hookspec
-from metrale_core.registry import FAMILIES
+from metrale_core.plugin import hookspecs
+from metrale_core.plugin.hookdoc import doc_problems, hookspecs_of, parse_hookspec, render_markdown
+from metrale_core.plugin.hookspecs import hookspec
+from metrale_core.plugin.registry import FAMILIES
 
-HOOKS_MD = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"
+HOOKS_MD = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"
 SPECS = hookspecs_of(hookspecs)
 
 #: The hooks the design promises (DESIGN.md "Hookspecs", /tmp/apis.md): name -> arguments.
@@ -97,20 +97,20 @@ def test_docs_hooks_md_is_generated_from_the_docstrings():
     expected = hookspecs.render_reference()
     actual = HOOKS_MD.read_text(encoding="utf-8") if HOOKS_MD.exists() else ""
     assert actual == expected, (
-        "docs/hooks.md is out of date with metrale_core/hookspecs.py; regenerate it with "
-        "`python -m metrale_core.hookspecs > docs/hooks.md`"
+        "docs/hooks.md is out of date with metrale_core/plugin/hookspecs.py; regenerate it with "
+        "`python -m metrale_core.plugin.hookspecs > docs/hooks.md`"
     )
 
 
 def test_module_entry_point_prints_the_reference():
     out = subprocess.run(
-        [sys.executable, "-m", "metrale_core.hookspecs"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "metrale_core.plugin.hookspecs"], capture_output=True, text=True, check=True
     ).stdout
     assert out == hookspecs.render_reference()
 
 
 def test_importing_hookspecs_stays_light():
-    code = "import sys, metrale_core.hookspecs; print(sorted({'torch', 'cupy', 'litestar'} & set(sys.modules)))"
+    code = "import sys, metrale_core.plugin.hookspecs; print(sorted({'torch', 'cupy', 'litestar'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -123,8 +123,8 @@ def test_every_hookspec_is_typed_with_real_types():
 
     from prometheus_client.metrics_core import Metric
 
-    from metrale_core import components
     from metrale_core.engine import LLMEngine
+    from metrale_core.plugin import components
 
     names = {"argparse": argparse, "Metric": Metric, **vars(components)}
     for _title, _intro, hooks in hookspecs.GROUPS:

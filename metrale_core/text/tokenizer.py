@@ -32,9 +32,9 @@ from loguru import logger
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as _Backend
 
-from metrale_core.chat_template import render_chat_template
 from metrale_core.errors import InvalidRequest, WeightsError
-from metrale_core.tokenizer_spm import spm_backend
+from metrale_core.text.chat_template import render_chat_template
+from metrale_core.text.tokenizer_spm import spm_backend
 
 __all__ = ["Tokenizer", "TokenizerError", "read_gguf_metadata"]
 

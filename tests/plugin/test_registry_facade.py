@@ -11,7 +11,7 @@ from __future__ import annotations
 from loguru import logger
 
 from metrale_core import hookimpl
-from metrale_core.registry import Registry
+from metrale_core.plugin.registry import Registry
 
 
 def _registry(*plugins: object) -> Registry:

