@@ -7,8 +7,9 @@ Invariants:
 - ``forward_native`` delegates to ``functional.py`` / ``attention.py`` (the oracles); ``forward_cuda``
   checks its inputs and launches the matching ``kernels/*.cu`` entry point (``<name>_f32`` or
   ``<name>_bf16``); dtypes without a kernel (float16) route to ``forward_native``.
-- ``forward_cpu`` calls the ``dop_*`` entry point of ``kernels/cpu/decoder_ops.c`` (declared in
-  ``decoder_ops.h``, the one statement of its signature) for float32
+- ``forward_cpu`` calls the ``dop_*`` entry point of ``kernels/cpu/decoder_ops.c`` (decode
+  attention: ``attention_decode.c``; each declared in its ``.h``, the one statement of its
+  signature) for float32
   activations with dense rows (KV caches: float32 or bfloat16) and routes everything else (other
   dtypes, strided heads, head sizes the kernel does not take) to ``forward_native``.
 - ``QKNormRope`` and ``KVCacheWrite`` may work in place: callers use the returned tensors.
@@ -353,7 +354,9 @@ class KVCacheWrite(CustomOp):
 class PagedAttentionDecode(CustomOp):
     """One query row per sequence attending over its paged cache; returns ``[B, Hq, d]``.
 
-    ``max_context`` is the host-side maximum of ``context_lens`` (saves a device sync).
+    ``max_context`` is the host-side maximum of ``context_lens`` (saves a device sync).  The CPU
+    kernel (``kernels/cpu/attention_decode.c``) splits each context into fixed chunks of positions
+    that run in parallel and merges them in chunk order: batch-invariant at any thread count.
     """
 
     kernel_package = KERNEL_PACKAGE
@@ -402,6 +405,8 @@ class PagedAttentionDecode(CustomOp):
             d,
             k_cache.shape[1],
             scale,
+            0,  # no window
+            None,  # no sinks
             torch.get_num_threads(),
         )
         return out

@@ -3,7 +3,8 @@
  * of the library (MT_LANES = 16 or 8 float lanes).
  *
  * Owner: metrale_qwen3.ops (the forward_cpu of RMSNorm, QKNormRope, SwiGLU, KVCacheWrite and
- * PagedAttentionDecode; layers.py / attention.py are the oracles they are tested against).
+ * PagedAttentionPrefill; decode attention is attention_decode.c's; layers.py / attention.py are
+ * the oracles they are tested against).
  *
  * Each entry point does in one call what the torch path does in 5-15 small ops, so a decode step
  * spends its time in the matmuls rather than in op dispatch.  The maths follows the torch path
@@ -23,6 +24,7 @@
 
 #include "decoder_ops.h"
 #include "metrale_cpu_math.h"
+#include "metrale_paged_kv.h"
 
 /* Rows at or above this many float elements in total are split over the OpenMP team. */
 #define PARALLEL_ELEMENTS 16384
@@ -145,59 +147,13 @@ int dop_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_str
 
 /* Scores s[0, len) -> softmax probabilities in place (max-subtracted exponentials, normalised). */
 static void softmax_row(float *s, int64_t len) {
-    mt_vf mx = mt_set1(-INFINITY);
-    for (int64_t t = 0; t < len; t += MT_LANES)
-        mx = mt_max(mx, mt_mask_load(mx, mt_tail_mask((int)(len - t)), s + t));
-    const mt_vf top = mt_set1(mt_reduce_max(mx));
-    mt_vf sum = mt_zero();
-    for (int64_t t = 0; t < len; t += MT_LANES) {
-        const mt_mask m = mt_tail_mask((int)(len - t));
-        mt_vf e = mt_maskz_mov(m, mt_exp(mt_sub(mt_maskz_load(m, s + t), top)));
-        mt_mask_store(s + t, m, e);
-        sum = mt_add(sum, e);
-    }
-    const float total = mt_reduce_add(sum);
+    float total;
+    kv_exp_scores(s, len, &total);
     const mt_vf inv = mt_set1(total > 0.0f ? 1.0f / total : 0.0f);
     for (int64_t t = 0; t < len; t += MT_LANES) {
         const mt_mask m = mt_tail_mask((int)(len - t));
         mt_mask_store(s + t, m, mt_mul(mt_maskz_load(m, s + t), inv));
     }
-}
-
-/* Sums of four vectors, as [sum a0, sum a1, sum a2, sum a3]. */
-#if MT_LANES == 16
-static inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-    const __m512 x01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
-    const __m512 x23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
-    const __m512 y = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x01), _mm512_castps_pd(x23))),
-                                   _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x01), _mm512_castps_pd(x23))));
-    const __m256 z = _mm256_add_ps(_mm512_castps512_ps256(y), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)));
-    return _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
-}
-#else
-static inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-#endif
-
-/* Element offset of position t of KV head h in a [blocks, bs, Hk, d] cache. */
-static inline int64_t cache_row(const int64_t *table, int64_t t, int block_size, int hk, int h, int d) {
-    return ((table[t / block_size] * block_size + t % block_size) * hk + h) * d;
-}
-
-/* MT_LANES cache elements from offset e as float32 (bfloat16 widened exactly). */
-static inline mt_vf load_cache(const void *cache, int64_t e, const int bf16) {
-#if MT_LANES == 16
-    if (bf16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + e))), 16));
-#else
-    if (bf16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)cache + e))), 16));
-#endif
-    return mt_load((const float *)cache + e);
 }
 
 /* The g query heads qh [g, D] of KV head h of one sequence over its len cached positions (table:
@@ -212,30 +168,11 @@ static inline __attribute__((always_inline)) void attend_kv_head(
         mt_vf qv[256 / MT_LANES];
         for (int i = 0; i < D / MT_LANES; i++) qv[i] = mt_mul(mt_load(qh + j * D + i * MT_LANES), mt_set1(scale));
         float *s = scores + j * len;
-        int64_t t = 0;
-        for (; t + 4 <= len; t += 4) {
-            mt_vf a[4];
-            for (int u = 0; u < 4; u++) {
-                const int64_t kr = cache_row(table, t + u, block_size, hk, h, D);
-                a[u] = mt_mul(qv[0], load_cache(k_cache, kr, BF16));
-                for (int i = 1; i < D / MT_LANES; i++) a[u] = mt_fmadd(qv[i], load_cache(k_cache, kr + i * MT_LANES, BF16), a[u]);
-            }
-            _mm_storeu_ps(s + t, reduce4(a[0], a[1], a[2], a[3]));
-        }
-        for (; t < len; t++) {
-            const int64_t kr = cache_row(table, t, block_size, hk, h, D);
-            mt_vf a = mt_mul(qv[0], load_cache(k_cache, kr, BF16));
-            for (int i = 1; i < D / MT_LANES; i++) a = mt_fmadd(qv[i], load_cache(k_cache, kr + i * MT_LANES, BF16), a);
-            s[t] = mt_reduce_add(a);
-        }
+        kv_scores(s, qv, k_cache, table, 0, len, block_size, hk, h, D, BF16);
         softmax_row(s, len);
         mt_vf acc[256 / MT_LANES];
         for (int i = 0; i < D / MT_LANES; i++) acc[i] = mt_zero();
-        for (t = 0; t < len; t++) {
-            const int64_t vr = cache_row(table, t, block_size, hk, h, D);
-            const mt_vf p = mt_set1(s[t]);
-            for (int i = 0; i < D / MT_LANES; i++) acc[i] = mt_fmadd(p, load_cache(v_cache, vr + i * MT_LANES, BF16), acc[i]);
-        }
+        kv_accumulate(acc, s, v_cache, table, 0, len, block_size, hk, h, D, BF16);
         for (int i = 0; i < D / MT_LANES; i++) mt_store(out + j * D + i * MT_LANES, acc[i]);
     }
 }
@@ -259,45 +196,9 @@ static attend_fn pick_attend(int d, int bf16) {
     return bf16 ? attend_any_bf16 : attend_any;
 }
 
-/* One query row per sequence: q [B, Hq, d] (dense heads, row stride q_stride), out [B, Hq, d]
- * (dense), caches [blocks, bs, Hk, d] (float32, or bfloat16 when bf16), tables
- * [B, table_stride] block ids, context [B]; head_dim a multiple of 16 up to 256.  Work items are
- * (sequence, KV head) pairs; the G = Hq / Hk query heads of a KV head read its rows while they are
- * in L1 (two-pass softmax). */
-int dop_paged_decode(float *out, const float *q, int64_t q_stride, const void *k_cache,
-                     const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
-                     const int64_t *context, int batch, int hq, int hk, int d, int block_size,
-                     float scale, int threads) {
-    if (batch < 0 || hk <= 0 || hq % hk || d % 16 || d > 256 || block_size <= 0 || threads <= 0) return -1;
-    int64_t longest = 0;
-    for (int b = 0; b < batch; b++) longest = context[b] > longest ? context[b] : longest;
-    const int g = hq / hk;
-    const attend_fn attend = pick_attend(d, bf16);
-    int failed = 0;
-#pragma omp parallel num_threads(threads)
-    {
-        float *scores = malloc(sizeof(float) * (size_t)(g * (longest + 16)));
-#pragma omp for schedule(static)
-        for (int item = 0; item < batch * hk; item++) {
-            if (scores == NULL) {
-#pragma omp atomic write
-                failed = 1;
-                continue;
-            }
-            const int b = item / hk, h = item % hk;
-            float *o = out + ((int64_t)b * hq + (int64_t)h * g) * d;
-            const float *qh = q + b * q_stride + (int64_t)h * g * d;
-            const int64_t *table = tables + b * table_stride;
-            attend(o, qh, k_cache, v_cache, table, context[b], g, hk, h, d, block_size, scale, scores);
-        }
-        free(scores);
-    }
-    return failed ? -1 : 0;
-}
-
 /* Multi-row (prefill) segments: rows [R, 3] int64 = (row of q / out, sequence, visible
  * positions) -- each query row attends causally to the first `visible` positions of its
- * sequence's cache.  Work items are (row, KV head) pairs; same per-head maths as decode. */
+ * sequence's cache.  Work items are (row, KV head) pairs (two-pass softmax per row and head). */
 int dop_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_stride,
                       const void *k_cache, const void *v_cache, int bf16, const int64_t *tables,
                       int64_t table_stride, const int64_t *rows, int num_rows, int hq, int hk, int d,

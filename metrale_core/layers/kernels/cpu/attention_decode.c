@@ -1,0 +1,158 @@
+/* Split-K (flash-decoding) paged decode attention in float32 for x86 CPUs: one query row per
+ * sequence over its paged K/V cache, the context cut into chunks of DECODE_CHUNK positions that
+ * run in parallel, then one merge per (sequence, query head).  Written over metrale_cpu_math.h's
+ * vectors, so the same source builds the AVX512F and the AVX2 + FMA variant of the library.
+ *
+ * Owner: metrale_core.layers.ops (PagedAttentionDecode.forward_cpu; attention.py's
+ * decode_attention is the oracle it is tested against).
+ *
+ * Work items are (sequence, KV head, chunk) triples, so one long sequence at batch 1 keeps every
+ * thread busy (the (sequence, KV head) pairs of a model with 2-3 KV heads kept 2-3).  A chunk
+ * computes, for each of the G query heads of its KV head, the maximum m of its scores, the sum l
+ * of exp(score - m) and the unnormalised value accumulator sum exp(score - m) v; the merge then
+ * rescales and adds the chunks of a (sequence, head) in chunk order.
+ *
+ * Invariants:
+ * - Batch invariance: chunks are fixed runs of DECODE_CHUNK absolute positions (chunk c holds
+ *   positions [c * DECODE_CHUNK, (c + 1) * DECODE_CHUNK) of the visible range), never derived from
+ *   the batch, the thread count or the schedule, and the merge visits them in chunk order; so a
+ *   row's output has the same bits alone, in any batch and on any number of threads.
+ * - K/V are read in the cache dtype (float32, or bfloat16 widened exactly); head_dim is a multiple
+ *   of 16 up to 256; softmax in float32 (exp: metrale_cpu_math.h's in a chunk, expf in the merge).
+ * - window > 0 limits a row at position p (context p + 1) to the positions p - window + 1 .. p;
+ *   sinks (NULL: none) are per-query-head logits in every softmax with no value (gpt-oss).
+ * - A sequence with no visible position gets a zero row.  Returns 0, or -1 for arguments it
+ *   cannot take or when scratch cannot be allocated.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "attention_decode.h"
+#include "metrale_cpu_math.h"
+#include "metrale_paged_kv.h"
+
+/* Positions per chunk: a fixed constant (see the batch-invariance invariant).  256 positions of
+ * a 64..128-wide head are 64-128 KiB of float32 K, re-read from L2 by each of the G query heads. */
+#define DECODE_CHUNK 256
+
+int dop_decode_chunk_len(void) { return DECODE_CHUNK; }
+
+/* The partial softmax of query heads qh [g, D] of KV head h over positions [lo, hi) (hi - lo <=
+ * DECODE_CHUNK) into part [g, D + 2]: per head the accumulator [D], then m and l. */
+static inline __attribute__((always_inline)) void chunk_partial(
+        float *part, const float *qh, const void *k_cache, const void *v_cache, const int64_t *table,
+        int64_t lo, int64_t hi, int g, int hk, int h, const int D, const int BF16, int block_size, float scale) {
+    float s[DECODE_CHUNK];
+    for (int j = 0; j < g; j++) {
+        mt_vf qv[256 / MT_LANES], acc[256 / MT_LANES];
+        for (int i = 0; i < D / MT_LANES; i++) {
+            qv[i] = mt_mul(mt_load(qh + j * D + i * MT_LANES), mt_set1(scale));
+            acc[i] = mt_zero();
+        }
+        kv_scores(s, qv, k_cache, table, lo, hi, block_size, hk, h, D, BF16);
+        float *rec = part + (int64_t)j * (D + 2);
+        rec[D] = kv_exp_scores(s, hi - lo, &rec[D + 1]);
+        kv_accumulate(acc, s, v_cache, table, lo, hi, block_size, hk, h, D, BF16);
+        for (int i = 0; i < D / MT_LANES; i++) mt_store(rec + i * MT_LANES, acc[i]);
+    }
+}
+
+typedef void (*chunk_fn)(float *, const float *, const void *, const void *, const int64_t *, int64_t, int64_t,
+                         int, int, int, int, int, float);
+
+#define CHUNK_FN(NAME, D, BF16)                                                                               \
+    static void NAME(float *part, const float *qh, const void *kc, const void *vc, const int64_t *table,       \
+                     int64_t lo, int64_t hi, int g, int hk, int h, int d, int bs, float scale) {              \
+        (void)d;                                                                                              \
+        chunk_partial(part, qh, kc, vc, table, lo, hi, g, hk, h, D, BF16, bs, scale);                        \
+    }
+CHUNK_FN(chunk_64, 64, 0) CHUNK_FN(chunk_128, 128, 0) CHUNK_FN(chunk_any, d, 0)
+CHUNK_FN(chunk_64_bf16, 64, 1) CHUNK_FN(chunk_128_bf16, 128, 1) CHUNK_FN(chunk_any_bf16, d, 1)
+
+/* The specialised loop for head size d over float32 (bf16 = 0) or bfloat16 caches. */
+static chunk_fn pick_chunk(int d, int bf16) {
+    if (d == 64) return bf16 ? chunk_64_bf16 : chunk_64;
+    if (d == 128) return bf16 ? chunk_128_bf16 : chunk_128;
+    return bf16 ? chunk_any_bf16 : chunk_any;
+}
+
+/* out [g, d] from the n chunk partials of one (sequence, KV head), the first at part and each next
+ * one step floats further ([g, d + 2] records), merged in chunk order; sink: [g] logits or NULL. */
+static void merge_chunks(float *out, const float *part, int64_t n, int64_t step, int g, int d, const float *sink) {
+    for (int j = 0; j < g; j++) {
+        float *o = out + (int64_t)j * d;
+        const float *rec = part + (int64_t)j * (d + 2);
+        float top = sink != NULL ? sink[j] : -INFINITY;
+        for (int64_t c = 0; c < n; c++) top = fmaxf(top, rec[c * step + d]);
+        float total = sink != NULL ? expf(sink[j] - top) : 0.0f;
+        for (int i = 0; i < d; i += MT_LANES) mt_store(o + i, mt_zero());
+        for (int64_t c = 0; c < n; c++) {
+            const float *r = rec + c * step;
+            const float w = expf(r[d] - top);
+            total += r[d + 1] * w;
+            const mt_vf wv = mt_set1(w);
+            for (int i = 0; i < d; i += MT_LANES) mt_store(o + i, mt_fmadd(wv, mt_load(r + i), mt_load(o + i)));
+        }
+        const mt_vf inv = mt_set1(total > 0.0f ? 1.0f / total : 0.0f);
+        for (int i = 0; i < d; i += MT_LANES) mt_store(o + i, mt_mul(mt_load(o + i), inv));
+    }
+}
+
+/* One query row per sequence: q [B, Hq, d] (dense heads, row stride q_stride), out [B, Hq, d]
+ * (dense), caches [blocks, bs, Hk, d] (float32, or bfloat16 when bf16), tables
+ * [B, table_stride] block ids, context [B]; window (0: none) and sinks [Hq] (NULL: none) as the
+ * file's invariants say. */
+int dop_paged_decode(float *out, const float *q, int64_t q_stride, const void *k_cache,
+                     const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
+                     const int64_t *context, int batch, int hq, int hk, int d, int block_size,
+                     float scale, int64_t window, const float *sinks, int threads) {
+    if (batch < 0 || hk <= 0 || hq % hk || d <= 0 || d % 16 || d > 256 || block_size <= 0 || threads <= 0 ||
+        window < 0)
+        return -1;
+    const int g = hq / hk;
+    /* first[b]: the global index of sequence b's first chunk; first[batch]: the chunk count. */
+    int64_t *first = malloc(sizeof(int64_t) * ((size_t)batch + 1));
+    if (first == NULL) return -1;
+    first[0] = 0;
+    for (int b = 0; b < batch; b++) {
+        if (context[b] < 0) {
+            free(first);
+            return -1;
+        }
+        const int64_t lo = window > 0 && context[b] > window ? context[b] - window : 0;
+        first[b + 1] = first[b] + (context[b] > lo ? (context[b] - 1) / DECODE_CHUNK - lo / DECODE_CHUNK + 1 : 0);
+    }
+    const int64_t chunks = first[batch], record = (int64_t)g * (d + 2);
+    int *seq_of = malloc(sizeof(int) * (size_t)(chunks > 0 ? chunks : 1));
+    float *parts = malloc(sizeof(float) * (size_t)(chunks > 0 ? chunks * hk * record : 1));
+    if (seq_of == NULL || parts == NULL) {
+        free(first), free(seq_of), free(parts);
+        return -1;
+    }
+    for (int b = 0; b < batch; b++)
+        for (int64_t c = first[b]; c < first[b + 1]; c++) seq_of[c] = b;
+    const chunk_fn chunk = pick_chunk(d, bf16);
+#pragma omp parallel num_threads(threads) if (chunks * hk > 1)
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < chunks * hk; item++) {
+            const int64_t c = item / hk;
+            const int b = seq_of[c], h = (int)(item % hk);
+            const int64_t lo = window > 0 && context[b] > window ? context[b] - window : 0;
+            const int64_t start = (lo / DECODE_CHUNK + c - first[b]) * DECODE_CHUNK;
+            const int64_t end = start + DECODE_CHUNK < context[b] ? start + DECODE_CHUNK : context[b];
+            chunk(parts + item * record, q + b * q_stride + (int64_t)h * g * d, k_cache, v_cache,
+                  tables + b * table_stride, start > lo ? start : lo, end, g, hk, h, d, block_size, scale);
+        }
+#pragma omp for schedule(static)
+        for (int item = 0; item < batch * hk; item++) {
+            const int b = item / hk, h = item % hk;
+            merge_chunks(out + ((int64_t)b * hq + (int64_t)h * g) * d, parts + (first[b] * hk + h) * record,
+                         first[b + 1] - first[b], hk * record, g, d, sinks != NULL ? sinks + (int64_t)h * g : NULL);
+        }
+    }
+    free(first), free(seq_of), free(parts);
+    return 0;
+}
