@@ -64,25 +64,43 @@ def decode_attention(
     context_lens: torch.Tensor,
     scale: float,
     max_context: int,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One query row per sequence: ``q`` ``[B, Hq, d]`` -> ``[B, Hq, d]``, batched over B."""
+    """One query row per sequence: ``q`` ``[B, Hq, d]`` -> ``[B, Hq, d]``, batched over B
+    (``window`` / ``sinks``: :func:`attend_decode`'s; every block up to the context is read)."""
     num_blocks = -(-max_context // k_cache.shape[1])
     k = _gather(k_cache, block_tables, num_blocks, torch.float32)  # [B, L, Hk, d]
     v = _gather(v_cache, block_tables, num_blocks, torch.float32)
-    return attend_decode(q, k, v, context_lens, scale)
+    return attend_decode(q, k, v, context_lens, scale, window, sinks)
 
 
 def attend_decode(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_lens: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``q`` ``[B, Hq, d]`` over gathered float32 ``k``/``v`` ``[B, L, Hk, d]`` (``L`` >= context)."""
+    """``q`` ``[B, Hq, d]`` over gathered float32 ``k``/``v`` ``[B, L, Hk, d]`` (``L`` >= context);
+    ``window``: only the last ``window`` positions of each context; ``sinks`` ``[Hq]``: a sink
+    logit in each head's softmax, with no value (``window_attention``'s definitions)."""
     bsz, hq, d = q.shape
     hk = k.shape[2]
     q4 = q.float().view(bsz, hk, hq // hk, d)
     scores = torch.einsum("bhgd,blhd->bhgl", q4, k) * scale
-    pad = torch.arange(k.shape[1], device=q.device)[None, :] >= context_lens[:, None]  # [B, L]
+    pos = torch.arange(k.shape[1], device=q.device)[None, :]
+    pad = pos >= context_lens[:, None]  # [B, L]
+    if window is not None:
+        pad |= pos < context_lens[:, None] - window
     scores.masked_fill_(pad[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        sink = sinks.float().view(1, hk, hq // hk, 1).expand(bsz, -1, -1, 1)
+        probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
     out = torch.einsum("bhgl,blhd->bhgd", probs, v)
     return out.reshape(bsz, hq, d).to(q.dtype)
 

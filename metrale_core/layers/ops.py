@@ -364,28 +364,40 @@ class PagedAttentionDecode(CustomOp):
     cpu_kernels = True
 
     def forward_native(
-        self, q, k_cache, v_cache, block_tables, context_lens, scale: float, max_context: int
+        self, q, k_cache, v_cache, block_tables, context_lens, scale: float, max_context: int, window=None, sinks=None
     ) -> torch.Tensor:
-        return attention.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, max_context)
+        return attention.decode_attention(
+            q, k_cache, v_cache, block_tables, context_lens, scale, max_context, window, sinks
+        )
+
+    def cpu_takes(self, q, k_cache, v_cache, block_tables, context_lens) -> bool:
+        """Whether the C kernel takes these inputs (``forward_cpu`` routes the others to
+        ``forward_native``; ``windowed_paged_attention`` keeps its own torch path for them)."""
+        hq, d, hk = q.shape[1], q.shape[2], k_cache.shape[2]
+        return (
+            self.path == "cpu"
+            and _f32(q)
+            and d % 16 == 0
+            and d <= 256
+            and hq % hk == 0
+            and _dense_heads(q)
+            and _cpu_caches(k_cache, v_cache)
+            and block_tables.dtype == torch.int64
+            and context_lens.dtype == torch.int64
+            and block_tables.stride(-1) == 1
+            and context_lens.is_contiguous()
+        )
 
     def forward_cpu(
-        self, q, k_cache, v_cache, block_tables, context_lens, scale: float, max_context: int
+        self, q, k_cache, v_cache, block_tables, context_lens, scale: float, max_context: int, window=None, sinks=None
     ) -> torch.Tensor:
+        """``window`` (None: unbounded) and ``sinks`` ``[Hq]`` (None: none) as in
+        ``window_attention``: the C kernel reads only the positions a row's window holds."""
+        if not self.cpu_takes(q, k_cache, v_cache, block_tables, context_lens):
+            args = (q, k_cache, v_cache, block_tables, context_lens, scale, max_context, window, sinks)
+            return self.forward_native(*args)
         bsz, hq, d = q.shape
-        hk = k_cache.shape[2]
-        if (
-            not _f32(q)
-            or d % 16
-            or d > 256
-            or hq % hk
-            or not _dense_heads(q)
-            or not _cpu_caches(k_cache, v_cache)
-            or block_tables.dtype != torch.int64
-            or context_lens.dtype != torch.int64
-            or block_tables.stride(-1) != 1
-            or not context_lens.is_contiguous()
-        ):
-            return self.forward_native(q, k_cache, v_cache, block_tables, context_lens, scale, max_context)
+        sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
         out = torch.empty(bsz, hq, d, dtype=torch.float32)
         _cpu_call(
             self,
@@ -401,22 +413,23 @@ class PagedAttentionDecode(CustomOp):
             context_lens.data_ptr(),
             bsz,
             hq,
-            hk,
+            k_cache.shape[2],
             d,
             k_cache.shape[1],
             scale,
-            0,  # no window
-            None,  # no sinks
+            window or 0,
+            None if sinks is None else sinks.data_ptr(),
             torch.get_num_threads(),
         )
         return out
 
     def forward_cuda(
-        self, q, k_cache, v_cache, block_tables, context_lens, scale: float, max_context: int
+        self, q, k_cache, v_cache, block_tables, context_lens, scale: float, max_context: int, window=None, sinks=None
     ) -> torch.Tensor:
         bsz, hq, d = q.shape
-        if q.dtype not in _SUFFIX or k_cache.dtype != q.dtype or d > 256 or bsz == 0:
-            return self.forward_native(q, k_cache, v_cache, block_tables, context_lens, scale, max_context)
+        if q.dtype not in _SUFFIX or k_cache.dtype != q.dtype or d > 256 or bsz == 0 or window or sinks is not None:
+            args = (q, k_cache, v_cache, block_tables, context_lens, scale, max_context, window, sinks)
+            return self.forward_native(*args)
         hk = k_cache.shape[2]
         if hq % hk:
             raise KernelInputError(f"{self.name}: {hq} query heads are not a multiple of {hk} KV heads")

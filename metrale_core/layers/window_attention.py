@@ -21,15 +21,23 @@ Invariants:
   is the same bits alone and in any batch.
 - The same :class:`~metrale_core.layers.attention.AttentionPlan` as ``paged_attention`` drives
   it, so a layer's choice between the two costs nothing per step.
+- Decode rows without soft-capping over a plain cache go through the model's decode op's C kernel
+  where it takes them (``PagedAttentionDecode.cpu_takes``): window and sinks in the kernel, the
+  same positions read, batch-invariant; everything else stays on the torch path here.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from metrale_core.layers.attention import AttentionPlan
 from metrale_core.model_api import PagedKVCache
+
+if TYPE_CHECKING:
+    from metrale_core.layers.ops import PagedAttentionDecode
 
 __all__ = ["attend_masked", "windowed_paged_attention"]
 
@@ -75,9 +83,19 @@ def _decode(
     scale: float,
     softcap: float | None,
     sinks: torch.Tensor | None = None,
+    decode_op: PagedAttentionDecode | None = None,
 ) -> torch.Tensor:
-    """Decode rows ``q`` ``[B, Hq, d]``: row ``b`` sits at position ``context[b] - 1``; with
-    ``sinks`` each row on its own (one segment of one row: batch-invariant)."""
+    """Decode rows ``q`` ``[B, Hq, d]``: row ``b`` sits at position ``context[b] - 1``.  Through
+    ``decode_op``'s C kernel where it takes them (CPU, plain cache, no soft-cap: it reads only the
+    window's positions and is batch-invariant); else with ``sinks`` each row on its own (one
+    segment of one row: batch-invariant), without them one masked batch."""
+    if (
+        decode_op is not None
+        and softcap is None
+        and kv.plain
+        and decode_op.cpu_takes(q, kv.k[layer], kv.v[layer], tables, context)
+    ):
+        return decode_op(q, kv.k[layer], kv.v[layer], tables, context, scale, max_context, window, sinks)
     if sinks is not None:
         rows = [
             _segment(q[b : b + 1], kv, layer, tables[b], int(c), window, scale, softcap, sinks)
@@ -142,14 +160,18 @@ def windowed_paged_attention(
     window: int | None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    decode_op: PagedAttentionDecode | None = None,
 ) -> torch.Tensor:
     """Attend every row of ``q`` ``[T, Hq, d]`` over ``layer`` of ``kv`` within ``window``
     positions (None: unbounded), scores soft-capped at ``softcap`` (None: not capped), with the
-    per-head sink logits ``sinks`` ``[Hq]`` in every softmax (None: no sinks)."""
+    per-head sink logits ``sinks`` ``[Hq]`` in every softmax (None: no sinks).  ``decode_op``: the
+    model's ``PagedAttentionDecode``, whose C kernel attends the decode rows where it can."""
     if window is not None and window < 1:
         raise ValueError(f"an attention window must be >= 1 position, not {window}")
     if plan.pure_decode:
-        return _decode(q, kv, layer, *plan.decode_inputs(), plan.decode_max_context, window, plan.scale, softcap, sinks)
+        return _decode(
+            q, kv, layer, *plan.decode_inputs(), plan.decode_max_context, window, plan.scale, softcap, sinks, decode_op
+        )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if plan.decode_rows is not None:
         out[plan.decode_rows] = _decode(
@@ -162,6 +184,7 @@ def windowed_paged_attention(
             plan.scale,
             softcap,
             sinks,
+            decode_op,
         )
     for start, end, seq, context_len in plan.multi_row:
         out[start:end] = _segment(

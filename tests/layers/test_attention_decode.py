@@ -88,6 +88,24 @@ def test_a_rows_bits_do_not_depend_on_the_batch_or_the_thread_count(op, cache_dt
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("window", [1, 255, 256, 257, 700])
+def test_a_window_and_sinks_match_the_oracle_and_keep_rows_invariant(op, window):
+    """The last ``window`` positions of each context and a sink logit per query head (gpt-oss),
+    windows that start inside, on and across chunk boundaries."""
+    c = _chunk(op)
+    contexts = [1, window, window + 1, c + 3, 2 * c + 5, 3001]
+    hk, g, d = 2, 4, 64
+    k_cache, v_cache, tables, context, gen = _paged(contexts, hk, d, torch.float32, seed=window)
+    q = torch.randn(len(contexts), g * hk, d, generator=gen)
+    sinks = torch.randn(g * hk, generator=gen) * 3
+    args = (d**-0.5, max(contexts), window, sinks)
+    out = op(q, k_cache, v_cache, tables, context, *args)
+    torch.testing.assert_close(out, decode_attention(q, k_cache, v_cache, tables, context, *args), rtol=1e-5, atol=1e-5)
+    for b in (0, 3, 5):
+        alone = op(q[b : b + 1], k_cache, v_cache, tables[b : b + 1], context[b : b + 1], *args)
+        assert torch.equal(alone[0], out[b])
+
+
 def test_an_empty_context_gives_a_zero_row_and_an_empty_batch_nothing(op):
     k_cache, v_cache, tables, _, gen = _paged([20], 1, 16, torch.float32, seed=3)
     q = torch.randn(2, 2, 16, generator=gen)

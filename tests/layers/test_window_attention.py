@@ -4,7 +4,8 @@ Random block tables (not the identity), a batch mixing decode rows and multi-row
 windows shorter and longer than the contexts, soft-capping on and off, attention sinks on and off
 (their reference: transformers' gpt-oss softmax over the scores and a sink column), GQA 2; the
 guarantee the block manager relies on: blocks wholly outside every row's window are never read;
-and with sinks, a row's result is the same bits alone and in a batch.
+and with sinks, a row's result is the same bits alone and in a batch.  The decode rows through the
+C decode kernel (window and sinks in the kernel) against the torch path, on each ISA variant.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import math
 import pytest
 import torch
 
+from metrale_core.kernels import KERNELS_ENV
 from metrale_core.layers.attention import AttentionPlan, paged_attention
-from metrale_core.layers.ops import DecoderOps
+from metrale_core.layers.ops import DecoderOps, PagedAttentionDecode
 from metrale_core.layers.window_attention import windowed_paged_attention
 from metrale_core.model_api import ForwardBatch, KVLayout, PagedKVCache
+from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa
 
 BS, HQ, HK, D = 4, 4, 2, 8
 
@@ -41,16 +44,16 @@ def _reference(q, k, v, pos, window, softcap, scale, sinks=None):
     return torch.einsum("hl,lhd->hd", torch.softmax(scores, -1), vv)
 
 
-def _setup(seed: int, work: list[tuple[int, int]]):
+def _setup(seed: int, work: list[tuple[int, int]], d: int = D):
     """``work``: (context_len, query_len) per sequence.  Returns batch, kv, q, per-seq K/V."""
     g = torch.Generator().manual_seed(seed)
-    kv = PagedKVCache.allocate(KVLayout(num_layers=1, num_kv_heads=HK, head_dim=D), 64, BS)
+    kv = PagedKVCache.allocate(KVLayout(num_layers=1, num_kv_heads=HK, head_dim=d), 64, BS)
     free = torch.randperm(64, generator=g).tolist()
     tables, seq_kv, slots, positions, qlens, clens = [], [], [], [], [], []
     for ctx, n in work:
         table = [free.pop() for _ in range(-(-ctx // BS))]
-        k = torch.randn(ctx, HK, D, generator=g)
-        v = torch.randn(ctx, HK, D, generator=g)
+        k = torch.randn(ctx, HK, d, generator=g)
+        v = torch.randn(ctx, HK, d, generator=g)
         for p in range(ctx):
             kv.k[0][table[p // BS], p % BS] = k[p]
             kv.v[0][table[p // BS], p % BS] = v[p]
@@ -77,7 +80,7 @@ def _setup(seed: int, work: list[tuple[int, int]]):
         context_lens_host=tuple(clens),
         block_size=BS,
     )
-    q = torch.randn(rows, HQ, D, generator=g)
+    q = torch.randn(rows, HQ, d, generator=g)
     return batch, kv, q, seq_kv, tables
 
 
@@ -155,3 +158,53 @@ def test_window_must_be_positive():
     batch, kv, q, _, _ = _setup(1, WORKS["pure-decode"])
     with pytest.raises(ValueError, match="window"):
         windowed_paged_attention(q, kv, 0, AttentionPlan.from_batch(batch, 1.0), window=0)
+
+
+@pytest.fixture(params=cpu_isa_params())
+def c_decode(request, monkeypatch):
+    """The decode op on the C kernels of one ISA variant, and a list counting its kernel calls."""
+    use_cpu_isa(monkeypatch, request.param, "metrale_core.layers")
+    monkeypatch.setenv(KERNELS_ENV, "cpu")
+    op = PagedAttentionDecode("cpu")
+    kernel, calls = op.cpu_kernel.dop_paged_decode, []
+    monkeypatch.setattr(op.cpu_kernel, "dop_paged_decode", lambda *a: calls.append(a) or kernel(*a))
+    return op, calls
+
+
+@pytest.mark.parametrize("work", sorted(WORKS))
+@pytest.mark.parametrize("window", [None, 1, 5, 8, 100])
+@pytest.mark.parametrize("sinks", [None, [2.0, -1.0, 0.5, 4.0]])
+def test_decode_rows_through_the_c_kernel_match_the_torch_path(c_decode, work, window, sinks):
+    op, calls = c_decode
+    batch, kv, q, _, _ = _setup(len(work) + (window or 0), WORKS[work], d=32)
+    plan = AttentionPlan.from_batch(batch, 0.3)
+    sink = None if sinks is None else torch.tensor(sinks)
+    want = windowed_paged_attention(q, kv, 0, plan, window=window, sinks=sink)
+    got = windowed_paged_attention(q, kv, 0, plan, window=window, sinks=sink, decode_op=op)
+    assert len(calls) == 1  # the decode rows, in one call; multi-row segments stay on torch
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_soft_capped_layers_stay_on_the_torch_path(c_decode):
+    op, calls = c_decode
+    batch, kv, q, _, _ = _setup(4, WORKS["pure-decode"], d=32)
+    plan = AttentionPlan.from_batch(batch, 0.3)
+    got = windowed_paged_attention(q, kv, 0, plan, window=5, softcap=3.0, decode_op=op)
+    assert not calls
+    assert torch.equal(got, windowed_paged_attention(q, kv, 0, plan, window=5, softcap=3.0))
+
+
+@pytest.mark.parametrize("sinks", [None, [2.0, -1.0, 0.5, 4.0]])
+def test_the_c_kernel_reads_no_block_outside_the_window(c_decode, sinks):
+    op, calls = c_decode
+    window = 5
+    batch, kv, q, _, tables = _setup(3, WORKS["pure-decode"], d=32)
+    plan = AttentionPlan.from_batch(batch, 0.5)
+    sink = None if sinks is None else torch.tensor(sinks)
+    want = windowed_paged_attention(q, kv, 0, plan, window=window, sinks=sink, decode_op=op)
+    for (ctx, _), table in zip(WORKS["pure-decode"], tables, strict=True):
+        for b in table[: max(0, ctx - window) // BS]:
+            kv.k[0][b] = float("nan")
+            kv.v[0][b] = float("nan")
+    assert torch.equal(windowed_paged_attention(q, kv, 0, plan, window=window, sinks=sink, decode_op=op), want)
+    assert len(calls) == 2
