@@ -1,4 +1,5 @@
-"""Paged attention with a sliding window, logit soft-capping and/or attention sinks (torch path).
+"""Paged attention with a sliding window, logit soft-capping and/or attention sinks (torch path;
+decode rows through the C decode kernel where it takes them).
 
 Owner: ``metrale_core.layers``.  Models call :func:`windowed_paged_attention` for the layers that
 declare a window (Gemma 2/3 "sliding_attention" layers, Mistral-style models), a soft-cap or
