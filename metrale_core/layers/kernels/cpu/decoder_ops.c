@@ -23,6 +23,7 @@
 
 #include "decoder_ops.h"
 #include "metrale_cpu_math.h"
+#include "metrale_cpu_paged.h"
 
 /* Rows at or above this many float elements in total are split over the OpenMP team. */
 #define PARALLEL_ELEMENTS 16384
@@ -181,25 +182,6 @@ static inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 }
 #endif
 
-/* Element offset of position t of KV head h in a [blocks, bs, Hk, d] cache. */
-static inline int64_t cache_row(const int64_t *table, int64_t t, int block_size, int hk, int h, int d) {
-    return ((table[t / block_size] * block_size + t % block_size) * hk + h) * d;
-}
-
-/* MT_LANES cache elements from offset e as float32 (bfloat16 widened exactly). */
-static inline mt_vf load_cache(const void *cache, int64_t e, const int bf16) {
-#if MT_LANES == 16
-    if (bf16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + e))), 16));
-#else
-    if (bf16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)cache + e))), 16));
-#endif
-    return mt_load((const float *)cache + e);
-}
-
 /* The g query heads qh [g, D] of KV head h of one sequence over its len cached positions (table:
  * its block ids) into out [g, D]; scores [g, len + 4] is scratch.  D and BF16 (the caches hold
  * bfloat16) are compile-time constants at every call, so a head's query and accumulator stay in
@@ -289,41 +271,6 @@ int dop_paged_decode(float *out, const float *q, int64_t q_stride, const void *k
             const float *qh = q + b * q_stride + (int64_t)h * g * d;
             const int64_t *table = tables + b * table_stride;
             attend(o, qh, k_cache, v_cache, table, context[b], g, hk, h, d, block_size, scale, scores);
-        }
-        free(scores);
-    }
-    return failed ? -1 : 0;
-}
-
-/* Multi-row (prefill) segments: rows [R, 3] int64 = (row of q / out, sequence, visible
- * positions) -- each query row attends causally to the first `visible` positions of its
- * sequence's cache.  Work items are (row, KV head) pairs; same per-head maths as decode. */
-int dop_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_stride,
-                      const void *k_cache, const void *v_cache, int bf16, const int64_t *tables,
-                      int64_t table_stride, const int64_t *rows, int num_rows, int hq, int hk, int d,
-                      int block_size, float scale, int threads) {
-    if (num_rows < 0 || hk <= 0 || hq % hk || d % 16 || d > 256 || block_size <= 0 || threads <= 0) return -1;
-    int64_t longest = 0;
-    for (int r = 0; r < num_rows; r++) longest = rows[3 * r + 2] > longest ? rows[3 * r + 2] : longest;
-    const int g = hq / hk;
-    const attend_fn attend = pick_attend(d, bf16);
-    int failed = 0;
-#pragma omp parallel num_threads(threads)
-    {
-        float *scores = malloc(sizeof(float) * (size_t)(g * (longest + 16)));
-#pragma omp for schedule(dynamic, 4)
-        for (int item = 0; item < num_rows * hk; item++) {
-            if (scores == NULL) {
-#pragma omp atomic write
-                failed = 1;
-                continue;
-            }
-            const int64_t *row = rows + 3 * (item / hk);
-            const int h = item % hk;
-            float *o = out + row[0] * out_stride + (int64_t)h * g * d;
-            const float *qh = q + row[0] * q_stride + (int64_t)h * g * d;
-            const int64_t *table = tables + row[1] * table_stride;
-            attend(o, qh, k_cache, v_cache, table, row[2], g, hk, h, d, block_size, scale, scores);
         }
         free(scores);
     }

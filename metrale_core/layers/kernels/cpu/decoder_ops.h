@@ -24,10 +24,6 @@ int dop_paged_decode(float *out, const float *q, int64_t q_stride, const void *k
                      const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
                      const int64_t *context, int batch, int hq, int hk, int d, int block_size,
                      float scale, int threads);
-int dop_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_stride,
-                      const void *k_cache, const void *v_cache, int bf16, const int64_t *tables,
-                      int64_t table_stride, const int64_t *rows, int num_rows, int hq, int hk, int d,
-                      int block_size, float scale, int threads);
 int dop_rows_matmul(const float *x, int64_t x_stride, const float *w, float *out, int rows, int n, int k,
                     int threads);
 
