@@ -2,8 +2,8 @@
 ``PagedAttentionPrefill.forward_cpu``) on each C variant this CPU runs (AVX512 and AVX2 here):
 the torch oracle's values (``attention.prefill_attention``) to float32 rounding over contexts of
 several key tiles, prefix hits, chunks that do not start on a tile boundary, GQA, head sizes 64,
-128 and 80, bfloat16 caches and a sliding window; and every row the same bits whatever the rest of
-the call (one segment or chunks, beside other sequences, 1 or 2 threads)."""
+128, 80 and 256, bfloat16 caches and a sliding window; and every row the same bits whatever the
+rest of the call (one segment or chunks, beside other sequences, 1 or 2 threads)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ def _run(op, q, k, v, tables, segments, window=None, rows=None) -> torch.Tensor:
     [
         (9, 3, 64, torch.float32),  # SmolLM2's layer shape
         (4, 2, 128, torch.float32),
-        (6, 2, 80, torch.float32),  # a head size without a specialised path
+        (6, 2, 80, torch.float32),  # a head size that is not a multiple of the P @ V block
+        (16, 2, 256, torch.float32),  # the largest head size, G = 8 (fewer rows per work item)
         (7, 1, 64, torch.bfloat16),  # odd G, bfloat16 cache read widened
     ],
 )

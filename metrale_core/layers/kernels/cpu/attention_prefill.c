@@ -20,9 +20,10 @@
  *   fixed-order sum over d; a query's state is updated only for the tiles it sees (rows that see
  *   none of a tile are skipped, and a lane whose row sees none of it keeps its state bit for bit:
  *   alpha is exactly 1, or 0 over a zero state), with the same operations in every blocking of
- *   the loops.  The only operands that can differ between two calls are the values at positions
- *   a row does not see, which enter as 0 * v; they can change the sign of an exact zero, nothing
- *   else.
+ *   the loops.  A tile's loops cover the keys some row of the item sees (so a row may meet more
+ *   or fewer keys it does not see in another call), and keys a row does not see enter its sums
+ *   as exact zeros (probability 0, max -inf, 0 * v): they can change the sign of an exact zero
+ *   in the accumulator, nothing else.
  * - Positions at or past a segment's context are never read (the tile buffers hold zeros there).
  * - head_dim is a multiple of 16 up to 256, Hq a multiple of Hk, contexts below 2^24 positions
  *   (positions are compared as exact floats); the entry point returns 0, or -1 for arguments it
@@ -88,11 +89,12 @@ static inline __attribute__((always_inline)) void score_block(float *st, int64_t
         for (int b = 0; b < nq; b++) mt_store(st + k * ms + b * MT_LANES, acc[k][b]);
 }
 
-/* st[j][v * L ..] for every key j of the tile and query vectors [va, vb). */
-static void scores(float *st, int64_t ms, const float *qt, const float *kb, int d, int va, int vb) {
+/* st[j][v * L ..] for the keys j in [js, je) of the tile (multiples of KR) and query vectors
+ * [va, vb). */
+static void scores(float *st, int64_t ms, const float *qt, const float *kb, int d, int js, int je, int va, int vb) {
     for (int v = va; v < vb; v += QB) {
         const int nq = vb - v < QB ? vb - v : QB;
-        for (int j = 0; j < KT; j += KR) {
+        for (int j = js; j < je; j += KR) {
             float *s = st + j * ms + v * MT_LANES;
             const float *qv = qt + v * MT_LANES, *kv = kb + j * d;
             switch (nq) {
@@ -115,24 +117,25 @@ typedef struct {
     float *vmin_pos, *vmax_lo; /* per query vector: the least pos and the greatest lo of its lanes */
 } qstate;
 
-/* Online softmax over one tile for query vectors [va, vb): scores in st become probabilities
- * exp(s - mx) (0 where not visible) and each lane's mx / sum / alpha advance.  A tile every lane
- * of a vector sees whole skips the masks (same values). */
-static void softmax_tile(float *st, int64_t ms, const qstate *qs, int va, int vb, int64_t t0) {
+/* Online softmax over keys [js, je) of one tile (the others are seen by no query of the item)
+ * for query vectors [va, vb): scores in st become probabilities exp(s - mx) (0 where not
+ * visible) and each lane's mx / sum / alpha advance.  A tile every lane of a vector sees whole
+ * skips the masks (same values). */
+static void softmax_tile(float *st, int64_t ms, const qstate *qs, int js, int je, int va, int vb, int64_t t0) {
     const mt_vf neg_inf = mt_set1(-INFINITY);
     for (int v = va; v < vb; v++) {
         const int64_t o = (int64_t)v * MT_LANES;
         const mt_vf hi = mt_load(qs->pos + o), lo = mt_load(qs->lo + o);
         const int whole = qs->vmin_pos[v] >= (float)(t0 + KT - 1) && qs->vmax_lo[v] <= (float)t0;
         mt_vf tmax = neg_inf;
-        for (int j = 0; j < KT; j++) {
+        for (int j = js; j < je; j++) {
             const mt_vf s = mt_load(st + j * ms + o);
             tmax = mt_max(tmax, whole ? s : select(visible(mt_set1((float)(t0 + j)), lo, hi), s, neg_inf));
         }
         const mt_vf old = mt_load(qs->mx + o), top = mt_max(old, tmax);
         const mt_vf alpha = select(is_neg_inf(old), mt_zero(), mt_exp(mt_sub(old, top)));
         mt_vf sum = mt_zero();
-        for (int j = 0; j < KT; j++) {
+        for (int j = js; j < je; j++) {
             mt_vf e = mt_exp(mt_sub(mt_load(st + j * ms + o), top));
             if (!whole) e = mt_maskz_mov(visible(mt_set1((float)(t0 + j)), lo, hi), e);
             mt_store(st + j * ms + o, e);
@@ -144,19 +147,19 @@ static void softmax_tile(float *st, int64_t ms, const qstate *qs, int va, int vb
     }
 }
 
-/* acc[r][c0 ..] = acc[r][c0 ..] * alpha[r] + sum_j p[j][r] v[j][c0 ..] for nr queries and nd
- * head-dim vectors from column c0: per element one product, then KT fused multiply-adds in key
- * order, whatever nr and nd are.  acc has row stride d, p (the tile's probabilities) row stride
+/* acc[r][c0 ..] = acc[r][c0 ..] * alpha[r] + sum_j p[j][r] v[j][c0 ..] over keys [js, je) for
+ * nr queries and nd head-dim vectors from column c0: per element one product, then one fused
+ * multiply-add per key in key order, whatever nr and nd are.  acc has row stride d, p (the tile's probabilities) row stride
  * ms, vb (the V tile) row stride d. */
 static inline __attribute__((always_inline)) void pv_block(float *acc, int d, const float *p, int64_t ms,
-                                                           const float *alpha, const float *vb, int c0,
-                                                           const int nr, const int nd) {
+                                                           const float *alpha, const float *vb, int js, int je,
+                                                           int c0, const int nr, const int nd) {
     mt_vf a[MR][DB];
     for (int r = 0; r < nr; r++) {
         const mt_vf al = mt_set1(alpha[r]);
         for (int b = 0; b < nd; b++) a[r][b] = mt_mul(mt_load(acc + r * d + c0 + b * MT_LANES), al);
     }
-    for (int j = 0; j < KT; j++) {
+    for (int j = js; j < je; j++) {
         mt_vf vv[DB];
         for (int b = 0; b < nd; b++) vv[b] = mt_load(vb + j * d + c0 + b * MT_LANES);
         for (int r = 0; r < nr; r++) {
@@ -172,24 +175,26 @@ static inline __attribute__((always_inline)) void pv_block(float *acc, int d, co
     for (int c = 0; c < d; c += DB * MT_LANES) {                                                   \
         const int nd = (d - c) / MT_LANES < DB ? (d - c) / MT_LANES : DB;                          \
         switch (nd) {                                                                              \
-            case 1: pv_block(acc + m * d, d, st + m, ms, alpha + m, vb, c, NR, 1); break;          \
-            case 2: pv_block(acc + m * d, d, st + m, ms, alpha + m, vb, c, NR, 2); break;          \
-            case 3: pv_block(acc + m * d, d, st + m, ms, alpha + m, vb, c, NR, 3); break;          \
-            default: pv_block(acc + m * d, d, st + m, ms, alpha + m, vb, c, NR, DB); break;        \
+            case 1: pv_block(acc + m * d, d, st + m, ms, alpha + m, vb, js, je, c, NR, 1); break;          \
+            case 2: pv_block(acc + m * d, d, st + m, ms, alpha + m, vb, js, je, c, NR, 2); break;          \
+            case 3: pv_block(acc + m * d, d, st + m, ms, alpha + m, vb, js, je, c, NR, 3); break;          \
+            default: pv_block(acc + m * d, d, st + m, ms, alpha + m, vb, js, je, c, NR, DB); break;        \
         }                                                                                          \
     }
 
-/* The tile's P @ V into the accumulators of queries [ma, mb). */
-static void pv(float *acc, int d, const float *st, int64_t ms, const float *alpha, const float *vb, int ma, int mb) {
+/* The tile's P @ V over keys [js, je) into the accumulators of queries [ma, mb). */
+static void pv(float *acc, int d, const float *st, int64_t ms, const float *alpha, const float *vb, int js, int je,
+               int ma, int mb) {
     int m = ma;
     for (; m + MR <= mb; m += MR) { PV_COLUMNS(MR) }
     for (; m < mb; m++) { PV_COLUMNS(1) }
 }
 
-/* KT cache rows of KV head h from position t0 as float32 [KT, d] (zeros at and past context). */
-static void load_tile(float *dst, const void *cache, int bf16, const int64_t *table, int64_t t0, int64_t context,
-                      int block_size, int hk, int h, int d) {
-    for (int j = 0; j < KT; j++) {
+/* Cache rows js .. je of the tile at position t0, KV head h, as float32 [KT, d] (zeros at and
+ * past context). */
+static void load_tile(float *dst, const void *cache, int bf16, const int64_t *table, int64_t t0, int js, int je,
+                      int64_t context, int block_size, int hk, int h, int d) {
+    for (int j = js; j < je; j++) {
         float *row = dst + j * d;
         if (t0 + j >= context) {
             memset(row, 0, sizeof(float) * (size_t)d);
@@ -295,11 +300,14 @@ static void attend_item(const call_args *a, const work_item *it, workspace *w) {
         if (ra >= rb) continue;
         const int ma = (int)ra * g, mb = (int)rb * g;
         const int va = ma / MT_LANES, vb = (mb + MT_LANES - 1) / MT_LANES;
-        load_tile(w->kb, a->k_cache, a->bf16, table, t0, it->context, a->block_size, a->hk, it->h, d);
-        load_tile(w->vb, a->v_cache, a->bf16, table, t0, it->context, a->block_size, a->hk, it->h, d);
-        scores(w->st, ms, w->qt, w->kb, d, va, vb);
-        softmax_tile(w->st, ms, qs, va, vb, t0);
-        pv(w->acc, d, w->st, ms, qs->alpha, w->vb, ma, mb);
+        /* keys some row of the item sees, widened to whole score blocks */
+        const int js = first > t0 ? (int)(first - t0) / KR * KR : 0;
+        const int je = last + 1 - t0 < KT ? ((int)(last + 1 - t0) + KR - 1) / KR * KR : KT;
+        load_tile(w->kb, a->k_cache, a->bf16, table, t0, js, je, it->context, a->block_size, a->hk, it->h, d);
+        load_tile(w->vb, a->v_cache, a->bf16, table, t0, js, je, it->context, a->block_size, a->hk, it->h, d);
+        scores(w->st, ms, w->qt, w->kb, d, js, je, va, vb);
+        softmax_tile(w->st, ms, qs, js, je, va, vb, t0);
+        pv(w->acc, d, w->st, ms, qs->alpha, w->vb, js, je, ma, mb);
     }
     for (int m = 0; m < m_count; m++) {
         const int r = m / g, j = m % g;
