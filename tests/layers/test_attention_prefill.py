@@ -128,3 +128,23 @@ def test_no_segments_leave_out_untouched(op):
     k, v, gen = _cache(4, 1, 64, blocks=4)
     q = torch.randn(3, 2, 64, generator=gen)
     assert (_run(op, q, k, v, torch.zeros(1, 4, dtype=torch.int64), ()) == 7.0).all()
+
+
+def test_blocks_that_slid_out_of_every_window_are_never_read(op):
+    """A windowed chunk: the blocks wholly before its first row's window are released by the block
+    manager (table entry ``NULL_BLOCK`` = -1, the block reused and overwritten): same bits.  Three
+    positions a block, so the window's first position (183) starts a block that does not start a
+    tile's score block."""
+    gen = torch.Generator().manual_seed(8)
+    k, v = torch.randn(110, 3, 2, 64, generator=gen), torch.randn(110, 3, 2, 64, generator=gen)
+    tables = torch.randperm(110, generator=gen)[:100].view(1, 100).contiguous()
+    q = torch.randn(100, 4, 64, generator=gen)
+    segments, window = ((0, 100, 0, 300),), 18  # rows at 200..299 see from 183 on: block 61
+    out = _run(op, q, k, v, tables, segments, window)
+    want = torch.empty_like(out)
+    op.forward_native(want, q, k, v, tables, segments, 64**-0.5, window)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=5e-6)
+    gone = tables[0, :61].clone()
+    k[gone], v[gone] = float("nan"), float("nan")
+    tables[0, :61] = -1
+    assert torch.equal(_run(op, q, k, v, tables, segments, window), out)

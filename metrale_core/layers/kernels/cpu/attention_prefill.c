@@ -24,7 +24,9 @@
  *   or fewer keys it does not see in another call), and keys a row does not see enter its sums
  *   as exact zeros (probability 0, max -inf, 0 * v): they can change the sign of an exact zero
  *   in the accumulator, nothing else.
- * - Positions at or past a segment's context are never read (the tile buffers hold zeros there).
+ * - Positions at or past a segment's context, and positions before the window of an item's first
+ *   row, are never read (the tile buffers hold zeros there): their blocks may be padding or
+ *   released (the block manager's windowed groups).
  * - head_dim is a multiple of 16 up to 256, Hq a multiple of Hk, contexts below 2^24 positions
  *   (positions are compared as exact floats); the entry point returns 0, or -1 for arguments it
  *   cannot take (the Python side checks first and routes such calls to the torch path).  The
@@ -190,13 +192,14 @@ static void pv(float *acc, int d, const float *st, int64_t ms, const float *alph
     for (; m < mb; m++) { PV_COLUMNS(1) }
 }
 
-/* Cache rows js .. je of the tile at position t0, KV head h, as float32 [KT, d] (zeros at and
- * past context). */
+/* Cache rows js .. je of the tile at position t0, KV head h, as float32 [KT, d]: zeros outside
+ * [first, context), whose blocks may be gone (past the context, or slid out of every window:
+ * NULL_BLOCK table entries). */
 static void load_tile(float *dst, const void *cache, int bf16, const int64_t *table, int64_t t0, int js, int je,
-                      int64_t context, int block_size, int hk, int h, int d) {
+                      int64_t first, int64_t context, int block_size, int hk, int h, int d) {
     for (int j = js; j < je; j++) {
         float *row = dst + j * d;
-        if (t0 + j >= context) {
+        if (t0 + j < first || t0 + j >= context) {
             memset(row, 0, sizeof(float) * (size_t)d);
             continue;
         }
@@ -303,8 +306,8 @@ static void attend_item(const call_args *a, const work_item *it, workspace *w) {
         /* keys some row of the item sees, widened to whole score blocks */
         const int js = first > t0 ? (int)(first - t0) / KR * KR : 0;
         const int je = last + 1 - t0 < KT ? ((int)(last + 1 - t0) + KR - 1) / KR * KR : KT;
-        load_tile(w->kb, a->k_cache, a->bf16, table, t0, js, je, it->context, a->block_size, a->hk, it->h, d);
-        load_tile(w->vb, a->v_cache, a->bf16, table, t0, js, je, it->context, a->block_size, a->hk, it->h, d);
+        load_tile(w->kb, a->k_cache, a->bf16, table, t0, js, je, first, it->context, a->block_size, a->hk, it->h, d);
+        load_tile(w->vb, a->v_cache, a->bf16, table, t0, js, je, first, it->context, a->block_size, a->hk, it->h, d);
         scores(w->st, ms, w->qt, w->kb, d, js, je, va, vb);
         softmax_tile(w->st, ms, qs, js, je, va, vb, t0);
         pv(w->acc, d, w->st, ms, qs->alpha, w->vb, js, je, ma, mb);
