@@ -21,6 +21,9 @@ Invariants:
   is the same bits alone and in any batch.
 - The same :class:`~metrale_core.layers.attention.AttentionPlan` as ``paged_attention`` drives
   it, so a layer's choice between the two costs nothing per step.
+- On CPU, the multi-row segments of a plain cache without soft-cap or sinks go to the tiled C
+  kernel (``PagedAttentionPrefill`` with the window), which reads no position before a row's
+  window either.
 """
 
 from __future__ import annotations
@@ -142,10 +145,13 @@ def windowed_paged_attention(
     window: int | None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    prefill_op=None,
 ) -> torch.Tensor:
     """Attend every row of ``q`` ``[T, Hq, d]`` over ``layer`` of ``kv`` within ``window``
     positions (None: unbounded), scores soft-capped at ``softcap`` (None: not capped), with the
-    per-head sink logits ``sinks`` ``[Hq]`` in every softmax (None: no sinks)."""
+    per-head sink logits ``sinks`` ``[Hq]`` in every softmax (None: no sinks).  ``prefill_op``
+    (CPU models: ``DecoderOps.prefill_attention``) attends the multi-row segments of a plain
+    cache when there is neither soft-cap nor sinks."""
     if window is not None and window < 1:
         raise ValueError(f"an attention window must be >= 1 position, not {window}")
     if plan.pure_decode:
@@ -163,6 +169,9 @@ def windowed_paged_attention(
             softcap,
             sinks,
         )
+    if softcap is None and sinks is None and kv.plain and prefill_op is not None and prefill_op.path == "cpu":
+        prefill_op(out, q, kv.k[layer], kv.v[layer], plan.block_tables, plan.multi_row, plan.scale, window)
+        return out
     for start, end, seq, context_len in plan.multi_row:
         out[start:end] = _segment(
             q[start:end], kv, layer, plan.block_tables[seq], context_len, window, plan.scale, softcap, sinks

@@ -4,7 +4,9 @@ Random block tables (not the identity), a batch mixing decode rows and multi-row
 windows shorter and longer than the contexts, soft-capping on and off, attention sinks on and off
 (their reference: transformers' gpt-oss softmax over the scores and a sink column), GQA 2; the
 guarantee the block manager relies on: blocks wholly outside every row's window are never read;
-and with sinks, a row's result is the same bits alone and in a batch.
+and with sinks, a row's result is the same bits alone and in a batch.  On CPU the multi-row
+segments go to the tiled C prefill kernel (``prefill_op``): the torch path's values, and the same
+never-read guarantee.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import math
 import pytest
 import torch
 
+from metrale_core.kernels import KERNELS_ENV
 from metrale_core.layers.attention import AttentionPlan, paged_attention
-from metrale_core.layers.ops import DecoderOps
+from metrale_core.layers.ops import KERNEL_PACKAGE, DecoderOps
 from metrale_core.layers.window_attention import windowed_paged_attention
 from metrale_core.model_api import ForwardBatch, KVLayout, PagedKVCache
+from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa
 
 BS, HQ, HK, D = 4, 4, 2, 8
 
@@ -41,16 +45,16 @@ def _reference(q, k, v, pos, window, softcap, scale, sinks=None):
     return torch.einsum("hl,lhd->hd", torch.softmax(scores, -1), vv)
 
 
-def _setup(seed: int, work: list[tuple[int, int]]):
+def _setup(seed: int, work: list[tuple[int, int]], d: int = D):
     """``work``: (context_len, query_len) per sequence.  Returns batch, kv, q, per-seq K/V."""
     g = torch.Generator().manual_seed(seed)
-    kv = PagedKVCache.allocate(KVLayout(num_layers=1, num_kv_heads=HK, head_dim=D), 64, BS)
+    kv = PagedKVCache.allocate(KVLayout(num_layers=1, num_kv_heads=HK, head_dim=d), 64, BS)
     free = torch.randperm(64, generator=g).tolist()
     tables, seq_kv, slots, positions, qlens, clens = [], [], [], [], [], []
     for ctx, n in work:
         table = [free.pop() for _ in range(-(-ctx // BS))]
-        k = torch.randn(ctx, HK, D, generator=g)
-        v = torch.randn(ctx, HK, D, generator=g)
+        k = torch.randn(ctx, HK, d, generator=g)
+        v = torch.randn(ctx, HK, d, generator=g)
         for p in range(ctx):
             kv.k[0][table[p // BS], p % BS] = k[p]
             kv.v[0][table[p // BS], p % BS] = v[p]
@@ -77,7 +81,7 @@ def _setup(seed: int, work: list[tuple[int, int]]):
         context_lens_host=tuple(clens),
         block_size=BS,
     )
-    q = torch.randn(rows, HQ, D, generator=g)
+    q = torch.randn(rows, HQ, d, generator=g)
     return batch, kv, q, seq_kv, tables
 
 
@@ -155,3 +159,22 @@ def test_window_must_be_positive():
     batch, kv, q, _, _ = _setup(1, WORKS["pure-decode"])
     with pytest.raises(ValueError, match="window"):
         windowed_paged_attention(q, kv, 0, AttentionPlan.from_batch(batch, 1.0), window=0)
+
+
+@pytest.mark.parametrize("window", [None, 1, 5, 100])
+def test_the_c_prefill_kernel_attends_windowed_segments(window, monkeypatch):
+    use_cpu_isa(monkeypatch, cpu_isa_params()[0], KERNEL_PACKAGE)
+    monkeypatch.setenv(KERNELS_ENV, "cpu")
+    op = DecoderOps("cpu").prefill_attention
+    assert op is not None and op.path == "cpu"
+    batch, kv, q, _, tables = _setup(11, WORKS["mixed"], d=16)
+    plan = AttentionPlan.from_batch(batch, 0.25)
+    want = windowed_paged_attention(q, kv, 0, plan, window=window)
+    got = windowed_paged_attention(q, kv, 0, plan, window=window, prefill_op=op)
+    assert (got - want).abs().max().item() <= 1e-5
+    if window is not None:
+        for (ctx, n), table in zip(WORKS["mixed"], tables, strict=True):
+            for b in table[: max(0, ctx - n - window + 1) // BS]:
+                kv.k[0][b] = float("nan")
+                kv.v[0][b] = float("nan")
+        assert torch.equal(windowed_paged_attention(q, kv, 0, plan, window=window, prefill_op=op), got)
