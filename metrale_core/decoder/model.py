@@ -287,7 +287,15 @@ class DecoderLM:
             o = paged_attention(q, kv, index, plan, ops.decode_attention, ops.prefill_attention)
         else:
             o = windowed_paged_attention(
-                q, kv, index, plan, window=window, softcap=d.attn_softcap, sinks=w.sinks, decode_op=ops.decode_attention
+                q,
+                kv,
+                index,
+                plan,
+                window=window,
+                softcap=d.attn_softcap,
+                sinks=w.sinks,
+                decode_op=ops.decode_attention,
+                prefill_op=ops.prefill_attention,
             )
         x = self._residual(x, self._norm(w.o_proj(o.reshape(-1, q_size)), w.attn_out_norm))
         return self._mlp(x, w)

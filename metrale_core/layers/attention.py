@@ -112,21 +112,28 @@ def prefill_attention(
     block_table: torch.Tensor,
     context_len: int,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Rows ``q`` ``[n, Hq, d]`` of one sequence, the last ``n`` of its ``context_len`` positions."""
+    """Rows ``q`` ``[n, Hq, d]`` of one sequence, the last ``n`` of its ``context_len`` positions
+    (``window``: as :func:`attend_prefill`)."""
     num_blocks = -(-context_len // k_cache.shape[1])
     k = _gather(k_cache, block_table, num_blocks, q.dtype)
     v = _gather(v_cache, block_table, num_blocks, q.dtype)
-    return attend_prefill(q, k, v, context_len, scale)
+    return attend_prefill(q, k, v, context_len, scale, window)
 
 
-def attend_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, scale: float) -> torch.Tensor:
-    """Causal rows ``q`` ``[n, Hq, d]`` over gathered ``k``/``v`` ``[>= context_len, Hk, d]``."""
+def attend_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, scale: float, window: int | None = None
+) -> torch.Tensor:
+    """Causal rows ``q`` ``[n, Hq, d]`` over gathered ``k``/``v`` ``[>= context_len, Hk, d]``; with
+    a ``window`` the row at position ``p`` sees only ``p - window + 1 .. p``."""
     n = q.shape[0]
     k, v = k[:context_len], v[:context_len]  # [c, Hk, d]
     rows = torch.arange(context_len - n, context_len, device=q.device)
     keys = torch.arange(context_len, device=q.device)
     allowed = keys[None, :] <= rows[:, None]  # [n, c] causal over prefix + this chunk
+    if window is not None:
+        allowed &= keys[None, :] > rows[:, None] - window
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
         k.transpose(0, 1).unsqueeze(0),

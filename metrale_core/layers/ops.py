@@ -7,9 +7,10 @@ Invariants:
 - ``forward_native`` delegates to ``functional.py`` / ``attention.py`` (the oracles); ``forward_cuda``
   checks its inputs and launches the matching ``kernels/*.cu`` entry point (``<name>_f32`` or
   ``<name>_bf16``); dtypes without a kernel (float16) route to ``forward_native``.
-- ``forward_cpu`` calls the ``dop_*`` entry point of ``kernels/cpu/decoder_ops.c`` (decode
-  attention: ``attention_decode.c``; each declared in its ``.h``, the one statement of its
-  signature) for float32
+- ``forward_cpu`` calls the C entry point of its op, declared in the ``.h`` beside it (the one
+  statement of its signature): ``dop_*`` of ``kernels/cpu/decoder_ops.c``, decode attention
+  ``dop_paged_decode`` of ``attention_decode.c``, prefill attention ``ap_paged_prefill`` of
+  ``attention_prefill.c``, for float32
   activations with dense rows (KV caches: float32 or bfloat16) and routes everything else (other
   dtypes, strided heads, head sizes the kernel does not take) to ``forward_native``.
 - ``QKNormRope`` and ``KVCacheWrite`` may work in place: callers use the returned tensors.
@@ -462,33 +463,35 @@ class PagedAttentionDecode(CustomOp):
 
 
 class PagedAttentionPrefill(CustomOp):
-    """The multi-row segments of a batch (prefill chunks) attending causally over a plain paged
-    cache, written into ``out`` ``[T, Hq, d]``: ``segments`` holds ``(row_start, row_end,
-    sequence, context_len)`` per segment (``AttentionPlan.multi_row``).
+    """The multi-row segments of a batch (prefill chunks, verify rows) attending causally over a
+    plain paged cache, written into ``out`` ``[T, Hq, d]``: ``segments`` holds ``(row_start,
+    row_end, sequence, context_len)`` per segment (``AttentionPlan.multi_row``); ``window``: a row
+    sees only the last ``window`` positions up to its own (None: all of them).
 
     CPU only (there is no CUDA kernel: CUDA models attend prefill rows through ``attention.py``).
-    The C kernel takes segments of up to ``C_KERNEL_ROWS`` rows -- many short prompts in one
-    call, where SDPA per segment cost ~90 us per sequence and layer; longer ones go through SDPA,
-    which is as fast from ~512 rows (SmolLM2, 2 threads)."""
+    The C kernel (``kernels/cpu/attention_prefill.c``) attends every segment of a step in one
+    call, tiled with an online softmax (no score matrix over the context), each row the same bits
+    whatever the rest of the step; ``attention.prefill_attention`` is its oracle."""
 
     kernel_package = KERNEL_PACKAGE
     cpu_kernels = True
-    #: Longest segment the C kernel attends (longer: SDPA per segment).
-    C_KERNEL_ROWS = 256
-    #: ``(segments, rows tensor)`` of the last call (one table per forward, reused by every layer).
-    _rows: tuple[tuple, torch.Tensor] | None = None
+    #: ``(segments, segments tensor)`` of the last call (one table per forward, reused by every layer).
+    _segments: tuple[tuple, torch.Tensor] | None = None
 
-    def forward_native(self, out, q, k_cache, v_cache, block_tables, segments, scale: float) -> None:
+    def forward_native(
+        self, out, q, k_cache, v_cache, block_tables, segments, scale: float, window: int | None = None
+    ) -> None:
         for start, end, seq, context_len in segments:
             out[start:end] = attention.prefill_attention(
-                q[start:end], k_cache, v_cache, block_tables[seq], context_len, scale
+                q[start:end], k_cache, v_cache, block_tables[seq], context_len, scale, window
             )
 
-    def forward_cpu(self, out, q, k_cache, v_cache, block_tables, segments, scale: float) -> None:
+    def forward_cpu(
+        self, out, q, k_cache, v_cache, block_tables, segments, scale: float, window: int | None = None
+    ) -> None:
         d, hq, hk = q.shape[2], q.shape[1], k_cache.shape[2]
-        short = tuple(s for s in segments if s[1] - s[0] <= self.C_KERNEL_ROWS)
         if (
-            not short
+            not segments
             or not _f32(q, out)
             or d % 16
             or d > 256
@@ -497,19 +500,15 @@ class PagedAttentionPrefill(CustomOp):
             or not _cpu_caches(k_cache, v_cache)
             or block_tables.dtype != torch.int64
             or block_tables.stride(-1) != 1
+            or (window is not None and window < 1)
         ):
-            return self.forward_native(out, q, k_cache, v_cache, block_tables, segments, scale)
-        if self._rows is None or self._rows[0] is not segments:
-            table = [
-                (start + i, seq, context_len - (end - start) + i + 1)
-                for start, end, seq, context_len in short
-                for i in range(end - start)
-            ]
-            self._rows = (segments, torch.tensor(table, dtype=torch.int64))
-        rows = self._rows[1]
+            return self.forward_native(out, q, k_cache, v_cache, block_tables, segments, scale, window)
+        if self._segments is None or self._segments[0] is not segments:
+            self._segments = (segments, torch.tensor(segments, dtype=torch.int64).reshape(-1, 4))
+        table = self._segments[1]
         _cpu_call(
             self,
-            "dop_paged_prefill",
+            "ap_paged_prefill",
             out.data_ptr(),
             out.stride(0),
             q.data_ptr(),
@@ -519,25 +518,16 @@ class PagedAttentionPrefill(CustomOp):
             k_cache.dtype == torch.bfloat16,
             block_tables.data_ptr(),
             block_tables.stride(0),
-            rows.data_ptr(),
-            rows.shape[0],
+            table.data_ptr(),
+            table.shape[0],
             hq,
             hk,
             d,
             k_cache.shape[1],
+            0 if window is None else window,
             scale,
             torch.get_num_threads(),
         )
-        if len(short) < len(segments):
-            self.forward_native(
-                out,
-                q,
-                k_cache,
-                v_cache,
-                block_tables,
-                tuple(s for s in segments if s[1] - s[0] > self.C_KERNEL_ROWS),
-                scale,
-            )
         return None
 
 

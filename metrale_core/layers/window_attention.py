@@ -25,6 +25,9 @@ Invariants:
 - Decode rows without soft-capping over a plain cache go through the model's decode op's C kernel
   where it takes them (``PagedAttentionDecode.cpu_takes``): window and sinks in the kernel, the
   same positions read, batch-invariant; everything else stays on the torch path here.
+- On CPU, the multi-row segments of a plain cache without soft-cap or sinks go to the tiled C
+  kernel (``PagedAttentionPrefill`` with the window), which reads no position before a row's
+  window either.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from metrale_core.layers.attention import AttentionPlan
 from metrale_core.model_api import PagedKVCache
 
 if TYPE_CHECKING:
-    from metrale_core.layers.ops import PagedAttentionDecode
+    from metrale_core.layers.ops import PagedAttentionDecode, PagedAttentionPrefill
 
 __all__ = ["attend_masked", "windowed_paged_attention"]
 
@@ -162,11 +165,14 @@ def windowed_paged_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     decode_op: PagedAttentionDecode | None = None,
+    prefill_op: PagedAttentionPrefill | None = None,
 ) -> torch.Tensor:
     """Attend every row of ``q`` ``[T, Hq, d]`` over ``layer`` of ``kv`` within ``window``
     positions (None: unbounded), scores soft-capped at ``softcap`` (None: not capped), with the
     per-head sink logits ``sinks`` ``[Hq]`` in every softmax (None: no sinks).  ``decode_op``: the
-    model's ``PagedAttentionDecode``, whose C kernel attends the decode rows where it can."""
+    model's ``PagedAttentionDecode``, whose C kernel attends the decode rows where it can;
+    ``prefill_op`` (CPU models: ``DecoderOps.prefill_attention``) attends the multi-row segments
+    of a plain cache when there is neither soft-cap nor sinks."""
     if window is not None and window < 1:
         raise ValueError(f"an attention window must be >= 1 position, not {window}")
     if plan.pure_decode:
@@ -187,6 +193,9 @@ def windowed_paged_attention(
             sinks,
             decode_op,
         )
+    if softcap is None and sinks is None and kv.plain and prefill_op is not None and prefill_op.path == "cpu":
+        prefill_op(out, q, kv.k[layer], kv.v[layer], plan.block_tables, plan.multi_row, plan.scale, window)
+        return out
     for start, end, seq, context_len in plan.multi_row:
         out[start:end] = _segment(
             q[start:end], kv, layer, plan.block_tables[seq], context_len, window, plan.scale, softcap, sinks

@@ -5,7 +5,9 @@ windows shorter and longer than the contexts, soft-capping on and off, attention
 (their reference: transformers' gpt-oss softmax over the scores and a sink column), GQA 2; the
 guarantee the block manager relies on: blocks wholly outside every row's window are never read;
 and with sinks, a row's result is the same bits alone and in a batch.  The decode rows through the
-C decode kernel (window and sinks in the kernel) against the torch path, on each ISA variant.
+C decode kernel (window and sinks in the kernel) against the torch path, on each ISA variant; on CPU
+the multi-row segments through the tiled C prefill kernel (``prefill_op``): the torch path's values,
+and the same never-read guarantee.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from metrale_core.kernels import KERNELS_ENV
 from metrale_core.layers.attention import AttentionPlan, paged_attention
-from metrale_core.layers.ops import DecoderOps, PagedAttentionDecode
+from metrale_core.layers.ops import KERNEL_PACKAGE, DecoderOps, PagedAttentionDecode
 from metrale_core.layers.window_attention import windowed_paged_attention
 from metrale_core.model_api import ForwardBatch, KVLayout, PagedKVCache
 from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa
@@ -208,3 +210,22 @@ def test_the_c_kernel_reads_no_block_outside_the_window(c_decode, sinks):
             kv.v[0][b] = float("nan")
     assert torch.equal(windowed_paged_attention(q, kv, 0, plan, window=window, sinks=sink, decode_op=op), want)
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("window", [None, 1, 5, 100])
+def test_the_c_prefill_kernel_attends_windowed_segments(window, monkeypatch):
+    use_cpu_isa(monkeypatch, cpu_isa_params()[0], KERNEL_PACKAGE)
+    monkeypatch.setenv(KERNELS_ENV, "cpu")
+    op = DecoderOps("cpu").prefill_attention
+    assert op is not None and op.path == "cpu"
+    batch, kv, q, _, tables = _setup(11, WORKS["mixed"], d=16)
+    plan = AttentionPlan.from_batch(batch, 0.25)
+    want = windowed_paged_attention(q, kv, 0, plan, window=window)
+    got = windowed_paged_attention(q, kv, 0, plan, window=window, prefill_op=op)
+    assert (got - want).abs().max().item() <= 1e-5
+    if window is not None:
+        for (ctx, n), table in zip(WORKS["mixed"], tables, strict=True):
+            for b in table[: max(0, ctx - n - window + 1) // BS]:
+                kv.k[0][b] = float("nan")
+                kv.v[0][b] = float("nan")
+        assert torch.equal(windowed_paged_attention(q, kv, 0, plan, window=window, prefill_op=op), got)

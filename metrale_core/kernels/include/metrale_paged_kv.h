@@ -1,6 +1,7 @@
 /* metrale_paged_kv.h: reading a paged KV cache from the C attention kernels -- where a position's
  * row lives and how MT_LANES of its elements load as float32 -- and the score / softmax / value
- * loops of the attention kernels (decoder_ops.c's prefill, attention_decode.c).
+ * loops of the decode kernel (attention_decode.c; attention_prefill.c reads the cache through
+ * cache_row / load_cache and runs its own tiled loops).
  *
  * Owner: metrale_core.layers (its C kernels).  It lives in metrale_core/kernels/include (on every
  * CPU build's include path) rather than next to the kernels, whose headers are parsed for entry

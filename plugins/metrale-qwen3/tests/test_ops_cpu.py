@@ -191,14 +191,13 @@ def test_decode_attention_matches_per_sequence_softmax(hq, d, cache_dtype, ops):
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hq, d", [(4, 64), (2, 16), (6, 128), (2, 8)])
-def test_prefill_attention_attends_each_segment_causally(hq, d, cache_dtype, ops, monkeypatch):
+def test_prefill_attention_attends_each_segment_causally(hq, d, cache_dtype, ops):
     """Several sequences' multi-row segments in one batch, each row over its sequence's prefix and
-    the rows before it; a segment longer than the C kernel's limit goes through SDPA."""
-    monkeypatch.setattr(type(ops.prefill_attention), "C_KERNEL_ROWS", 6)
+    the rows before it (the C kernel's tiles: tests/layers/test_attention_prefill.py)."""
     k_cache, v_cache = (c.to(cache_dtype) for c in _paged_cache(num_blocks=12, d=d))
     tables = torch.tensor([[3, 7, 1, 0], [5, 0, 0, 0], [2, 4, 6, 8], [9, 10, 11, 0]])
     # (row_start, row_end, sequence, context_len): a chunk after a cached prefix, a whole prompt,
-    # a segment past the C limit and a two-row one
+    # a longer segment and a two-row one
     segments = ((0, 5, 0, 11), (5, 9, 1, 4), (9, 18, 2, 14), (18, 20, 3, 12))
     q = randn(21, hq + 1, d)[:, :hq]  # a strided view; row 20 is a decode row, not ours
     out = torch.full((21, hq, d), 7.0)

@@ -2,9 +2,9 @@
  * metrale_cpu_math.h's vectors, so the same source builds the AVX512F and the AVX2 + FMA variant
  * of the library (MT_LANES = 16 or 8 float lanes).
  *
- * Owner: metrale_qwen3.ops (the forward_cpu of RMSNorm, QKNormRope, SwiGLU, KVCacheWrite and
- * PagedAttentionPrefill; decode attention is attention_decode.c's; layers.py / attention.py are
- * the oracles they are tested against).
+ * Owner: metrale_core.layers.ops (the forward_cpu of RMSNorm, QKNormRope, SwiGLU, KVCacheWrite, and
+ * the MoE router's rows_matmul; attention is attention_decode.c's and attention_prefill.c's; the
+ * torch paths are the oracles they are tested against).
  *
  * Each entry point does in one call what the torch path does in 5-15 small ops, so a decode step
  * spends its time in the matmuls rather than in op dispatch.  The maths follows the torch path
@@ -24,7 +24,6 @@
 
 #include "decoder_ops.h"
 #include "metrale_cpu_math.h"
-#include "metrale_paged_kv.h"
 
 /* Rows at or above this many float elements in total are split over the OpenMP team. */
 #define PARALLEL_ELEMENTS 16384
@@ -143,92 +142,6 @@ int dop_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_str
         }
     }
     return 0;
-}
-
-/* Scores s[0, len) -> softmax probabilities in place (max-subtracted exponentials, normalised). */
-static void softmax_row(float *s, int64_t len) {
-    float total;
-    kv_exp_scores(s, len, &total);
-    const mt_vf inv = mt_set1(total > 0.0f ? 1.0f / total : 0.0f);
-    for (int64_t t = 0; t < len; t += MT_LANES) {
-        const mt_mask m = mt_tail_mask((int)(len - t));
-        mt_mask_store(s + t, m, mt_mul(mt_maskz_load(m, s + t), inv));
-    }
-}
-
-/* The g query heads qh [g, D] of KV head h of one sequence over its len cached positions (table:
- * its block ids) into out [g, D]; scores [g, len + 4] is scratch.  D and BF16 (the caches hold
- * bfloat16) are compile-time constants at every call, so a head's query and accumulator stay in
- * registers; scores are reduced four positions at a time. */
-static inline __attribute__((always_inline)) void attend_kv_head(
-        float *out, const float *qh, const void *k_cache, const void *v_cache, const int64_t *table,
-        int64_t len, int g, int hk, int h, const int D, const int BF16, int block_size, float scale,
-        float *scores) {
-    for (int j = 0; j < g; j++) {
-        mt_vf qv[256 / MT_LANES];
-        for (int i = 0; i < D / MT_LANES; i++) qv[i] = mt_mul(mt_load(qh + j * D + i * MT_LANES), mt_set1(scale));
-        float *s = scores + j * len;
-        kv_scores(s, qv, k_cache, table, 0, len, block_size, hk, h, D, BF16);
-        softmax_row(s, len);
-        mt_vf acc[256 / MT_LANES];
-        for (int i = 0; i < D / MT_LANES; i++) acc[i] = mt_zero();
-        kv_accumulate(acc, s, v_cache, table, 0, len, block_size, hk, h, D, BF16);
-        for (int i = 0; i < D / MT_LANES; i++) mt_store(out + j * D + i * MT_LANES, acc[i]);
-    }
-}
-
-typedef void (*attend_fn)(float *, const float *, const void *, const void *, const int64_t *, int64_t, int, int,
-                          int, int, int, float, float *);
-
-#define ATTEND_FN(NAME, D, BF16)                                                                              \
-    static void NAME(float *out, const float *qh, const void *kc, const void *vc, const int64_t *table,        \
-                     int64_t len, int g, int hk, int h, int d, int bs, float scale, float *scores) {          \
-        (void)d;                                                                                              \
-        attend_kv_head(out, qh, kc, vc, table, len, g, hk, h, D, BF16, bs, scale, scores);                   \
-    }
-ATTEND_FN(attend_64, 64, 0) ATTEND_FN(attend_128, 128, 0) ATTEND_FN(attend_any, d, 0)
-ATTEND_FN(attend_64_bf16, 64, 1) ATTEND_FN(attend_128_bf16, 128, 1) ATTEND_FN(attend_any_bf16, d, 1)
-
-/* The specialised loop for head size d over float32 (bf16 = 0) or bfloat16 caches. */
-static attend_fn pick_attend(int d, int bf16) {
-    if (d == 64) return bf16 ? attend_64_bf16 : attend_64;
-    if (d == 128) return bf16 ? attend_128_bf16 : attend_128;
-    return bf16 ? attend_any_bf16 : attend_any;
-}
-
-/* Multi-row (prefill) segments: rows [R, 3] int64 = (row of q / out, sequence, visible
- * positions) -- each query row attends causally to the first `visible` positions of its
- * sequence's cache.  Work items are (row, KV head) pairs (two-pass softmax per row and head). */
-int dop_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_stride,
-                      const void *k_cache, const void *v_cache, int bf16, const int64_t *tables,
-                      int64_t table_stride, const int64_t *rows, int num_rows, int hq, int hk, int d,
-                      int block_size, float scale, int threads) {
-    if (num_rows < 0 || hk <= 0 || hq % hk || d % 16 || d > 256 || block_size <= 0 || threads <= 0) return -1;
-    int64_t longest = 0;
-    for (int r = 0; r < num_rows; r++) longest = rows[3 * r + 2] > longest ? rows[3 * r + 2] : longest;
-    const int g = hq / hk;
-    const attend_fn attend = pick_attend(d, bf16);
-    int failed = 0;
-#pragma omp parallel num_threads(threads)
-    {
-        float *scores = malloc(sizeof(float) * (size_t)(g * (longest + 16)));
-#pragma omp for schedule(dynamic, 4)
-        for (int item = 0; item < num_rows * hk; item++) {
-            if (scores == NULL) {
-#pragma omp atomic write
-                failed = 1;
-                continue;
-            }
-            const int64_t *row = rows + 3 * (item / hk);
-            const int h = item % hk;
-            float *o = out + row[0] * out_stride + (int64_t)h * g * d;
-            const float *qh = q + row[0] * q_stride + (int64_t)h * g * d;
-            const int64_t *table = tables + row[1] * table_stride;
-            attend(o, qh, k_cache, v_cache, table, row[2], g, hk, h, d, block_size, scale, scores);
-        }
-        free(scores);
-    }
-    return failed ? -1 : 0;
 }
 
 /* One column's dot product: lane-wise fused multiply-adds over k in order, then the lanes summed. */

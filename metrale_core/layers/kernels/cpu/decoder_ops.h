@@ -20,10 +20,6 @@ int dop_qk_norm_rope(float *q, int64_t q_stride, int hq, float *k, int64_t k_str
 int dop_swiglu(const float *gu, float *out, int rows, int inter, int threads);
 int dop_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_stride, void *k_cache,
                  void *v_cache, const int64_t *slots, int tokens, int row, int bf16);
-int dop_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_stride,
-                      const void *k_cache, const void *v_cache, int bf16, const int64_t *tables,
-                      int64_t table_stride, const int64_t *rows, int num_rows, int hq, int hk, int d,
-                      int block_size, float scale, int threads);
 int dop_rows_matmul(const float *x, int64_t x_stride, const float *w, float *out, int rows, int n, int k,
                     int threads);
 
