@@ -1,7 +1,8 @@
 """``POST /v1/chat/completions``: OpenAI chat, streamed (SSE) or whole.
 
-Owner: the server.  The request is validated (``schemas``), rendered with the chat template
-(``chat_prompt``), split into one engine request per choice (``generation``) and answered in
+Owner: the server.  The request is validated (``schemas``), then rendered with the chat template
+and split into one engine request per choice by the chat path every chat API shares
+(``translate.start_chat``), and answered in
 OpenAI's ``chat.completion`` / ``chat.completion.chunk`` shapes.
 
 Invariants:
@@ -30,17 +31,14 @@ from typing import Any
 from attrs import define, field
 from litestar import Request, Response, post
 
-from metrale_core.server.chat_prompt import chat_prompt, parser_factory
 from metrale_core.server.common import check_model, new_id, read_request, usage, while_connected
 from metrale_core.server.errors import APIError
-from metrale_core.server.generation import plan_jobs, run_jobs
+from metrale_core.server.generation import run_jobs
 from metrale_core.server.logprobs import TokenNamer, chat_logprobs
-from metrale_core.server.offload import off_loop
 from metrale_core.server.openapi import body_operation
 from metrale_core.server.schemas import ChatCompletionRequest
 from metrale_core.server.streaming import sse_response
-from metrale_core.server.structured import chat_structured_output
-from metrale_core.server.thinking_budget import chat_reasoning_budget
+from metrale_core.server.translate import start_chat
 
 __all__ = ["chat_completions", "engine_failure"]
 
@@ -142,21 +140,10 @@ async def chat_completions(request: Request) -> Response:
     served = host.ready()
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs")
-    prompt, prompt_text = await off_loop(chat_prompt, served.tokenizer, req, served.engine.max_model_len)
-    extras = parser_factory(host, req, prompt_text)
-    structured = chat_structured_output(host, req, prompt_text)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    jobs = await plan_jobs(
-        host,
-        req,
-        [prompt],
-        max_tokens=max_tokens,
-        logprobs=logprobs,
-        extras_factory=extras,
-        structured=structured,
-        reasoning_budget=chat_reasoning_budget(host, req, prompt_text),
-    )
+    planned = await start_chat(host, req, max_tokens=max_tokens, logprobs=logprobs)
+    jobs = planned.jobs
     choices = {job.index: _Choice(job.index, parsed=job.extras is not None) for job in jobs}
     namer = TokenNamer(served.tokenizer) if req.logprobs else None
     meta = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": name}
@@ -187,7 +174,7 @@ async def chat_completions(request: Request) -> Response:
             }
             for c in choices.values()
         ],
-        "usage": usage(len(prompt), sum(c.num_output_tokens for c in choices.values())),
+        "usage": usage(planned.prompt_tokens, sum(c.num_output_tokens for c in choices.values())),
     }
     return Response(body, media_type="application/json")
 

@@ -21,14 +21,13 @@ from litestar import Request, Response, post
 from metrale_core.server.chat import engine_failure
 from metrale_core.server.common import check_model, new_id, read_request, usage, while_connected
 from metrale_core.server.errors import APIError
-from metrale_core.server.generation import plan_jobs, run_jobs
+from metrale_core.server.generation import plan_completion, run_jobs
 from metrale_core.server.guards import check_prompt_chars
 from metrale_core.server.logprobs import TokenNamer, completion_logprobs
 from metrale_core.server.offload import off_loop
 from metrale_core.server.openapi import body_operation
 from metrale_core.server.schemas import CompletionRequest
 from metrale_core.server.streaming import sse_response
-from metrale_core.server.structured import structured_output
 
 __all__ = ["completions"]
 
@@ -65,14 +64,7 @@ async def completions(request: Request) -> Response:
     if req.echo and req.logprobs is not None:
         raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)", param="echo")
     prompts = await off_loop(_prompts, served.tokenizer, req.prompt, served.engine.max_model_len)
-    jobs = await plan_jobs(
-        host,
-        req,
-        prompts,
-        max_tokens=req.max_tokens if req.max_tokens is not None else 16,
-        logprobs=req.logprobs,
-        structured=structured_output(req),
-    )
+    jobs = await plan_completion(host, req, prompts)
     namer = TokenNamer(served.tokenizer) if req.logprobs is not None else None
     echo = {job.index: served.tokenizer.decode(job.prompt_ids) if req.echo else "" for job in jobs}
     meta = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": name}

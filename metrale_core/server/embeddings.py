@@ -27,12 +27,11 @@ from attrs import frozen
 from litestar import Request, Response, post
 
 from metrale_core.engine.pooling import Pooling, can_pool, default_pooling
-from metrale_core.errors import RequestError
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.server.chat import engine_failure
 from metrale_core.server.common import check_model, read_request
 from metrale_core.server.errors import APIError
-from metrale_core.server.generation import Job, run_jobs
+from metrale_core.server.generation import Job, checked, new_request_ids, run_jobs
 from metrale_core.server.openapi import body_operation
 from metrale_core.server.schemas import Prompt
 
@@ -83,14 +82,13 @@ async def embed(host: Any, name: str, value: Any) -> tuple[list[Any], int]:
     host.check_capacity(len(prompts))
     params = SamplingParams(temperature=0.0, max_tokens=1)
     jobs = []
+    ids = new_request_ids()
     for i, prompt in enumerate(prompts):
-        try:
-            ids = engine.validate_request("validate", prompt, params)
-        except RequestError as exc:
-            raise APIError(
-                400, f"input[{i}]: " + str(exc).replace("request 'validate': ", ""), param=f"input[{i}]"
-            ) from None
-        jobs.append(Job(index=i, prompt_ids=ids, params=params, extras={"pooling": Pooling(mode)}))
+        where = f"input[{i}]"
+        request = checked(
+            engine, next(ids), prompt, params, {"pooling": Pooling(mode)}, param=where, prefix=f"{where}: "
+        )
+        jobs.append(Job(index=i, request=request))
     vectors: dict[int, Any] = {}
     async for index, out in run_jobs(host, jobs):
         if out.finished:

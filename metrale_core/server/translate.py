@@ -1,7 +1,8 @@
-"""The one chat path under the Responses and Messages APIs: run a chat request, yield pieces.
+"""The one chat path under every chat API: plan a chat request, run it, yield pieces.
 
-Owner: ``server.responses`` and ``server.messages``.  Each of those APIs translates its request
-into a :class:`~metrale_core.server.schemas.ChatCompletionRequest` and calls :func:`start_chat`,
+Owner: ``server.chat``, ``server.responses``, ``server.messages`` and ``server.ollama``.  Each
+of the last three translates its request into a
+:class:`~metrale_core.server.schemas.ChatCompletionRequest`; each calls :func:`start_chat`,
 which renders it with the same chat template (``chat_prompt``), attaches the same stream parser
 (tool calls, reasoning; ``parser_factory``) and plans it with the same checks (``plan_jobs``) as
 ``/v1/chat/completions``.  :func:`pieces` then turns each engine delta into typed
@@ -83,12 +84,14 @@ async def start_chat(
     req: Any,
     *,
     max_tokens: int | None,
+    logprobs: int | None = None,
     budget_field: str = "thinking_token_budget",
     raw_prompt: str | None = None,
 ) -> ChatRun:
-    """Render (off the event loop), validate and plan ``req`` (a ``ChatCompletionRequest``) as one
-    engine request, with chat's structured-output constraint (``text.format`` and the like) and
-    reasoning budget (``budget_field``: what the API calls ``thinking_token_budget``).
+    """Render (off the event loop), validate and plan ``req`` (a ``ChatCompletionRequest``) as
+    ``req.n`` engine requests, with chat's structured-output constraint (``text.format`` and the
+    like) and reasoning budget (``budget_field``: what the API calls ``thinking_token_budget``);
+    ``logprobs``: top logprobs per token (None: none).
     ``raw_prompt``: this text is the whole prompt (tokenized with the model's special tokens),
     not the chat template's rendering of ``req.messages`` (Ollama's ``raw``)."""
     served = host.ready()
@@ -104,7 +107,7 @@ async def start_chat(
         req,
         [prompt],
         max_tokens=max_tokens,
-        logprobs=None,
+        logprobs=logprobs,
         extras_factory=extras,
         structured=structured,
         reasoning_budget=budget,
