@@ -1,14 +1,18 @@
 """From a validated request to engine requests and back: sampling params, choices, merging.
 
-Owner: the chat and completions routes.  :func:`plan_jobs` turns one API request into one
-:class:`Job` per choice (``n`` per prompt) after every check that can fail; :func:`run_jobs`
-streams their deltas, merged, as ``(choice index, RequestOutput)`` pairs.
+Owner: the chat path (``translate.start_chat``), the completions and embeddings routes.
+:func:`plan_jobs` turns one API request into one :class:`Job` per choice (``n`` per prompt)
+after every check that can fail; :func:`run_jobs` streams their deltas, merged, as
+``(choice index, RequestOutput)`` pairs.
 
 Invariants:
 - Everything that can reject a request (prompt too long, ``max_tokens`` beyond the context,
   token ids or ``logit_bias`` keys outside the vocabulary, a full queue) raises before the first
   engine request is added, so a rejected request is always a clean 4xx/503 and never a
   half-started stream.
+- Each job is checked by the engine exactly once, under its real request id
+  (:func:`checked` -> ``LLMEngine.validate_request``), and carries the engine's typed
+  ``EngineRequest``, which the engine (its thread, or a data-parallel replica) queues as it is.
 - :func:`plan_jobs` admits the request (``EngineHost.admit``) as its last step: from then on it
   counts against the queue limit, for streams too, until :func:`run_jobs` ends (or the
   returned :class:`Jobs` is dropped unrun).
