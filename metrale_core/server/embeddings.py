@@ -26,12 +26,11 @@ from typing import Any
 from attrs import frozen
 from litestar import Request, Response, post
 
-from metrale_core.engine.pooling import Pooling, can_pool, default_pooling
-from metrale_core.sampling.params import SamplingParams
+from metrale_core.engine.pooling import can_pool, default_pooling
 from metrale_core.server.chat import engine_failure
 from metrale_core.server.common import check_model, read_request
 from metrale_core.server.errors import APIError
-from metrale_core.server.generation import Job, checked, new_request_ids, run_jobs
+from metrale_core.server.generation import plan_embeddings
 from metrale_core.server.openapi import body_operation
 from metrale_core.server.schemas import Prompt
 
@@ -80,17 +79,9 @@ async def embed(host: Any, name: str, value: Any) -> tuple[list[Any], int]:
     mode = host.config.pooling or default_pooling(engine.model)
     prompts = _inputs(served.tokenizer, value)
     host.check_capacity(len(prompts))
-    params = SamplingParams(temperature=0.0, max_tokens=1)
-    jobs = []
-    ids = new_request_ids()
-    for i, prompt in enumerate(prompts):
-        where = f"input[{i}]"
-        request = checked(
-            engine, next(ids), prompt, params, {"pooling": Pooling(mode)}, param=where, prefix=f"{where}: "
-        )
-        jobs.append(Job(index=i, request=request))
+    run = plan_embeddings(host, prompts, mode)
     vectors: dict[int, Any] = {}
-    async for index, out in run_jobs(host, jobs):
+    async for index, out in run.stream:
         if out.finished:
             if (failure := engine_failure(out)) is not None:
                 raise failure

@@ -2,8 +2,10 @@
 
 Owner: the chat path (``translate.start_chat``), the completions and embeddings routes.
 :func:`plan_jobs` turns one API request into one :class:`Job` per choice (``n`` per prompt)
-after every check that can fail; :func:`run_jobs` streams their deltas, merged, as
-``(choice index, RequestOutput)`` pairs.
+after every check that can fail, and hands the route a :class:`Planned`: the choices and the
+stream (:func:`run_jobs`) of their deltas, merged, as ``(choice index, RequestOutput)`` pairs.
+The sampling parameters only go down from here (to the engine's check, then into the stream):
+a route never gets them back.
 
 Invariants:
 - Everything that can reject a request (prompt too long, ``max_tokens`` beyond the context,
@@ -15,7 +17,7 @@ Invariants:
   ``EngineRequest``, which the engine (its thread, or a data-parallel replica) queues as it is.
 - :func:`plan_jobs` admits the request (``EngineHost.admit``) as its last step: from then on it
   counts against the queue limit, for streams too, until :func:`run_jobs` ends (or the
-  returned :class:`Jobs` is dropped unrun).
+  returned :class:`Planned` is dropped unrun).
 - ``n`` choices are ``n`` engine requests; with a ``seed``, choice ``i`` uses ``seed + i``
   (so ``n=2`` does not return two identical samples and a fixed seed is reproducible).
 - When the consumer stops (client gone, error, shutdown), every engine request still running is
@@ -33,8 +35,9 @@ from collections.abc import AsyncGenerator, Iterator, Sequence
 from contextlib import aclosing, contextmanager
 from typing import Any
 
-from attrs import frozen
+from attrs import define, frozen
 
+from metrale_core.engine.pooling import Pooling
 from metrale_core.engine.request import EngineRequest
 from metrale_core.errors import RequestError
 from metrale_core.sampling.params import SamplingParams
@@ -47,10 +50,13 @@ from metrale_core.server.structured import structured_output
 __all__ = [
     "Job",
     "Jobs",
+    "Planned",
     "checked",
     "new_request_ids",
     "plan_completion",
+    "plan_embeddings",
     "plan_jobs",
+    "planned",
     "run_jobs",
     "sampling_params",
     "stop_lists",
@@ -80,6 +86,29 @@ class Jobs(list):
     """The jobs of one request plus its ``admission`` (released by :func:`run_jobs`)."""
 
     admission: Any = None
+
+
+@define
+class Planned:
+    """A planned API request as its route sees it: its choices and the stream of their deltas.
+
+    The engine records (sampling parameters included) went on down into ``stream``: a route
+    never handles them, it reads outputs."""
+
+    #: Choice index -> the prompt ids it continues, in choice order.
+    prompts: dict[int, tuple[int, ...]]
+    #: The choices carry plugin extras (a stream parser): their output comes parsed.
+    parsed: bool
+    #: The merged deltas as ``(choice index, RequestOutput)`` (:func:`run_jobs`): iterating it
+    #: runs the engine requests (and releases the admission at the end); closing it aborts
+    #: those still running.
+    stream: AsyncGenerator[tuple[int, Any], None]
+
+
+def planned(host: Any, jobs: Sequence[Job]) -> Planned:
+    """The route's view of ``jobs`` (their stream not started)."""
+    parsed = bool(jobs) and jobs[0].extras is not None
+    return Planned({job.index: job.prompt_ids for job in jobs}, parsed, run_jobs(host, jobs))
 
 
 def stop_lists(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -159,8 +188,9 @@ async def plan_jobs(
     extras_factory=None,
     structured: Any = None,
     reasoning_budget: Any = None,
-) -> Jobs:
-    """One job per (prompt, choice), each checked by the engine once; raises 4xx / 503.
+) -> Planned:
+    """One job per (prompt, choice), each checked by the engine once, as the route's
+    :class:`Planned`; raises 4xx / 503.
 
     ``structured``: the request's ``StructuredOutput`` (``server.structured``), or None;
     ``reasoning_budget``: its ``ReasoningBudget`` (``server.thinking_budget``), or None.  A
@@ -174,10 +204,10 @@ async def plan_jobs(
     args = (engine, req, prompts, max_tokens, logprobs, extras_factory, structured, reasoning_budget, adapter)
     jobs = await off_loop(_validated_jobs, *args) if structured is not None else _validated_jobs(*args)
     jobs.admission = host.admit(len(jobs))
-    return jobs
+    return planned(host, jobs)
 
 
-async def plan_completion(host: Any, req: Any, prompts: Sequence[list[int]]) -> Jobs:
+async def plan_completion(host: Any, req: Any, prompts: Sequence[list[int]]) -> Planned:
     """:func:`plan_jobs` for a ``CompletionRequest``: its ``max_tokens`` (16 when not given),
     ``logprobs`` and structured-output fields."""
     return await plan_jobs(
@@ -188,6 +218,22 @@ async def plan_completion(host: Any, req: Any, prompts: Sequence[list[int]]) -> 
         logprobs=req.logprobs,
         structured=structured_output(req),
     )
+
+
+def plan_embeddings(host: Any, prompts: Sequence[list[int]], mode: str) -> Planned:
+    """One prefill-only pooling job per input (``extras={"pooling": Pooling(mode)}``), each
+    checked by the engine once; an input it refuses is a 400 naming ``input[i]``."""
+    engine = host.ready().engine
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    ids = new_request_ids()
+    jobs = []
+    for i, prompt in enumerate(prompts):
+        where = f"input[{i}]"
+        request = checked(
+            engine, next(ids), prompt, params, {"pooling": Pooling(mode)}, param=where, prefix=f"{where}: "
+        )
+        jobs.append(Job(index=i, request=request))
+    return planned(host, jobs)
 
 
 def new_request_ids() -> Iterator[str]:

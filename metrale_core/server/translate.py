@@ -29,7 +29,7 @@ from attrs import define, field, frozen
 from metrale_core.server.chat_prompt import chat_prompt, parser_factory
 from metrale_core.server.common import new_id
 from metrale_core.server.errors import APIError
-from metrale_core.server.generation import Job, plan_jobs, run_jobs
+from metrale_core.server.generation import Planned, plan_jobs
 from metrale_core.server.offload import off_loop
 from metrale_core.server.structured import chat_structured_output
 from metrale_core.server.thinking_budget import chat_reasoning_budget
@@ -55,8 +55,9 @@ class ChatRun:
     """A planned chat request and what its output accumulated."""
 
     host: Any
-    #: ``plan_jobs``' one-job list; it carries the request's admission, which ``run_jobs`` releases.
-    jobs: list[Job]
+    #: Its choices and their stream (``plan_jobs``; iterating the stream releases the request's
+    #: admission at the end).
+    planned: Planned
     prompt_tokens: int
     calls: dict[int, dict] = field(factory=dict)
     finish_reason: str | None = None
@@ -64,13 +65,10 @@ class ChatRun:
     #: The engine's final delta (``finish_reason`` ``error``/``timeout``/``abort`` included).
     final: Any = None
 
-    @property
-    def job(self) -> Job:
-        return self.jobs[0]
-
     async def outputs(self) -> AsyncIterator[Any]:
-        """The engine deltas; closing this generator aborts the engine request at once."""
-        async with aclosing(run_jobs(self.host, self.jobs)) as stream:
+        """The engine deltas of its one choice; closing this generator aborts the engine
+        request at once."""
+        async with aclosing(self.planned.stream) as stream:
             async for _, out in stream:
                 if out.finished:
                     self.final = out
@@ -102,7 +100,7 @@ async def start_chat(
     extras = parser_factory(host, req, prompt_text)
     structured = chat_structured_output(host, req, prompt_text)
     budget = chat_reasoning_budget(host, req, prompt_text, field=budget_field)
-    jobs = await plan_jobs(
+    planned = await plan_jobs(
         host,
         req,
         [prompt],
@@ -112,12 +110,12 @@ async def start_chat(
         structured=structured,
         reasoning_budget=budget,
     )
-    return ChatRun(host=host, jobs=jobs, prompt_tokens=len(prompt))
+    return ChatRun(host=host, planned=planned, prompt_tokens=len(prompt))
 
 
 def pieces(run: ChatRun, out: Any) -> Iterator[Piece]:
     """The pieces of one engine delta (see the module docstring)."""
-    if run.job.extras is None:
+    if not run.planned.parsed:
         if out.text_delta:
             yield Piece("text", out.text_delta)
         return
