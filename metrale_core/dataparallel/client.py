@@ -7,8 +7,9 @@ It *is* an ``AsyncEngine`` (same ``generate`` / ``abort`` / ``shutdown``, same p
 streams, coalescing of a consumer that falls behind, abort of a consumer that stops) whose
 engine thread is replaced by a reader thread on the replica's pipe: ``add`` and ``abort`` go
 down the pipe instead of into the engine thread's inbox, and the replica's step outputs come back
-up it.  ``engine`` is the front's engine, used only to validate requests (the same checks the
-replica makes) and never stepped here.
+up it.  ``engine`` is the front's engine, used only to validate requests (``validate_request``:
+the replica's engine has the same configuration, and queues the checked ``EngineRequest`` as it
+is) and never stepped here.
 
 Invariants:
 - When the replica dies (its pipe reaches end of file), every request still streaming from it
@@ -32,6 +33,7 @@ from loguru import logger
 
 from metrale_core.engine.async_engine import AsyncEngine
 from metrale_core.engine.deltas import RequestOutput
+from metrale_core.engine.request import EngineRequest
 
 __all__ = ["ReplicaClient"]
 
@@ -50,8 +52,8 @@ class _PipeInbox:
             with self.lock:
                 self.client.conn.send(item)
         except (OSError, ValueError):  # the replica is gone (or its pipe closed)
-            if item[0] == "add":
-                self.client._send([(item[1], self.client.failure(item[1]))])
+            if isinstance(item, EngineRequest):
+                self.client._send([(item.request_id, self.client.failure(item.request_id))])
 
 
 class ReplicaClient(AsyncEngine):

@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
-from typing import Any
+from typing import Any, overload
 
 from attrs import define, field
 from loguru import logger
@@ -46,8 +46,9 @@ from metrale_core.dataparallel.client import ReplicaClient
 from metrale_core.dataparallel.replica import replica_main
 from metrale_core.dataparallel.routing import PrefixRouter, Route
 from metrale_core.dataparallel.snapshot import add_snapshots, combined_snapshot, counters_only
-from metrale_core.engine.async_engine import EngineStopped
+from metrale_core.engine.async_engine import EngineStopped, engine_request
 from metrale_core.engine.deltas import RequestOutput
+from metrale_core.engine.request import EngineRequest
 from metrale_core.engine.snapshot import EngineSnapshot
 from metrale_core.errors import MetraleError
 from metrale_core.sampling.params import SamplingParams
@@ -278,22 +279,39 @@ class ReplicaPool:
         if client is not None:
             client.abort(request_id)
 
-    async def generate(
+    @overload
+    def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]: ...
+
+    @overload
+    def generate(
         self,
-        prompt_ids: Sequence[int],
+        request: Sequence[int],
         params: SamplingParams,
         request_id: str | None = None,
         timeout_s: float | None = None,
         extras: dict | None = None,
+    ) -> AsyncIterator[RequestOutput]: ...
+
+    async def generate(
+        self,
+        request: EngineRequest | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+        extras: dict | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """``AsyncEngine.generate`` on the replica :attr:`router` picks."""
+        """``AsyncEngine.generate`` on the replica :attr:`router` picks: the ``EngineRequest``
+        (or the request checked here, by the front's engine) goes to it as it is."""
+        if isinstance(request, EngineRequest):
+            request_id = request.request_id
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         up = {s.index: s.in_flight for s in self.slots if s.up}
         if not up or self._stopping:
             why = "the server is shutting down" if self._stopping else "no data-parallel replica is up (restarting)"
             yield RequestOutput(request_id, finished=True, finish_reason="error", error=why)
             return
-        route = self.router.route(prompt_ids, up)
+        record = engine_request(self.engine, request, params, request_id, timeout_s, extras)
+        route = self.router.route(record.prompt_ids, up)
         slot = self.slots[route.replica]
         client = slot.client
         assert client is not None
@@ -303,9 +321,7 @@ class ReplicaPool:
         slot.in_flight += 1
         self._owner[request_id] = slot.index
         try:
-            replies: Any = client.generate(
-                prompt_ids, params, request_id=request_id, timeout_s=timeout_s, extras=extras
-            )
+            replies: Any = client.generate(record)
             async with aclosing(replies) as stream:
                 async for out in stream:
                     yield out

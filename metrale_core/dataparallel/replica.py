@@ -4,8 +4,8 @@ Owner: ``ReplicaPool`` starts :func:`replica_main` in a spawned process per repl
 front's ``ReplicaClient`` is the other end of the pipe.
 
 Protocol (picklable tuples):
-- front -> replica: ``("add", request_id, prompt_ids, params, timeout_s, extras)``,
-  ``("abort", request_id)``, ``("stop",)``;
+- front -> replica: an ``EngineRequest`` to add (checked once, by the front's engine: the
+  replica queues it as it is), ``("abort", request_id)``, ``("stop",)``;
 - replica -> front: ``("ready", pid, stats)`` once the engine is built (or
   ``("failed", reason)``), then ``("out", outputs, stats_or_None)`` per step with outputs and
   ``("error", request_id, exception)`` for a request the engine refused.  ``stats`` is a
@@ -35,6 +35,7 @@ from attrs import evolve, frozen
 from metrale_core.engine.async_engine import step_or_fail
 from metrale_core.engine.block_manager import PrefixCacheStats
 from metrale_core.engine.engine import EngineStats
+from metrale_core.engine.request import EngineRequest
 from metrale_core.engine.snapshot import EngineSnapshot
 from metrale_core.errors import InvalidRequest
 
@@ -103,19 +104,18 @@ def _drain(conn: Any, engine: Any) -> bool:
     """Handle every waiting message; False on ``("stop",)`` (raises EOFError when orphaned)."""
     while conn.poll(0):
         msg = conn.recv()
-        if msg[0] == "stop":
-            return False
-        if msg[0] == "abort":
-            engine.abort(msg[1])
+        if not isinstance(msg, EngineRequest):
+            if msg[0] == "stop":
+                return False
+            engine.abort(msg[1])  # ("abort", request_id)
             continue
-        _, request_id, prompt, params, timeout_s, extras = msg
         try:
-            engine.add_request(request_id, prompt, params, timeout_s=timeout_s, extras=extras)
+            engine.add_request(msg)
         except Exception as exc:
             try:
-                conn.send(("error", request_id, exc))
+                conn.send(("error", msg.request_id, exc))
             except Exception:
-                conn.send(("error", request_id, InvalidRequest(str(exc))))
+                conn.send(("error", msg.request_id, InvalidRequest(str(exc))))
     return True
 
 

@@ -5,8 +5,9 @@ Owner: the HTTP server builds one at startup, calls :meth:`AsyncEngine.start` on
 
 Invariants:
 - Only the engine thread touches the ``LLMEngine``; other threads talk to it through a
-  thread-safe inbox (add / abort) and receive deltas on per-request ``asyncio.Queue``\\ s filled
-  with ``loop.call_soon_threadsafe``.
+  thread-safe inbox (an ``EngineRequest`` to add, checked once before it is sent; or an abort)
+  and receive deltas on per-request ``asyncio.Queue``\\ s filled with
+  ``loop.call_soon_threadsafe``.
 - A consumer that stops (``aclose()``, a cancelled task, a broken connection) aborts its request,
   which frees its blocks.
 - A consumer that falls behind the engine gets the deltas waiting for it merged into one
@@ -35,16 +36,17 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import Any, overload
 
 from loguru import logger
 
 from metrale_core.engine.deltas import RequestOutput, coalesce
 from metrale_core.engine.engine import LLMEngine
+from metrale_core.engine.request import EngineRequest
 from metrale_core.errors import InvalidRequest, MetraleError
 from metrale_core.sampling.params import SamplingParams
 
-__all__ = ["AsyncEngine", "EngineStopped", "step_or_fail"]
+__all__ = ["AsyncEngine", "EngineStopped", "engine_request", "step_or_fail"]
 
 
 class EngineStopped(MetraleError):
@@ -99,31 +101,47 @@ class AsyncEngine:
         """Ask the engine thread to abort ``request_id`` (no-op when it is unknown or done)."""
         self._inbox.put(("abort", request_id))
 
+    @overload
+    def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]: ...
+
+    @overload
+    def generate(
+        self,
+        request: Seq[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+        extras: dict | None = None,
+    ) -> AsyncIterator[RequestOutput]: ...
+
     async def generate(
         self,
-        prompt_ids: Seq[int],
-        params: SamplingParams,
+        request: EngineRequest | Seq[int],
+        params: SamplingParams | None = None,
         request_id: str | None = None,
         timeout_s: float | None = None,
         extras: dict | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream the deltas of one request; the last one has ``finished`` True.
 
-        ``extras`` goes to ``LLMEngine.add_request`` (per-sequence plugin state, e.g. the
-        ``stream_parser``); it is handed to the engine thread, which alone touches it from then on.
+        ``request`` is an ``EngineRequest`` (``LLMEngine.validate_request``'s record: not
+        checked again), or the prompt ids followed by the params and optionally the request id,
+        ``timeout_s`` and ``extras`` (per-sequence plugin state, e.g. the ``stream_parser``),
+        checked here first (:func:`engine_request`).  The record is handed to the engine
+        thread, which alone touches its ``extras`` from then on.
 
         Raises ``InvalidRequest`` / ``PromptTooLong`` before streaming for a bad request.
         """
         if not self.is_running or self._stop.is_set():
             raise EngineStopped("the engine is not running; call AsyncEngine.start() first")
-        request_id = request_id if request_id is not None else uuid.uuid4().hex
-        prompt = self.engine.validate_request(request_id, prompt_ids, params)
+        record = engine_request(self.engine, request, params, request_id, timeout_s, extras)
+        request_id = record.request_id
         stream: asyncio.Queue = asyncio.Queue()
         with self._lock:
             if request_id in self._streams:
                 raise InvalidRequest(f"request id {request_id!r} is already in use")
             self._streams[request_id] = (asyncio.get_running_loop(), stream)
-        self._inbox.put(("add", request_id, prompt, params, timeout_s, extras))
+        self._inbox.put(record)
         finished = False
         try:
             while not finished:
@@ -173,16 +191,16 @@ class AsyncEngine:
     def _handle(self, item) -> None:
         if item is None:
             return
-        if item[0] == "abort":
-            self.engine.abort(item[1])
-            self._handed.pop(item[1], None)
-            self._held.pop(item[1], None)
+        if isinstance(item, EngineRequest):
+            try:
+                self.engine.add_request(item)
+            except Exception as exc:
+                self._send([(item.request_id, exc)])
             return
-        _, request_id, prompt, params, timeout_s, extras = item
-        try:
-            self.engine.add_request(request_id, prompt, params, timeout_s=timeout_s, extras=extras)
-        except Exception as exc:
-            self._send([(request_id, exc)])
+        _, request_id = item  # ("abort", request_id)
+        self.engine.abort(request_id)
+        self._handed.pop(request_id, None)
+        self._held.pop(request_id, None)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         """Hand one step's outputs to their consumers (paced, see the invariants); a request
@@ -247,6 +265,23 @@ class AsyncEngine:
             engine.abort(request_id)
         if engine.has_unfinished():
             self._deliver(engine.step())
+
+
+def engine_request(
+    engine: LLMEngine,
+    request: EngineRequest | Seq[int],
+    params: SamplingParams | None = None,
+    request_id: str | None = None,
+    timeout_s: float | None = None,
+    extras: dict | None = None,
+) -> EngineRequest:
+    """``request`` itself when it is an ``EngineRequest`` (already checked); else the prompt
+    ``request`` with the rest, checked by ``engine.validate_request`` under ``request_id`` (a
+    fresh id when None)."""
+    if isinstance(request, EngineRequest):
+        return request
+    rid = request_id if request_id is not None else uuid.uuid4().hex
+    return engine.validate_request(rid, request, params, timeout_s=timeout_s, extras=extras)  # type: ignore[arg-type]
 
 
 def step_or_fail(engine: LLMEngine) -> list[RequestOutput]:

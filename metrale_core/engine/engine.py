@@ -8,8 +8,10 @@ Invariants:
 - ``step()`` is schedule -> execute -> update -> the speculation driver's ``after_step``, one
   path with or without speculation (``engine.speculation`` is the null driver when it is off;
   drafts reach the scheduler through its draft source); a step is never re-run.
-- ``add_request`` refuses what can never run (empty prompt, a prompt that leaves no room for one
-  output token, token ids outside the vocabulary, a reused request id) with a ``RequestError``.
+- ``validate_request`` refuses what can never run (empty prompt, a prompt that leaves no room for
+  one output token, token ids outside the vocabulary, parameters a logit processor refuses) with a
+  ``RequestError`` and otherwise returns the ``EngineRequest`` record; ``add_request`` queues such
+  a record without checking it again (a request is validated once), refusing only a reused id.
 - ``abort`` frees the request's blocks at once; its final delta (``"abort"``) comes with the
   next ``step()``.
 - Not thread-safe: one thread calls every method (``AsyncEngine`` keeps that rule).
@@ -23,7 +25,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from attrs import frozen
 from loguru import logger
@@ -33,7 +35,7 @@ from metrale_core.engine.deltas import RequestOutput
 from metrale_core.engine.kv_dtype import resolve_kv_storage
 from metrale_core.engine.output import OutputProcessor
 from metrale_core.engine.pooling import plan_pools, pool_step
-from metrale_core.engine.request import Request, Sequence
+from metrale_core.engine.request import EngineRequest, Request, Sequence
 from metrale_core.engine.runner import ModelRunner, model_device
 from metrale_core.engine.scheduler import FcfsPolicy, Scheduler
 from metrale_core.engine.snapshot import SnapshotPublisher
@@ -163,11 +165,23 @@ class LLMEngine:
         return self.speculation if isinstance(self.speculation, SpecDriver) else None  # NullSpeculation: off
 
     # --- requests ----------------------------------------------------------------------------
-    def validate_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> list[int]:
-        """Raise ``InvalidRequest`` / ``PromptTooLong`` for a request that can never run.
+    def validate_request(
+        self,
+        request_id: str,
+        prompt_ids: Seq[int],
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+        extras: dict | None = None,
+    ) -> EngineRequest:
+        """The checked record of one request, to hand to ``add_request`` (here, on the engine
+        thread or in a replica: it is not checked again); raises ``InvalidRequest`` /
+        ``PromptTooLong`` for a request that can never run.
 
-        Returns the prompt as a list of ints.  Reads only the configuration (and the logit
-        processors' ``validate_params``, which must be thread-safe), so any thread may call it.
+        Checks the id, the prompt (not empty, room for one output token, ids in the vocabulary),
+        ``params`` against the logit processors (e.g. a structured-output grammar compiles),
+        ``timeout_s`` and ``extras``.  Reads only the configuration (and the processors'
+        ``validate_params``, which must be thread-safe), so any thread may call it.
         """
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequest(f"request_id must be a non-empty string, got {request_id!r}")
@@ -193,36 +207,60 @@ class LLMEngine:
             if token is None or not 0 <= token < vocab:
                 raise InvalidRequest(f"request {request_id!r}: token id {t!r} is outside the vocabulary [0, {vocab})")
             ids.append(token)
-        return ids
+        if timeout_s is not None and not timeout_s > 0:
+            raise InvalidRequest(f"request {request_id!r}: timeout_s must be > 0, got {timeout_s!r}")
+        if extras is not None and not isinstance(extras, dict):
+            raise InvalidRequest(f"request {request_id!r}: extras must be a dict, got {type(extras).__name__}")
+        return EngineRequest(request_id, ids, params, timeout_s=timeout_s, extras=extras)
+
+    @overload
+    def add_request(self, request: EngineRequest) -> None: ...
+
+    @overload
+    def add_request(
+        self,
+        request: str,
+        prompt_ids: Seq[int],
+        params: SamplingParams,
+        *,
+        timeout_s: float | None = None,
+        extras: dict | None = None,
+    ) -> None: ...
 
     def add_request(
         self,
-        request_id: str,
-        prompt_ids: Seq[int],
-        params: SamplingParams,
+        request: EngineRequest | str,
+        prompt_ids: Seq[int] | None = None,
+        params: SamplingParams | None = None,
         *,
         timeout_s: float | None = None,
         extras: dict | None = None,
     ) -> None:
         """Queue a request; its deltas come from later ``step()`` calls.
 
-        ``extras`` is merged into the sequence's per-sequence plugin state (``seq.extras``), e.g.
+        ``request`` is an ``EngineRequest`` from :meth:`validate_request` (queued as it is), or
+        a request id followed by the prompt, the params and optionally ``timeout_s`` and
+        ``extras``, which are checked first (:meth:`validate_request`).  ``extras`` is merged into
+        the sequence's per-sequence plugin state (``seq.extras``), e.g.
         ``{"stream_parser": make_stream_parser(...)}`` (see ``metrale_core.streamparse``).
         """
-        prompt_ids = self.validate_request(request_id, prompt_ids, params)
-        if timeout_s is not None and not timeout_s > 0:
-            raise InvalidRequest(f"request {request_id!r}: timeout_s must be > 0, got {timeout_s!r}")
-        if extras is not None and not isinstance(extras, dict):
-            raise InvalidRequest(f"request {request_id!r}: extras must be a dict, got {type(extras).__name__}")
+        if not isinstance(request, EngineRequest):
+            prompt = () if prompt_ids is None else prompt_ids
+            request = self.validate_request(request, prompt, params, timeout_s=timeout_s, extras=extras)  # type: ignore[arg-type]
+        request_id = request.request_id
         if request_id in self.scheduler.seqs:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
         now = self.config.clock()
-        limit = timeout_s if timeout_s is not None else self.config.request_timeout_s
-        request = Request(
-            request_id, prompt_ids, params, arrival_time=now, deadline=None if limit is None else now + limit
+        limit = request.timeout_s if request.timeout_s is not None else self.config.request_timeout_s
+        accepted = Request(
+            request_id,
+            request.prompt_ids,
+            request.params,
+            arrival_time=now,
+            deadline=None if limit is None else now + limit,
         )
-        seq = Sequence(request, next(self._order))
-        seq.extras.update(extras or {})
+        seq = Sequence(accepted, next(self._order))
+        seq.extras.update(request.extras or {})
         self.scheduler.add(seq)
         self.snapshots.request_added(request_id, now)
 

@@ -1,9 +1,15 @@
-"""``Request`` (what a client asked for) and ``Sequence`` (its mutable state inside the engine).
+"""``EngineRequest`` (a checked request on its way in), ``Request`` (what a client asked for, as
+accepted) and ``Sequence`` (its mutable state inside the engine).
 
-Owner: ``LLMEngine.add_request`` builds both; the scheduler moves a ``Sequence`` between the
-waiting queue, the running list and FINISHED; the output processor appends its tokens.
+Owner: ``LLMEngine.validate_request`` builds an ``EngineRequest`` (the only record that crosses
+to the engine thread or a replica's pipe); ``LLMEngine.add_request`` turns it into a ``Request``
+and a ``Sequence``; the scheduler moves a ``Sequence`` between the waiting queue, the running
+list and FINISHED; the output processor appends its tokens.
 
 Invariants:
+- An ``EngineRequest`` has passed every check that does not depend on the engine's state (its
+  prompt, sampling parameters and logit processors, ``timeout_s``, ``extras``) exactly once,
+  under its own id; ``add_request`` takes it as it is (only the id's uniqueness is checked then).
 - ``num_computed_tokens`` counts the tokens whose K/V (and recurrent state) the model has
   consumed; tokens ``[num_computed_tokens, num_tokens)`` are still to be fed.  A token is never
   fed twice while the sequence keeps its blocks: preemption resets ``num_computed_tokens`` to 0
@@ -30,7 +36,7 @@ from metrale_core.sampling.params import SamplingParams, as_tuple
 if TYPE_CHECKING:
     from metrale_core.text.detokenizer import IncrementalDetokenizer
 
-__all__ = ["FinishReason", "Request", "Sequence", "SequenceStatus"]
+__all__ = ["EngineRequest", "FinishReason", "Request", "Sequence", "SequenceStatus"]
 
 #: Why a sequence finished (the OpenAI ``finish_reason`` plus engine outcomes).
 FinishReason = str  # "stop" | "length" | "abort" | "timeout" | "error"
@@ -40,6 +46,26 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+@frozen(repr=False)
+class EngineRequest:
+    """A request the engine's checks accepted, as it travels to the engine (thread or replica).
+
+    Build it with ``LLMEngine.validate_request`` (never by hand: that is what makes it checked).
+    """
+
+    request_id: str
+    prompt_ids: tuple[int, ...] = field(converter=as_tuple)
+    params: SamplingParams
+    #: Seconds after arrival at which it finishes with ``"timeout"`` (None: the engine's default).
+    timeout_s: float | None = None
+    #: Per-sequence plugin state to seed ``Sequence.extras`` with (e.g. ``{"stream_parser": ...}``,
+    #: ``{"pooling": ...}``, the LoRA adapter key); the engine thread alone touches it once sent.
+    extras: dict | None = None
+
+    def __repr__(self) -> str:
+        return f"EngineRequest({self.request_id!r}, prompt_len={len(self.prompt_ids)}, timeout_s={self.timeout_s})"
 
 
 @frozen(repr=False)

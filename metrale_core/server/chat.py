@@ -1,7 +1,8 @@
 """``POST /v1/chat/completions``: OpenAI chat, streamed (SSE) or whole.
 
-Owner: the server.  The request is validated (``schemas``), rendered with the chat template
-(``chat_prompt``), split into one engine request per choice (``generation``) and answered in
+Owner: the server.  The request is validated (``schemas``), then rendered with the chat template
+and split into one engine request per choice by the chat path every chat API shares
+(``translate.start_chat``), and answered in
 OpenAI's ``chat.completion`` / ``chat.completion.chunk`` shapes.
 
 Invariants:
@@ -30,17 +31,13 @@ from typing import Any
 from attrs import define, field
 from litestar import Request, Response, post
 
-from metrale_core.server.chat_prompt import chat_prompt, parser_factory
 from metrale_core.server.common import check_model, new_id, read_request, usage, while_connected
 from metrale_core.server.errors import APIError
-from metrale_core.server.generation import plan_jobs, run_jobs
 from metrale_core.server.logprobs import TokenNamer, chat_logprobs
-from metrale_core.server.offload import off_loop
 from metrale_core.server.openapi import body_operation
 from metrale_core.server.schemas import ChatCompletionRequest
 from metrale_core.server.streaming import sse_response
-from metrale_core.server.structured import chat_structured_output
-from metrale_core.server.thinking_budget import chat_reasoning_budget
+from metrale_core.server.translate import start_chat
 
 __all__ = ["chat_completions", "engine_failure"]
 
@@ -142,30 +139,18 @@ async def chat_completions(request: Request) -> Response:
     served = host.ready()
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs")
-    prompt, prompt_text = await off_loop(chat_prompt, served.tokenizer, req, served.engine.max_model_len)
-    extras = parser_factory(host, req, prompt_text)
-    structured = chat_structured_output(host, req, prompt_text)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    jobs = await plan_jobs(
-        host,
-        req,
-        [prompt],
-        max_tokens=max_tokens,
-        logprobs=logprobs,
-        extras_factory=extras,
-        structured=structured,
-        reasoning_budget=chat_reasoning_budget(host, req, prompt_text),
-    )
-    choices = {job.index: _Choice(job.index, parsed=job.extras is not None) for job in jobs}
+    run = await start_chat(host, req, max_tokens=max_tokens, logprobs=logprobs)
+    choices = {index: _Choice(index, parsed=run.planned.parsed) for index in run.planned.prompts}
     namer = TokenNamer(served.tokenizer) if req.logprobs else None
     meta = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": name}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return sse_response(_stream(host, jobs, choices, namer, meta, include_usage))
+        return sse_response(_stream(run.planned.stream, choices, namer, meta, include_usage))
 
     async def collect() -> None:
-        async for index, out in run_jobs(host, jobs):
+        async for index, out in run.planned.stream:
             choice = choices[index]
             choice.delta(out)
             if namer is not None and out.logprobs:
@@ -187,13 +172,17 @@ async def chat_completions(request: Request) -> Response:
             }
             for c in choices.values()
         ],
-        "usage": usage(len(prompt), sum(c.num_output_tokens for c in choices.values())),
+        "usage": usage(run.prompt_tokens, sum(c.num_output_tokens for c in choices.values())),
     }
     return Response(body, media_type="application/json")
 
 
 async def _stream(
-    host: Any, jobs: list, choices: dict[int, _Choice], namer: TokenNamer | None, meta: dict, include_usage: bool
+    outputs: AsyncIterator[tuple[int, Any]],
+    choices: dict[int, _Choice],
+    namer: TokenNamer | None,
+    meta: dict,
+    include_usage: bool,
 ) -> AsyncIterator[dict[str, Any]]:
     head = {**meta, "object": "chat.completion.chunk", "system_fingerprint": None}
     extra = {"usage": None} if include_usage else {}
@@ -205,9 +194,9 @@ async def _stream(
             **extra,
         }
 
-    for job in jobs:
-        yield chunk(job.index, {"role": "assistant", "content": ""})
-    async for index, out in run_jobs(host, jobs):
+    for index in choices:
+        yield chunk(index, {"role": "assistant", "content": ""})
+    async for index, out in outputs:
         choice = choices[index]
         delta = choice.delta(out)
         lp = {"content": chat_logprobs(namer, out.logprobs)} if namer and out.logprobs else None

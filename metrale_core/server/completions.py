@@ -21,14 +21,13 @@ from litestar import Request, Response, post
 from metrale_core.server.chat import engine_failure
 from metrale_core.server.common import check_model, new_id, read_request, usage, while_connected
 from metrale_core.server.errors import APIError
-from metrale_core.server.generation import plan_jobs, run_jobs
+from metrale_core.server.generation import plan_completion
 from metrale_core.server.guards import check_prompt_chars
 from metrale_core.server.logprobs import TokenNamer, completion_logprobs
 from metrale_core.server.offload import off_loop
 from metrale_core.server.openapi import body_operation
 from metrale_core.server.schemas import CompletionRequest
 from metrale_core.server.streaming import sse_response
-from metrale_core.server.structured import structured_output
 
 __all__ = ["completions"]
 
@@ -65,27 +64,20 @@ async def completions(request: Request) -> Response:
     if req.echo and req.logprobs is not None:
         raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)", param="echo")
     prompts = await off_loop(_prompts, served.tokenizer, req.prompt, served.engine.max_model_len)
-    jobs = await plan_jobs(
-        host,
-        req,
-        prompts,
-        max_tokens=req.max_tokens if req.max_tokens is not None else 16,
-        logprobs=req.logprobs,
-        structured=structured_output(req),
-    )
+    planned = await plan_completion(host, req, prompts)
     namer = TokenNamer(served.tokenizer) if req.logprobs is not None else None
-    echo = {job.index: served.tokenizer.decode(job.prompt_ids) if req.echo else "" for job in jobs}
+    echo = {index: served.tokenizer.decode(ids) if req.echo else "" for index, ids in planned.prompts.items()}
     meta = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": name}
     prompt_tokens = sum(len(p) for p in prompts)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return sse_response(_stream(host, jobs, namer, echo, meta, prompt_tokens, include_usage))
-    texts = {job.index: [echo[job.index]] for job in jobs}
-    lps: dict[int, list] = {job.index: [] for job in jobs}
+        return sse_response(_stream(planned.stream, namer, echo, meta, prompt_tokens, include_usage))
+    texts = {index: [echo[index]] for index in planned.prompts}
+    lps: dict[int, list] = {index: [] for index in planned.prompts}
     finals: dict[int, Any] = {}
 
     async def collect() -> None:
-        async for index, out in run_jobs(host, jobs):
+        async for index, out in planned.stream:
             texts[index].append(out.text_delta)
             if out.logprobs:
                 lps[index] += out.logprobs
@@ -114,8 +106,7 @@ async def completions(request: Request) -> Response:
 
 
 async def _stream(
-    host: Any,
-    jobs: list,
+    outputs: AsyncIterator[tuple[int, Any]],
     namer: TokenNamer | None,
     echo: dict[int, str],
     meta: dict,
@@ -136,7 +127,7 @@ async def _stream(
     for index, text in echo.items():
         if text:
             yield chunk(index, text, None, None)
-    async for index, out in run_jobs(host, jobs):
+    async for index, out in outputs:
         lp = None
         if namer is not None and out.logprobs:
             lp = completion_logprobs(namer, out.logprobs, offsets[index])

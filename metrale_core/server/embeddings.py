@@ -26,13 +26,11 @@ from typing import Any
 from attrs import frozen
 from litestar import Request, Response, post
 
-from metrale_core.engine.pooling import Pooling, can_pool, default_pooling
-from metrale_core.errors import RequestError
-from metrale_core.sampling.params import SamplingParams
+from metrale_core.engine.pooling import can_pool, default_pooling
 from metrale_core.server.chat import engine_failure
 from metrale_core.server.common import check_model, read_request
 from metrale_core.server.errors import APIError
-from metrale_core.server.generation import Job, run_jobs
+from metrale_core.server.generation import plan_embeddings
 from metrale_core.server.openapi import body_operation
 from metrale_core.server.schemas import Prompt
 
@@ -81,18 +79,9 @@ async def embed(host: Any, name: str, value: Any) -> tuple[list[Any], int]:
     mode = host.config.pooling or default_pooling(engine.model)
     prompts = _inputs(served.tokenizer, value)
     host.check_capacity(len(prompts))
-    params = SamplingParams(temperature=0.0, max_tokens=1)
-    jobs = []
-    for i, prompt in enumerate(prompts):
-        try:
-            ids = engine.validate_request("validate", prompt, params)
-        except RequestError as exc:
-            raise APIError(
-                400, f"input[{i}]: " + str(exc).replace("request 'validate': ", ""), param=f"input[{i}]"
-            ) from None
-        jobs.append(Job(index=i, prompt_ids=ids, params=params, extras={"pooling": Pooling(mode)}))
+    run = plan_embeddings(host, prompts, mode)
     vectors: dict[int, Any] = {}
-    async for index, out in run_jobs(host, jobs):
+    async for index, out in run.stream:
         if out.finished:
             if (failure := engine_failure(out)) is not None:
                 raise failure

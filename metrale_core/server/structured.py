@@ -1,8 +1,8 @@
 """A request's structured-output fields -> one core ``StructuredOutput`` record.
 
-Owner: the chat and completions routes call :func:`structured_output` once per request; the record
-travels on ``SamplingParams.structured`` to the logit processor that enforces it (the
-metrale-structured plugin).  Whether the constraint compiles is checked later, at admission
+Owner: the chat path (``translate.start_chat``) and ``generation.plan_completion`` call it once
+per request; the record travels on ``SamplingParams.structured`` to the logit processor that
+enforces it (the metrale-structured plugin).  Whether the constraint compiles is checked later, at admission
 (``LLMEngine.validate_request`` -> the processor), and refused there with a 400 naming the field.
 
 Accepted (one source per request, else a 400 naming both fields):

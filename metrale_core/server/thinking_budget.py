@@ -1,8 +1,8 @@
 """A chat request's reasoning budget (``thinking_token_budget``, vLLM's field; Messages'
 ``thinking.budget_tokens`` maps to it) as the engine's ``ReasoningBudget``.
 
-Owner: ``server.chat`` and ``server.translate.start_chat`` (Responses, Messages, Ollama) pass it
-to ``generation.plan_jobs``; the core's ``reasoning-budget`` logit processor enforces it.
+Owner: ``server.translate.start_chat`` (every chat API: chat completions, Responses, Messages,
+Ollama) passes it to ``generation.plan_jobs``; the core's ``reasoning-budget`` logit processor enforces it.
 
 Invariants:
 - No budget asked: None.  A budget on a model with no reasoning format (``--reasoning-parser``,

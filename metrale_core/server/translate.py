@@ -1,7 +1,8 @@
-"""The one chat path under the Responses and Messages APIs: run a chat request, yield pieces.
+"""The one chat path under every chat API: plan a chat request, run it, yield pieces.
 
-Owner: ``server.responses`` and ``server.messages``.  Each of those APIs translates its request
-into a :class:`~metrale_core.server.schemas.ChatCompletionRequest` and calls :func:`start_chat`,
+Owner: ``server.chat``, ``server.responses``, ``server.messages`` and ``server.ollama``.  Each
+of the last three translates its request into a
+:class:`~metrale_core.server.schemas.ChatCompletionRequest`; each calls :func:`start_chat`,
 which renders it with the same chat template (``chat_prompt``), attaches the same stream parser
 (tool calls, reasoning; ``parser_factory``) and plans it with the same checks (``plan_jobs``) as
 ``/v1/chat/completions``.  :func:`pieces` then turns each engine delta into typed
@@ -28,7 +29,7 @@ from attrs import define, field, frozen
 from metrale_core.server.chat_prompt import chat_prompt, parser_factory
 from metrale_core.server.common import new_id
 from metrale_core.server.errors import APIError
-from metrale_core.server.generation import Job, plan_jobs, run_jobs
+from metrale_core.server.generation import Planned, plan_jobs
 from metrale_core.server.offload import off_loop
 from metrale_core.server.structured import chat_structured_output
 from metrale_core.server.thinking_budget import chat_reasoning_budget
@@ -54,8 +55,9 @@ class ChatRun:
     """A planned chat request and what its output accumulated."""
 
     host: Any
-    #: ``plan_jobs``' one-job list; it carries the request's admission, which ``run_jobs`` releases.
-    jobs: list[Job]
+    #: Its choices and their stream (``plan_jobs``; iterating the stream releases the request's
+    #: admission at the end).
+    planned: Planned
     prompt_tokens: int
     calls: dict[int, dict] = field(factory=dict)
     finish_reason: str | None = None
@@ -63,13 +65,10 @@ class ChatRun:
     #: The engine's final delta (``finish_reason`` ``error``/``timeout``/``abort`` included).
     final: Any = None
 
-    @property
-    def job(self) -> Job:
-        return self.jobs[0]
-
     async def outputs(self) -> AsyncIterator[Any]:
-        """The engine deltas; closing this generator aborts the engine request at once."""
-        async with aclosing(run_jobs(self.host, self.jobs)) as stream:
+        """The engine deltas of its one choice; closing this generator aborts the engine
+        request at once."""
+        async with aclosing(self.planned.stream) as stream:
             async for _, out in stream:
                 if out.finished:
                     self.final = out
@@ -83,12 +82,14 @@ async def start_chat(
     req: Any,
     *,
     max_tokens: int | None,
+    logprobs: int | None = None,
     budget_field: str = "thinking_token_budget",
     raw_prompt: str | None = None,
 ) -> ChatRun:
-    """Render (off the event loop), validate and plan ``req`` (a ``ChatCompletionRequest``) as one
-    engine request, with chat's structured-output constraint (``text.format`` and the like) and
-    reasoning budget (``budget_field``: what the API calls ``thinking_token_budget``).
+    """Render (off the event loop), validate and plan ``req`` (a ``ChatCompletionRequest``) as
+    ``req.n`` engine requests, with chat's structured-output constraint (``text.format`` and the
+    like) and reasoning budget (``budget_field``: what the API calls ``thinking_token_budget``);
+    ``logprobs``: top logprobs per token (None: none).
     ``raw_prompt``: this text is the whole prompt (tokenized with the model's special tokens),
     not the chat template's rendering of ``req.messages`` (Ollama's ``raw``)."""
     served = host.ready()
@@ -99,22 +100,22 @@ async def start_chat(
     extras = parser_factory(host, req, prompt_text)
     structured = chat_structured_output(host, req, prompt_text)
     budget = chat_reasoning_budget(host, req, prompt_text, field=budget_field)
-    jobs = await plan_jobs(
+    planned = await plan_jobs(
         host,
         req,
         [prompt],
         max_tokens=max_tokens,
-        logprobs=None,
+        logprobs=logprobs,
         extras_factory=extras,
         structured=structured,
         reasoning_budget=budget,
     )
-    return ChatRun(host=host, jobs=jobs, prompt_tokens=len(prompt))
+    return ChatRun(host=host, planned=planned, prompt_tokens=len(prompt))
 
 
 def pieces(run: ChatRun, out: Any) -> Iterator[Piece]:
     """The pieces of one engine delta (see the module docstring)."""
-    if run.job.extras is None:
+    if not run.planned.parsed:
         if out.text_delta:
             yield Piece("text", out.text_delta)
         return

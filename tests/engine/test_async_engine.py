@@ -304,3 +304,38 @@ def test_paced_state_of_a_request_whose_consumer_is_gone_is_dropped(make_engine)
     now[0] = 0.03
     eng._deliver([RequestOutput("c", (3,), "z")])  # due, merged, and its consumer is gone
     assert not eng._held and not eng._handed
+
+
+def test_a_checked_record_crosses_to_the_engine_thread_as_it_is(async_engine, make_engine, run, tokens, monkeypatch):
+    """``generate(EngineRequest)`` puts that very record in the inbox and nobody checks it again;
+    the positional form checks once (on the caller's thread) and sends its record too."""
+    from metrale_core.engine import LLMEngine
+    from metrale_core.engine.request import EngineRequest
+
+    params = SamplingParams(temperature=0.0, max_tokens=5)
+    expected = make_engine()
+    expected.add_request("x", [4, 5, 6], params)
+    want = tokens(run(expected)["x"])
+
+    eng = async_engine()
+    checks: list[str] = []
+    validate = LLMEngine.validate_request
+
+    def counting(self, request_id, *args, **kwargs):
+        checks.append(request_id)
+        return validate(self, request_id, *args, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "validate_request", counting)
+    sent: list = []
+    put = eng._inbox.put
+    monkeypatch.setattr(eng._inbox, "put", lambda item: (sent.append(item), put(item)))
+    record = eng.engine.validate_request("rec", [4, 5, 6], params)
+    assert checks == ["rec"]
+    got = asyncio.run(collect(eng.generate(record)))
+    assert checks == ["rec"]  # not checked again, on either thread
+    assert sent == [record]
+    assert [t for d in got for t in d.new_token_ids] == want
+    got = asyncio.run(collect(eng.generate([4, 5, 6], params, request_id="pos")))
+    assert checks == ["rec", "pos"]
+    assert isinstance(sent[-1], EngineRequest) and sent[-1].request_id == "pos"
+    assert [t for d in got for t in d.new_token_ids] == want

@@ -241,3 +241,40 @@ def test_failed_step_fails_its_requests(make_engine, toy_model):
     assert [(o.request_id, o.finish_reason, o.error) for o in outs] == [("a", "error", "RuntimeError: device lost")]
     assert not engine.has_unfinished()
     assert engine.stats().num_free_blocks == engine.stats().num_blocks
+
+
+def test_a_checked_record_is_queued_as_it_is(make_engine, run, tokens, monkeypatch):
+    """``validate_request`` returns the typed ``EngineRequest``; ``add_request`` queues it without
+    checking it again and the request runs as the positional form's does."""
+    from metrale_core.engine.request import EngineRequest
+
+    legacy = make_engine()
+    legacy.add_request("r", [3, 4, 5], GREEDY, timeout_s=30.0)
+    expected = tokens(run(legacy)["r"])
+
+    engine = make_engine()
+    record = engine.validate_request("r", [3, 4, 5], GREEDY, timeout_s=30.0, extras={"tag": 1})
+    assert isinstance(record, EngineRequest)
+    assert (record.request_id, record.prompt_ids, record.params) == ("r", (3, 4, 5), GREEDY)
+    assert (record.timeout_s, record.extras) == (30.0, {"tag": 1})
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a checked record was validated again")
+
+    monkeypatch.setattr(engine, "validate_request", refuse)
+    engine.add_request(record)
+    assert engine.scheduler.seqs["r"].extras["tag"] == 1
+    assert engine.scheduler.seqs["r"].deadline == pytest.approx(engine.config.clock() + 30.0, abs=5.0)
+    with pytest.raises(InvalidRequest, match="already in use"):  # the one check left: the id is free
+        engine.add_request(record)
+    assert tokens(run(engine)["r"]) == expected
+
+
+def test_validate_request_refuses_bad_timeouts_and_extras(make_engine):
+    engine = make_engine()
+    with pytest.raises(InvalidRequest, match="timeout_s must be > 0"):
+        engine.validate_request("a", [1], GREEDY, timeout_s=0)
+    with pytest.raises(InvalidRequest, match="extras must be a dict"):
+        engine.validate_request("a", [1], GREEDY, extras=[("k", 1)])  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="non-empty string"):
+        engine.validate_request("", [1], GREEDY)

@@ -1,0 +1,144 @@
+"""Each engine request is validated once, under its real id (issue 34): the server builds the
+engine's checked ``EngineRequest`` with one ``LLMEngine.validate_request`` call per choice, and
+the engine queues exactly those records without checking them again.
+
+A random Qwen3 checkpoint (the real loader, the byte tokenizer, the installed plugins: the
+structured-output one included) served by real uvicorn; ``LLMEngine.validate_request`` and
+``LLMEngine.add_request`` are wrapped to record the ids they see."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import httpx
+import pytest
+import torch
+import transformers
+from server_testlib import checkpoint_loader, write_tokenizer
+
+import metrale_qwen3  # noqa: F401 -- a hard test dependency: missing is an error, not a skip
+import metrale_structured  # noqa: F401 -- the structured-output case needs it
+from metrale_core.engine import LLMEngine
+from metrale_core.engine.request import EngineRequest
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, start_server):
+    from metrale_core.plugin.discovery import load_registry
+    from metrale_core.text.tokenizer import Tokenizer
+
+    path = tmp_path_factory.mktemp("once-qwen3")
+    write_tokenizer(path)
+    config = transformers.Qwen3Config(
+        vocab_size=Tokenizer.from_dir(path).vocab_size,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    server, _ = start_server(loader=checkpoint_loader(path, load_registry()), served_model_name="tiny")
+    return server.url
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """``(validated, added)``: Counters of the request ids ``validate_request`` checked and of
+    the ids ``add_request`` queued as ``EngineRequest`` records (anything else it got counts
+    under ``"<unchecked>"``)."""
+    validated: Counter = Counter()
+    added: Counter = Counter()
+    lock = threading.Lock()
+    validate, add = LLMEngine.validate_request, LLMEngine.add_request
+
+    def counting_validate(self, request_id, *args, **kwargs):
+        with lock:
+            validated[request_id] += 1
+        return validate(self, request_id, *args, **kwargs)
+
+    def counting_add(self, request, *args, **kwargs):
+        with lock:
+            added[request.request_id if isinstance(request, EngineRequest) else "<unchecked>"] += 1
+        return add(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "validate_request", counting_validate)
+    monkeypatch.setattr(LLMEngine, "add_request", counting_add)
+    return validated, added
+
+
+def _post(url: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(url + path, json=body, timeout=120)
+
+
+def _assert_once(seen, requests: int) -> None:
+    validated, added = seen
+    assert len(validated) == requests, validated
+    assert set(validated.values()) == {1}, validated  # each id checked once
+    assert dict(added) == dict(validated)  # ... and those very records queued, nothing else
+    assert "validate" not in validated  # no stand-in id
+
+
+def test_chat_is_validated_once(served, seen):
+    r = _post(served, "/v1/chat/completions", CHAT)
+    assert r.status_code == 200, r.text
+    _assert_once(seen, 1)
+
+
+def test_completions_n_choices_of_several_prompts_are_validated_once_each(served, seen):
+    r = _post(served, "/v1/completions", {"model": "tiny", "prompt": ["ab", "cd", "ef"], "n": 2, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 6
+    _assert_once(seen, 6)
+
+
+def test_streamed_chat_is_validated_once(served, seen):
+    with httpx.stream("POST", served + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        assert r.read().decode().rstrip().endswith("data: [DONE]")
+    _assert_once(seen, 1)
+
+
+def test_embeddings_are_validated_once_per_input(served, seen):
+    r = _post(served, "/v1/embeddings", {"model": "tiny", "input": ["one", "two", "three"]})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"]) == 3
+    _assert_once(seen, 3)
+
+
+def test_a_structured_output_request_is_validated_once(served, seen):
+    body = {**CHAT, "max_tokens": 4, "structured_outputs": {"regex": "[0-9]+"}}
+    r = _post(served, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    text = r.json()["choices"][0]["message"]["content"]
+    assert text.isdigit(), text  # the constraint ran: the record reached the processor intact
+    _assert_once(seen, 1)
+
+
+def test_a_refused_request_is_validated_once_and_never_queued(served, seen):
+    r = _post(served, "/v1/completions", {"model": "tiny", "prompt": [1, 2, 99999], "max_tokens": 2})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "prompt"
+    assert error["message"].startswith("token id 99999 is outside the vocabulary [0, ")
+    assert not error["message"].startswith("request ")  # the engine's id prefix is not shown
+    validated, added = seen
+    assert sum(validated.values()) == 1
+    assert not added
+
+
+def test_a_refused_grammar_is_a_400_naming_the_field_validated_once(served, seen):
+    body = {**CHAT, "structured_outputs": {"grammar": "root ::= (("}}
+    r = _post(served, "/v1/chat/completions", body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith("structured_outputs")
+    validated, added = seen
+    assert sum(validated.values()) == 1
+    assert not added
