@@ -7,7 +7,7 @@ expert's too), the router and the shared expert's gate whole; the block's output
 the ranks once.  The oracle is the unsharded model: the same greedy tokens, logits within float
 tolerance (the two ranks' partial sums are added in another order than one rank's dot products).
 Under ``auto`` the GGUF's experts stay Q8_0 blocks on the block kernels, each rank's part repacked
-on first use from its own view of the mapped file.
+on first use from its own view of the mapped file, into the repack cache under the part's name.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from test_moe_families import FAMILIES, _hf, _write_gguf
 
 from metrale_core.api import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
+from metrale_core.layers import gguf_linear, repack_cache
 from metrale_core.layers.gguf_linear import GGUFLinear
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.loading.load import load_model
@@ -169,3 +170,32 @@ def test_the_ranks_parts_of_an_moe_block_sum_to_the_whole_block(tmp_path, monkey
 def _swiglu(h):
     gate, up = h.chunk(2, dim=-1)
     return torch.nn.functional.silu(gate) * up
+
+
+def test_a_ranks_experts_are_repacked_on_first_use_into_the_cache(tmp_path, monkeypatch):
+    """Each rank's part of an expert is repacked on its first call from its view of the mapped
+    file, into the repack cache under the part's own name: loading rank 1 again decodes no block
+    and gives the same records; rank 0's parts are other records."""
+    monkeypatch.setenv(repack_cache.CACHE_ENV, str(tmp_path / "cache"))
+    path = _gguf("qwen3moe", tmp_path, monkeypatch)
+    decoded = []
+    decode = gguf_linear.decode
+    monkeypatch.setattr(gguf_linear, "decode", lambda *a: decoded.append(1) or decode(*a))
+
+    def records(rank):
+        """Rank ``rank``'s expert records, and the blocks decoded to repack them (none at load)."""
+        blocks = [layer.moe for layer in _rank_model(path, rank, 2).weights.layers]
+        pending = all(p.pending for b in blocks for e in b.experts for p in (e.gate_up, e.down))
+        at_load = len(decoded)
+        got = [p.repacked().records for b in blocks for e in b.experts for p in (e.gate_up, e.down)]
+        return got, pending, len(decoded) - at_load
+
+    decoded.clear()
+    first, pending, repacked = records(1)
+    assert pending and repacked and all(r is not None for r in first)
+    decoded.clear()
+    again, pending, _ = records(1)
+    assert pending and not decoded  # every part of rank 1 (its attention's too) read from the cache
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    other, _, repacked = records(0)
+    assert repacked and not torch.equal(other[0], first[0])
