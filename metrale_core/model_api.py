@@ -72,8 +72,9 @@ builds the rank's shard, by using the shared layers:
   it) and the whole vocabulary in ``info.vocab_size``; only rank 0's logits need be whole.
 
 Every rank runs the same ``forward`` on the same ``ForwardBatch`` (rank 0 broadcasts it), so the
-forward must enter the same collectives in the same order on every rank.  ``metrale_qwen3``'s
-``weights.shard_plan`` is the worked example.
+forward must enter the same collectives in the same order on every rank.
+``metrale_core.decoder.weights.shard_plan`` is the worked example (with a mixture of experts:
+``metrale_core.decoder.moe_weights.MoeSplit``).
 """
 
 from __future__ import annotations

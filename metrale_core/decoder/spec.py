@@ -240,8 +240,6 @@ class DecoderSpec:
                 f"{self.name}: the QK-norm over the whole projection needs every head's values "
                 "(a cross-rank reduction per layer that is not built)"
             )
-        if self.mlp.kind == "moe":
-            return f"{self.name}: its experts are not sharded between ranks yet"
         if self.attention.fused_qkv or self.mlp.fused_gate_up:
             return (
                 f"{self.name}: its checkpoint stores fused qkv_proj / gate_up_proj tensors, whose "

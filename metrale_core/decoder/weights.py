@@ -20,6 +20,10 @@ Invariants:
   :func:`shard_plan`, so every projection is read as this rank's rows (q/k/v, gate/up, the
   vocabulary of the embedding and head) or columns (o_proj, down_proj) in any weight format; the
   row-parallel projections sum over the ranks (``RowParallelLinear``, their bias added once).
+  A sparse layer's experts are split the same way, each expert's width over the ranks
+  (``moe_weights.MoeSplit``: rows of its gate/up, columns of its down; the router whole), the
+  block's output summed once; the ``ShardedStore`` wraps the expert stores, so an expert slice
+  ``name[e]`` of a GGUF's stacked tensor is split as any tensor.
 - A norm slot the recipe does not use is None in :class:`LayerWeights` and never read; so are the
   attention sinks (slot ``sinks``, ``[heads]``, read as float32-exact values in the model dtype)
   of a recipe without ``Attention.sinks``.
@@ -41,7 +45,7 @@ from attrs import field, frozen
 
 from metrale_core.decoder.dims import DecoderDims
 from metrale_core.decoder.mla import load_mla
-from metrale_core.decoder.moe_weights import load_moe
+from metrale_core.decoder.moe_weights import MoeSplit, load_moe, width_shard
 from metrale_core.decoder.names import Resolver
 from metrale_core.decoder.spec import DecoderSpec
 from metrale_core.layers import build_embedding, build_linear, build_tied_head, embed_tokens
@@ -59,7 +63,6 @@ from metrale_core.layers.parallel import (
     VocabParallelEmbedding,
     split_heads,
     split_range,
-    split_unit,
 )
 from metrale_core.weights import ExpertSlices
 from metrale_core.weights.mxfp4_hf import HfMxfp4Experts, is_hf_mxfp4
@@ -121,17 +124,19 @@ class DecoderWeights:
 
 def shard_plan(
     dims: DecoderDims, tp: TensorParallel, name: Resolver
-) -> tuple[dict[str, Shard], HeadSplit, tuple[int, ...]]:
-    """Rank ``tp.rank``'s part of every split tensor, its heads, and every rank's vocabulary rows."""
+) -> tuple[dict[str, Shard], HeadSplit, tuple[int, ...], MoeSplit | None]:
+    """Rank ``tp.rank``'s part of every split tensor, its heads, every rank's vocabulary rows and
+    its part of the experts (None: no sparse layer)."""
     heads = split_heads(dims.num_heads, dims.num_kv_heads, tp.world, tp.rank)
-    d, inter = dims.head_dim, dims.intermediate_size
+    d = dims.head_dim
     q = Shard(0, heads.q_start * d, heads.num_heads * d)
     kv = Shard(0, heads.kv_start * d, heads.num_kv_heads * d)
     # no dense MLP (every layer sparse, ``intermediate_size`` 0): nothing to split
-    mlp = Shard(0, *split_range(inter, tp.world, tp.rank, split_unit(inter, tp.world))) if inter else Shard(0, 0, 0)
+    mlp = width_shard(dims.intermediate_size, tp)
     vocab = [split_range(dims.vocab_size, tp.world, r) for r in range(tp.world)]
     rows = Shard(0, *vocab[tp.rank])
     plan: dict[str, Shard] = {name("embed", None, "weight"): rows, name("head", None, "weight"): rows}
+    moe = None if dims.moe is None else MoeSplit.of(dims.moe, tp)
     for i in range(dims.num_layers):
         for kind in ("weight", "bias"):
             plan[name("q", i, kind)] = q
@@ -139,7 +144,9 @@ def shard_plan(
             plan[name("gate", i, kind)] = plan[name("up", i, kind)] = mlp
         plan[name("o", i, "weight")] = Shard(1, q.start, q.size)
         plan[name("down", i, "weight")] = Shard(1, mlp.start, mlp.size)
-    return plan, heads, tuple(size for _, size in vocab)
+        if moe is not None and dims.moe is not None and dims.moe.sparse[i]:
+            plan.update(moe.shards(dims.moe, name, i))
+    return plan, heads, tuple(size for _, size in vocab), moe
 
 
 def load_weights(
@@ -155,13 +162,13 @@ def load_weights(
     with ``tp`` only this rank's part of each (see the module docstring)."""
     tp = tp if tp is not None else TensorParallel()
     n = spec.names.resolver(store)
-    plan, heads, vocab_sizes = shard_plan(dims, tp, n)
-    if tp.enabled:
-        store = ShardedStore(store, plan, weight_format)
+    plan, heads, vocab_sizes, moe_split = shard_plan(dims, tp, n)
     if dims.moe is not None:  # a GGUF's stacked experts, served one expert at a time
         store = ExpertSlices(store)
         if is_hf_mxfp4(store):  # gpt-oss's HF *_blocks / *_scales, served as GGUF MXFP4 blocks
             store = HfMxfp4Experts(store)
+    if tp.enabled:  # outermost: an expert slice is split as any tensor
+        store = ShardedStore(store, plan, weight_format)
 
     lora: list[LoRATarget] = []
 
@@ -230,7 +237,7 @@ def load_weights(
                 if sparse
                 else row_parallel("down", i, (D, inter), maybe("down", i, (D,), dims.mlp_bias, "bias"), "down"),
                 mlp_out_norm=maybe("mlp_out_norm", i, (D,), norms.post_mlp),
-                moe=load_moe(spec, dims, n, i, built, tensor, batch_invariant=weight_format != "exact")
+                moe=load_moe(spec, dims, n, i, built, tensor, batch_invariant=weight_format != "exact", split=moe_split)
                 if sparse
                 else None,
                 mla=None if mla is None else load_mla(mla, D, i, store, n, linear, get),

@@ -31,6 +31,8 @@ Invariants:
 - No expert is copied or dequantized here; only the rows routed to an expert reach it.
 - Routing runs in float32 whatever the activation dtype (as transformers), the weights are cast
   back to the activation dtype before they scale the expert outputs.
+- Under tensor parallelism (``tp``) every rank routes the same (the router is whole on each) and
+  its experts give their part of the sum, which one all-reduce completes, after the shared expert.
 - :func:`swiglu_oai` is gpt-oss's clamped SwiGLU over the fused ``[gate; up]`` halves (the loader
   de-interleaves HF's ``gate_up_proj`` columns); its sigmoid runs row by row with ``rowwise``.
 """
@@ -239,6 +241,9 @@ class MoeBlock:
     groups: Groups | None = None
     #: The routing weights' multiplier (DeepSeek's ``routed_scaling_factor``).
     scale: float = 1.0
+    #: Tensor parallelism: the experts hold this rank's part of their widths, the output is summed
+    #: over the ranks (``TensorParallel.all_reduce``, once per block); None: the whole block here.
+    tp: Any = None
 
     def __call__(self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """``x [T, D] -> [T, D]``; ``act`` is the gated activation of the fused ``[T, 2I]``
@@ -247,9 +252,9 @@ class MoeBlock:
             self.router(x), self.top_k, self.scoring, self.normalize, self.bias, self.rowwise, self.groups, self.scale
         )
         y = grouped_experts(x, weights, ids, self.experts, act)
-        if self.shared is None:
-            return y
-        shared = self.shared(x, act)
-        if self.shared_gate is not None:
-            shared = sigmoid(self.shared_gate(x), self.rowwise) * shared
-        return y + shared
+        if self.shared is not None:
+            shared = self.shared(x, act)
+            if self.shared_gate is not None:
+                shared = sigmoid(self.shared_gate(x), self.rowwise) * shared
+            y = y + shared
+        return y if self.tp is None else self.tp.all_reduce(y.contiguous())

@@ -24,7 +24,9 @@ A loader never slices tensors itself: it wraps its store in a :class:`ShardedSto
 :class:`Shard` per split tensor, so ``build_linear`` / ``build_embedding`` read only the rank's
 rows or columns, in every weight format: dense tensors are sliced, and a tensor kept in its
 quantized blocks (``get_raw``) is split between blocks -- a split that would cut a block is a
-``ShapeMismatch`` naming the tensor, raised at load.
+``ShapeMismatch`` naming the tensor, raised at load.  A part of quantized blocks is a view of the
+stored rows (no page is read until it is repacked) whose ``source`` names the part, so the repack
+cache keeps each rank's records.
 
 Invariants:
 - With ``world == 1`` every layer here is the identity wrapper and no collective runs.
@@ -210,12 +212,15 @@ class ShardedStore:
             return raw
         shape = tuple(int(s) for s in raw.shape)
         new_shape = (*shape[: shard.dim], shard.size, *shape[shard.dim + 1 :])
+        source = getattr(raw, "source", None)
+        if source is not None:  # the part's own name: the repack cache keeps each rank's records apart
+            source = source._replace(name=f"{source.name}@{shard.dim}:{shard.start}+{shard.size}", shape=new_shape)
         if isinstance(raw.data, torch.Tensor):  # safetensors: the stored dtype, HF layout
             data: Any = raw.data.narrow(shard.dim, shard.start, shard.size).contiguous()
-            return type(raw)(data, raw.quant_type, new_shape)
+            return type(raw)(data, raw.quant_type, new_shape, source)
         rows = np.asarray(raw.data).reshape(shape[0], -1)
         if shard.dim == 0:
-            return type(raw)(rows[shard.start : shard.start + shard.size], raw.quant_type, new_shape)
+            return type(raw)(rows[shard.start : shard.start + shard.size], raw.quant_type, new_shape, source)
         per_block = _block_elements(raw.quant_type)
         if shard.start % per_block or shard.size % per_block:
             raise ShapeMismatch(
@@ -225,7 +230,8 @@ class ShardedStore:
             )
         bytes_per_elem = rows.shape[1] / shape[1]
         lo, hi = int(shard.start * bytes_per_elem), int((shard.start + shard.size) * bytes_per_elem)
-        return type(raw)(np.ascontiguousarray(rows[:, lo:hi]), raw.quant_type, new_shape)
+        # a view (strided rows): a lazily repacked expert's pages are read on its first call
+        return type(raw)(rows[:, lo:hi], raw.quant_type, new_shape, source)
 
     def _check(self, name: str, shape: Sequence[int] | None) -> None:
         if shape is not None and tuple(int(s) for s in shape) != self.shape(name):

@@ -8,8 +8,8 @@ about half the time).
 Invariants:
 - A record set is keyed by everything it is a function of: the layout version, the kernel kind,
   and per source tensor its file (resolved path, size, modification time), name and shape.  A
-  changed file, or tensors not read whole from a file (a tensor-parallel shard has no source),
-  never hit; a changed layout bumps :data:`LAYOUT_VERSION`.
+  changed file, or tensors without a source, never hit (a tensor-parallel part's source names
+  the part: ``ShardedStore``); a changed layout bumps :data:`LAYOUT_VERSION`.
 - Entries are written to a temporary file and renamed into place, so a reader never sees a
   partial entry (two processes may write the same entry; the last rename wins, both whole).  An
   entry of the wrong size is ignored and rewritten.

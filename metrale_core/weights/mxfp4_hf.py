@@ -25,6 +25,10 @@ Invariants:
   and only when numpy first reads ``get_raw``'s data (:class:`PendingBlocks`, views of the mapped
   file until then): a lazy expert (``gguf_linear.PendingRepack``) is converted on its first call,
   as a GGUF's is paged in.  No float copy of an expert is made to serve ``get_raw``.
+- A served slice's ``RawSource`` is its blocks' file with the slice's own name (and the scales'
+  file where it differs): under ``auto`` its repacked records go to the repack cache
+  (``layers.repack_cache``) like a GGUF expert's, so a second load reads them back and converts
+  no block (a checkpoint without sources, or a changed file, repacks).
 - A slice of ``X`` that is not transposed (``X[e]``, ``X``'s own ``[in, out]`` orientation) is a
   ``WeightsError``: the blocks run along the inputs.  Every other name is the wrapped store's.
 """
@@ -40,7 +44,7 @@ import torch
 from metrale_core.errors import ShapeMismatch, WeightsError
 from metrale_core.weights.expert_slices import expert_selectors, expert_slice
 from metrale_core.weights.gguf_dequant import dequantize
-from metrale_core.weights.store import RawTensor
+from metrale_core.weights.store import RawSource, RawTensor
 
 __all__ = ["HfMxfp4Experts", "PendingBlocks", "is_hf_mxfp4", "to_gguf_blocks"]
 
@@ -77,6 +81,16 @@ class PendingBlocks:
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = to_gguf_blocks(_numpy(self.blocks), _numpy(self.scales)).reshape(len(self.blocks), -1)
         return out if dtype is None else out.astype(dtype)
+
+
+def _source(name: str, shape: tuple[int, int], blocks: RawSource | None, scales: RawSource | None) -> RawSource | None:
+    """The source of expert slice ``name``: the blocks' file, with the slice's name and shape (and
+    the scales' file where it is another), so the repack cache keys it by every byte it reads."""
+    if blocks is None or scales is None:
+        return None
+    if scales[:3] != blocks[:3]:
+        name = f"{name}|{scales.path}|{scales.size}|{scales.mtime_ns}"
+    return blocks._replace(name=name, shape=shape)
 
 
 class HfMxfp4Experts:
@@ -123,9 +137,9 @@ class HfMxfp4Experts:
             return self._store.get_raw(name)
         base, e, rows, shape = self._rows(name)
         pick = slice(rows.start, rows.stop, rows.step)
-        blocks = self._store.get_raw(f"{base}_blocks").data[e][pick]
-        scales = self._store.get_raw(f"{base}_scales").data[e][pick]
-        return RawTensor(PendingBlocks(blocks, scales), "MXFP4", shape)  # type: ignore[arg-type]
+        blocks, scales = self._store.get_raw(f"{base}_blocks"), self._store.get_raw(f"{base}_scales")
+        pending = PendingBlocks(blocks.data[e][pick], scales.data[e][pick])
+        return RawTensor(pending, "MXFP4", shape, _source(name, shape, blocks.source, scales.source))  # type: ignore[arg-type]
 
     def get(self, name: str, *, dtype: torch.dtype = torch.float32, shape: Sequence[int] | None = None) -> torch.Tensor:
         if not self._packed(name):

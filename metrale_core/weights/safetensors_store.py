@@ -8,6 +8,9 @@ Invariants:
 - Nothing is ever unpickled: ``pytorch_model.bin`` checkpoints are refused with a hint.
 - Every name in ``model.safetensors.index.json`` is present in the shard the index names.
 - A tensor name appears in exactly one file.
+- ``get_raw`` gives each tensor's ``RawSource`` (its file's resolved path, size and modification
+  time, its name and shape), so what is derived from it can be cached by it (the HF MXFP4 experts
+  repacked for the block kernel: ``weights.mxfp4_hf``, ``layers.repack_cache``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from loguru import logger
 from safetensors import safe_open
 
 from metrale_core.errors import CorruptWeightsFile, MissingWeightsFile
-from metrale_core.weights.store import RawTensor, WeightStore, normalise_config
+from metrale_core.weights.store import RawSource, RawTensor, WeightStore, normalise_config
 
 __all__ = ["SafetensorsStore", "read_json"]
 
@@ -60,6 +63,7 @@ class SafetensorsStore(WeightStore):
         self._file_of: dict[str, Path] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._dtypes: dict[str, str] = {}
+        self._file_ids: dict[Path, tuple[str, int, int]] = {}
         for file, handle in self._handles.items():
             for name in handle.keys():  # noqa: SIM118 -- safe_open handles are not iterable
                 if name in self._file_of:
@@ -94,7 +98,17 @@ class SafetensorsStore(WeightStore):
         return self._dtypes[name]
 
     def _raw(self, name: str) -> RawTensor:
-        return RawTensor(self._tensor(name), self._dtypes[name], self._shapes[name])
+        shape = self._shapes[name]
+        return RawTensor(self._tensor(name), self._dtypes[name], shape, RawSource(*self._file_id(name), name, shape))
+
+    def _file_id(self, name: str) -> tuple[str, int, int]:
+        """The file holding ``name``: resolved path, size and modification time (read once)."""
+        file = self._file_of[name]
+        found = self._file_ids.get(file)
+        if found is None:
+            st = file.stat()
+            found = self._file_ids[file] = (str(file.resolve()), st.st_size, st.st_mtime_ns)
+        return found
 
     def _load(self, name: str) -> tuple[torch.Tensor, bool]:
         # safe_open hands out views of its memory map; the caller gets a copy.

@@ -52,7 +52,8 @@ class RawTensor(NamedTuple):
     data: np.ndarray | torch.Tensor
     quant_type: str
     shape: tuple[int, ...]
-    #: The whole tensor's origin in a file; None for anything derived from it (a shard).
+    #: The whole tensor's origin in a file (a tensor-parallel part: its name names the part,
+    #: ``ShardedStore``); None for anything else derived from it.
     source: RawSource | None = None
 
 

@@ -21,6 +21,7 @@ from metrale_core.layers.parallel import (
     split_unit,
 )
 from metrale_core.weights import RawTensor
+from metrale_core.weights.store import RawSource
 
 
 def test_split_range_is_even_in_whole_units_first_ranks_first():
@@ -79,6 +80,18 @@ def test_quantized_blocks_split_between_blocks_only():
     assert np.array_equal(part.data, raw.data[:, 34:102])  # blocks 1 and 2 of every row
     with pytest.raises(ShapeMismatch, match=r"tensor 'cut' \(Q8_0.*cut its blocks of 32"):
         store.get_raw("cut")
+
+
+def test_a_part_of_blocks_is_a_view_whose_source_names_the_part():
+    """No byte is copied at load (a lazily repacked expert reads its pages on first use), and the
+    repack cache keys each rank's part apart from the whole tensor and from the other ranks'."""
+    raw = _q8(4, 96)._replace(source=RawSource("/m.gguf", 10, 3, "w", (4, 96)))
+    columns = ShardedStore(_Store({"w": raw}), {"w": Shard(1, 32, 64)}).get_raw("w")
+    rows = ShardedStore(_Store({"w": raw}), {"w": Shard(0, 2, 2)}).get_raw("w")
+    assert np.shares_memory(columns.data, raw.data) and np.shares_memory(rows.data, raw.data)
+    assert columns.source == RawSource("/m.gguf", 10, 3, "w@1:32+64", (4, 64))
+    assert rows.source == RawSource("/m.gguf", 10, 3, "w@0:2+2", (2, 96))
+    assert ShardedStore(_Store({"w": _q8(4, 96)}), {"w": Shard(0, 2, 2)}).get_raw("w").source is None
 
 
 def test_rows_and_dense_columns_are_sliced_and_int8_keeps_its_blocks():

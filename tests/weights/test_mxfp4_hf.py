@@ -12,7 +12,7 @@ from metrale_core.errors import WeightsError
 from metrale_core.weights import ExpertSlices
 from metrale_core.weights.gguf_dequant import dequantize
 from metrale_core.weights.mxfp4_hf import HfMxfp4Experts, is_hf_mxfp4, to_gguf_blocks
-from metrale_core.weights.store import RawTensor
+from metrale_core.weights.store import RawSource, RawTensor
 
 E, OUT, G = 3, 6, 4  # experts, output rows (gate/up interleaved), blocks of 32 inputs
 
@@ -22,9 +22,11 @@ class _Store:
 
     format = "safetensors"
 
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor], files: dict[str, RawSource] | None = None) -> None:
         self.tensors = tensors
         self.config = {"quantization_config": {"quant_method": "mxfp4"}}
+        #: name -> its source (None: the raw tensors have none)
+        self.files = files or {}
 
     def __contains__(self, name: object) -> bool:
         return name in self.tensors
@@ -37,7 +39,7 @@ class _Store:
 
     def get_raw(self, name: str) -> RawTensor:
         t = self.tensors[name]
-        return RawTensor(t, "U8", tuple(t.shape))
+        return RawTensor(t, "U8", tuple(t.shape), self.files.get(name))
 
 
 def _packed(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,3 +72,21 @@ def test_expert_slices_are_served_as_mxfp4_rows():
     assert torch.equal(store.get(f"{x}[1].T"), dense[1].T)
     with pytest.raises(WeightsError, match="transposed"):
         store.get(f"{x}[1]")
+
+
+def test_a_slice_names_its_source_for_the_repack_cache():
+    """A served slice's source is its blocks' file under the slice's name and shape; the scales'
+    file joins the name when it is another file; without sources there is none (never cached)."""
+    blocks, scales = _packed(2)
+    x = "model.layers.0.mlp.experts.down_proj"
+    tensors = {f"{x}_blocks": blocks, f"{x}_scales": scales}
+    one = RawSource("/m/model.safetensors", 100, 7, f"{x}_blocks", tuple(blocks.shape))
+    other = RawSource("/m/model-2.safetensors", 50, 9, f"{x}_scales", tuple(scales.shape))
+    name, shape = f"{x}[1].T", (OUT, G * 32)
+    assert HfMxfp4Experts(ExpertSlices(_Store(tensors))).get_raw(name).source is None
+    same = {f"{x}_blocks": one, f"{x}_scales": one._replace(name=f"{x}_scales")}
+    got = HfMxfp4Experts(ExpertSlices(_Store(tensors, same))).get_raw(name).source
+    assert got == RawSource("/m/model.safetensors", 100, 7, name, shape)
+    split = {f"{x}_blocks": one, f"{x}_scales": other}
+    got = HfMxfp4Experts(ExpertSlices(_Store(tensors, split))).get_raw(name).source
+    assert got == RawSource("/m/model.safetensors", 100, 7, f"{name}|/m/model-2.safetensors|50|9", shape)

@@ -52,6 +52,13 @@ def test_sharded_llama_round_trip(tmp_path: Path) -> None:
     for name in store.names():
         assert torch.equal(store.get(name), state[name]), name
     assert store.config["num_key_value_heads"] == 2 and store.config["rms_norm_eps"] == 1e-5
+    # every raw tensor names its own shard file (the repack cache keys derived records by it)
+    for name, shard in index["weight_map"].items():
+        file = (directory / shard).resolve()
+        source = store.get_raw(name).source
+        assert source is not None and (source.path, source.size) == (str(file), file.stat().st_size)
+        assert source.mtime_ns == file.stat().st_mtime_ns and source.name == name
+        assert source.shape == tuple(state[name].shape)
 
 
 def test_dtypes_fresh_tensors_and_raw(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ llama.cpp writes it as GGUF arch ``qwen2moe`` (``ffn_*_exps``, ``ffn_*_shexp``,
 ``ffn_gate_inp_shexp``).
 
 Invariants: this module imports no torch; the core builds the model when the factory runs
-(``metrale_core.layers.moe``); tensor parallelism is refused (the experts are not sharded yet).
+(``metrale_core.layers.moe``); under tensor parallelism each rank keeps a part of every
+expert's width (``metrale_core.decoder.moe_weights.MoeSplit``).
 """
 
 from __future__ import annotations

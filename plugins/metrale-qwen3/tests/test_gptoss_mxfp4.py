@@ -30,6 +30,7 @@ from qwen3_harness import build_hf, open_store, save_checkpoint
 from safetensors.torch import load_file, save_file
 from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
 
+from metrale_core.layers import repack_cache
 from metrale_core.layers.gguf_linear import GGUFLinear
 from metrale_core.layers.linear import DenseLinear
 from metrale_core.weights import mxfp4_hf
@@ -128,3 +129,28 @@ def test_an_hf_mxfp4_checkpoint_matches_transformers(weight_format, tmp_path, mo
     assert worst <= (1e-4 if weight_format == "exact" else 2e-2)
     if weight_format == "exact":
         assert outputs == [hf_generate(ref, p) for p in PROMPTS]
+
+
+def test_a_second_load_reads_the_repacked_experts_from_the_cache(tmp_path, monkeypatch):
+    """Under ``auto`` each expert's MXFP4 blocks are converted and repacked once: the records go
+    to the repack cache keyed by the safetensors file, and a second load of the same directory
+    reads them back -- no block converted -- the same bits."""
+    monkeypatch.setenv(repack_cache.CACHE_ENV, str(tmp_path / "cache"))
+    path, _ = _checkpoint(tmp_path)
+    converted = []
+    convert = mxfp4_hf.to_gguf_blocks
+    monkeypatch.setattr(mxfp4_hf, "to_gguf_blocks", lambda b, s: converted.append(b.shape) or convert(b, s))
+
+    def records():
+        model = load_family("gpt-oss", open_store(path), "auto")
+        projections = [p for layer in model.weights.layers for e in layer.moe.experts for p in (e.gate_up, e.down)]
+        assert all(isinstance(p, GGUFLinear) and p.pending for p in projections)  # lazy: nothing read yet
+        return [p.repacked().records for p in projections]
+
+    first = records()
+    assert len(converted) == 2 * 8 * 3  # per layer and expert: gate, up and down
+    assert all(r is not None for r in first) and list((tmp_path / "cache").glob("*/*.bin"))
+    converted.clear()
+    second = records()
+    assert converted == []
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
