@@ -92,13 +92,13 @@ FACE: dict[str, dict[str, tuple[str, ...] | str]] = {
         "metrale_core.weights.gguf_tensors": ALL,
         "metrale_core.weights.gguf_hf": ("unpermute_rows",),
         "metrale_core.layers": ALL,
-        "metrale_core.layers.lora_targets": (
+        "metrale_core.layers.lowrank.lora_targets": (
             "LoRAPart",
             "LoRATarget",
             "LoRATargets",
             "LoRATargetsLM",
         ),
-        "metrale_core.layers.moe": ("Groups", "route"),
+        "metrale_core.layers.blocks.moe": ("Groups", "route"),
         "metrale_core.layers.parallel": ALL,
         # kernels
         "metrale_core.kernels": (
@@ -154,7 +154,7 @@ FACE: dict[str, dict[str, tuple[str, ...] | str]] = {
         ),
         "metrale_core.engine.runner": ("ModelRunner", "model_device"),
         "metrale_core.engine.adapters": ("ADAPTER_EXTRA", "AdapterBank", "AdapterWeights"),
-        "metrale_core.layers.lora": (
+        "metrale_core.layers.lowrank.lora": (
             "LoRALinear",
             "LoRARows",
             "active_rows",
@@ -162,13 +162,8 @@ FACE: dict[str, dict[str, tuple[str, ...] | str]] = {
         ),
         "metrale_core.engine.block_manager": ("BlockManager",),
         "metrale_core.engine.side_pool": ALL,
-        "metrale_core.engine.scheduler": (
-            "AdmissionStep",
-            "FcfsPolicy",
-            "ScheduledChunk",
-            "SchedulerOutput",
-            "SchedulingPolicy",
-        ),
+        "metrale_core.engine.policy": ("AdmissionStep", "FcfsPolicy", "SchedulingPolicy"),
+        "metrale_core.engine.plan": ALL,
         "metrale_core.engine.request": ("Request", "Sequence", "SequenceStatus"),
         "metrale_core.parallel.distributed": ("Rendezvous",),
         "metrale_core.parallel.executors": ("free_port",),

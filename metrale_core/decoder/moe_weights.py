@@ -35,8 +35,9 @@ import torch
 from metrale_core.decoder.dims import DecoderDims
 from metrale_core.decoder.names import Resolver
 from metrale_core.decoder.spec import DecoderSpec
-from metrale_core.layers.linear import DenseLinear, Linear
-from metrale_core.layers.moe import Expert, Groups, MoeBlock, RowwiseLinear
+from metrale_core.layers.blocks.moe import Expert, Groups, MoeBlock, RowwiseLinear
+from metrale_core.layers.formats.linear import Linear
+from metrale_core.layers.formats.linear_kinds import DenseLinear
 
 __all__ = ["load_moe"]
 

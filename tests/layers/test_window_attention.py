@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from metrale_core.layers.attention import AttentionPlan, paged_attention
-from metrale_core.layers.ops import DecoderOps
+from metrale_core.layers.decoder_ops import DecoderOps
 from metrale_core.layers.window_attention import windowed_paged_attention
 from metrale_core.model_api import ForwardBatch, KVLayout, PagedKVCache
 

@@ -8,7 +8,7 @@ llama.cpp writes it as GGUF arch ``qwen2moe`` (``ffn_*_exps``, ``ffn_*_shexp``,
 ``ffn_gate_inp_shexp``).
 
 Invariants: this module imports no torch; the core builds the model when the factory runs
-(``metrale_core.layers.moe``); tensor parallelism is refused (the experts are not sharded yet).
+(``metrale_core.layers.blocks.moe``); tensor parallelism is refused (the experts are not sharded yet).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ expert; ``decoder_sparse_step`` and ``mlp_only_layers`` leave some layers dense.
 writes it as GGUF arch ``qwen3moe`` (experts stacked in ``ffn_*_exps``; it always renormalises).
 
 Invariants: this module imports no torch; the core builds the model when the factory runs
-(``metrale_core.layers.moe``); tensor parallelism is refused (the experts are not sharded yet).
+(``metrale_core.layers.blocks.moe``); tensor parallelism is refused (the experts are not sharded yet).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """An on-disk cache of GGUF tensors repacked into the C block kernel's layout.
 
-Owner: ``metrale_core.layers`` (:func:`metrale_core.layers.gguf_linear.repack` reads and fills
+Owner: ``metrale_core.layers`` (:func:`metrale_core.layers.formats.gguf_repack.repack` reads and fills
 it).  Repacking a 0.5B model's blocks takes seconds of numpy at every start; a second start of
 the same file reads the records back instead (``met serve`` on Qwen2.5-Coder-0.5B: /health in
 about half the time).
@@ -61,7 +61,7 @@ __all__ = [
 
 CACHE_ENV = "METRALE_REPACK_CACHE"
 CACHE_MAX_ENV = "METRALE_REPACK_CACHE_MAX"
-#: Bump when the record layout of ``gguf_qmatmul.c`` (or ``gguf_linear.pack``) changes.
+#: Bump when the record layout of ``gguf_qmatmul.c`` (or ``gguf_blocks.pack``) changes.
 LAYOUT_VERSION = 1
 _DEFAULT_MAX = 8 << 30
 _OFF = {"0", "off", "false", "no", "none"}

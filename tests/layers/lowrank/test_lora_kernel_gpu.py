@@ -66,7 +66,7 @@ def _kernel_only(op, *args):
 
 @pytest.mark.parametrize("case", CASES)
 def test_lora_kernel_matches_native(case):
-    from metrale_core.layers.lora import LoRAApply, LoRARows
+    from metrale_core.layers.lowrank.lora import LoRAApply, LoRARows
 
     t, k, n, ranks, slots = CASES[case]
     assert len(slots) == t

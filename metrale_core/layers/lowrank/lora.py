@@ -4,7 +4,7 @@ Owner: ``metrale_core.layers``.  The adapter bank (``metrale_core.engine.adapter
 model's projections with :class:`LoRALinear` after loading (:func:`attach_lora`), writes adapter
 weights into their slots, and the runner makes each step's row -> slot map visible to every
 wrapper for the duration of one forward (:func:`active_rows`).  The model declares what may be
-wrapped (``lora_targets()``, :mod:`metrale_core.layers.lora_targets`): per projection its path
+wrapped (``lora_targets()``, :mod:`metrale_core.layers.lowrank.lora_targets`): per projection its path
 from the model and the checkpoint module paths it fuses, which is how a wrapper knows which PEFT
 modules (``q_proj``, ``k_proj`` ...) it holds and where each one's rows sit in the fused output.
 
@@ -44,8 +44,8 @@ from attrs import field, frozen
 from metrale_core.errors import ConfigError
 from metrale_core.kernels import CustomOp, cpu_layer_library
 from metrale_core.kernels.cuda import i32, i64, ptr, torch_stream
-from metrale_core.layers.cpu_qmatmul import PACKAGE  # the C library of metrale_core.layers
-from metrale_core.layers.lora_targets import LoRAPart, replace, resolve
+from metrale_core.layers.formats.cpu_qmatmul import PACKAGE  # the C library of metrale_core.layers
+from metrale_core.layers.lowrank.lora_targets import LoRAPart, replace, resolve
 
 __all__ = [
     "LoRAApply",

@@ -17,7 +17,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 
-from metrale_core.layers import gguf_linear as gl
+from metrale_core.layers.formats import gguf_blocks as gb
+from metrale_core.layers.formats import gguf_linear as gl
 from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa
 from metrale_core.weights.gguf_dequant import dequantize
 from metrale_core.weights.gguf_store import GGUFStore
@@ -66,8 +67,8 @@ def test_the_dequantizer_is_the_spec_at_every_scale():
 
 def test_the_kernel_decode_is_the_spec_at_every_scale():
     blocks = every_code_and_scale()
-    kind, codes, d, m = gl.decode(blocks.reshape(8, 32, 17), "MXFP4")
-    assert kind == gl.K_S8_32 and m is None
+    kind, codes, d, m = gb.decode(blocks.reshape(8, 32, 17), "MXFP4")
+    assert kind == gb.K_S8_32 and m is None
     with np.errstate(over="ignore"):
         ours = codes.astype(np.float32).reshape(8, 32, 32) * d[..., None]
         expected = spec_dequantize(blocks).astype(np.float32)

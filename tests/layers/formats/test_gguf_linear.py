@@ -1,4 +1,4 @@
-"""GGUF block kernels (metrale_core.layers.gguf_linear) on fixture GGUF files of every type.
+"""GGUF block kernels (metrale_core.layers.formats.gguf_linear) on fixture GGUF files of every type.
 
 Each fixture tensor is encoded here with numpy (random codes and sub-block scales, sane fp16
 super-scales), written with ``gguf.GGUFWriter`` and read back through ``GGUFStore``.  Oracles:
@@ -14,11 +14,13 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize
 
-from metrale_core.layers import gguf_linear as gl
+from metrale_core.layers.formats import gguf_blocks as gb
+from metrale_core.layers.formats import gguf_linear as gl
+from metrale_core.layers.formats import gguf_repack as gr
 from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa
 from metrale_core.weights.gguf_store import GGUFStore
 
-TYPES = list(gl.GGUF_KINDS)
+TYPES = list(gb.GGUF_KINDS)
 N, K = 48, 512  # two K-quant super-blocks; three channel tiles
 ROWS = [1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 64]
 
@@ -26,7 +28,7 @@ ROWS = [1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 64]
 def encode(quant_type: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """Random valid blocks of ``quant_type`` ``[n, row_bytes]``: random bytes with every fp16
     (super-)scale field set to a sane random value."""
-    _, per_block, size = gl.GGUF_KINDS[quant_type]
+    _, per_block, size = gb.GGUF_KINDS[quant_type]
     blocks = rng.integers(0, 256, size=(n, k // per_block, size), dtype=np.uint8)
     fields = {
         "Q4_0": [0],
@@ -80,7 +82,7 @@ def oracle(r) -> np.ndarray:
 @pytest.mark.parametrize("t", TYPES)
 def test_decode_reproduces_gguf_dequantize(store: GGUFStore, t: str) -> None:
     r = raw(store, t)
-    _, codes, d, m = gl.decode(gl._blocks(r, slice(None)), t)
+    _, codes, d, m = gb.decode(gr._blocks(r, slice(None)), t)
     sub = K // d.shape[1]
     w = codes.astype(np.float32).reshape(N, -1, sub) * d[..., None]
     if m is not None:
@@ -89,11 +91,11 @@ def test_decode_reproduces_gguf_dequantize(store: GGUFStore, t: str) -> None:
 
 
 def _check(y: torch.Tensor, x: torch.Tensor, r, rep_codes, d, m, fine: bool = True) -> None:
-    ref = gl.reference(x, rep_codes, d, m, fine)
+    ref = gb.reference(x, rep_codes, d, m, fine)
     scale = ref.abs().max().item() + 1e-30
     assert (y.double() - ref).abs().max().item() <= 2e-5 * scale
     # the whole product: dequantized weights (gguf) times the quantized activations
-    hi, lo, da, _ = gl.quantize_activations(x, fine=fine)
+    hi, lo, da, _ = gb.quantize_activations(x, fine=fine)
     q = 255.0 * hi.double() + lo.double() if fine else hi.double()
     xq = (q.reshape(x.shape[0], -1, 32) * da.double()[..., None]).reshape(x.shape)
     w = torch.from_numpy(oracle(r)).double()
@@ -113,7 +115,7 @@ def test_native_kernel_every_type_and_row_count(
     r = raw(store, t)
     lin = gl.gguf_linear([r])
     assert lin.kernel is not None and lin.weight.records is not None
-    _, codes, d, m = gl.decode(gl._blocks(r, slice(None)), t)
+    _, codes, d, m = gb.decode(gr._blocks(r, slice(None)), t)
     codes_t = torch.from_numpy(codes.astype(np.int16))
     d_t, m_t = torch.from_numpy(d), None if m is None else torch.from_numpy(m)
     x_all = torch.randn(max(ROWS), K, generator=torch.Generator().manual_seed(1))
@@ -178,7 +180,7 @@ def test_torch_fallback_every_type(store: GGUFStore, t: str, monkeypatch: pytest
     r = raw(store, t)
     lin = gl.gguf_linear([r])
     assert lin.kernel is None and lin.weight.codes is not None
-    _, codes, d, m = gl.decode(gl._blocks(r, slice(None)), t)
+    _, codes, d, m = gb.decode(gr._blocks(r, slice(None)), t)
     codes_t = torch.from_numpy(codes.astype(np.int16))
     for rows in (1, 5, 64):
         x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
@@ -191,7 +193,7 @@ def test_torch_fallback_every_type(store: GGUFStore, t: str, monkeypatch: pytest
 def test_fused_rows_and_small_repack_chunks(store: GGUFStore, isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two tensors fused along rows, repacked in chunks of 16 rows, equal the parts side by side."""
     use_cpu_isa(monkeypatch, isa, gl.PACKAGE)
-    monkeypatch.setattr(gl, "REPACK_ROWS", 16)
+    monkeypatch.setattr(gr, "REPACK_ROWS", 16)
     a, b = raw(store, "Q4_K"), raw(store, "Q4_K")
     x = torch.randn(3, K, generator=torch.Generator().manual_seed(5))
     fused = gl.gguf_linear([a, b])(x)
@@ -204,7 +206,7 @@ def test_q2k_q3k_repack_warns(store: GGUFStore) -> None:
 
     seen: list[str] = []
     sink = logger.add(lambda msg: seen.append(str(msg)), level="WARNING")
-    gl._warned.clear()
+    gr._warned.clear()
     try:
         gl.gguf_linear([raw(store, "Q2_K")])
         gl.gguf_linear([raw(store, "Q3_K")])
@@ -239,4 +241,4 @@ def test_a_lazy_projection_repacks_on_its_first_call_once_to_the_same_bits(
     x = torch.randn(5, K, generator=torch.Generator().manual_seed(4))
     assert torch.equal(lazy(x), eager(x)) and not lazy.pending and calls == [1, 1]
     assert torch.equal(lazy(x[:1]), eager(x[:1])) and calls == [1, 1]  # repacked once
-    assert isinstance(lazy.weight, gl.Repacked)
+    assert isinstance(lazy.weight, gr.Repacked)

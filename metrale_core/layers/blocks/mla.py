@@ -43,8 +43,8 @@ from attrs import frozen
 
 from metrale_core.kernels import cpu_layer_library
 from metrale_core.layers.attention import AttentionPlan, paged_attention
-from metrale_core.layers.cpu_qmatmul import PACKAGE  # the C library of metrale_core.layers
-from metrale_core.layers.linear import Linear
+from metrale_core.layers.formats.cpu_qmatmul import PACKAGE  # the C library of metrale_core.layers
+from metrale_core.layers.formats.linear import Linear
 from metrale_core.model_api import ForwardBatch, PagedKVCache
 
 __all__ = ["MlaShape", "MlaWeights", "mla_attention", "mla_kernel", "rope_interleaved"]

@@ -13,8 +13,10 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
-from metrale_core.layers import gguf_linear as gl
-from metrale_core.layers import repack_cache
+from metrale_core.layers.formats import gguf_blocks as gb
+from metrale_core.layers.formats import gguf_linear as gl
+from metrale_core.layers.formats import gguf_repack as gr
+from metrale_core.layers.formats import repack_cache
 from metrale_core.testing import pytest_plugin
 from metrale_core.weights.gguf_store import GGUFStore
 
@@ -61,7 +63,7 @@ def _no_repacking(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("repacked although the records were cached")
 
-    monkeypatch.setattr(gl, "decode", refuse)
+    monkeypatch.setattr(gr, "decode", refuse)
 
 
 def test_pytest_sessions_use_their_own_cache():
@@ -80,14 +82,14 @@ def test_a_nested_session_leaves_the_outer_sessions_cache(pytester):
     assert Path(outer).is_dir() == existed
 
 
-@pytest.mark.parametrize("quant_type", sorted(gl.GGUF_KINDS))
+@pytest.mark.parametrize("quant_type", sorted(gb.GGUF_KINDS))
 def test_records_nbytes_is_what_pack_writes(quant_type):
-    kind, per_block, size = gl.GGUF_KINDS[quant_type]
+    kind, per_block, size = gb.GGUF_KINDS[quant_type]
     k = 256
     blocks = np.random.default_rng(1).integers(0, 256, size=(16, k // per_block, size), dtype=np.uint8)
     with np.errstate(invalid="ignore"):  # random bytes: some fp16 scales are NaN (sizes only matter)
-        _, codes, d, m = gl.decode(blocks, quant_type)
-    assert gl.pack(kind, codes, d, m).nbytes == gl.records_nbytes(kind, 16, k)
+        _, codes, d, m = gb.decode(blocks, quant_type)
+    assert gb.pack(kind, codes, d, m).nbytes == gb.records_nbytes(kind, 16, k)
 
 
 def test_a_second_build_reads_the_records_back(cache, tmp_path, monkeypatch):
@@ -138,7 +140,7 @@ def test_off_means_no_cache(tmp_path, monkeypatch):
 
 def test_the_cache_keeps_under_its_limit(cache, tmp_path, monkeypatch):
     path = _write(tmp_path / "m.gguf")
-    one = gl.records_nbytes(gl.GGUF_KINDS["Q8_0"][0], N, K)
+    one = gb.records_nbytes(gb.GGUF_KINDS["Q8_0"][0], N, K)
     monkeypatch.setenv(repack_cache.CACHE_MAX_ENV, str(one + one // 2))
     gl.gguf_linear([_raw(path)])
     oldest = _entries(cache)
@@ -154,7 +156,7 @@ def test_one_scan_per_process_until_the_limit(cache, tmp_path, monkeypatch):
     scans: list = []
     real = repack_cache._trim
     monkeypatch.setattr(repack_cache, "_trim", lambda root, limit: scans.append(root) or real(root, limit))
-    one = gl.records_nbytes(gl.GGUF_KINDS["Q8_0"][0], N, K)
+    one = gb.records_nbytes(gb.GGUF_KINDS["Q8_0"][0], N, K)
     monkeypatch.setenv(repack_cache.CACHE_MAX_ENV, str(3 * one))
     gl.gguf_linear([_raw(path)])
     gl.gguf_linear([_raw(path, "b.weight")])
@@ -237,7 +239,7 @@ def test_a_failed_repack_leaves_no_temporary_file(cache, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("decode failed")
 
-    monkeypatch.setattr(gl, "decode", broken)
+    monkeypatch.setattr(gr, "decode", broken)
     with pytest.raises(RuntimeError, match="decode failed"):
         gl.gguf_linear([_raw(path)])
     assert not _entries(cache) and not list(cache.glob("*/*.tmp"))

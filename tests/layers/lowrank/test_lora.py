@@ -9,8 +9,8 @@ from attrs import frozen
 
 from metrale_core.kernels import compile_ptx, nvcc_path, ptx_entries
 from metrale_core.layers import DenseLinear, build_linear
-from metrale_core.layers.lora import LoRAApply, LoRALinear, LoRARows, active_rows, attach_lora
-from metrale_core.layers.lora_targets import LoRATarget, LoRATargets
+from metrale_core.layers.lowrank.lora import LoRAApply, LoRALinear, LoRARows, active_rows, attach_lora
+from metrale_core.layers.lowrank.lora_targets import LoRATarget, LoRATargets
 
 
 class _Store:
@@ -77,7 +77,7 @@ def _adapter(gen, rank, modules):
 def test_wrapped_projection_adds_each_rows_own_adapter(path, monkeypatch):
     """Every CPU path: per adapter group, every slot's rows gathered into two batched products
     (slot 1 holds nothing, so its batch is all padding), and the C kernel (``lora_apply.c``)."""
-    import metrale_core.layers.lora as lora_module
+    import metrale_core.layers.lowrank.lora as lora_module
 
     if path == "c-kernel":
         assert lora_module.lora_kernel() is not None, "the C kernels build on every x86-64 CPU with AVX2"
@@ -284,7 +284,7 @@ def test_the_c_kernel_matches_the_grouped_path_across_row_groups_and_output_tile
     """More rows of one slot than the kernel multiplies together (8), outputs over several tiles of
     256, a part the adapter does not target, and rows in any order; two slots with rows (each slot
     on its own thread) and one (the threads share each group's columns and tiles)."""
-    import metrale_core.layers.lora as lora_module
+    import metrale_core.layers.lowrank.lora as lora_module
 
     assert lora_module.lora_kernel() is not None, "the C kernels build on every x86-64 CPU with AVX2"
     gen = torch.Generator().manual_seed(3)

@@ -12,8 +12,9 @@ import torch
 from metrale_core.kernels import KERNELS_ENV, cpu_unavailable_reason
 from metrale_core.kernels.cpu import cpu_capable
 from metrale_core.layers.attention import DecodeGather, attend_decode_gathered, prefill_attention
-from metrale_core.layers.functional import apply_rope, rope_cos_sin, rope_inv_freq
-from metrale_core.layers.ops import KERNEL_PACKAGE, DecoderOps
+from metrale_core.layers.decoder_ops import DecoderOps
+from metrale_core.layers.op_support import KERNEL_PACKAGE
+from metrale_core.layers.pointwise.functional import apply_rope, rope_cos_sin, rope_inv_freq
 from metrale_core.testing.requires import cpu_isa_params, missing, use_cpu_isa
 
 GEN = torch.Generator().manual_seed(1234)
@@ -251,7 +252,7 @@ def test_prefill_attention_attends_to_prefix_and_causal_rows():
 def test_qk_rope_same_for_split_views_and_for_each_new_sin_table(native_ops):
     """q/k split from one fused projection are rotated through one view (no concatenation), and
     the signed sin table memo follows the table it is given, call after call."""
-    from metrale_core.layers.ops import _adjacent_heads
+    from metrale_core.layers.op_support import adjacent_heads as _adjacent_heads
 
     op = native_ops.qk_norm_rope
     fused = randn(4, (6 + 2 + 2) * 8)

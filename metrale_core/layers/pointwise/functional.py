@@ -1,6 +1,6 @@
 """Torch reference maths of the decoder layers (the oracle for every kernel in ``kernels/``).
 
-Owner: ``metrale_core.layers``; the ``forward_native`` of each op in ``ops.py`` calls these, and
+Owner: ``metrale_core.layers``; the ``forward_native`` of each op in ``norm_ops.py`` calls these, and
 model plugins call them directly where no op is needed.
 
 Invariants (HF transformers semantics, see specs §1.3-1.4):

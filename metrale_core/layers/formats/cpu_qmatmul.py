@@ -1,7 +1,7 @@
 """The block-quantized CPU matmul (``kernels/cpu/qmatmul.c``): pack weights for it and call it.
 
-Owner: ``metrale_core.layers``; ``linear.BlockQuantLinear`` multiplies through :func:`qmatmul`,
-``linear.Bf16Linear`` (the bf16 format's head) through :func:`qmatmul_bf16`.  The C file is part
+Owner: ``metrale_core.layers``; ``linear_kinds.BlockQuantLinear`` multiplies through :func:`qmatmul`,
+``linear_kinds.Bf16Linear`` (the bf16 format's head) through :func:`qmatmul_bf16`.  The C file is part
 of the package's CPU library (:func:`metrale_core.kernels.cpu_library`), built with the system C
 compiler on first use.
 

@@ -1,6 +1,6 @@
 """``RowsMatmul``: ``x @ w.T`` for a small dense ``w``, each row's result independent of the others.
 
-Owner: ``metrale_core.layers.moe.RowwiseLinear`` (an MoE router, a shared expert's gate: the F32
+Owner: ``metrale_core.layers.blocks.moe.RowwiseLinear`` (an MoE router, a shared expert's gate: the F32
 matrices llama.cpp keeps beside the GGUF blocks).  ``F.linear`` of a whole batch is not
 batch-invariant (its order of sums follows the row count), so the torch path multiplies one row at
 a time; the C kernel (``dop_rows_matmul`` in ``kernels/cpu/decoder_ops.c``) does every row in one

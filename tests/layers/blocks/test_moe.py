@@ -1,4 +1,4 @@
-"""The MoE block (``metrale_core.layers.moe``) and the per-expert store (``weights.ExpertSlices``).
+"""The MoE block (``metrale_core.layers.blocks.moe``) and the per-expert store (``weights.ExpertSlices``).
 
 Routing against its definition (softmax vs sigmoid, top-k renormalisation, the selection-only
 correction bias, DeepSeek's group-limited top-k and scaling against transformers' own routers),
@@ -20,9 +20,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from metrale_core.decoder.names import LLAMA_NAMES
-from metrale_core.layers import gguf_linear as gl
-from metrale_core.layers.linear import DenseLinear
-from metrale_core.layers.moe import (
+from metrale_core.layers.blocks.moe import (
     FEW_PAIRS,
     Expert,
     Groups,
@@ -32,7 +30,9 @@ from metrale_core.layers.moe import (
     route,
     swiglu_oai,
 )
-from metrale_core.layers.ops import SwiGLU
+from metrale_core.layers.formats import gguf_linear as gl
+from metrale_core.layers.formats.linear_kinds import DenseLinear
+from metrale_core.layers.pointwise.norm_ops import SwiGLU
 from metrale_core.weights import ExpertSlices, RawTensor
 from metrale_core.weights.gguf_store import GGUFStore
 

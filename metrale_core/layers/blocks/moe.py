@@ -43,7 +43,7 @@ from typing import Any, Literal
 import torch
 from attrs import frozen
 
-from metrale_core.layers.rows_matmul import rows_matmul
+from metrale_core.layers.formats.rows_matmul import rows_matmul
 
 __all__ = ["Expert", "Groups", "MoeBlock", "RowwiseLinear", "grouped_experts", "route", "sigmoid", "swiglu_oai"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrale_core.layers import mla
+from metrale_core.layers.blocks import mla
 from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa
 
 T, H, K_UK, R = 13, 3, 24, 40  # rows (not a multiple of the kernel's row group), heads, dims

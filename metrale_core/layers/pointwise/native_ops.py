@@ -2,7 +2,7 @@
 
 Owner: ``metrale_core.layers``.  Each is a :class:`~metrale_core.kernels.CustomOp` whose
 ``forward_native`` is the oracle (``functional.geglu``, ``F.embedding``), so a model plugin calls
-them like the kernel-backed ops of ``ops.py`` and a kernel can be added later without touching it.
+them like the kernel-backed ops of ``norm_ops.py`` and a kernel can be added later without touching it.
 
 Invariants: no kernel package, so the path is always ``native`` (``METRALE_KERNELS=cuda|cpu``
 forcing a kernel is a ``ConfigError``, as for every op without one).
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from metrale_core.kernels import CustomOp
-from metrale_core.layers import functional
+from metrale_core.layers.pointwise import functional
 
 __all__ = ["Embedding", "GeGLU"]
 

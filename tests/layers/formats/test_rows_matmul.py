@@ -1,4 +1,4 @@
-"""``RowsMatmul`` (metrale_core.layers.rows_matmul): the batch-invariant small dense product of
+"""``RowsMatmul`` (metrale_core.layers.formats.rows_matmul): the batch-invariant small dense product of
 an MoE router, on the torch path and on each C variant this CPU runs (AVX512 and AVX2 here)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from metrale_core.kernels import KERNELS_ENV
-from metrale_core.layers.moe import RowwiseLinear
-from metrale_core.layers.rows_matmul import RowsMatmul
+from metrale_core.layers.blocks.moe import RowwiseLinear
+from metrale_core.layers.formats.rows_matmul import RowsMatmul
 from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa
 
 
