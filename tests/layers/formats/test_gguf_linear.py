@@ -1,9 +1,9 @@
-"""GGUF block kernels (metrale_core.layers.formats.gguf_linear) on fixture GGUF files of every type.
+"""GGUF block projections (metrale_core.layers.formats.gguf_linear) on fixture GGUF files of every type.
 
-Each fixture tensor is encoded here with numpy (random codes and sub-block scales, sane fp16
-super-scales), written with ``gguf.GGUFWriter`` and read back through ``GGUFStore``.  Oracles:
-``gguf.quants.dequantize`` for the decoded blocks, a float64 evaluation of the block maths for
-the kernel, and the dequantized matrix times the quantized activations for the whole product.
+The fixture tensors are random valid blocks (``metrale_core.testing.gguf_blocks``) written with
+``gguf.GGUFWriter`` and read back through ``GGUFStore``.  Oracles: a float64 evaluation of the
+block maths for the kernel (``gguf_blocks.reference``), and the dequantized matrix
+(``gguf.quants.dequantize``) times the quantized activations for the whole product.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter
-from gguf.quants import dequantize
 
 from metrale_core.layers.formats import gguf_blocks as gb
 from metrale_core.layers.formats import gguf_linear as gl
 from metrale_core.layers.formats import gguf_repack as gr
+from metrale_core.testing.gguf_blocks import dequantized, raw_of, write_block_types
 from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa
 from metrale_core.weights.gguf_store import GGUFStore
 
@@ -25,69 +24,9 @@ N, K = 48, 512  # two K-quant super-blocks; three channel tiles
 ROWS = [1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 64]
 
 
-def encode(quant_type: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Random valid blocks of ``quant_type`` ``[n, row_bytes]``: random bytes with every fp16
-    (super-)scale field set to a sane random value."""
-    _, per_block, size = gb.GGUF_KINDS[quant_type]
-    blocks = rng.integers(0, 256, size=(n, k // per_block, size), dtype=np.uint8)
-    fields = {
-        "Q4_0": [0],
-        "Q4_1": [0, 2],
-        "Q5_0": [0],
-        "Q5_1": [0, 2],
-        "Q8_0": [0],
-        "Q4_K": [0, 2],
-        "Q5_K": [0, 2],
-        "Q6_K": [208],
-        "Q2_K": [80, 82],
-        "Q3_K": [108],
-        "IQ4_NL": [0],
-        "IQ4_XS": [0],
-        "MXFP4": [],  # its scale is one E8M0 byte: set below
-    }
-    if quant_type == "MXFP4":  # 2^-10 .. 2^-4 (the spec's extremes: test_mxfp4)
-        blocks[..., 0] = rng.integers(118, 124, size=blocks.shape[:2], dtype=np.uint8)
-    for off in fields[quant_type]:
-        scale = rng.uniform(0.2, 1.0, size=blocks.shape[:2]) * rng.choice([1e-3, 1e-2], size=blocks.shape[:2])
-        blocks[..., off : off + 2] = scale.astype("<f2")[..., None].view(np.uint8)
-    return blocks.reshape(n, -1)
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> GGUFStore:
-    rng = np.random.default_rng(0)
-    path = tmp_path_factory.mktemp("gguf") / "blocks.gguf"
-    writer = GGUFWriter(str(path), "llama")
-    writer.add_embedding_length(K)
-    writer.add_head_count(8)
-    writer.add_block_count(1)
-    writer.add_context_length(64)
-    for t in TYPES:
-        writer.add_tensor(f"blk.0.{t}.weight", encode(t, N, K, rng), raw_dtype=GGMLQuantizationType[t])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return GGUFStore(path)
-
-
-def raw(store: GGUFStore, t: str):
-    return store.get_raw(next(n for n, g in store.gguf_names.items() if g == f"blk.0.{t}.weight"))
-
-
-def oracle(r) -> np.ndarray:
-    return dequantize(np.asarray(r.data), GGMLQuantizationType[r.quant_type]).reshape(r.shape)
-
-
-@pytest.mark.parametrize("t", TYPES)
-def test_decode_reproduces_gguf_dequantize(store: GGUFStore, t: str) -> None:
-    r = raw(store, t)
-    _, codes, d, m = gb.decode(gr._blocks(r, slice(None)), t)
-    sub = K // d.shape[1]
-    w = codes.astype(np.float32).reshape(N, -1, sub) * d[..., None]
-    if m is not None:
-        w = w + m[..., None]
-    np.testing.assert_array_equal(w.reshape(N, K), oracle(r))
+    return write_block_types(tmp_path_factory.mktemp("gguf") / "blocks.gguf", TYPES, N, K)
 
 
 def _check(y: torch.Tensor, x: torch.Tensor, r, rep_codes, d, m, fine: bool = True) -> None:
@@ -98,7 +37,7 @@ def _check(y: torch.Tensor, x: torch.Tensor, r, rep_codes, d, m, fine: bool = Tr
     hi, lo, da, _ = gb.quantize_activations(x, fine=fine)
     q = 255.0 * hi.double() + lo.double() if fine else hi.double()
     xq = (q.reshape(x.shape[0], -1, 32) * da.double()[..., None]).reshape(x.shape)
-    w = torch.from_numpy(oracle(r)).double()
+    w = torch.from_numpy(dequantized(r)).double()
     full = xq @ w.T
     assert (y.double() - full).abs().max().item() <= 2e-5 * (full.abs().max().item() + 1e-30)
     if fine:  # 15-bit activations: within 1e-3 of the float product
@@ -112,7 +51,7 @@ def test_native_kernel_every_type_and_row_count(
     store: GGUFStore, t: str, isa: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     use_cpu_isa(monkeypatch, isa, gl.PACKAGE)
-    r = raw(store, t)
+    r = raw_of(store, t)
     lin = gl.gguf_linear([r])
     assert lin.kernel is not None and lin.weight.records is not None
     _, codes, d, m = gb.decode(gr._blocks(r, slice(None)), t)
@@ -141,7 +80,7 @@ def test_isa_variants_give_the_same_bits(store: GGUFStore, t: str, monkeypatch: 
     """The AVX512-VNNI tiles and the AVX2 tiles compute the same int32 dot products and the same
     float steps, so every variant gives the same bits (the test above checks each against the
     oracles; this one, that a machine's choice of variant never changes an answer)."""
-    r = raw(store, t)
+    r = raw_of(store, t)
     x = torch.randn(64, K, generator=torch.Generator().manual_seed(7))
     outs = {}
     for isa in cpu_isa_params():
@@ -162,9 +101,9 @@ def test_one_scope_shares_one_precision(store: GGUFStore) -> None:
     """The projections built inside one activation_precision_scope read one cell, so the load's
     decision (fine or int8) switches the whole model and nothing outside it."""
     with gl.activation_precision_scope() as cell:
-        a = gl.gguf_linear([raw(store, "Q4_K")])
-        b = gl.gguf_linear([raw(store, "Q8_0")])
-    outside = gl.gguf_linear([raw(store, "Q4_K")])
+        a = gl.gguf_linear([raw_of(store, "Q4_K")])
+        b = gl.gguf_linear([raw_of(store, "Q8_0")])
+    outside = gl.gguf_linear([raw_of(store, "Q4_K")])
     assert a.precision is cell and b.precision is cell and cell.members == 2
     assert outside.precision is not cell and outside.fine
     x = torch.randn(3, K, generator=torch.Generator().manual_seed(3))
@@ -177,7 +116,7 @@ def test_one_scope_shares_one_precision(store: GGUFStore) -> None:
 @pytest.mark.parametrize("t", TYPES)
 def test_torch_fallback_every_type(store: GGUFStore, t: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("METRALE_KERNELS", "native")
-    r = raw(store, t)
+    r = raw_of(store, t)
     lin = gl.gguf_linear([r])
     assert lin.kernel is None and lin.weight.codes is not None
     _, codes, d, m = gb.decode(gr._blocks(r, slice(None)), t)
@@ -189,39 +128,12 @@ def test_torch_fallback_every_type(store: GGUFStore, t: str, monkeypatch: pytest
     _check(coarse(x), x, r, codes_t, torch.from_numpy(d), None if m is None else torch.from_numpy(m), fine=False)
 
 
-@pytest.mark.parametrize("isa", cpu_isa_params())
-def test_fused_rows_and_small_repack_chunks(store: GGUFStore, isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two tensors fused along rows, repacked in chunks of 16 rows, equal the parts side by side."""
-    use_cpu_isa(monkeypatch, isa, gl.PACKAGE)
-    monkeypatch.setattr(gr, "REPACK_ROWS", 16)
-    a, b = raw(store, "Q4_K"), raw(store, "Q4_K")
-    x = torch.randn(3, K, generator=torch.Generator().manual_seed(5))
-    fused = gl.gguf_linear([a, b])(x)
-    one = gl.gguf_linear([a])(x)
-    assert torch.equal(fused, torch.cat([one, one], dim=1))
-
-
-def test_q2k_q3k_repack_warns(store: GGUFStore) -> None:
-    from loguru import logger
-
-    seen: list[str] = []
-    sink = logger.add(lambda msg: seen.append(str(msg)), level="WARNING")
-    gr._warned.clear()
-    try:
-        gl.gguf_linear([raw(store, "Q2_K")])
-        gl.gguf_linear([raw(store, "Q3_K")])
-    finally:
-        logger.remove(sink)
-    assert any("Q2_K" in s and "bytes per weight" in s for s in seen)
-    assert any("Q3_K" in s and "bytes per weight" in s for s in seen)
-
-
 @pytest.mark.parametrize("t", ["Q8_0", "Q6_K", "Q4_K"])
 def test_quant_embedding_rows(store: GGUFStore, t: str) -> None:
-    r = raw(store, t)
+    r = raw_of(store, t)
     table = gl.QuantEmbedding(r, torch.float32)
     ids = torch.tensor([[3, 0, 3], [47, 5, 3]])
-    np.testing.assert_array_equal(table.lookup(ids).numpy(), oracle(r)[ids.numpy()])
+    np.testing.assert_array_equal(table.lookup(ids).numpy(), dequantized(r)[ids.numpy()])
 
 
 @pytest.mark.parametrize("t", ["Q4_K", "Q8_0"])
@@ -234,9 +146,9 @@ def test_a_lazy_projection_repacks_on_its_first_call_once_to_the_same_bits(
     real = gl.repack
     monkeypatch.setattr(gl, "repack", lambda raws, native: calls.append(len(raws)) or real(raws, native))
     with gl.activation_precision_scope() as cell:
-        lazy = gl.gguf_linear([raw(store, t)], lazy=True)
+        lazy = gl.gguf_linear([raw_of(store, t)], lazy=True)
     assert lazy.pending and calls == [] and lazy.out_features == N and cell.members == 1
-    eager = gl.gguf_linear([raw(store, t)])
+    eager = gl.gguf_linear([raw_of(store, t)])
     assert calls == [1]
     x = torch.randn(5, K, generator=torch.Generator().manual_seed(4))
     assert torch.equal(lazy(x), eager(x)) and not lazy.pending and calls == [1, 1]
