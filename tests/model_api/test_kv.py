@@ -1,4 +1,4 @@
-"""``metrale_core.model_api``'s storage: a CPU KV pool is zeroed, writable and committed only as
+"""``metrale_core.model_api.kv``: the storage: a CPU KV pool is zeroed, writable and committed only as
 its blocks are written (``zeroed_pages``), so an idle server's pool costs no resident memory."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import mmap
 import pytest
 import torch
 
-from metrale_core.model_api import KVLayout, PagedKVCache, zeroed_pages
+from metrale_core.model_api.kv import KVLayout, PagedKVCache, zeroed_pages
 
 
 def _resident_kib(tensor: torch.Tensor) -> int:
