@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The gates, on the whole tree: ruff lint, ruff format --check, mypy and the import-linter
-# contracts (configuration of all four in pyproject.toml). Each runs even when an earlier one
+# The gates, on the whole tree: ruff lint, ruff format --check, mypy, the import-linter
+# contracts (configuration of all four in pyproject.toml) and the generated public face
+# (metrale_core/_api_index.py and api.pyi current with metrale_core.api.FACE). Each runs even when an earlier one
 # fails; exits non-zero if any fails. .ci/run calls it before the tests; tox runs the same tools
 # as `tox -e lint,type`.
 # Usage: bash scripts/check.sh            (uses ./.venv, creating it with install.sh --dev if absent)
@@ -24,4 +25,5 @@ run ruff check .
 run ruff format --check .
 run mypy
 run bash scripts/lint-imports.sh
+run python -m metrale_core.plugin.public_face --check
 exit $status

@@ -1,6 +1,6 @@
 """Every kernel source and template a package reads at run time is declared as package data, so a
 wheel (not only an editable install) carries it: a missing ``.c`` file would silently drop the CPU
-kernels, a missing ``.cu`` the CUDA ones."""
+kernels, a missing ``.cu`` the CUDA ones, a missing ``.pyi`` the static view of ``metrale_core.api``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ PROJECTS = [
         p for folder in ("plugins", "contrib") for p in (REPO / folder).iterdir() if (p / "pyproject.toml").is_file()
     ),
 ]
-DATA_SUFFIXES = {".cu", ".cuh", ".c", ".h", ".jinja"}
+DATA_SUFFIXES = {".cu", ".cuh", ".c", ".h", ".jinja", ".pyi"}
 
 
 def _package_data(project: Path) -> tuple[list[Path], dict[str, list[str]]]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,19 +38,44 @@ def test_the_public_sampling_helper_is_the_samplers_own():
     assert api.inverse_cdf(probs, torch.tensor([0.75, 0.3])).tolist() == [2, 0]
 
 
-def test_the_type_checking_block_mirrors_the_lazy_table():
-    """``if TYPE_CHECKING:`` in api.py imports exactly :data:`PUBLIC` (name -> module), so static
-    checkers see the names a plugin gets at run time, and no more."""
-    import ast
-    from pathlib import Path
+def test_every_public_name_is_in_one_tier_and_the_tiers_cover_the_face():
+    assert set(api.TIER) == set(api.PUBLIC)
+    assert set(api.TIER.values()) == set(api.TIERS) == {"author", "expert"}
+    author, expert = api.names("author"), api.names("expert")
+    assert not set(author) & set(expert)
+    assert sorted(author + expert) == sorted(api.PUBLIC)
+    assert "build_linear" in author and "SchedulingPolicy" in expert
+    with pytest.raises(ValueError, match="unknown tier"):
+        api.names("internal")
 
-    tree = ast.parse(Path(api.__file__).read_text())
-    blocks = [node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"]
-    assert len(blocks) == 1
-    imported: dict[str, str] = {}
-    for node in blocks[0].body:
-        assert isinstance(node, ast.ImportFrom) and node.module is not None, ast.unparse(node)
-        for alias in node.names:
-            assert alias.asname in (None, alias.name) and alias.name not in imported, alias.name
-            imported[alias.name] = node.module
-    assert imported == api.PUBLIC
+
+#: The in-tree plugins that define models: what they import from the API is the author tier.
+MODEL_PLUGINS = ("metrale-qwen3", "metrale-gemma3", "metrale-glm-kda", "metrale-fp8", "metrale-b1")
+
+
+def _api_names_used(package: Path) -> set[str]:
+    used: set[str] = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "metrale_core.api":
+                used |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "api":
+                used.add(node.attr)
+    return used
+
+
+def test_model_plugins_use_only_the_author_tier():
+    repo = Path(__file__).resolve().parents[1]
+    for plugin in MODEL_PLUGINS:
+        (package,) = (repo / "plugins" / plugin).glob("metrale_*/")
+        used = _api_names_used(package)
+        assert used, plugin  # the scan finds the plugin's imports
+        expert = sorted(name for name in used if api.TIER.get(name) == "expert")
+        assert not expert, f"{plugin} uses expert-tier names {expert}"
+
+
+def test_a_module_marked_all_contributes_its_whole_all():
+    import metrale_core.plugin.components as components
+
+    assert api.FACE["author"]["metrale_core.plugin.components"] == api.ALL
+    assert {n for n, m in api.PUBLIC.items() if m == "metrale_core.plugin.components"} == set(components.__all__)

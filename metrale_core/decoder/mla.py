@@ -2,7 +2,7 @@
 
 Owner: ``metrale_core.decoder``; ``dims.DecoderDims.from_config`` reads :class:`MlaDims` for an
 ``Attention(kind="mla")`` family, ``weights.load_weights`` calls :func:`load_mla` per layer; the
-computation is ``metrale_core.layers.mla``.
+computation is ``metrale_core.layers.blocks.mla``.
 
 Invariants:
 - The config gives ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``
@@ -29,8 +29,8 @@ from attrs import frozen
 
 from metrale_core.decoder.names import Resolver
 from metrale_core.errors import ConfigError
-from metrale_core.layers.linear import Linear
-from metrale_core.layers.mla import MlaShape, MlaWeights
+from metrale_core.layers.blocks.mla import MlaShape, MlaWeights
+from metrale_core.layers.formats.linear import Linear
 
 __all__ = ["LATENT_EPS", "MlaDims", "load_mla"]
 

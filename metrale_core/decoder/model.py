@@ -28,7 +28,7 @@ Invariants:
 - A latent-attention layer (``dims.mla``) attends through ``layers.mla.mla_attention``: its cache
   is one KV head of ``kv_lora_rank + qk_rope_head_dim`` per token (``info.kv``), its RoPE tables
   are ``qk_rope_head_dim`` wide, and its per-head products run row by row outside ``exact``.
-- A sparse layer's MLP is its ``MoeBlock`` (``metrale_core.layers.moe``: routed experts grouped
+- A sparse layer's MLP is its ``MoeBlock`` (``metrale_core.layers.blocks.moe``: routed experts grouped
   per expert, the shared expert, the same SwiGLU op -- or gpt-oss's clamped ``swiglu_oai``, its
   sigmoid row by row outside ``exact``), in the same norm placement.
 - The model keeps no recurrent state: ``make_state_pool`` returns None and ``state`` is ignored.
@@ -63,9 +63,9 @@ from metrale_core.layers import (
     rms_norm,
     windowed_paged_attention,
 )
-from metrale_core.layers.lora_targets import LoRATargets
-from metrale_core.layers.mla import mla_attention
-from metrale_core.layers.moe import swiglu_oai
+from metrale_core.layers.blocks.mla import mla_attention
+from metrale_core.layers.blocks.moe import swiglu_oai
+from metrale_core.layers.lowrank.lora_targets import LoRATargets
 from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache
 
 __all__ = ["DecoderLM"]

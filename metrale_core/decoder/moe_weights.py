@@ -44,8 +44,9 @@ from metrale_core.decoder.dims import DecoderDims
 from metrale_core.decoder.moe_dims import MoeDims
 from metrale_core.decoder.names import Resolver
 from metrale_core.decoder.spec import DecoderSpec
-from metrale_core.layers.linear import DenseLinear, Linear
-from metrale_core.layers.moe import Expert, Groups, MoeBlock, RowwiseLinear
+from metrale_core.layers.blocks.moe import Expert, Groups, MoeBlock, RowwiseLinear
+from metrale_core.layers.formats.linear import Linear
+from metrale_core.layers.formats.linear_kinds import DenseLinear
 from metrale_core.layers.parallel import Shard, TensorParallel, split_range, split_unit
 
 __all__ = ["MoeSplit", "load_moe", "width_shard"]

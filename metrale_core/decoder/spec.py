@@ -21,7 +21,7 @@ or sigmoid routing, top-k with optional renormalisation, a shared expert with an
 gate, DeepSeek's group-limited top-k, ``routed_scaling_factor`` and the selection-only correction
 bias; the sparse layers are the config's ``decoder_sparse_step`` / ``mlp_only_layers`` /
 ``first_k_dense_replace`` / ``moe_layer_freq``), DeepSeek's multi-head latent attention
-(``Attention(kind="mla")``, ``metrale_core.layers.mla``), gpt-oss's learned attention sinks, its
+(``Attention(kind="mla")``, ``metrale_core.layers.blocks.mla``), gpt-oss's learned attention sinks, its
 top-k-then-softmax router with a bias, biased experts and clamped SwiGLU
 (``Mlp.expert_act="swiglu_oai"``).  A field declared but not built is refused at load with a
 ``ConfigError`` naming it (:meth:`DecoderSpec.unbuilt`).  RoPE kinds: default, linear, llama3,
@@ -61,7 +61,7 @@ __all__ = [
 ROPE_KINDS = ("default", "linear", "llama3", "yarn", "longrope", "freq_factors")
 ROPE_KINDS_BUILT = ROPE_KINDS
 
-#: The ``--weight-format`` values every definition's loader honours (``metrale_core.layers.linear``'s
+#: The ``--weight-format`` values every definition's loader honours (``metrale_core.layers.formats.linear``'s
 #: ``WEIGHT_FORMATS``, repeated so that registering imports no torch; a test keeps the two equal).
 WEIGHT_FORMATS = ("auto", "exact", "bf16", "int8", "int4")
 

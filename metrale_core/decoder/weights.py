@@ -49,10 +49,10 @@ from metrale_core.decoder.moe_weights import MoeSplit, load_moe, width_shard
 from metrale_core.decoder.names import Resolver
 from metrale_core.decoder.spec import DecoderSpec
 from metrale_core.layers import build_embedding, build_linear, build_tied_head, embed_tokens
-from metrale_core.layers.linear import Linear
-from metrale_core.layers.lora_targets import LoRATarget, LoRATargets
-from metrale_core.layers.mla import MlaWeights
-from metrale_core.layers.moe import MoeBlock
+from metrale_core.layers.blocks.mla import MlaWeights
+from metrale_core.layers.blocks.moe import MoeBlock
+from metrale_core.layers.formats.linear import Linear
+from metrale_core.layers.lowrank.lora_targets import LoRATarget, LoRATargets
 from metrale_core.layers.parallel import (
     HeadSplit,
     ParallelHead,

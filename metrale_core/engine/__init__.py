@@ -14,16 +14,11 @@ from metrale_core.engine.config import EngineConfig
 from metrale_core.engine.deltas import RequestOutput
 from metrale_core.engine.engine import EngineStats, LLMEngine, build_pipeline
 from metrale_core.engine.output import OutputProcessor
+from metrale_core.engine.plan import ScheduledChunk, SchedulerOutput
+from metrale_core.engine.policy import AdmissionStep, FcfsPolicy, SchedulingPolicy
 from metrale_core.engine.request import Request, Sequence, SequenceStatus
 from metrale_core.engine.runner import ModelRunner
-from metrale_core.engine.scheduler import (
-    AdmissionStep,
-    FcfsPolicy,
-    ScheduledChunk,
-    Scheduler,
-    SchedulerOutput,
-    SchedulingPolicy,
-)
+from metrale_core.engine.scheduler import Scheduler
 from metrale_core.engine.state_slots import StateSlots
 
 __all__ = [

@@ -1,7 +1,7 @@
 """``AdapterBank``: the LoRA adapters one engine serves, their device slots (LRU) and the step map.
 
 Owner: the engine side of multi-LoRA.  A feature plugin (``metrale-lora``) parses adapter files
-into :class:`AdapterWeights`, wraps the model's projections (``metrale_core.layers.lora``) and
+into :class:`AdapterWeights`, wraps the model's projections (``metrale_core.layers.lowrank.lora``) and
 hangs a bank on ``engine.runner.lora`` (``metrale_lora.engine_setup.enable_adapters``); the server
 resolves a request's ``model`` to an adapter key (:meth:`AdapterBank.key_for`) and hands it to
 the engine in the sequence's extras (:data:`ADAPTER_EXTRA`); the runner runs each forward inside
@@ -77,7 +77,7 @@ class AdapterBank:
         self.max_loras = max_loras
         self.max_rank = max_rank
         #: Per-row slots (None: no adapter row) -> the context the forward runs in
-        #: (``metrale_core.layers.lora.active_rows`` over ``LoRARows.from_slots``).
+        #: (``metrale_core.layers.lowrank.lora.active_rows`` over ``LoRARows.from_slots``).
         self.row_scope = row_scope
         #: Path -> weights (the plugin's parser); used by :meth:`load`.
         self.loader = loader

@@ -34,10 +34,11 @@ from metrale_core.engine.config import EngineConfig
 from metrale_core.engine.deltas import RequestOutput
 from metrale_core.engine.kv_dtype import resolve_kv_storage
 from metrale_core.engine.output import OutputProcessor
+from metrale_core.engine.policy import FcfsPolicy
 from metrale_core.engine.pooling import plan_pools, pool_step
 from metrale_core.engine.request import EngineRequest, Request, Sequence
 from metrale_core.engine.runner import ModelRunner, model_device
-from metrale_core.engine.scheduler import FcfsPolicy, Scheduler
+from metrale_core.engine.scheduler import Scheduler
 from metrale_core.engine.snapshot import SnapshotPublisher
 from metrale_core.engine.spec_driver import SpecDriver, build_spec_driver
 from metrale_core.errors import ConfigError, InvalidRequest, PromptTooLong

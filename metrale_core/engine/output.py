@@ -37,8 +37,9 @@ from attrs import frozen
 from loguru import logger
 
 from metrale_core.engine.deltas import RequestOutput
+from metrale_core.engine.plan import SchedulerOutput
 from metrale_core.engine.request import Sequence
-from metrale_core.engine.scheduler import Scheduler, SchedulerOutput
+from metrale_core.engine.scheduler import Scheduler
 from metrale_core.streamparse.base import held_back_len
 
 __all__ = ["OutputProcessor", "StepUpdate"]

@@ -27,7 +27,7 @@ import torch
 from attrs import frozen
 from loguru import logger
 
-from metrale_core.engine.scheduler import SchedulerOutput
+from metrale_core.engine.plan import SchedulerOutput
 from metrale_core.model_api import CausalLM, ForwardBatch, HiddenStatesLM, PagedKVCache, VerifyCommitLM
 
 __all__ = ["ForwardResult", "ModelRunner", "model_device"]

@@ -5,9 +5,11 @@ model runner; the output processor then reports the step back through the schedu
 methods (:meth:`Scheduler.advance`, :meth:`Scheduler.finish`, :meth:`Scheduler.commit_verify`,
 and :meth:`Scheduler.complete` once the step's outputs are processed).  The scheduler is the only
 writer of its state (queues, blocks, slots, ``in_flight``); others call these methods.  The
-*policy* (a ``SchedulerSpec`` plugin, built-in ``"fcfs"`` = :class:`FcfsPolicy`) only chooses
-which waiting sequence to admit next and which running sequence to preempt; the bookkeeping
-below is the same for every policy.
+*policy* (a ``SchedulerSpec`` plugin, built-in ``"fcfs"``; :mod:`metrale_core.engine.policy`) only
+chooses which waiting sequence to admit next and which running sequence to preempt; the
+bookkeeping below is the same for every policy.  The plan it returns is a
+:class:`~metrale_core.engine.plan.SchedulerOutput` of
+:class:`~metrale_core.engine.plan.ScheduledChunk` s (:mod:`metrale_core.engine.plan`).
 
 One step, in order:
 1. Expire requests past their deadline (``"timeout"``).
@@ -46,33 +48,24 @@ Invariants:
 
 from __future__ import annotations
 
-import inspect
 from collections import deque
 from collections.abc import Mapping
-from collections.abc import Sequence as Seq
 from typing import Any, Protocol, cast
 
-from attrs import field, frozen
 from loguru import logger
 
 from metrale_core.engine.adapter_key import adapter_of
 from metrale_core.engine.block_manager import BlockManager
 from metrale_core.engine.config import EngineConfig
+from metrale_core.engine.plan import ScheduledChunk, SchedulerOutput
+from metrale_core.engine.policy import AdmissionStep, SchedulingPolicy, StepAwarePolicy, takes_step
 from metrale_core.engine.request import Sequence, SequenceStatus
 from metrale_core.engine.state_slots import StateSlots
 from metrale_core.errors import InvalidRequest, KVCacheExhausted
 from metrale_core.model_api import ModelInfo
 from metrale_core.sampling.position import PositionKind
 
-__all__ = [
-    "AdmissionStep",
-    "DraftSource",
-    "FcfsPolicy",
-    "ScheduledChunk",
-    "Scheduler",
-    "SchedulerOutput",
-    "SchedulingPolicy",
-]
+__all__ = ["DraftSource", "Scheduler"]
 
 
 class DraftSource(Protocol):
@@ -81,134 +74,6 @@ class DraftSource(Protocol):
     def drafts(self) -> Mapping[str, Any]:
         """request id -> ``Draft`` for the running decode sequences of the step being planned."""
         ...
-
-
-@frozen
-class AdmissionStep:
-    """What the step being planned already holds when the policy picks a waiting sequence.
-
-    Passed as ``next_waiting(waiting, step=...)`` to a policy whose ``next_waiting`` declares
-    a parameter named ``step``; other policies are called as ``next_waiting(waiting)``.
-    """
-
-    #: Decode rows scheduled this step (sequences decoding; a verify chunk counts as one).
-    num_decodes: int
-    #: Tokens those decode rows feed (1 each, ``1 + k`` for a verify chunk of ``k`` drafts).
-    num_decode_tokens: int
-    #: Prefill tokens scheduled so far this step (continued chunked prefills, then the
-    #: sequences admitted earlier this step).
-    num_prefill_tokens: int
-    #: Prefill tokens left in this step's ``max_prefill_tokens`` budget: a sequence admitted
-    #: now gets a first chunk of at most this many tokens (fewer on a prefix-cache hit).
-    budget: int
-
-
-class SchedulingPolicy(Protocol):
-    """What a ``SchedulerSpec.factory(config)`` returns.
-
-    ``next_waiting`` may be declared as ``next_waiting(self, waiting, step=None)`` to receive
-    an :class:`AdmissionStep` (the scheduler checks the signature once, at construction).
-    """
-
-    def next_waiting(self, waiting: Seq[Sequence]) -> Sequence | None:
-        """The waiting sequence to try to admit next (admission stops when it does not fit),
-        or None to admit no more waiting sequences this step (a hold-back: running sequences
-        are unaffected; the policy is asked again next step).  ``waiting`` is never empty.
-        Guard: when nothing is running, None would stall the engine, so the scheduler then
-        admits the queue front (``waiting[0]``) instead."""
-        ...
-
-    def choose_victim(self, candidates: Seq[Sequence]) -> Sequence:
-        """The sequence to preempt among ``candidates`` (running, not yet scheduled this step,
-        in admission order; the first one is the sequence that needs room)."""
-        ...
-
-
-class StepAwarePolicy(SchedulingPolicy, Protocol):
-    """A ``SchedulingPolicy`` whose ``next_waiting`` takes the :class:`AdmissionStep`."""
-
-    def next_waiting(self, waiting: Seq[Sequence], step: AdmissionStep | None = None) -> Sequence | None: ...
-
-
-@frozen
-class FcfsPolicy:
-    """First come, first served: admit the queue front; preempt the most recently admitted."""
-
-    config: EngineConfig | None = None
-
-    def next_waiting(self, waiting: Seq[Sequence]) -> Sequence:
-        return waiting[0]
-
-    def choose_victim(self, candidates: Seq[Sequence]) -> Sequence:
-        return candidates[-1]
-
-
-@frozen(repr=False)
-class ScheduledChunk:
-    """Rows of one sequence in one step."""
-
-    #: The sequence (read by the runner and the output processor).
-    seq: Sequence = field(eq=False)
-    #: Absolute position of the first row.
-    start: int
-    #: Token ids fed at positions ``start .. start + len - 1``.
-    token_ids: tuple[int, ...]
-    #: The sequence's block table for this step.
-    block_ids: tuple[int, ...]
-    #: Recurrent-state slot (-1 when the model keeps none).
-    state_slot: int
-    #: The last row's logits are sampled (the chunk reaches the end of the sequence).
-    sample: bool
-    #: Position kind of the sampled row (None when ``sample`` is False).
-    kind: PositionKind | None
-    #: A single-token decode row (as opposed to a prefill chunk); a verify chunk
-    #: ``[last, d1..dk]`` (kind ``VERIFY``) is a decode row too.
-    is_decode: bool
-    #: The proposer's ``Draft`` record of a verify chunk (its ``probs`` are ``q`` for the
-    #: acceptance rule); None for every other chunk.
-    draft: Any = field(default=None, eq=False)
-    #: The block tables of the sequence's KV groups after the first, for this step (empty
-    #: without attention windows; ``NULL_BLOCK`` where a block slid out of the window).
-    group_block_ids: tuple[tuple[int, ...], ...] = ()
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def is_verify(self) -> bool:
-        return self.kind is PositionKind.VERIFY
-
-    @property
-    def num_logits(self) -> int:
-        """Logits rows this chunk needs: every row of a verify chunk, else the sampled one."""
-        return self.num_tokens if self.is_verify else int(self.sample)
-
-    def __repr__(self) -> str:
-        return (
-            f"ScheduledChunk({self.seq.request_id!r}, start={self.start}, "
-            f"n={len(self.token_ids)}, sample={self.sample})"
-        )
-
-
-@frozen
-class SchedulerOutput:
-    """The plan of one step."""
-
-    #: Decode rows first (running order), then prefill chunks (admission order).
-    chunks: tuple[ScheduledChunk, ...] = ()
-    #: Request ids preempted (by recompute) while planning this step.
-    preempted: tuple[str, ...] = ()
-    #: Sequences the scheduler finished since the last plan (abort, timeout, error), to report.
-    finished: tuple[Sequence, ...] = field(default=(), eq=False)
-
-    @classmethod
-    def make_empty(cls) -> SchedulerOutput:
-        return cls()
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.chunks
 
 
 class Scheduler:
@@ -243,7 +108,7 @@ class Scheduler:
         self.last_plan: SchedulerOutput = SchedulerOutput.make_empty()
         self._unreported: list[Sequence] = []
         #: The policy's ``next_waiting`` takes ``step`` (an ``AdmissionStep``).
-        self._policy_takes_step = _takes_step(policy)
+        self._policy_takes_step = takes_step(policy)
         #: Most distinct LoRA adapters running at once (``--max-loras``; None: no limit).
         self.max_adapters: int | None = None
 
@@ -511,11 +376,3 @@ class Scheduler:
 def _group_tables(seq: Sequence) -> tuple[tuple[int, ...], ...]:
     """The block tables of ``seq``'s KV groups after the first (empty without windows)."""
     return tuple(tuple(table) for table in seq.group_block_ids)
-
-
-def _takes_step(policy: Any) -> bool:
-    """Whether ``policy.next_waiting`` declares a parameter named ``step``."""
-    try:
-        return "step" in inspect.signature(policy.next_waiting).parameters
-    except (AttributeError, TypeError, ValueError):
-        return False

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from metrale_core.engine.block_manager import BlockManager
+from metrale_core.engine.plan import ScheduledChunk, SchedulerOutput
 from metrale_core.engine.runner import ModelRunner
-from metrale_core.engine.scheduler import ScheduledChunk, SchedulerOutput
 from metrale_core.errors import ConfigError
 from metrale_core.sampling.position import PositionKind
 

@@ -21,10 +21,16 @@ kernel (``kernels/cpu/*.c``):
 
 - tensor parallelism (:mod:`metrale_core.layers.parallel`): the rank's group, sharded weight
   stores, row-parallel / vocab-parallel layers and the head gathered on rank 0;
-- LoRA (:mod:`metrale_core.layers.lora`): the per-row adapter wrapper, put at the projections a
-  model declares (``lora_targets()``, :mod:`metrale_core.layers.lora_targets`).
+- LoRA (:mod:`metrale_core.layers.lowrank.lora`): the per-row adapter wrapper, put at the projections a
+  model declares (``lora_targets()``, :mod:`metrale_core.layers.lowrank.lora_targets`).
 
-Invariants: the oracles follow HF transformers (see ``functional.py``); :class:`DecoderOps`
+Rooms by kind: ``pointwise/`` (norms, RoPE, gated activations: the oracles and their ops),
+``formats/`` (linear layers in their weight formats, GGUF blocks, the CPU matmuls, the repack
+cache), ``lowrank/`` (LoRA), ``blocks/`` (MoE, MLA); paged attention (``attention``,
+``window_attention``, ``ops``, ``kv_cache_write``), ``op_support`` (what the ops share),
+``decoder_ops``, ``parallel`` and ``dtypes`` sit at the top with the kernel sources (``kernels/``).
+
+Invariants: the oracles follow HF transformers (see ``pointwise/functional.py``); :class:`DecoderOps`
 builds each op once per model so its path is chosen once; plugins import these names from
 :mod:`metrale_core.api` (or from here), never a plugin's copy.
 """
@@ -32,20 +38,11 @@ builds each op once per model so its path is chosen once; plugins import these n
 from __future__ import annotations
 
 from metrale_core.layers.attention import AttentionPlan, paged_attention, write_kv
+from metrale_core.layers.decoder_ops import DecoderOps
 from metrale_core.layers.dtypes import DTYPES, torch_dtype
-from metrale_core.layers.functional import (
-    apply_rope,
-    geglu,
-    rms_norm,
-    rope_cos_sin,
-    rope_inv_freq,
-    signed_sin,
-    swiglu,
-)
-from metrale_core.layers.linear import (
+from metrale_core.layers.formats.linear import (
     WEIGHT_FORMAT_ENV,
     WEIGHT_FORMATS,
-    DenseLinear,
     Linear,
     build_embedding,
     build_linear,
@@ -54,16 +51,20 @@ from metrale_core.layers.linear import (
     require_weight_format,
     resolve_weight_format,
 )
-from metrale_core.layers.native_ops import Embedding, GeGLU
-from metrale_core.layers.ops import (
-    DecoderOps,
-    KVCacheWrite,
-    PagedAttentionDecode,
-    PagedAttentionPrefill,
-    QKNormRope,
-    RMSNorm,
-    SwiGLU,
+from metrale_core.layers.formats.linear_kinds import DenseLinear
+from metrale_core.layers.kv_cache_write import KVCacheWrite
+from metrale_core.layers.ops import PagedAttentionDecode, PagedAttentionPrefill
+from metrale_core.layers.pointwise.functional import (
+    apply_rope,
+    geglu,
+    rms_norm,
+    rope_cos_sin,
+    rope_inv_freq,
+    signed_sin,
+    swiglu,
 )
+from metrale_core.layers.pointwise.native_ops import Embedding, GeGLU
+from metrale_core.layers.pointwise.norm_ops import QKNormRope, RMSNorm, SwiGLU
 from metrale_core.layers.window_attention import windowed_paged_attention
 
 __all__ = [

@@ -41,8 +41,8 @@ from attrs import define, evolve, field, frozen
 from loguru import logger
 
 from metrale_core.errors import ConfigError
-from metrale_core.layers import repack_cache
-from metrale_core.layers.gguf_linear import ActivationPrecision
+from metrale_core.layers.formats import repack_cache
+from metrale_core.layers.formats.gguf_linear import ActivationPrecision
 
 __all__ = [
     "ACTIVATIONS_ENV",

@@ -22,7 +22,7 @@ from typing import Any
 
 from attrs import frozen
 
-from metrale_core.layers.gguf_linear import activation_precision_scope
+from metrale_core.layers.formats.gguf_linear import activation_precision_scope
 from metrale_core.loading.model_build import model_from_store
 from metrale_core.plugin.components import LoadOptions
 

@@ -51,7 +51,7 @@ def metrale_schedulers(register):
     register(
         SchedulerSpec(
             name="fcfs",
-            factory=lazy_factory("metrale_core.engine.scheduler:FcfsPolicy"),
+            factory=lazy_factory("metrale_core.engine.policy:FcfsPolicy"),
             description="first come, first served scheduling policy",
         )
     )

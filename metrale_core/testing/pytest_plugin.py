@@ -32,7 +32,7 @@ from metrale_core.testing.clock import FakeClock
 from metrale_core.testing.golden import GoldenStore
 from metrale_core.testing.recording_model import RecordingModel
 
-#: ``metrale_core.layers.repack_cache.CACHE_ENV`` (not imported: this module imports no engine code).
+#: ``metrale_core.layers.formats.repack_cache.CACHE_ENV`` (not imported: this module imports no engine code).
 REPACK_CACHE_ENV = "METRALE_REPACK_CACHE"
 #: The repack cache directory a session made (on its ``Config``: an in-process nested session,
 #: ``pytester.runpytest``, finds the variable set and neither makes nor removes one).

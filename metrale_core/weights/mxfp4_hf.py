@@ -23,7 +23,7 @@ values (``exact`` and the dense formats): transformers' dequantized values, bit 
 Invariants:
 - Only the asked expert's rows are read and converted (uint8 blocks, 17 bytes per 32 weights),
   and only when numpy first reads ``get_raw``'s data (:class:`PendingBlocks`, views of the mapped
-  file until then): a lazy expert (``gguf_linear.PendingRepack``) is converted on its first call,
+  file until then): a lazy expert (``gguf_repack.PendingRepack``) is converted on its first call,
   as a GGUF's is paged in.  No float copy of an expert is made to serve ``get_raw``.
 - A served slice's ``RawSource`` is its blocks' file with the slice's own name (and the scales'
   file where it differs): under ``auto`` its repacked records go to the repack cache

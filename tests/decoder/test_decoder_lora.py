@@ -8,8 +8,8 @@ import torch
 
 from metrale_core.decoder.spec import DecoderSpec
 from metrale_core.layers import DenseLinear
-from metrale_core.layers.lora import LoRALinear, attach_lora
-from metrale_core.layers.lora_targets import resolve
+from metrale_core.layers.lowrank.lora import LoRALinear, attach_lora
+from metrale_core.layers.lowrank.lora_targets import resolve
 from metrale_core.layers.parallel import RowParallelLinear, TensorParallel
 from metrale_core.plugin.components import LoadOptions
 from metrale_core.testing.tiny_llama import write_tiny_llama

@@ -29,7 +29,7 @@ CONFIG = dict(
 
 
 def test_the_weight_formats_are_the_linear_layers():
-    from metrale_core.layers.linear import WEIGHT_FORMATS as LINEAR_FORMATS
+    from metrale_core.layers.formats.linear import WEIGHT_FORMATS as LINEAR_FORMATS
 
     assert WEIGHT_FORMATS == LINEAR_FORMATS
 

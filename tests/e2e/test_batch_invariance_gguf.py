@@ -1,7 +1,7 @@
 """Batch invariance of the default weight format through the whole engine (``LLMEngine``).
 
 16 greedy requests run together must each produce exactly the tokens they produce alone, in the
-default format (``auto``: GGUF blocks multiplied by ``metrale_core.layers.gguf_linear``), on a
+default format (``auto``: GGUF blocks multiplied by ``metrale_core.layers.formats.gguf_linear``), on a
 random Qwen2 (QKV bias) written as a GGUF of mixed block types (15-bit and int8 activations), and
 on the embedded SmolLM2.
 """
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from metrale_core.engine import EngineConfig, LLMEngine
-from metrale_core.layers.gguf_linear import GGUFLinear, activation_precision_scope
+from metrale_core.layers.formats.gguf_linear import GGUFLinear, activation_precision_scope
 from metrale_core.loading.embedded import default_model_path
 from metrale_core.plugin.components import LoadOptions
 from metrale_core.plugin.discovery import load_registry
@@ -78,7 +78,7 @@ def test_smollm2_sixteen_together_equal_alone() -> None:
 
 def test_mixed_types_of_one_projection_are_stacked(tmp_path) -> None:
     """attn_q/attn_k Q4_0 and attn_v Q8_0: one fused projection of two block matrices."""
-    from metrale_core.layers.linear import StackedLinear
+    from metrale_core.layers.formats.linear import StackedLinear
 
     path = tmp_path / "qwen2-mixed.gguf"
     write_random_qwen2_gguf(path)

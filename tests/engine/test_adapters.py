@@ -10,7 +10,7 @@ from attrs import define
 from metrale_core.engine.adapter_key import ADAPTER_EXTRA
 from metrale_core.engine.adapters import AdapterBank, AdapterWeights
 from metrale_core.errors import ConfigError
-from metrale_core.layers.lora import LoRALinear, LoRAPart, LoRARows, active_rows
+from metrale_core.layers.lowrank.lora import LoRALinear, LoRAPart, LoRARows, active_rows
 from metrale_core.sampling import SamplingParams
 
 PREFIX = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]

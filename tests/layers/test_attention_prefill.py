@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from metrale_core.kernels import KERNELS_ENV
-from metrale_core.layers.ops import KERNEL_PACKAGE, PagedAttentionPrefill
+from metrale_core.layers.op_support import KERNEL_PACKAGE
+from metrale_core.layers.ops import PagedAttentionPrefill
 from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa
 
 BLOCK = 16

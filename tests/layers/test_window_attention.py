@@ -19,7 +19,9 @@ import torch
 
 from metrale_core.kernels import KERNELS_ENV
 from metrale_core.layers.attention import AttentionPlan, paged_attention
-from metrale_core.layers.ops import KERNEL_PACKAGE, DecoderOps, PagedAttentionDecode
+from metrale_core.layers.decoder_ops import DecoderOps
+from metrale_core.layers.op_support import KERNEL_PACKAGE
+from metrale_core.layers.ops import PagedAttentionDecode
 from metrale_core.layers.window_attention import windowed_paged_attention
 from metrale_core.model_api import ForwardBatch, KVLayout, PagedKVCache
 from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa

@@ -205,7 +205,7 @@ def test_installed_qwen3_plugin_is_listed():
 def test_builtins_use_lazy_factories():
     reg = load_registry(entry_points=[])
     assert reg.samplers["default"].factory == LazyFactory("metrale_core.sampling.sampler:DefaultSampler")
-    assert reg.schedulers["fcfs"].factory == LazyFactory("metrale_core.engine.scheduler:FcfsPolicy")
+    assert reg.schedulers["fcfs"].factory == LazyFactory("metrale_core.engine.policy:FcfsPolicy")
     assert reg.provider("schedulers", "fcfs").distribution == "metrale-core"
 
 

@@ -43,7 +43,7 @@ def _model(path, weight_format="exact"):
 def test_lora_targets_are_attention_and_mlp_of_every_layer_by_path(checkpoint):
     """The model declares q/k/v, o, gate/up and down of every layer for LoRA (not the head), by
     checkpoint module path and by their path from the model; attach_lora wraps exactly those."""
-    from metrale_core.layers.lora import LoRALinear, attach_lora
+    from metrale_core.layers.lowrank.lora import LoRALinear, attach_lora
 
     model = _model(checkpoint[0])
     declared = {t.dotted: [p.module.split("layers.")[-1] for p in t.parts] for t in model.lora_targets()}

@@ -44,8 +44,8 @@ def test_loader_is_registered_and_declares_state(checkpoint):
 def test_lora_targets_are_every_projection_but_the_head_by_path(checkpoint):
     """The loader declares each projection it builds (KDA's seven, MLA's four, the dense and the
     shared-expert MLPs) at its path in the weights record; attach_lora wraps exactly those."""
-    from metrale_core.layers.lora import LoRALinear, attach_lora
-    from metrale_core.layers.lora_targets import resolve
+    from metrale_core.layers.lowrank.lora import LoRALinear, attach_lora
+    from metrale_core.layers.lowrank.lora_targets import resolve
 
     store = open_weights(checkpoint)
     model = load_registry().find_model_loader(store.config).factory(store, LoadOptions())

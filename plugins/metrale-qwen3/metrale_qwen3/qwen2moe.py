@@ -8,7 +8,7 @@ llama.cpp writes it as GGUF arch ``qwen2moe`` (``ffn_*_exps``, ``ffn_*_shexp``,
 ``ffn_gate_inp_shexp``).
 
 Invariants: this module imports no torch; the core builds the model when the factory runs
-(``metrale_core.layers.moe``); under tensor parallelism each rank keeps a part of every
+(``metrale_core.layers.blocks.moe``); under tensor parallelism each rank keeps a part of every
 expert's width (``metrale_core.decoder.moe_weights.MoeSplit``).
 """
 

@@ -7,7 +7,7 @@ expert; ``decoder_sparse_step`` and ``mlp_only_layers`` leave some layers dense.
 writes it as GGUF arch ``qwen3moe`` (experts stacked in ``ffn_*_exps``; it always renormalises).
 
 Invariants: this module imports no torch; the core builds the model when the factory runs
-(``metrale_core.layers.moe``); under tensor parallelism each rank keeps a part of every
+(``metrale_core.layers.blocks.moe``); under tensor parallelism each rank keeps a part of every
 expert's width (``metrale_core.decoder.moe_weights.MoeSplit``).
 """
 

@@ -45,8 +45,8 @@ from qwen3_harness import PagedRunner, build_hf, open_store, save_checkpoint
 
 from metrale_core.decoder.moe_dims import MoeDims
 from metrale_core.errors import ConfigError
-from metrale_core.layers.gguf_linear import GGUFLinear
-from metrale_core.layers.lora import LoRALinear, attach_lora
+from metrale_core.layers.formats.gguf_linear import GGUFLinear
+from metrale_core.layers.lowrank.lora import LoRALinear, attach_lora
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugin.discovery import load_registry
 from metrale_qwen3.deepseek2 import DEEPSEEK2

@@ -37,7 +37,7 @@ from gguf.quants import dequantize, quantize
 from qwen3_harness import build_hf, open_store, save_checkpoint
 
 from metrale_core.errors import ConfigError, UnknownArchitecture
-from metrale_core.layers.gguf_linear import GGUFLinear
+from metrale_core.layers.formats.gguf_linear import GGUFLinear
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugin.discovery import load_registry
 from metrale_core.weights.gguf_hf import ARCHITECTURES

@@ -30,9 +30,9 @@ from qwen3_harness import build_hf, open_store, save_checkpoint
 from safetensors.torch import load_file, save_file
 from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
 
-from metrale_core.layers import repack_cache
-from metrale_core.layers.gguf_linear import GGUFLinear
-from metrale_core.layers.linear import DenseLinear
+from metrale_core.layers.formats import repack_cache
+from metrale_core.layers.formats.gguf_linear import GGUFLinear
+from metrale_core.layers.formats.linear_kinds import DenseLinear
 from metrale_core.weights import mxfp4_hf
 
 CONFIG = dict(

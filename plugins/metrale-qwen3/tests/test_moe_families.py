@@ -39,9 +39,9 @@ from family_testlib import (
 )
 from qwen3_harness import PagedRunner, build_hf, open_store, save_checkpoint
 
-from metrale_core.layers import moe as moe_layer
-from metrale_core.layers.gguf_linear import GGUFLinear
-from metrale_core.layers.lora import attach_lora
+from metrale_core.layers.blocks import moe as moe_layer
+from metrale_core.layers.formats.gguf_linear import GGUFLinear
+from metrale_core.layers.lowrank.lora import attach_lora
 from metrale_core.plugin.discovery import load_registry
 
 VOCAB = 96

@@ -20,8 +20,8 @@ from test_moe_families import FAMILIES, _hf, _write_gguf
 
 from metrale_core.api import LoadOptions
 from metrale_core.engine import EngineConfig, LLMEngine
-from metrale_core.layers import gguf_linear, repack_cache
-from metrale_core.layers.gguf_linear import GGUFLinear
+from metrale_core.layers.formats import gguf_repack, repack_cache
+from metrale_core.layers.formats.gguf_linear import GGUFLinear
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.loading.load import load_model
 from metrale_core.parallel.launch import load_parallel
@@ -179,8 +179,8 @@ def test_a_ranks_experts_are_repacked_on_first_use_into_the_cache(tmp_path, monk
     monkeypatch.setenv(repack_cache.CACHE_ENV, str(tmp_path / "cache"))
     path = _gguf("qwen3moe", tmp_path, monkeypatch)
     decoded = []
-    decode = gguf_linear.decode
-    monkeypatch.setattr(gguf_linear, "decode", lambda *a: decoded.append(1) or decode(*a))
+    decode = gguf_repack.decode
+    monkeypatch.setattr(gguf_repack, "decode", lambda *a: decoded.append(1) or decode(*a))
 
     def records(rank):
         """Rank ``rank``'s expert records, and the blocks decoded to repack them (none at load)."""

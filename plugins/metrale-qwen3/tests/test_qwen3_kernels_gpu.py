@@ -22,7 +22,7 @@ def _rand(*shape, dtype):
 
 @pytest.fixture(scope="module")
 def ops():
-    from metrale_core.layers.ops import DecoderOps
+    from metrale_core.layers.decoder_ops import DecoderOps
 
     built = DecoderOps("cuda")
     assert built.rms_norm.path == "cuda" and built.decode_attention.path == "cuda"
@@ -40,7 +40,7 @@ def test_rmsnorm_kernel(ops, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("use_norm", [True, False])
 def test_qk_norm_rope_kernel_on_strided_views(ops, dtype, use_norm):
-    from metrale_core.layers.functional import rope_cos_sin, rope_inv_freq
+    from metrale_core.layers.pointwise.functional import rope_cos_sin, rope_inv_freq
 
     t, hq, hk, d = 9, 8, 2, 128
     qkv = _rand(t, (hq + 2 * hk) * d, dtype=dtype)

@@ -73,7 +73,7 @@ def test_wrong_shape_names_the_tensor(tmp_path, store_kind):
 
 def test_loaders_declare_the_weight_formats_they_honour():
     """The registration (torch-free) declares exactly the formats ``linear`` implements."""
-    from metrale_core.layers.linear import WEIGHT_FORMATS
+    from metrale_core.layers.formats.linear import WEIGHT_FORMATS
     from metrale_core.plugin.discovery import load_registry
 
     reg = load_registry()

@@ -1,4 +1,4 @@
-"""Weight formats (``metrale_core.layers.linear``): exact is the default and unchanged; the lossy CPU
+"""Weight formats (``metrale_core.layers.formats.linear``): exact is the default and unchanged; the lossy CPU
 formats reproduce what they claim and stay close to exact on the real SmolLM2 (teacher-forced
 top-1 agreement and KL against the exact model, on the exact model's greedy continuations)."""
 
@@ -12,14 +12,14 @@ from gguf import quants as gguf_quants
 from qwen3_harness import SMOL_GGUF as GGUF
 from qwen3_harness import PagedRunner, load, needs_smol
 
-import metrale_core.layers.linear as linear_mod
+import metrale_core.layers.formats.linear as linear_mod
 from metrale_core.errors import ConfigError
 from metrale_core.kernels import KERNELS_ENV
 from metrale_core.kernels.cpu import cpu_flags
-from metrale_core.layers import cpu_qmatmul
-from metrale_core.layers.linear import (
+from metrale_core.layers.formats import cpu_qmatmul
+from metrale_core.layers.formats.linear import WEIGHT_FORMAT_ENV, resolve_weight_format
+from metrale_core.layers.formats.linear_kinds import (
     SMALL_BATCH_ROWS,
-    WEIGHT_FORMAT_ENV,
     Bf16Linear,
     BlockQuantLinear,
     DenseLinear,
@@ -28,7 +28,6 @@ from metrale_core.layers.linear import (
     gguf_blocks,
     int4_from_gguf,
     quantize_int8,
-    resolve_weight_format,
 )
 from metrale_core.plugin.components import LoadOptions
 from metrale_core.testing.requires import cpu_isa_params, missing, use_cpu_isa
