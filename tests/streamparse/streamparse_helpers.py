@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import re
+import time
+from collections.abc import Callable
 
 from attrs import frozen
 
@@ -133,3 +135,22 @@ def expected_states(marked: str) -> tuple[str, list[tuple[bool, bool, int]]]:
 
 def parser_state(parser) -> tuple[bool, bool, int]:
     return (parser.inside_tool_call, parser.inside_parameter_body, parser.param_body_chars_emitted)
+
+
+def assert_linear_time(run: Callable[[int], object], n: int, factor: int = 4) -> None:
+    """``run(size)`` costs about ``factor`` times more CPU at ``factor * n`` than at ``n``, not
+    ``factor ** 2``: the larger run must stay under twice the linear estimate.  CPU time of this
+    process (``process_time``), and a ratio of two runs taken back to back, so a busy machine slows
+    both alike and no wall-clock limit is asserted."""
+
+    def cpu(size: int) -> float:
+        start = time.process_time()
+        run(size)
+        return time.process_time() - start
+
+    small = min(cpu(n), cpu(n))  # the better of two: warm caches, no first-call costs
+    large = cpu(factor * n)
+    assert large < 2 * factor * small + 0.05, (
+        f"{factor}x the input cost {large / max(small, 1e-9):.1f}x the CPU "
+        f"(linear: ~{factor}x, quadratic: ~{factor**2}x)"
+    )
