@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 import httpx
 
 from metrale_core.testing.netns import Host
+from metrale_core.testing.serve_argv import TINY_SERVE_FLAGS, met_argv, serve_args
 
 __all__ = [
     "PORT",
@@ -56,7 +56,7 @@ def env_for(host: Host, **extra: str) -> dict[str, str]:
 
 def met(host: Host, args: list[str], log: Path, **env: str) -> subprocess.Popen:
     return host.popen(
-        [sys.executable, "-m", "metrale_core", *args],
+        met_argv(*args),
         env=env_for(host, **env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -66,9 +66,7 @@ def met(host: Host, args: list[str], log: Path, **env: str) -> subprocess.Popen:
 
 def serve(host: Host, model: Path, log: Path, timeout_s: float, *extra: str, **env: str) -> subprocess.Popen:
     """``met serve`` of ``model`` (named ``tiny``) on ``host``, collectives timing out after ``timeout_s``."""
-    args = ["serve", str(model), "--port", str(PORT), "--no-tui", "--served-model-name", "tiny"]
-    args += ["--kv-cache-memory", "8M", "--shutdown-grace", "2", "--threads", "1", "--weight-format", "exact"]
-    args += ["--distributed-timeout", str(timeout_s), *extra]
+    args = serve_args(model, PORT, "tiny", *TINY_SERVE_FLAGS, "--distributed-timeout", str(timeout_s), *extra)
     return met(host, args, log, **env)
 
 
