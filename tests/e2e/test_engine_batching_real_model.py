@@ -9,31 +9,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.plugin.components import LoadOptions
 from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
+from metrale_core.testing.random_checkpoint import write_random_checkpoint
 from metrale_core.weights import open_weights
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3")
-    config = transformers.Qwen3Config(
-        vocab_size=128,
-        hidden_size=48,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        tie_word_embeddings=True,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(config).save_pretrained(path)
+    shapes = dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    write_random_checkpoint(path, tokenizer=False, vocab_size=128, **shapes)
     store = open_weights(path)
     return load_registry().find_model_loader(store.config).factory(store, LoadOptions())
 

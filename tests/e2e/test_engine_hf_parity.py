@@ -17,6 +17,7 @@ from metrale_core.plugin.components import LoadOptions
 from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.forward_spy import ForwardSpy
+from metrale_core.testing.hf_parity import worst_row_diff
 from metrale_core.testing.staggered import run_joining_mid_prefill
 from metrale_core.weights import open_weights
 
@@ -24,35 +25,29 @@ VOCAB = 160
 NEW_TOKENS = 32
 
 
-def _qwen3(kv_heads, tie, head_dim):
-    return transformers.Qwen3ForCausalLM, transformers.Qwen3Config(
+def _model(arch, kv_heads, tie, **extra):
+    """``({arch}ForCausalLM, its config)``: 2 layers, 4 query heads over ``kv_heads``."""
+    config = getattr(transformers, f"{arch}Config")(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=kv_heads,
-        head_dim=head_dim,
         tie_word_embeddings=tie,
         max_position_embeddings=256,
         rope_theta=10000.0,
-        rms_norm_eps=1e-6,
+        **extra,
     )
+    return getattr(transformers, f"{arch}ForCausalLM"), config
+
+
+def _qwen3(kv_heads, tie, head_dim):
+    return _model("Qwen3", kv_heads, tie, head_dim=head_dim, rms_norm_eps=1e-6)
 
 
 def _llama(kv_heads, tie):
-    return transformers.LlamaForCausalLM, transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=kv_heads,
-        tie_word_embeddings=tie,
-        max_position_embeddings=256,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-5,
-    )
+    return _model("Llama", kv_heads, tie, rms_norm_eps=1e-5)
 
 
 CASES = {
@@ -100,16 +95,9 @@ def test_engine_logits_and_greedy_match_hf(case, tmp_path):
     stats = engine.scheduler.block_manager.prefix_cache_stats()
     assert stats.hits >= 16, f"r1 should reuse r0's 4 full prefix blocks, got {stats}"
 
-    full = {f"r{i}": prompts[i] + outputs[i] for i in range(4)}
-    with torch.no_grad():
-        hf_logits = {rid: hf(torch.tensor([seq[:-1]])).logits[0].float() for rid, seq in full.items()}
     assert len(spy.rows) >= 4 * NEW_TOKENS
-    worst = 0.0
-    for history, row in spy.rows:
-        owners = [rid for rid, seq in full.items() if tuple(seq[: len(history)]) == history]
-        assert owners, f"the model attended to a history that is no request's prefix: {history}"
-        ref = hf_logits[owners[0]][len(history) - 1]
-        worst = max(worst, (row - ref).abs().max().item())
+    with torch.no_grad():
+        worst = worst_row_diff(spy.rows, prompts, outputs, lambda ids: hf(torch.tensor([ids])).logits[0].float())
     assert worst <= 1e-4, f"max |logits - HF| = {worst:.3g}"
 
     for i, prompt in enumerate(prompts):

@@ -5,32 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from metrale_core.testing.random_checkpoint import write_random_checkpoint
 from tests.hub.test_hub_cli import met
-from tests.server.server_testlib import write_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
-    import torch
-    import transformers
-
-    from metrale_core.text.tokenizer import Tokenizer
-
     path = tmp_path_factory.mktemp("tiny-qwen3")
-    write_tokenizer(path)
-    config = transformers.Qwen3Config(
-        vocab_size=Tokenizer.from_dir(path).vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    write_random_checkpoint(path, max_position_embeddings=256)
     return path
 
 

@@ -18,7 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from metrale_core.testing.host_client import PROMPT, Client, met, metric, no_pids, serve, stop, wait_exit
+from metrale_core.testing.host_client import (
+    PROMPT,
+    Client,
+    expect_lost_rank_exit,
+    lose_rank_mid_stream,
+    met,
+    metric,
+    no_pids,
+    serve,
+    serve_tp2,
+    stop,
+    wait_exit,
+)
 from metrale_core.testing.netns import TwoHosts, two_hosts
 from metrale_core.testing.tiny_llama import greedy_text, write_tiny_llama
 
@@ -50,48 +62,19 @@ def test_tensor_parallel_over_two_hosts_and_a_link_lost_mid_request(hosts, tiny,
     dist = {"MASTER_ADDR": hosts.a.addr, "MASTER_PORT": str(MASTER_PORT), "WORLD_SIZE": "2"}
     worker = met(hosts.b, ["worker"], tmp_path / "worker.txt", **dist, RANK="1")
     log = tmp_path / "serve.txt"
-    server = serve(
-        hosts.a,
-        model,
-        log,
-        TIMEOUT_S,
-        "--tensor-parallel-size",
-        "2",
-        "--distributed-executor-backend",
-        "env",
-        **dist,
-        RANK="0",
-    )
+    server = serve_tp2(hosts.a, model, log, TIMEOUT_S, "env", **dist, RANK="0")
     client = Client(hosts.a)
     try:
         client.wait_ready(server, log)
-        resp = client.complete()
-        assert resp.status_code == 200, resp.text
-        assert resp.json()["choices"][0]["text"] == expected
-
-        started = threading.Event()
-        stream = client.stream(started)
-        assert started.wait(60), "the stream never started"
-        hosts.b.link(up=False)
-        outcome, message = stream.result(120)
-        assert outcome == "error", (outcome, message)
+        message, health = lose_rank_mid_stream(client, hosts.b, expected)
         assert f"rank 1 ({hosts.b.addr}, pid {worker.pid})" in message, message
-        assert "--distributed-timeout" in message
-
-        health = client.get("/health")  # still up, and says why it cannot serve
-        assert health.status_code == 503, health.text
-        assert health.json()["error"]["code"] == "engine_failed"
-        assert f"rank 1 ({hosts.b.addr}" in health.json()["error"]["message"]
-        later = client.complete(max_tokens=2)
-        assert later.status_code == 503 and later.json()["error"]["code"] == "engine_failed"
+        assert f"rank 1 ({hosts.b.addr}" in health["error"]["message"]
         assert client.get("/health/live").status_code == 200
 
         assert wait_exit(worker, 60, "the worker on the lost host") == 1  # by itself, no orphan
         assert "lost rank 0" in (tmp_path / "worker.txt").read_text()
         no_pids(hosts.b)
-        server.send_signal(signal.SIGTERM)
-        assert wait_exit(server, 60, "met serve") == 1
-        assert "met serve: error: lost tensor-parallel rank 1" in log.read_text()
+        expect_lost_rank_exit(server, log)
         no_pids(hosts.a)
     finally:
         client.pool.shutdown(wait=False, cancel_futures=True)

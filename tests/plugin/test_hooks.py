@@ -16,16 +16,7 @@ import torch
 
 from metrale_core import hookimpl
 from metrale_core.engine import EngineConfig, build_pipeline
-from metrale_core.plugin.components import (
-    ExecutorSpec,
-    KVScaleSourceSpec,
-    LogitProcessorSpec,
-    ModelLoaderSpec,
-    ProposerSpec,
-    SamplerSpec,
-    SchedulerSpec,
-    ToolCallParserSpec,
-)
+from metrale_core.plugin import components
 from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling import DefaultSampler, PositionKind, SamplingParams
 
@@ -50,7 +41,7 @@ def test_hook_metrale_model_loaders():
         @hookimpl
         def metrale_model_loaders(self, register):
             register(
-                ModelLoaderSpec(
+                components.ModelLoaderSpec(
                     "inline-lm",
                     factory=lambda store, options: ("built", store),
                     model_types=("inline",),
@@ -68,7 +59,7 @@ def test_hook_metrale_kv_scale_sources():
     class Plugin:
         @hookimpl
         def metrale_kv_scale_sources(self, register):
-            register(KVScaleSourceSpec("unit", factory=lambda *a, **k: 1.0))
+            register(components.KVScaleSourceSpec("unit", factory=lambda *a, **k: 1.0))
 
     reg = registry_with(Plugin())
     assert reg.kv_scale_sources["unit"].factory() == 1.0
@@ -83,7 +74,9 @@ def test_hook_metrale_logit_processors():
     class Plugin:
         @hookimpl
         def metrale_logit_processors(self, register):
-            register(LogitProcessorSpec("ban7", factory=lambda config: Ban7(), kinds={PositionKind.FINAL_DECODE}))
+            register(
+                components.LogitProcessorSpec("ban7", factory=lambda config: Ban7(), kinds={PositionKind.FINAL_DECODE})
+            )
 
     pipeline = build_pipeline(EngineConfig(), registry_with(Plugin()))
     assert "ban7" in pipeline.processor_names  # beside the core's own (reasoning-budget)
@@ -102,7 +95,7 @@ def test_hook_metrale_samplers():
     class Plugin:
         @hookimpl
         def metrale_samplers(self, register):
-            register(SamplerSpec("last", factory=Last))
+            register(components.SamplerSpec("last", factory=Last))
 
     reg = registry_with(Plugin())
     pipeline = build_pipeline(EngineConfig(sampler="last"), reg)
@@ -126,7 +119,7 @@ def test_hook_metrale_schedulers():
     class Plugin:
         @hookimpl
         def metrale_schedulers(self, register):
-            register(SchedulerSpec("lifo", factory=Lifo))
+            register(components.SchedulerSpec("lifo", factory=Lifo))
 
     events = [Arrive(0, f"r{k}", [k, k + 1], [40]) for k in (10, 20, 30)]
     result = run_scenario(
@@ -156,7 +149,7 @@ def test_hook_metrale_executors(tmp_path):
     class Plugin:
         @hookimpl
         def metrale_executors(self, register):
-            register(ExecutorSpec("noroom", factory=NoRoom, description="never starts"))
+            register(components.ExecutorSpec("noroom", factory=NoRoom, description="never starts"))
 
     reg = registry_with(Plugin())
     assert set(reg.executors) >= {"noroom", "uni", "mp", "env"}
@@ -169,7 +162,7 @@ def test_hook_metrale_speculative_proposers():
     class Plugin:
         @hookimpl
         def metrale_speculative_proposers(self, register):
-            register(ProposerSpec("echo", factory=lambda *a, **k: "echo-proposer"))
+            register(components.ProposerSpec("echo", factory=lambda *a, **k: "echo-proposer"))
 
     reg = registry_with(Plugin())
     assert reg.proposers["echo"].factory() == "echo-proposer"
@@ -193,7 +186,7 @@ def test_hook_metrale_tool_call_parsers():
     class Plugin:
         @hookimpl
         def metrale_tool_call_parsers(self, register):
-            register(ToolCallParserSpec("upper", factory=Upper, model_types=("shouty",)))
+            register(components.ToolCallParserSpec("upper", factory=Upper, model_types=("shouty",)))
 
     reg = registry_with(Plugin())
     for parser in (

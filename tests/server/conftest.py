@@ -73,25 +73,8 @@ def client(base_url):
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory):
     """A tiny random Qwen3 checkpoint with the byte tokenizer (for `met serve` as a process)."""
-    import torch
-    import transformers
+    from metrale_core.testing.random_checkpoint import write_random_checkpoint
 
     path = tmp_path_factory.mktemp("tiny-qwen3")
-    write_tokenizer(path)
-    from metrale_core.text.tokenizer import Tokenizer
-
-    vocab = Tokenizer.from_dir(path).vocab_size
-    config = transformers.Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(config).save_pretrained(path)
+    write_random_checkpoint(path)
     return path

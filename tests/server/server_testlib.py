@@ -17,6 +17,7 @@ import torch
 
 from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache
 from metrale_core.testing.byte_tokenizer import CHATML, write_tokenizer
+from metrale_core.testing.tools import weather_tool
 
 __all__ = ["CHATML", "write_tokenizer"]  # the shared byte-level tokenizer, re-exported for the tests here
 
@@ -161,6 +162,10 @@ def random_text(seed: int, words: int) -> str:
 
 API_KEY = "sk-test-0123456789"
 
+#: The chat-completions tool the scripted model calls, and the question that makes it call it.
+TOOLS = [weather_tool("Current weather of a city")]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
 
 def wait_ready(url: str, timeout: float = 30.0) -> None:
     """Poll ``/health`` until it answers 200."""
@@ -174,6 +179,34 @@ def wait_ready(url: str, timeout: float = 30.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"{url} never became healthy")
+
+
+def wait_started(proc, url: str, read_log, live_timeout: float, ready_timeout: float) -> None:
+    """Poll a ``met serve`` process's ``/health/live`` until it answers (failing with ``read_log()``
+    if ``proc`` exits or ``live_timeout`` passes first), then :func:`wait_ready`."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + live_timeout
+    while True:
+        try:
+            httpx.get(url + "/health/live")
+            break
+        except httpx.HTTPError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"met serve did not start: {read_log()}") from None
+            time.sleep(0.1)
+    wait_ready(url, timeout=ready_timeout)
+
+
+def messages_sse(base_url: str, messages: list, max_tokens: int, **body) -> str:
+    """The raw SSE text of a streamed ``/v1/messages`` request for the scripted model (``body``:
+    more fields, e.g. ``tools`` or ``thinking``)."""
+    import httpx
+
+    body = {"model": "scripted", "max_tokens": max_tokens, "stream": True, **body, "messages": messages}
+    return httpx.post(base_url + "/v1/messages", json=body, timeout=60).text
 
 
 def checkpoint_loader(path, registry, **engine):

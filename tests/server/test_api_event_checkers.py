@@ -11,6 +11,7 @@ import json
 import httpx
 import pytest
 from api_events import check_messages_stream, check_responses_stream, parse_sse
+from server_testlib import messages_sse
 
 TOOL = {
     "type": "function",
@@ -89,18 +90,8 @@ def test_openai_stream_helper_rejects_a_content_event_before_its_item(base_url):
 
 @pytest.mark.parametrize("prompt", ["What is the weather in Paris?", "Please ponder 2+2."])
 def test_messages_checker_rejects_every_mutation(base_url, prompt):
-    raw = httpx.post(
-        base_url + "/v1/messages",
-        json={
-            "model": "scripted",
-            "max_tokens": 128,
-            "stream": True,
-            "tools": [ATOOL],
-            "thinking": {"type": "enabled", "budget_tokens": 64},
-            "messages": [{"role": "user", "content": prompt}],
-        },
-        timeout=60,
-    ).text
+    thinking = {"type": "enabled", "budget_tokens": 64}
+    raw = messages_sse(base_url, [{"role": "user", "content": prompt}], 128, tools=[ATOOL], thinking=thinking)
     events = parse_sse(raw)
     blocks = check_messages_stream(events)
     for label, mutated in _mutations(events):
@@ -118,16 +109,7 @@ def test_anthropic_client_sees_nothing_without_event_lines(base_url):
 
     httpx2 = pytest.importorskip("httpx2")  # the transport of anthropic >= 2
 
-    raw = httpx.post(
-        base_url + "/v1/messages",
-        json={
-            "model": "scripted",
-            "max_tokens": 64,
-            "stream": True,
-            "messages": [{"role": "user", "content": "capital"}],
-        },
-        timeout=60,
-    ).text
+    raw = messages_sse(base_url, [{"role": "user", "content": "capital"}], 64)
     events = parse_sse(raw)
 
     def client_events(text):

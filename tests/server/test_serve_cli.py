@@ -9,12 +9,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import openai
 import pytest
-from server_testlib import API_KEY, wait_ready
+from server_testlib import API_KEY, wait_started
+
+from metrale_core.testing.serve_argv import serve_argv
 
 
 def _free_port() -> int:
@@ -28,39 +29,19 @@ def _start(model, log, *flags: str):
     port = _free_port()
     env = {**os.environ, "METRALE_API_KEY": API_KEY}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "metrale_core",
-            "serve",
-            str(model),
-            "--port",
-            str(port),
-            "--served-model-name",
-            "tiny",
-            "--kv-cache-memory",
-            "8M",
-            "--shutdown-grace",
-            "2",
-            *flags,
-        ],
+        serve_argv(model, port, "tiny", "--kv-cache-memory", "8M", "--shutdown-grace", "2", *flags, no_tui=False),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=log,
         text=True,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            httpx.get(url + "/health/live")
-            break
-        except httpx.HTTPError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                raise AssertionError(f"met serve did not start: {log.read()}") from None
-            time.sleep(0.1)
-    wait_ready(url, timeout=120)
+
+    def read_log() -> str:
+        log.seek(0)
+        return log.read()
+
+    wait_started(proc, url, read_log, live_timeout=60, ready_timeout=120)
     proc.log = log
     return proc, url
 

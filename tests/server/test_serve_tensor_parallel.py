@@ -17,9 +17,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_testlib import wait_ready
+from server_testlib import wait_started
 
 from metrale_core.parallel.executors import free_port
+from metrale_core.testing.serve_argv import TINY_SERVE_FLAGS, serve_argv
 from metrale_core.testing.tiny_llama import greedy_text, write_tiny_llama
 
 PROMPT = "the quick brown fox jumps over"
@@ -32,27 +33,7 @@ def tiny_llama(tmp_path_factory):
 
 def _serve(path: Path, port: int, log: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "metrale_core",
-            "serve",
-            str(path),
-            "--port",
-            str(port),
-            "--no-tui",
-            "--served-model-name",
-            "tiny",
-            "--kv-cache-memory",
-            "8M",
-            "--shutdown-grace",
-            "2",
-            "--threads",
-            "1",
-            "--weight-format",
-            "exact",
-            *extra,
-        ],
+        serve_argv(path, port, "tiny", *TINY_SERVE_FLAGS, *extra),
         env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=open(log, "w"),
@@ -60,16 +41,7 @@ def _serve(path: Path, port: int, log: Path, *extra: str, env: dict | None = Non
 
 
 def _ready(proc: subprocess.Popen, url: str, log: Path) -> None:
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            httpx.get(url + "/health/live")
-            break
-        except httpx.HTTPError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"met serve did not start: {log.read_text()}") from None
-            time.sleep(0.1)
-    wait_ready(url, timeout=90)
+    wait_started(proc, url, log.read_text, live_timeout=90, ready_timeout=90)
 
 
 def _complete(url: str, max_tokens: int = 12, timeout: float = 60) -> httpx.Response:

@@ -9,11 +9,10 @@ import copy
 
 import httpx
 import pytest
-import torch
-import transformers
-from server_testlib import checkpoint_loader, write_tokenizer
+from server_testlib import checkpoint_loader
 
 import metrale_qwen3  # noqa: F401 -- a hard test dependency: missing is an error, not a skip
+from metrale_core.testing.random_checkpoint import write_random_checkpoint
 
 WRONG = [None, 0, -1, 2.5, "x", "", True, [], [1], {}, {"type": "x"}]
 
@@ -104,23 +103,9 @@ def _variants(body):
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory, start_server):
     from metrale_core.plugin.discovery import load_registry
-    from metrale_core.text.tokenizer import Tokenizer
 
     path = tmp_path_factory.mktemp("fuzz-qwen3")
-    write_tokenizer(path)
-    config = transformers.Qwen3Config(
-        vocab_size=Tokenizer.from_dir(path).vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    write_random_checkpoint(path, num_hidden_layers=1, max_position_embeddings=1024)
     server, _ = start_server(
         loader=checkpoint_loader(path, load_registry(), block_size=16, max_prefill_tokens=512), served_model_name="fz"
     )

@@ -165,24 +165,12 @@ def random_qwen3(tmp_path_factory, start_server):
     from server_testlib import checkpoint_loader
 
     from metrale_core.plugin.discovery import load_registry
+    from metrale_core.testing.random_checkpoint import write_random_checkpoint
 
     path = tmp_path_factory.mktemp("random-qwen3")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(QWEN3 / name, path / name)
-    config = transformers.Qwen3Config(
-        vocab_size=151936,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    hf = transformers.Qwen3ForCausalLM(config).eval()
-    hf.save_pretrained(path, safe_serialization=True)
+    hf = write_random_checkpoint(path, tokenizer=False, vocab_size=151936, max_position_embeddings=1024)
     server, _ = start_server(
         loader=checkpoint_loader(path, load_registry(), block_size=16, max_prefill_tokens=256), served_model_name="rq3"
     )

@@ -13,10 +13,10 @@ import numpy as np
 import openai
 import pytest
 import torch
-import transformers
-from server_testlib import checkpoint_loader, write_tokenizer
+from server_testlib import checkpoint_loader
 
 import metrale_qwen3  # noqa: F401 -- a hard test dependency: missing is an error, not a skip
+from metrale_core.testing.random_checkpoint import write_random_checkpoint
 
 TEXTS = ["The quick brown fox", "jumps over the lazy dog and keeps running far away", "x"]
 
@@ -24,24 +24,9 @@ TEXTS = ["The quick brown fox", "jumps over the lazy dog and keeps running far a
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("embed-qwen3")
-    write_tokenizer(path)
-    from metrale_core.text.tokenizer import Tokenizer
-
-    config = transformers.Qwen3Config(
-        vocab_size=Tokenizer.from_dir(path).vocab_size,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-6,
+    hf = write_random_checkpoint(
+        path, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6
     )
-    torch.manual_seed(0)
-    hf = transformers.Qwen3ForCausalLM(config).eval()
-    hf.save_pretrained(path, safe_serialization=True)
     return path, hf
 
 

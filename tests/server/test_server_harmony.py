@@ -12,7 +12,7 @@ import json
 import re
 
 import pytest
-from server_testlib import ScriptedLM, write_tokenizer
+from server_testlib import ASK, TOOLS, ScriptedLM, write_tokenizer
 
 SPECIAL = [
     "<|endoftext|>",
@@ -51,17 +51,6 @@ BROKEN = (
     "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{city: Paris}<|call|>"
 )
 FINAL = "<|start|>assistant<|channel|>final<|message|>It is sunny in Paris.<|return|>"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather of a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 class HarmonyLM(ScriptedLM):

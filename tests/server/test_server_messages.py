@@ -8,7 +8,7 @@ import anthropic
 import httpx
 import pytest
 from api_events import check_messages_stream, parse_sse
-from server_testlib import API_KEY
+from server_testlib import API_KEY, messages_sse
 
 WEATHER_TOOL = {
     "name": "get_weather",
@@ -56,17 +56,7 @@ def test_stream_text_and_event_order(aclient, base_url):
         final = stream.get_final_message()
     assert text == final.content[0].text == "The capital of France is Paris."
     assert final.stop_reason == "end_turn" and final.usage.input_tokens > 0
-    raw = httpx.post(
-        base_url + "/v1/messages",
-        json={
-            "model": "scripted",
-            "max_tokens": 64,
-            "stream": True,
-            "messages": _ask("What is the capital of France?"),
-        },
-        timeout=60,
-    )
-    events = parse_sse(raw.text)
+    events = parse_sse(messages_sse(base_url, _ask("What is the capital of France?"), 64))
     assert [n for n, _ in events][:2] == ["message_start", "ping"]
     blocks = check_messages_stream(events)
     assert blocks == [{"type": "text", "text": "The capital of France is Paris."}]
@@ -102,18 +92,7 @@ def test_tool_round_trip(aclient, stream):
 
 
 def test_tool_use_streams_input_json_deltas(base_url):
-    raw = httpx.post(
-        base_url + "/v1/messages",
-        json={
-            "model": "scripted",
-            "max_tokens": 128,
-            "stream": True,
-            "tools": [WEATHER_TOOL],
-            "messages": _ask("What is the weather in Paris?"),
-        },
-        timeout=60,
-    )
-    events = parse_sse(raw.text)
+    events = parse_sse(messages_sse(base_url, _ask("What is the weather in Paris?"), 128, tools=[WEATHER_TOOL]))
     blocks = check_messages_stream(events)
     assert [b["type"] for b in blocks] == ["tool_use"]
     assert blocks[0]["input"] == {"city": "Paris"}

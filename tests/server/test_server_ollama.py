@@ -15,16 +15,11 @@ import ollama
 import pytest
 from server_testlib import API_KEY, WEATHER_CALL, checkpoint_loader
 
+from metrale_core.testing.tools import weather_tool
+
 M = "scripted"
 CAPITAL = "The capital of France is Paris."
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
+WEATHER_TOOL = weather_tool("Weather of a city")
 
 
 @pytest.fixture(scope="module")

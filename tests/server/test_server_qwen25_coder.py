@@ -16,18 +16,12 @@ import re
 import pytest
 
 from metrale_core.testing.requires import missing
+from metrale_core.testing.tools import weather_tool
 
 # loading the 0.5B model in the exact format takes minutes on a busy 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
+WEATHER_TOOL = weather_tool("Get the current weather in a city")
 
 
 @pytest.fixture(scope="module")

@@ -7,18 +7,7 @@ import json
 
 import openai
 import pytest
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather of a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+from server_testlib import ASK, TOOLS
 
 
 def test_tool_call_non_streaming(client):

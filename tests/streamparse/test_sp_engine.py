@@ -45,28 +45,8 @@ PIECES = [
     ".",
 ]
 TOKEN = {piece: i for i, piece in enumerate(PIECES) if i >= 3}
-OUTPUT = [
-    TOKEN[p]
-    for p in [
-        "<think>",
-        "plan",
-        "</think>",
-        "\n\n",
-        "<tool_call>",
-        "\n<function=",
-        "get",
-        ">\n",
-        "<parameter=",
-        "city",
-        ">\n",
-        "Pa",
-        "ris",
-        "\n</para",
-        "meter>\n",
-        "</function>\n",
-        "</tool_call>",
-    ]
-]
+#: "<think>" .. "</tool_call>", the parameter's ">\n" piece again after its name.
+OUTPUT = [TOKEN[p] for p in PIECES[3:13] + [">\n"] + PIECES[13:19]]
 TOOLS = [{"type": "function", "function": {"name": "get", "parameters": {"properties": {"city": {"type": "string"}}}}}]
 
 

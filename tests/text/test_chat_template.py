@@ -12,6 +12,7 @@ import pytest
 from metrale_core.errors import ConfigError, InvalidRequest
 from metrale_core.testing.requires import missing
 from metrale_core.testing.smollm2 import CAPITAL_CHAT_IDS
+from metrale_core.testing.tools import weather_tool
 from metrale_core.text.chat_template import render_chat_template
 from metrale_core.text.tokenizer import Tokenizer
 
@@ -35,14 +36,7 @@ CONVERSATIONS = [
     ],
 ]
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather for a city — °C",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
+WEATHER_TOOL = weather_tool("Weather for a city — °C")
 TOOL_CHAT = [
     {"role": "system", "content": "You can call tools."},
     {"role": "user", "content": "Weather in Zürich?"},

@@ -7,9 +7,6 @@ without DRY, and leaves it once the repeat grows long enough with DRY.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -20,6 +17,7 @@ from metrale_core.errors import ConfigError
 from metrale_core.model_api import ModelInfo
 from metrale_core.plugin.components import LogitProcessorSpec
 from metrale_core.sampling import DefaultSampler, LogitPipeline, PositionKind, SamplingParams
+from metrale_core.testing.plugin_listing import met_plugins_listing
 from metrale_dry.penalty import MAX_MATCH, DryPenalty, DrySettings, build, match_lengths
 
 VOCAB = 16
@@ -76,9 +74,7 @@ def test_plugin_is_installed(registry):
     spec = registry.logit_processors["dry"]
     assert registry.provider("logit_processors", "dry").distribution == "metrale-dry"
     assert spec.kinds == {PositionKind.PREFILL_LAST, PositionKind.FINAL_DECODE}
-    listing = subprocess.run(
-        [sys.executable, "-m", "metrale_core", "plugins"], capture_output=True, text=True, check=True
-    ).stdout
+    listing = met_plugins_listing()
     assert "metrale-dry" in listing and "logit_processors: dry" in listing
 
 

@@ -7,8 +7,6 @@ so the difference between the two policies is reviewable line by line.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +17,7 @@ from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.plugin.discovery import load_registry
 from metrale_core.testing import EOS, Advance, Arrive, RecordingModel, Scenario, SeqScript, run_scenario
+from metrale_core.testing.plugin_listing import met_plugins_listing
 from metrale_slai.policy import SlaiPolicy
 
 
@@ -54,31 +53,22 @@ def preempted(result) -> list[int]:
     return again
 
 
+def _slai_args(registry, *flags: str):
+    """``met generate hi --scheduler slai --kv-cache-memory 64K FLAGS``, parsed."""
+    return build_parser(registry).parse_args(
+        ["generate", "hi", "--scheduler", "slai", "--kv-cache-memory", "64K", *flags]
+    )
+
+
 def test_plugin_is_installed(registry):
     assert "slai" in registry.schedulers
     assert registry.provider("schedulers", "slai").distribution == "metrale-slai"
-    listing = subprocess.run(
-        [sys.executable, "-m", "metrale_core", "plugins"], capture_output=True, text=True, check=True
-    ).stdout
+    listing = met_plugins_listing()
     assert "metrale-slai" in listing and "schedulers: slai" in listing
 
 
 def test_flags_select_and_configure_the_policy(registry):
-    parser = build_parser(registry)
-    args = parser.parse_args(
-        [
-            "generate",
-            "hi",
-            "--scheduler",
-            "slai",
-            "--kv-cache-memory",
-            "64K",
-            "--slai-max-wait-ms",
-            "250",
-            "--slai-deadline-slack-ms",
-            "40",
-        ]
-    )
+    args = _slai_args(registry, "--slai-max-wait-ms", "250", "--slai-deadline-slack-ms", "40")
     config = engine_config_from_args(args)
     assert config.scheduler == "slai"
     assert config.plugin_options["slai_max_wait_ms"] == 250.0
@@ -222,21 +212,7 @@ def test_resumed_sequences_come_before_new_ones():
 
 
 def test_tbt_flags_configure_the_hold_back(registry):
-    parser = build_parser(registry)
-    args = parser.parse_args(
-        [
-            "generate",
-            "hi",
-            "--scheduler",
-            "slai",
-            "--kv-cache-memory",
-            "64K",
-            "--slai-tbt-budget-ms",
-            "40",
-            "--slai-step-tokens-per-ms",
-            "2.5",
-        ]
-    )
+    args = _slai_args(registry, "--slai-tbt-budget-ms", "40", "--slai-step-tokens-per-ms", "2.5")
     config = engine_config_from_args(args)
     engine = LLMEngine(RecordingModel([SeqScript([10], [11])]), config, registry=registry)
     policy = engine.scheduler.policy

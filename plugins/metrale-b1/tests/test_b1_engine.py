@@ -45,29 +45,8 @@ PIECES = [
     ".",
 ]
 TOKEN = {p: i for i, p in enumerate(PIECES) if i >= 3}
-CALL = [
-    TOKEN[p]
-    for p in [
-        "<tool_call>",
-        "\n",
-        '{"name": "',
-        "get_weather",
-        '", "arguments": {"',
-        "city",
-        '": "',
-        "Pa",
-        "ris",
-        '", "',
-        "days",
-        '": ',
-        "1",
-        "2",
-        "}}",
-        "\n",
-        "</tool_call>",
-    ]
-]
-PLAIN = [TOKEN[p] for p in ["It", " is", " sunny", "."]]
+CALL = [TOKEN[p] for p in PIECES[3:20]]  # "<tool_call>" .. "</tool_call>"
+PLAIN = [TOKEN[p] for p in PIECES[20:]]  # "It is sunny."
 #: Positions sampled inside a value with characters: after "Pa" ("ris"), after "Paris" ('", "'),
 #: after "1" ("2"), after "12" ("}}").
 EXPECTED = 4

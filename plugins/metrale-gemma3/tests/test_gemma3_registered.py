@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import gemma3_harness as H
 import pytest
 
@@ -11,17 +9,14 @@ from metrale_core.api import ConfigError
 from metrale_core.model_api import CausalLM
 from metrale_core.plugin.components import LoadOptions
 from metrale_core.plugin.discovery import load_registry
+from metrale_core.testing.plugin_listing import installed_plugin
 from metrale_core.weights import open_weights
 from metrale_gemma3 import WEIGHT_FORMATS
 from metrale_gemma3.config import Gemma3Dims
 
 
 def test_plugin_is_installed_and_registered():
-    eps = importlib.metadata.entry_points(group="metrale")
-    assert "metrale_gemma3" in {ep.value for ep in eps if ep.name == "gemma3"}
-    reg = load_registry()
-    info = {p.name: p for p in reg.plugins}["gemma3"]
-    assert info.error is None and info.distribution == "metrale-gemma3"
+    reg, info = installed_plugin("gemma3", "metrale_gemma3", "metrale-gemma3")
     assert sorted(info.components["model_loaders"]) == ["gemma3"]
     for model_type in ("gemma3_text", "gemma3"):
         assert reg.find_model_loader({"model_type": model_type}).name == "gemma3"

@@ -14,32 +14,20 @@ from __future__ import annotations
 
 import glm_harness as H
 import pytest
-import torch
 
-from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.plugin.components import LoadOptions
 from metrale_core.plugin.discovery import load_registry
-from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.forward_spy import ForwardSpy
-from metrale_core.testing.staggered import run_joining_mid_prefill
+from metrale_core.testing.hf_parity import parity_case, run_staggered, worst_row_diff
 from metrale_core.weights import open_weights
 from metrale_glm_kda.model import CHUNK_MIN_ROWS
 
 NEW_TOKENS = 32
 
 
-def _prompts(seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, H.VOCAB, (n,), generator=g).tolist() for n in (30, 9, 70, 21)]
-
-
 @pytest.fixture(scope="module", params=sorted(H.CONFIGS))
 def checkpoint(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp(request.param)
-    hf = H.save_checkpoint(request.param, path, seed=len(request.param))
-    prompts = _prompts(seed=len(request.param))
-    greedy = [H.hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
-    return request.param, path, hf, prompts, greedy
+    return parity_case(H, request.param, tmp_path_factory.mktemp(request.param), NEW_TOKENS)
 
 
 class CountingSpy(ForwardSpy):
@@ -60,26 +48,8 @@ def _run(path, num_kv_blocks, prompts):
     store = open_weights(path)
     registry = load_registry()
     spy = CountingSpy(registry.find_model_loader(store.config).factory(store, LoadOptions()))
-    engine = LLMEngine(
-        spy,
-        EngineConfig(block_size=4, num_kv_blocks=num_kv_blocks, max_prefill_tokens=20, max_num_seqs=4),
-        registry=registry,
-    )
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    # r0's 30-token prompt is mid-prefill (chunks of 20) when the others join
-    return engine, spy, run_joining_mid_prefill(engine, prompts, params)
-
-
-def _worst_row_diff(hf, spy, prompts, outputs) -> float:
-    full = [p + o for p, o in zip(prompts, outputs)]
-    ref = [H.hf_logits(hf, seq[:-1]) for seq in full]
-    assert len(spy.rows) >= len(prompts) * NEW_TOKENS
-    worst = 0.0
-    for history, row in spy.rows:
-        owners = [i for i, seq in enumerate(full) if tuple(seq[: len(history)]) == history]
-        assert owners, f"the model attended to a history that is no request's prefix: {history}"
-        worst = max(worst, (row - ref[owners[0]][len(history) - 1]).abs().max().item())
-    return worst
+    engine, outputs = run_staggered(spy, registry, num_kv_blocks, prompts, NEW_TOKENS)
+    return engine, spy, outputs
 
 
 @pytest.mark.parametrize("pool", ["roomy", "preempting"])
@@ -96,7 +66,8 @@ def test_engine_matches_transformers(checkpoint, pool):
     else:
         assert preemptions >= 1, "the squeezed pool should force a preemption"
         assert spy.fresh_starts > len(prompts), "a preempted sequence must restart fresh from position 0"
-    worst = _worst_row_diff(hf, spy, prompts, outputs)
+    assert len(spy.rows) >= len(prompts) * NEW_TOKENS
+    worst = worst_row_diff(spy.rows, prompts, outputs, lambda ids: H.hf_logits(hf, ids))
     assert worst <= 1e-4, f"{name}/{pool}: max |logits - HF| = {worst:.3g}"
     for i, (got, want) in enumerate(zip(outputs, greedy)):
         assert got == want, f"{name}/{pool}: r{i} greedy tokens differ from transformers generate"

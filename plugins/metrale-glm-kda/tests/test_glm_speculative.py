@@ -25,6 +25,7 @@ from metrale_core.model_api import ForwardBatch, PagedKVCache
 from metrale_core.plugin.components import LoadOptions
 from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
+from metrale_core.testing.random_checkpoint import write_random_checkpoint
 from metrale_core.weights import open_weights
 from metrale_glm_kda import kda
 from metrale_speculative.draft_model import DraftModelProposer
@@ -235,24 +236,10 @@ def baseline(glm):
 
 @pytest.fixture(scope="module")
 def qwen_drafter(tmp_path_factory):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(5)
-    config = Qwen3Config(
-        vocab_size=H.VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        eos_token_id=None,
-        bos_token_id=None,
-    )
     path = tmp_path_factory.mktemp("qwen_drafter")
-    Qwen3ForCausalLM(config).eval().save_pretrained(path)
+    shapes = dict(vocab_size=H.VOCAB, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    no_specials = dict(tie_word_embeddings=False, eos_token_id=None, bos_token_id=None)
+    write_random_checkpoint(path, tokenizer=False, seed=5, **shapes, **no_specials)
     return load_checkpoint_model(path)
 
 

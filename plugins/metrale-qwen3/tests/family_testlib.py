@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,9 @@ from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.forward_spy import ForwardSpy
 from metrale_core.testing.staggered import run_joining_mid_prefill
 
+#: The families' random models: their vocabulary, and the config keys every one of them shares.
+VOCAB = 96
+BASE = dict(vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 NEW_TOKENS = 16
 PROMPTS = [
     [5, 17, 3, 88, 41, 9, 60],
@@ -58,6 +62,27 @@ def match_request(full: list[list[int]], history: tuple) -> int:
         for i, seq in enumerate(full)
         if len(seq) >= len(history) and all(h is None or h == t for h, t in zip(history, seq))
     )
+
+
+def row_errors(rows: list, full: list[list[int]], ref: list) -> list[float]:
+    """Per engine logits row (``rows``: ``(history, row)``), its largest difference from ``ref`` --
+    per request, the reference logits after each history length -- of the request it belongs to."""
+    return [float((row - ref[match_request(full, history)][len(history) - 1]).abs().max()) for history, row in rows]
+
+
+def worst_row(rows: list, full: list[list[int]], ref: list) -> float:
+    """The largest of :func:`row_errors` (0.0 for no rows)."""
+    return max(row_errors(rows, full, ref), default=0.0)
+
+
+def forward_reference(
+    hf: Any, outputs: list[list[int]], prompts: list[list[int]] = PROMPTS
+) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Each request's whole sequence (``prompts`` + ``outputs``) and transformers' logits over it,
+    in one forward (the last token's row left out)."""
+    full = [p + o for p, o in zip(prompts, outputs)]
+    with torch.no_grad():
+        return full, [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
 
 
 def stepwise_reference(hf: Any, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
@@ -86,10 +111,7 @@ def assert_rows_match_hf(hf: Any, outputs: list[list[int]], rows: list, generate
     transformers' ``generate``."""
     refs = [stepwise_reference(hf, p) for p in PROMPTS]
     full = [p + o for p, o in zip(PROMPTS, outputs)]
-    worst = 0.0
-    for history, row in rows:
-        worst = max(worst, float((row - refs[match_request(full, history)][1][len(history) - 1]).abs().max()))
-    assert worst <= 1e-4
+    assert worst_row(rows, full, [steps for _, steps in refs]) <= 1e-4
     assert outputs == [tokens for tokens, _ in refs]
     if generate:
         assert outputs == [hf_generate(hf, p) for p in PROMPTS]
@@ -129,6 +151,47 @@ def stored(a: np.ndarray, quantized: bool) -> dict:
     if quantized:
         return dict(tensor=quantize(np.ascontiguousarray(a), Q8), raw_dtype=Q8)
     return dict(tensor=np.ascontiguousarray(a))
+
+
+#: transformers' names outside the layers -> llama.cpp's.
+TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+
+
+def add_q8_moe_tensors(
+    w: GGUFWriter,
+    hf: Any,
+    table: dict[str, str],
+    quantized: Callable[[str, np.ndarray], bool],
+    special: Callable[[GGUFWriter, str, str, str, np.ndarray], bool] | None = None,
+) -> None:
+    """``hf``'s tensors added to ``w`` under llama.cpp's names, as its converter writes an MoE:
+    :data:`TOP` outside the layers, a layer's stacked experts (transformers 5: ``gate_up_proj``
+    ``[E, 2I, D]``, ``down_proj`` ``[E, D, I]``) as ``ffn_{gate,up,down}_exps`` in Q8_0, the rest
+    by ``table`` (a layer's module path -> llama.cpp's name); ``special(w, layer, path, kind, a)``
+    may add a layer tensor its own way (True: done).  A tensor ``quantized(module, a)`` says is
+    stored in Q8_0, and ``hf``'s weight becomes its dequantized values (the oracle's)."""
+    with torch.no_grad():
+        for name, t in hf.state_dict().items():
+            a = t.float().numpy()
+            base, kind = name.rsplit(".", 1)
+            q = quantized(base, a)
+            if q:
+                a = q8(a)
+                t.copy_(torch.from_numpy(a))
+            if base in TOP:
+                w.add_tensor(f"{TOP[base]}.{kind}", **stored(a, q))
+                continue
+            i, rest = base.removeprefix("model.layers.").split(".", 1)
+            if special is not None and special(w, i, rest, kind, a):
+                continue
+            if rest == "mlp.experts" and kind == "gate_up_proj":
+                gate, up = np.split(a, 2, axis=1)
+                w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **stored(gate, True))
+                w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **stored(up, True))
+            elif rest == "mlp.experts":
+                w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **stored(a, True))
+            else:
+                w.add_tensor(f"blk.{i}.{table[rest]}.{kind}", **stored(a, q))
 
 
 def gguf_header(

@@ -29,16 +29,19 @@ import pytest
 import torch
 import transformers as tf
 from family_testlib import (
+    BASE,
     NEW_TOKENS,
     PROMPTS,
+    VOCAB,
+    add_q8_moe_tensors,
     assert_rows_match_hf,
     engine_rows,
     finish_gguf,
+    forward_reference,
     gguf_header,
     load_family,
-    match_request,
-    q8,
     stored,
+    worst_row,
 )
 from gguf import ExpertGatingFuncType
 from qwen3_harness import PagedRunner, build_hf, open_store, save_checkpoint
@@ -51,8 +54,6 @@ from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugin.discovery import load_registry
 from metrale_qwen3.deepseek2 import DEEPSEEK2
 
-VOCAB = 96
-BASE = dict(vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 CONFIGS = {
     # V2-Lite's shape: q in one projection, greedy top-k, one dense layer first
     "lite-no-q-lora-greedy": dict(
@@ -289,36 +290,25 @@ def _write_gguf(hf, path, split_kv_b: bool) -> None:
     if v3:
         w.add_expert_group_count(c.n_group)
         w.add_expert_group_used_count(c.topk_group)
-    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-    with torch.no_grad():
-        for name, t in hf.state_dict().items():
-            a = t.float().numpy()
-            base, kind = name.rsplit(".", 1)
-            quantized = a.ndim >= 2 and not base.endswith("mlp.gate") and base != "model.embed_tokens"
-            quantized = quantized and not (split_kv_b and base.endswith("kv_b_proj"))
-            if quantized:
-                a = q8(a)
-                t.copy_(torch.from_numpy(a))
-            if base in top:
-                w.add_tensor(f"{top[base]}.{kind}", **stored(a, quantized))
-                continue
-            i, rest = base.removeprefix("model.layers.").split(".", 1)
-            if kind == "e_score_correction_bias":
-                w.add_tensor(f"blk.{i}.exp_probs_b.bias", **stored(a, False))
-            elif rest == "mlp.experts" and kind == "gate_up_proj":
-                gate, up = np.split(a, 2, axis=1)
-                w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **stored(gate, True))
-                w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **stored(up, True))
-            elif rest == "mlp.experts":
-                w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **stored(a, True))
-            elif rest == "self_attn.kv_b_proj" and split_kv_b:  # llama.cpp's split, k_b transposed
-                k_b, v_b = np.split(a.reshape(H, nope + v, R), [nope], axis=1)
-                w.add_tensor(f"blk.{i}.attn_k_b.weight", **stored(k_b.transpose(0, 2, 1), False))
-                w.add_tensor(f"blk.{i}.attn_v_b.weight", **stored(v_b, False))
-            elif rest == "self_attn.kv_b_proj":
-                w.add_tensor(f"blk.{i}.attn_kv_b.weight", **stored(a, True))
-            else:
-                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", **stored(a, quantized))
+
+    def quantized(base: str, a: np.ndarray) -> bool:
+        plain = a.ndim >= 2 and not base.endswith("mlp.gate") and base != "model.embed_tokens"
+        return plain and not (split_kv_b and base.endswith("kv_b_proj"))
+
+    def mla_and_bias(w, i: str, rest: str, kind: str, a: np.ndarray) -> bool:
+        if kind == "e_score_correction_bias":
+            w.add_tensor(f"blk.{i}.exp_probs_b.bias", **stored(a, False))
+        elif rest == "self_attn.kv_b_proj" and split_kv_b:  # llama.cpp's split, k_b transposed
+            k_b, v_b = np.split(a.reshape(H, nope + v, R), [nope], axis=1)
+            w.add_tensor(f"blk.{i}.attn_k_b.weight", **stored(k_b.transpose(0, 2, 1), False))
+            w.add_tensor(f"blk.{i}.attn_v_b.weight", **stored(v_b, False))
+        elif rest == "self_attn.kv_b_proj":
+            w.add_tensor(f"blk.{i}.attn_kv_b.weight", **stored(a, True))
+        else:
+            return False
+        return True
+
+    add_q8_moe_tensors(w, hf, _GGUF, quantized, mla_and_bias)
     finish_gguf(w)
 
 
@@ -350,13 +340,7 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(weight_format, version, split_k
         expert = model.weights.layers[1].moe.experts[0]
         assert isinstance(expert.gate_up, GGUFLinear) and isinstance(expert.down, GGUFLinear)
     outputs, rows, _ = engine_rows(model, 4)
-    full = [p + o for p, o in zip(PROMPTS, outputs)]
-    with torch.no_grad():
-        ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
-    worst = 0.0
-    for history, row in rows:
-        worst = max(worst, float((row - ref[match_request(full, history)][len(history) - 1]).abs().max()))
-    assert worst <= (1e-4 if weight_format == "exact" else 2e-2)
+    assert worst_row(rows, *forward_reference(hf, outputs)) <= (1e-4 if weight_format == "exact" else 2e-2)
 
 
 def test_a_request_gives_the_same_bits_alone_and_in_a_batch(tmp_path):

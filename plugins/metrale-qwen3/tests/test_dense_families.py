@@ -20,7 +20,6 @@ past its original length, against transformers' step-by-step decode).
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 
 import numpy as np
@@ -28,14 +27,17 @@ import pytest
 import torch
 import transformers as tf
 from family_testlib import (
+    BASE,
     NEW_TOKENS,
     PROMPTS,
+    VOCAB,
     assert_rows_match_hf,
     finish_gguf,
+    forward_reference,
     gguf_header,
     load_family,
-    match_request,
     stepwise_reference,
+    worst_row,
 )
 from qwen3_harness import build_hf, open_store, save_checkpoint
 
@@ -45,10 +47,9 @@ from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.forward_spy import ForwardSpy
+from metrale_core.testing.plugin_listing import installed_plugin
 from metrale_core.testing.staggered import run_joining_mid_prefill
 
-VOCAB = 96
-BASE = dict(vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 #: family -> (config class, model class, {config name: config}).
 FAMILIES = {
     "mistral": (
@@ -218,10 +219,7 @@ def _hf(family: str, name: str, seed: int):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_family_is_installed_and_registered(family):
-    eps = importlib.metadata.entry_points(group="metrale")
-    assert f"metrale_qwen3.{family}" in {ep.value for ep in eps if ep.name == family}
-    reg = load_registry()
-    assert {p.name: p for p in reg.plugins}[family].error is None
+    reg, _ = installed_plugin(family, f"metrale_qwen3.{family}", "metrale-qwen3")
     spec = reg.model_loaders[family]
     arch = FAMILIES[family][1].__name__
     assert spec.model_types == (family,) and spec.architectures == (arch,)
@@ -384,9 +382,5 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(arch, name, tmp_path):
         assert outputs == [tokens[:4] for tokens, _ in steps]
         ref = [rows for _, rows in steps]
     else:
-        with torch.no_grad():
-            ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
-    worst = 0.0
-    for history, row in spy.rows:
-        worst = max(worst, float((row - ref[match_request(full, history)][len(history) - 1]).abs().max()))
-    assert worst <= 1e-4
+        full, ref = forward_reference(hf, outputs)
+    assert worst_row(spy.rows, full, ref) <= 1e-4

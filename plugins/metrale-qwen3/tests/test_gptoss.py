@@ -22,15 +22,18 @@ import pytest
 import torch
 import transformers as tf
 from family_testlib import (
+    BASE,
     NEW_TOKENS,
-    PROMPTS,
+    VOCAB,
     assert_rows_match_hf,
     assert_same_bits_alone_and_batched,
     engine_rows,
     finish_gguf,
+    forward_reference,
     gguf_header,
     load_family,
-    match_request,
+    row_errors,
+    worst_row,
 )
 from gguf import GGMLQuantizationType, RopeScalingType
 from gguf.quants import dequantize, quantize
@@ -42,8 +45,6 @@ from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugin.discovery import load_registry
 from metrale_core.weights.gguf_hf import ARCHITECTURES
 
-VOCAB = 96
-BASE = dict(vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64)
 CONFIGS = {
     "alternating-window-yarn-untied": dict(
@@ -240,13 +241,7 @@ def test_a_gguf_under_llama_cpp_names_with_mxfp4_experts_matches_hf(weight_forma
         expert = model.weights.layers[0].moe.experts[0]
         assert isinstance(expert.gate_up, GGUFLinear) and isinstance(expert.down, GGUFLinear)
     outputs, rows, _ = engine_rows(model, 4)
-    full = [p + o for p, o in zip(PROMPTS, outputs)]
-    with torch.no_grad():
-        ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
-    worst = 0.0
-    for history, row in rows:
-        worst = max(worst, float((row - ref[match_request(full, history)][len(history) - 1]).abs().max()))
-    assert worst <= (1e-4 if weight_format == "exact" else 2e-2)
+    assert worst_row(rows, *forward_reference(hf, outputs)) <= (1e-4 if weight_format == "exact" else 2e-2)
 
 
 def test_a_request_gives_the_same_bits_alone_and_in_a_batch(tmp_path):
@@ -265,8 +260,5 @@ def test_every_weight_format_builds_the_mxfp4_experts(weight_format, tmp_path):
     hf, model = _gguf_model(tmp_path, weight_format)
     assert not isinstance(model.weights.layers[1].moe.experts[7].down, GGUFLinear)
     outputs, rows, _ = engine_rows(model, 2)
-    full = [p + o for p, o in zip(PROMPTS, outputs)]
-    with torch.no_grad():
-        ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
-    errors = sorted(float((row - ref[match_request(full, h)][len(h) - 1]).abs().max()) for h, row in rows)
+    errors = sorted(row_errors(rows, *forward_reference(hf, outputs)))
     assert errors[len(errors) // 2] <= 0.05 and errors[-1] <= 0.25

@@ -19,15 +19,18 @@ import pytest
 import torch
 import transformers as tf
 from family_testlib import (
+    BASE,
     NEW_TOKENS,
     PROMPTS,
     engine_rows,
+    forward_reference,
     hf_generate,
     load_family,
-    match_request,
+    worst_row,
 )
 from qwen3_harness import build_hf, open_store, save_checkpoint
 from safetensors.torch import load_file, save_file
+from test_gptoss import GGUF_CONFIG, YARN
 from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
 
 from metrale_core.layers.formats import repack_cache
@@ -35,24 +38,8 @@ from metrale_core.layers.formats.gguf_linear import GGUFLinear
 from metrale_core.layers.formats.linear_kinds import DenseLinear
 from metrale_core.weights import mxfp4_hf
 
-CONFIG = dict(
-    vocab_size=96,
-    max_position_embeddings=256,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-    hidden_size=64,
-    intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    num_local_experts=8,
-    num_experts_per_tok=2,
-    sliding_window=4,
-    rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64),
-    tie_word_embeddings=False,
-)
+#: The GGUF test's config (whole MXFP4 blocks and kernel tiles), YaRN at its defaults.
+CONFIG = {**BASE, **GGUF_CONFIG, "rope_parameters": YARN}
 
 
 def pack_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,13 +107,7 @@ def test_an_hf_mxfp4_checkpoint_matches_transformers(weight_format, tmp_path, mo
     blocks = (GGUFLinear,) if weight_format == "auto" else (DenseLinear,)
     assert isinstance(expert.gate_up, blocks) and isinstance(expert.down, blocks)
     outputs, rows, _ = engine_rows(model, NEW_TOKENS if weight_format == "exact" else 4)
-    full = [p + o for p, o in zip(PROMPTS, outputs)]
-    with torch.no_grad():
-        logits = [ref(torch.tensor([seq[:-1]])).logits[0] for seq in full]
-    worst = 0.0
-    for history, row in rows:
-        worst = max(worst, float((row - logits[match_request(full, history)][len(history) - 1]).abs().max()))
-    assert worst <= (1e-4 if weight_format == "exact" else 2e-2)
+    assert worst_row(rows, *forward_reference(ref, outputs)) <= (1e-4 if weight_format == "exact" else 2e-2)
     if weight_format == "exact":
         assert outputs == [hf_generate(ref, p) for p in PROMPTS]
 

@@ -25,17 +25,20 @@ import pytest
 import torch
 import transformers as tf
 from family_testlib import (
+    BASE,
     NEW_TOKENS,
     PROMPTS,
+    VOCAB,
+    add_q8_moe_tensors,
     assert_rows_match_hf,
     assert_same_bits_alone_and_batched,
     engine_rows,
     finish_gguf,
+    forward_reference,
     gguf_header,
     load_family,
-    match_request,
-    q8,
     stored,
+    worst_row,
 )
 from qwen3_harness import PagedRunner, build_hf, open_store, save_checkpoint
 
@@ -44,8 +47,6 @@ from metrale_core.layers.formats.gguf_linear import GGUFLinear
 from metrale_core.layers.lowrank.lora import attach_lora
 from metrale_core.plugin.discovery import load_registry
 
-VOCAB = 96
-BASE = dict(vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 #: family -> (config class, model class, {config name: config}).
 FAMILIES = {
     "qwen3moe": (
@@ -235,30 +236,17 @@ def _write_gguf(arch: str, hf, path) -> None:
     w.add_expert_feed_forward_length(c.moe_intermediate_size)
     if arch == "qwen2moe":
         w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
-    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-    with torch.no_grad():
-        for name, t in hf.state_dict().items():
-            a = t.float().numpy()
-            base, kind = name.rsplit(".", 1)
-            # transformers 5 keeps a layer's experts stacked: gate_up_proj [E, 2I, D], down_proj [E, D, I]
-            quantized = a.ndim >= 2 and not base.endswith(("mlp.gate", "_gate")) and base != "model.embed_tokens"
-            if quantized:
-                a = q8(a)
-                t.copy_(torch.from_numpy(a))
-            if base in top:
-                w.add_tensor(f"{top[base]}.{kind}", **stored(a, quantized))
-                continue
-            i, rest = base.removeprefix("model.layers.").split(".", 1)
-            if rest == "mlp.experts" and kind == "gate_up_proj":
-                gate, up = np.split(a, 2, axis=1)
-                w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **stored(gate, True))
-                w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **stored(up, True))
-            elif rest == "mlp.experts":
-                w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **stored(a, True))
-            elif rest == "mlp.shared_expert_gate":  # 1-D, the shape llama.cpp's loader asks for
-                w.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.{kind}", **stored(a[0], False))
-            else:
-                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", **stored(a, quantized))
+
+    def quantized(base: str, a: np.ndarray) -> bool:
+        return a.ndim >= 2 and not base.endswith(("mlp.gate", "_gate")) and base != "model.embed_tokens"
+
+    def shared_gate(w, i: str, rest: str, kind: str, a: np.ndarray) -> bool:
+        if rest == "mlp.shared_expert_gate":  # 1-D, the shape llama.cpp's loader asks for
+            w.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.{kind}", **stored(a[0], False))
+            return True
+        return False
+
+    add_q8_moe_tensors(w, hf, _GGUF, quantized, shared_gate)
     finish_gguf(w)
 
 
@@ -281,13 +269,7 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(family, weight_format, tmp_path
         expert = model.weights.layers[0].moe.experts[0]
         assert isinstance(expert.gate_up, GGUFLinear) and isinstance(expert.down, GGUFLinear)
     outputs, rows, _ = engine_rows(model, 4)
-    full = [p + o for p, o in zip(PROMPTS, outputs)]
-    with torch.no_grad():
-        ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
-    worst = 0.0
-    for history, row in rows:
-        worst = max(worst, float((row - ref[match_request(full, history)][len(history) - 1]).abs().max()))
-    assert worst <= (1e-4 if weight_format == "exact" else 2e-2)
+    assert worst_row(rows, *forward_reference(hf, outputs)) <= (1e-4 if weight_format == "exact" else 2e-2)
 
 
 @pytest.mark.parametrize("family", sorted(GGUF_CONFIGS))

@@ -7,12 +7,10 @@ engine vs ``generate``, and the same model written as a GGUF under llama.cpp's n
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import numpy as np
 import pytest
 import torch
-from family_testlib import finish_gguf, gguf_header, load_family
+from family_testlib import VOCAB, finish_gguf, forward_reference, gguf_header, load_family, worst_row
 from qwen3_harness import build_hf, max_logit_diff, open_store, run_mixed_schedule, save_checkpoint
 from transformers import Olmo2Config, Olmo2ForCausalLM
 
@@ -22,9 +20,9 @@ from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.forward_spy import ForwardSpy
+from metrale_core.testing.plugin_listing import installed_plugin
 from metrale_core.testing.staggered import run_joining_mid_prefill
 
-VOCAB = 96
 NEW_TOKENS = 16
 CONFIGS = {
     # GQA ratio 2, untied head, a large RoPE base.
@@ -64,11 +62,7 @@ PROMPTS = [
 
 
 def test_olmo2_is_installed_and_registered():
-    eps = importlib.metadata.entry_points(group="metrale")
-    assert "metrale_qwen3.olmo2" in {ep.value for ep in eps if ep.name == "olmo2"}
-    reg = load_registry()
-    info = {p.name: p for p in reg.plugins}["olmo2"]
-    assert info.error is None and info.distribution == "metrale-qwen3"
+    reg, _ = installed_plugin("olmo2", "metrale_qwen3.olmo2", "metrale-qwen3")
     spec = reg.model_loaders["olmo2"]
     assert spec.model_types == ("olmo2",) and spec.architectures == ("Olmo2ForCausalLM",)
     assert reg.find_model_loader({"model_type": "x", "architectures": ["Olmo2ForCausalLM"]}).name == "olmo2"
@@ -97,14 +91,7 @@ def test_olmo2_engine_logits_and_greedy_match_hf(name, tmp_path):
     engine = LLMEngine(spy, EngineConfig(block_size=4, num_kv_blocks=64, max_prefill_tokens=8), registry=registry)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outputs = run_joining_mid_prefill(engine, PROMPTS, params)
-    full = [p + o for p, o in zip(PROMPTS, outputs)]
-    with torch.no_grad():
-        ref = [hf(torch.tensor([seq[:-1]])).logits[0] for seq in full]
-    worst = 0.0
-    for history, row in spy.rows:
-        i = next(i for i, seq in enumerate(full) if tuple(seq[: len(history)]) == history)
-        worst = max(worst, float((row - ref[i][len(history) - 1]).abs().max()))
-    assert worst <= 1e-4
+    assert worst_row(spy.rows, *forward_reference(hf, outputs, PROMPTS)) <= 1e-4
     for prompt, out in zip(PROMPTS, outputs):
         ids = torch.tensor([prompt])
         with torch.no_grad():  # the mask given: token 1 is OLMo 2's pad id, which generate would mask out

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import pytest
 from qwen3_harness import build_hf, open_store, save_checkpoint
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from metrale_core.errors import ShapeMismatch
 from metrale_core.model_api import CausalLM
+from metrale_core.testing.plugin_listing import installed_plugin
 
 
 def test_plugin_is_installed_and_registered():
-    eps = importlib.metadata.entry_points(group="metrale")
-    assert "metrale_qwen3" in {ep.value for ep in eps if ep.name == "qwen3"}
-    from metrale_core.plugin.discovery import load_registry
-
-    reg = load_registry()
-    info = {p.name: p for p in reg.plugins}["qwen3"]
-    assert info.error is None and info.distribution == "metrale-qwen3"
+    reg, info = installed_plugin("qwen3", "metrale_qwen3", "metrale-qwen3")
     assert sorted(info.components["model_loaders"]) == ["llama", "qwen2", "qwen3"]
     for name, arch in [("qwen3", "Qwen3ForCausalLM"), ("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM")]:
         spec = reg.model_loaders[name]

@@ -3,9 +3,6 @@ Ray actor gives TP=1's greedy tokens, and the actor is gone after the job."""
 
 from __future__ import annotations
 
-import torch
-import transformers
-
 import metrale_ray
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.loading.load import load_model
@@ -13,6 +10,7 @@ from metrale_core.parallel.launch import load_parallel
 from metrale_core.plugin.components import LoadOptions
 from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling import SamplingParams
+from metrale_core.testing.random_checkpoint import write_random_checkpoint
 from metrale_core.testing.requires import missing
 from metrale_core.testing.tensor_parallel import run_recording
 
@@ -22,17 +20,7 @@ PROMPTS = [[(5 * i + 3 * j) % 90 + 1 for j in range(6 + 5 * i)] for i in range(3
 def _checkpoint(path):
     from tokenizers import Tokenizer, models
 
-    config = transformers.LlamaConfig(
-        vocab_size=91,
-        hidden_size=48,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=3,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    write_random_checkpoint(path, "Llama", tokenizer=False, vocab_size=91)
     Tokenizer(models.WordLevel({f"t{i}": i for i in range(91)}, unk_token="t0")).save(str(path / "tokenizer.json"))
     return path
 

@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import re
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from metrale_core.testing.host_client import PROMPT, Client, env_for, serve, stop, wait_exit
+from metrale_core.testing.host_client import (
+    PROMPT,
+    Client,
+    env_for,
+    expect_lost_rank_exit,
+    lose_rank_mid_stream,
+    serve_tp2,
+    stop,
+)
 from metrale_core.testing.netns import Host, two_hosts
 from metrale_core.testing.requires import missing
 from metrale_core.testing.tiny_llama import greedy_text, write_tiny_llama
@@ -66,48 +72,22 @@ def test_ray_workers_on_another_host_and_its_link_lost_mid_request(ray_hosts, tm
     model = write_tiny_llama(tmp_path / "tiny-llama")
     expected = greedy_text(model, PROMPT, 12)
     log = tmp_path / "serve.txt"
-    server = serve(
-        hosts.a,
-        model,
-        log,
-        TIMEOUT_S,
-        "--tensor-parallel-size",
-        "2",
-        "--distributed-executor-backend",
-        "ray",
-        RAY_ADDRESS=f"{hosts.a.addr}:{RAY_PORT}",
-        RAY_AUTH_MODE="disabled",
-    )
+    ray_env = dict(RAY_ADDRESS=f"{hosts.a.addr}:{RAY_PORT}", RAY_AUTH_MODE="disabled")
+    server = serve_tp2(hosts.a, model, log, TIMEOUT_S, "ray", **ray_env)
     client = Client(hosts.a)
     try:
         client.wait_ready(server, log, timeout=120)
-        resp = client.complete()
-        assert resp.status_code == 200, resp.text
-        assert resp.json()["choices"][0]["text"] == expected
-
-        started = threading.Event()
-        stream = client.stream(started)
-        assert started.wait(60), "the stream never started"
-        hosts.b.link(up=False)
-        outcome, message = stream.result(120)
-        assert outcome == "error", (outcome, message)
+        message, _ = lose_rank_mid_stream(client, hosts.b, expected)
         found = re.search(rf"rank 1 \({re.escape(hosts.b.addr)}, pid (\d+)\)", message)
-        assert found and "--distributed-timeout" in message, message
+        assert found, message
         actor = int(found.group(1))  # the worker actor's process, on host B
-
-        health = client.get("/health")
-        assert health.status_code == 503 and health.json()["error"]["code"] == "engine_failed", health.text
-        later = client.complete(max_tokens=2)
-        assert later.status_code == 503 and later.json()["error"]["code"] == "engine_failed"
 
         deadline = time.monotonic() + 60
         while _alive(actor):  # cut off from its owner, the actor ends itself
             assert time.monotonic() < deadline, f"the worker actor (pid {actor}) on the lost host is still running"
             time.sleep(0.2)
         assert actor not in hosts.b.pids()
-        server.send_signal(signal.SIGTERM)
-        assert wait_exit(server, 60, "met serve") == 1
-        assert "met serve: error: lost tensor-parallel rank 1" in log.read_text()
+        expect_lost_rank_exit(server, log)
     finally:
         client.pool.shutdown(wait=False, cancel_futures=True)
         stop(server)
