@@ -31,8 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_serve import PROMPTS, Server, _stream, free_port
+from bench_serve import PROMPTS, Server, _body, free_port
 
+from metrale_core.bench.sse_client import SSEClient
 from metrale_core.testing.serve_argv import serve_argv
 
 #: name -> (replicas, threads each); the first two are the comparison, the third a reference (on a
@@ -50,18 +51,20 @@ def start(dp: int, threads: int, args, log: Path) -> Server:
 
 
 async def aggregate(url: str, args) -> float:
-    import httpx
+    """Aggregate decode tok/s of ``args.streams`` concurrent SSE streams (median of the reps)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    sse = SSEClient(host, int(port))
 
-    limits = httpx.Limits(max_connections=args.streams + 4, max_keepalive_connections=args.streams + 4)
-    async with httpx.AsyncClient(timeout=900, limits=limits) as client:
-        await asyncio.gather(*(_stream(client, url, PROMPTS[i % len(PROMPTS)], 4) for i in range(args.streams)))
-        rates = []
-        for _ in range(args.reps):
-            t0 = time.perf_counter()
-            runs = await asyncio.gather(
-                *(_stream(client, url, PROMPTS[i % len(PROMPTS)], args.decode_tokens) for i in range(args.streams))
-            )
-            rates.append(sum(n for *_, n in runs) / (time.perf_counter() - t0))
+    def streams(n: int):
+        return [sse.stream("/v1/completions", _body(PROMPTS[i % len(PROMPTS)], n, True)) for i in range(args.streams)]
+
+    await asyncio.gather(*streams(4))  # opens the connections
+    rates = []
+    for _ in range(args.reps):
+        t0 = time.perf_counter()
+        await asyncio.gather(*streams(args.decode_tokens))
+        rates.append(args.streams * args.decode_tokens / (time.perf_counter() - t0))
+    sse.close()
     return statistics.median(rates)
 
 
