@@ -32,6 +32,7 @@ __all__ = [
     "DecodeGather",
     "attend_decode",
     "attend_decode_gathered",
+    "attend_masked",
     "attend_prefill",
     "decode_attention",
     "paged_attention",
@@ -66,13 +67,15 @@ def decode_attention(
     max_context: int,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One query row per sequence: ``q`` ``[B, Hq, d]`` -> ``[B, Hq, d]``, batched over B
-    (``window`` / ``sinks``: :func:`attend_decode`'s; every block up to the context is read)."""
+    (``window`` / ``sinks`` / ``softcap``: :func:`attend_decode`'s; every block up to the context
+    is read)."""
     num_blocks = -(-max_context // k_cache.shape[1])
     k = _gather(k_cache, block_tables, num_blocks, torch.float32)  # [B, L, Hk, d]
     v = _gather(v_cache, block_tables, num_blocks, torch.float32)
-    return attend_decode(q, k, v, context_lens, scale, window, sinks)
+    return attend_decode(q, k, v, context_lens, scale, window, sinks, softcap)
 
 
 def attend_decode(
@@ -83,14 +86,18 @@ def attend_decode(
     scale: float,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """``q`` ``[B, Hq, d]`` over gathered float32 ``k``/``v`` ``[B, L, Hk, d]`` (``L`` >= context);
     ``window``: only the last ``window`` positions of each context; ``sinks`` ``[Hq]``: a sink
-    logit in each head's softmax, with no value (``window_attention``'s definitions)."""
+    logit in each head's softmax, with no value; ``softcap``: scores capped at
+    ``softcap * tanh(score / softcap)`` (``window_attention``'s definitions)."""
     bsz, hq, d = q.shape
     hk = k.shape[2]
     q4 = q.float().view(bsz, hk, hq // hk, d)
     scores = torch.einsum("bhgd,blhd->bhgl", q4, k) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     pos = torch.arange(k.shape[1], device=q.device)[None, :]
     pad = pos >= context_lens[:, None]  # [B, L]
     if window is not None:
@@ -113,20 +120,30 @@ def prefill_attention(
     context_len: int,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rows ``q`` ``[n, Hq, d]`` of one sequence, the last ``n`` of its ``context_len`` positions
-    (``window``: as :func:`attend_prefill`)."""
+    (``window`` / ``softcap`` / ``sinks``: as :func:`attend_prefill`)."""
     num_blocks = -(-context_len // k_cache.shape[1])
     k = _gather(k_cache, block_table, num_blocks, q.dtype)
     v = _gather(v_cache, block_table, num_blocks, q.dtype)
-    return attend_prefill(q, k, v, context_len, scale, window)
+    return attend_prefill(q, k, v, context_len, scale, window, softcap, sinks)
 
 
 def attend_prefill(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, scale: float, window: int | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    context_len: int,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal rows ``q`` ``[n, Hq, d]`` over gathered ``k``/``v`` ``[>= context_len, Hk, d]``; with
-    a ``window`` the row at position ``p`` sees only ``p - window + 1 .. p``."""
+    a ``window`` the row at position ``p`` sees only ``p - window + 1 .. p``; ``softcap`` /
+    ``sinks`` as :func:`attend_masked`."""
     n = q.shape[0]
     k, v = k[:context_len], v[:context_len]  # [c, Hk, d]
     rows = torch.arange(context_len - n, context_len, device=q.device)
@@ -134,6 +151,9 @@ def attend_prefill(
     allowed = keys[None, :] <= rows[:, None]  # [n, c] causal over prefix + this chunk
     if window is not None:
         allowed &= keys[None, :] > rows[:, None] - window
+    if softcap is not None or sinks is not None:
+        heads = (q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0))
+        return attend_masked(*heads, allowed[None, None], scale, softcap, sinks)[0].transpose(0, 1)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
         k.transpose(0, 1).unsqueeze(0),
@@ -143,6 +163,36 @@ def attend_prefill(
         enable_gqa=True,
     )
     return out[0].transpose(0, 1)
+
+
+def attend_masked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``q`` ``[B, Hq, n, d]`` over ``k``/``v`` ``[B, Hk, L, d]`` where bool ``mask`` ``[B, 1, n, L]``
+    (GQA: KV head ``j`` serves query heads ``[j*G, (j+1)*G)``); returns ``[B, Hq, n, d]``.
+    ``sinks`` ``[Hq]``: a sink logit in each head's softmax (``window_attention``'s docstring)."""
+    bsz, hq, n, d = q.shape
+    hk = k.shape[1]
+    if softcap is None and sinks is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    q5 = q.float().view(bsz, hk, hq // hk, n, d)
+    scores = torch.einsum("bhgnd,bhld->bhgnl", q5, k.float()) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores.masked_fill_(~mask[:, :, None], float("-inf"))
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        sink = sinks.float().view(1, hk, hq // hk, 1, 1).expand(bsz, -1, -1, n, 1)
+        probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+    out = torch.einsum("bhgnl,bhld->bhgnd", probs, v.float())
+    return out.reshape(bsz, hq, n, d).to(q.dtype)
 
 
 @frozen

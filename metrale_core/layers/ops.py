@@ -48,10 +48,20 @@ class PagedAttentionDecode(CustomOp):
     cpu_kernels = True
 
     def forward_native(
-        self, q, k_cache, v_cache, block_tables, context_lens, scale: float, max_context: int, window=None, sinks=None
+        self,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        scale: float,
+        max_context: int,
+        window=None,
+        sinks=None,
+        softcap=None,
     ) -> torch.Tensor:
         return attention.decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, scale, max_context, window, sinks
+            q, k_cache, v_cache, block_tables, context_lens, scale, max_context, window, sinks, softcap
         )
 
     def cpu_takes(self, q, k_cache, v_cache, block_tables, context_lens) -> bool:
@@ -73,12 +83,23 @@ class PagedAttentionDecode(CustomOp):
         )
 
     def forward_cpu(
-        self, q, k_cache, v_cache, block_tables, context_lens, scale: float, max_context: int, window=None, sinks=None
+        self,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        scale: float,
+        max_context: int,
+        window=None,
+        sinks=None,
+        softcap=None,
     ) -> torch.Tensor:
-        """``window`` (None: unbounded) and ``sinks`` ``[Hq]`` (None: none) as in
-        ``window_attention``: the C kernel reads only the positions a row's window holds."""
+        """``window`` (None: unbounded), ``sinks`` ``[Hq]`` (None: none) and ``softcap`` (None: not
+        capped) as in ``window_attention``: the C kernel reads only the positions a row's window
+        holds."""
         if not self.cpu_takes(q, k_cache, v_cache, block_tables, context_lens):
-            args = (q, k_cache, v_cache, block_tables, context_lens, scale, max_context, window, sinks)
+            args = (q, k_cache, v_cache, block_tables, context_lens, scale, max_context, window, sinks, softcap)
             return self.forward_native(*args)
         bsz, hq, d = q.shape
         sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
@@ -103,16 +124,28 @@ class PagedAttentionDecode(CustomOp):
             scale,
             window or 0,
             None if sinks is None else sinks.data_ptr(),
+            softcap or 0.0,
             torch.get_num_threads(),
         )
         return out
 
     def forward_cuda(
-        self, q, k_cache, v_cache, block_tables, context_lens, scale: float, max_context: int, window=None, sinks=None
+        self,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        scale: float,
+        max_context: int,
+        window=None,
+        sinks=None,
+        softcap=None,
     ) -> torch.Tensor:
         bsz, hq, d = q.shape
-        if q.dtype not in _SUFFIX or k_cache.dtype != q.dtype or d > 256 or bsz == 0 or window or sinks is not None:
-            args = (q, k_cache, v_cache, block_tables, context_lens, scale, max_context, window, sinks)
+        plain = not window and sinks is None and softcap is None
+        if q.dtype not in _SUFFIX or k_cache.dtype != q.dtype or d > 256 or bsz == 0 or not plain:
+            args = (q, k_cache, v_cache, block_tables, context_lens, scale, max_context, window, sinks, softcap)
             return self.forward_native(*args)
         hk = k_cache.shape[2]
         if hq % hk:
@@ -149,7 +182,8 @@ class PagedAttentionPrefill(CustomOp):
     """The multi-row segments of a batch (prefill chunks, verify rows) attending causally over a
     plain paged cache, written into ``out`` ``[T, Hq, d]``: ``segments`` holds ``(row_start,
     row_end, sequence, context_len)`` per segment (``AttentionPlan.multi_row``); ``window``: a row
-    sees only the last ``window`` positions up to its own (None: all of them).
+    sees only the last ``window`` positions up to its own (None: all of them); ``softcap`` /
+    ``sinks``: ``window_attention``'s soft-capping and sink logits.
 
     CPU only (there is no CUDA kernel: CUDA models attend prefill rows through ``attention.py``).
     The C kernel (``kernels/cpu/attention_prefill.c``) attends every segment of a step in one
@@ -162,15 +196,35 @@ class PagedAttentionPrefill(CustomOp):
     _segments: tuple[tuple, torch.Tensor] | None = None
 
     def forward_native(
-        self, out, q, k_cache, v_cache, block_tables, segments, scale: float, window: int | None = None
+        self,
+        out,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        segments,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         for start, end, seq, context_len in segments:
             out[start:end] = attention.prefill_attention(
-                q[start:end], k_cache, v_cache, block_tables[seq], context_len, scale, window
+                q[start:end], k_cache, v_cache, block_tables[seq], context_len, scale, window, softcap, sinks
             )
 
     def forward_cpu(
-        self, out, q, k_cache, v_cache, block_tables, segments, scale: float, window: int | None = None
+        self,
+        out,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        segments,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         d, hq, hk = q.shape[2], q.shape[1], k_cache.shape[2]
         if (
@@ -185,7 +239,8 @@ class PagedAttentionPrefill(CustomOp):
             or block_tables.stride(-1) != 1
             or (window is not None and window < 1)
         ):
-            return self.forward_native(out, q, k_cache, v_cache, block_tables, segments, scale, window)
+            return self.forward_native(out, q, k_cache, v_cache, block_tables, segments, scale, window, softcap, sinks)
+        sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
         if self._segments is None or self._segments[0] is not segments:
             self._segments = (segments, torch.tensor(segments, dtype=torch.int64).reshape(-1, 4))
         table = self._segments[1]
@@ -209,6 +264,8 @@ class PagedAttentionPrefill(CustomOp):
             k_cache.shape[1],
             0 if window is None else window,
             scale,
+            softcap or 0.0,
+            None if sinks is None else sinks.data_ptr(),
             torch.get_num_threads(),
         )
         return None

@@ -22,12 +22,11 @@ Invariants:
   is the same bits alone and in any batch.
 - The same :class:`~metrale_core.layers.attention.AttentionPlan` as ``paged_attention`` drives
   it, so a layer's choice between the two costs nothing per step.
-- Decode rows without soft-capping over a plain cache go through the model's decode op's C kernel
-  where it takes them (``PagedAttentionDecode.cpu_takes``): window and sinks in the kernel, the
-  same positions read, batch-invariant; everything else stays on the torch path here.
-- On CPU, the multi-row segments of a plain cache without soft-cap or sinks go to the tiled C
-  kernel (``PagedAttentionPrefill`` with the window), which reads no position before a row's
-  window either.
+- On CPU, over a plain cache, the decode rows go through the model's decode op's C kernel where
+  it takes them (``PagedAttentionDecode.cpu_takes``) and the multi-row segments through the tiled
+  prefill kernel (``PagedAttentionPrefill``): window, soft-cap and sinks in the kernels, the same
+  positions read (none before a row's window), batch-invariant; everything else (other codecs,
+  CUDA) stays on the torch path here.
 """
 
 from __future__ import annotations
@@ -35,45 +34,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
-from metrale_core.layers.attention import AttentionPlan
+from metrale_core.layers.attention import AttentionPlan, attend_masked
 from metrale_core.model_api import PagedKVCache
 
 if TYPE_CHECKING:
     from metrale_core.layers.ops import PagedAttentionDecode, PagedAttentionPrefill
 
-__all__ = ["attend_masked", "windowed_paged_attention"]
-
-
-def attend_masked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor,
-    scale: float,
-    softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``q`` ``[B, Hq, n, d]`` over ``k``/``v`` ``[B, Hk, L, d]`` where bool ``mask`` ``[B, 1, n, L]``
-    (GQA: KV head ``j`` serves query heads ``[j*G, (j+1)*G)``); returns ``[B, Hq, n, d]``.
-    ``sinks`` ``[Hq]``: a sink logit in each head's softmax (module docstring)."""
-    bsz, hq, n, d = q.shape
-    hk = k.shape[1]
-    if softcap is None and sinks is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    q5 = q.float().view(bsz, hk, hq // hk, n, d)
-    scores = torch.einsum("bhgnd,bhld->bhgnl", q5, k.float()) * scale
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    scores.masked_fill_(~mask[:, :, None], float("-inf"))
-    if sinks is None:
-        probs = torch.softmax(scores, dim=-1)
-    else:
-        sink = sinks.float().view(1, hk, hq // hk, 1, 1).expand(bsz, -1, -1, n, 1)
-        probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
-    out = torch.einsum("bhgnl,bhld->bhgnd", probs, v.float())
-    return out.reshape(bsz, hq, n, d).to(q.dtype)
+__all__ = ["windowed_paged_attention"]
 
 
 def _decode(
@@ -90,16 +58,11 @@ def _decode(
     decode_op: PagedAttentionDecode | None = None,
 ) -> torch.Tensor:
     """Decode rows ``q`` ``[B, Hq, d]``: row ``b`` sits at position ``context[b] - 1``.  Through
-    ``decode_op``'s C kernel where it takes them (CPU, plain cache, no soft-cap: it reads only the
-    window's positions and is batch-invariant); else with ``sinks`` each row on its own (one
+    ``decode_op``'s C kernel where it takes them (CPU, plain cache: it reads only the window's
+    positions and is batch-invariant); else with ``sinks`` each row on its own (one
     segment of one row: batch-invariant), without them one masked batch."""
-    if (
-        decode_op is not None
-        and softcap is None
-        and kv.plain
-        and decode_op.cpu_takes(q, kv.k[layer], kv.v[layer], tables, context)
-    ):
-        return decode_op(q, kv.k[layer], kv.v[layer], tables, context, scale, max_context, window, sinks)
+    if decode_op is not None and kv.plain and decode_op.cpu_takes(q, kv.k[layer], kv.v[layer], tables, context):
+        return decode_op(q, kv.k[layer], kv.v[layer], tables, context, scale, max_context, window, sinks, softcap)
     if sinks is not None:
         rows = [
             _segment(q[b : b + 1], kv, layer, tables[b], int(c), window, scale, softcap, sinks)
@@ -172,7 +135,7 @@ def windowed_paged_attention(
     per-head sink logits ``sinks`` ``[Hq]`` in every softmax (None: no sinks).  ``decode_op``: the
     model's ``PagedAttentionDecode``, whose C kernel attends the decode rows where it can;
     ``prefill_op`` (CPU models: ``DecoderOps.prefill_attention``) attends the multi-row segments
-    of a plain cache when there is neither soft-cap nor sinks."""
+    of a plain cache."""
     if window is not None and window < 1:
         raise ValueError(f"an attention window must be >= 1 position, not {window}")
     if plan.pure_decode:
@@ -193,8 +156,10 @@ def windowed_paged_attention(
             sinks,
             decode_op,
         )
-    if softcap is None and sinks is None and kv.plain and prefill_op is not None and prefill_op.path == "cpu":
-        prefill_op(out, q, kv.k[layer], kv.v[layer], plan.block_tables, plan.multi_row, plan.scale, window)
+    if kv.plain and prefill_op is not None and prefill_op.path == "cpu":
+        prefill_op(
+            out, q, kv.k[layer], kv.v[layer], plan.block_tables, plan.multi_row, plan.scale, window, softcap, sinks
+        )
         return out
     for start, end, seq, context_len in plan.multi_row:
         out[start:end] = _segment(

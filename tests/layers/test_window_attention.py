@@ -178,24 +178,16 @@ def c_decode(request, monkeypatch):
 @pytest.mark.parametrize("work", sorted(WORKS))
 @pytest.mark.parametrize("window", [None, 1, 5, 8, 100])
 @pytest.mark.parametrize("sinks", [None, [2.0, -1.0, 0.5, 4.0]])
-def test_decode_rows_through_the_c_kernel_match_the_torch_path(c_decode, work, window, sinks):
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_decode_rows_through_the_c_kernel_match_the_torch_path(c_decode, work, window, sinks, softcap):
     op, calls = c_decode
     batch, kv, q, _, _ = _setup(len(work) + (window or 0), WORKS[work], d=32)
     plan = AttentionPlan.from_batch(batch, 0.3)
     sink = None if sinks is None else torch.tensor(sinks)
-    want = windowed_paged_attention(q, kv, 0, plan, window=window, sinks=sink)
-    got = windowed_paged_attention(q, kv, 0, plan, window=window, sinks=sink, decode_op=op)
+    want = windowed_paged_attention(q, kv, 0, plan, window=window, sinks=sink, softcap=softcap)
+    got = windowed_paged_attention(q, kv, 0, plan, window=window, sinks=sink, softcap=softcap, decode_op=op)
     assert len(calls) == 1  # the decode rows, in one call; multi-row segments stay on torch
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-
-
-def test_soft_capped_layers_stay_on_the_torch_path(c_decode):
-    op, calls = c_decode
-    batch, kv, q, _, _ = _setup(4, WORKS["pure-decode"], d=32)
-    plan = AttentionPlan.from_batch(batch, 0.3)
-    got = windowed_paged_attention(q, kv, 0, plan, window=5, softcap=3.0, decode_op=op)
-    assert not calls
-    assert torch.equal(got, windowed_paged_attention(q, kv, 0, plan, window=5, softcap=3.0))
 
 
 @pytest.mark.parametrize("sinks", [None, [2.0, -1.0, 0.5, 4.0]])
@@ -214,20 +206,29 @@ def test_the_c_kernel_reads_no_block_outside_the_window(c_decode, sinks):
     assert len(calls) == 2
 
 
+@pytest.mark.parametrize("isa", cpu_isa_params())
 @pytest.mark.parametrize("window", [None, 1, 5, 100])
-def test_the_c_prefill_kernel_attends_windowed_segments(window, monkeypatch):
-    use_cpu_isa(monkeypatch, cpu_isa_params()[0], KERNEL_PACKAGE)
+@pytest.mark.parametrize("softcap", [None, 3.0])
+@pytest.mark.parametrize("sinks", [None, [2.0, -1.0, 0.5, 4.0]])
+def test_the_c_prefill_kernel_attends_windowed_segments(isa, window, softcap, sinks, monkeypatch):
+    use_cpu_isa(monkeypatch, isa, KERNEL_PACKAGE)
     monkeypatch.setenv(KERNELS_ENV, "cpu")
     op = DecoderOps("cpu").prefill_attention
     assert op is not None and op.path == "cpu"
+    kernel, calls = op.cpu_kernel.ap_paged_prefill, []
+    monkeypatch.setattr(op.cpu_kernel, "ap_paged_prefill", lambda *a: calls.append(a) or kernel(*a))
     batch, kv, q, _, tables = _setup(11, WORKS["mixed"], d=16)
     plan = AttentionPlan.from_batch(batch, 0.25)
-    want = windowed_paged_attention(q, kv, 0, plan, window=window)
-    got = windowed_paged_attention(q, kv, 0, plan, window=window, prefill_op=op)
-    assert (got - want).abs().max().item() <= 1e-5
+    sink = None if sinks is None else torch.tensor(sinks)
+    want = windowed_paged_attention(q, kv, 0, plan, window=window, softcap=softcap, sinks=sink)
+    got = windowed_paged_attention(q, kv, 0, plan, window=window, softcap=softcap, sinks=sink, prefill_op=op)
+    assert len(calls) == 1  # every multi-row segment in one call of the C kernel
+    rows = torch.cat([torch.arange(s, e) for s, e, _, _ in plan.multi_row])
+    assert (got[rows] - want[rows]).abs().max().item() <= 1e-5
     if window is not None:
         for (ctx, n), table in zip(WORKS["mixed"], tables, strict=True):
             for b in table[: max(0, ctx - n - window + 1) // BS]:
                 kv.k[0][b] = float("nan")
                 kv.v[0][b] = float("nan")
-        assert torch.equal(windowed_paged_attention(q, kv, 0, plan, window=window, prefill_op=op), got)
+        again = windowed_paged_attention(q, kv, 0, plan, window=window, softcap=softcap, sinks=sink, prefill_op=op)
+        assert torch.equal(again[rows], got[rows])

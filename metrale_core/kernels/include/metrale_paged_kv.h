@@ -1,7 +1,7 @@
 /* metrale_paged_kv.h: reading a paged KV cache from the C attention kernels -- where a position's
- * row lives and how MT_LANES of its elements load as float32 -- and the score / softmax / value
+ * row lives and how MT_LANES of its elements load as float32 -- the score / softmax / value
  * loops of the decode kernel (attention_decode.c; attention_prefill.c reads the cache through
- * cache_row / load_cache and runs its own tiled loops).
+ * cache_row / load_cache and runs its own tiled loops), and the soft-cap both apply to scores.
  *
  * Owner: metrale_core.layers (its C kernels).  It lives in metrale_core/kernels/include (on every
  * CPU build's include path) rather than next to the kernels, whose headers are parsed for entry
@@ -107,6 +107,19 @@ static inline __attribute__((always_inline)) void kv_accumulate(
         const int64_t vr = cache_row(table, t, block_size, hk, h, D);
         const mt_vf w = mt_set1(p[t - lo]);
         for (int i = 0; i < D / MT_LANES; i++) acc[i] = mt_fmadd(w, load_cache(v_cache, vr + i * MT_LANES, BF16), acc[i]);
+    }
+}
+
+/* s[0, n) -> cap * tanh(s / cap) in place (logit soft-capping, Gemma 2): tanh(x) as
+ * (1 - e) / (1 + e) with e = exp(-2x), x clamped to [-9, 9] first (tanh(9) rounds to 1 in float32,
+ * and e stays finite); within a few 1e-8 of tanhf absolutely. */
+static inline void kv_softcap(float *s, int64_t n, float cap) {
+    const mt_vf inv = mt_set1(1.0f / cap), c = mt_set1(cap), one = mt_set1(1.0f);
+    for (int64_t t = 0; t < n; t += MT_LANES) {
+        const mt_mask m = mt_tail_mask((int)(n - t < MT_LANES ? n - t : MT_LANES));
+        const mt_vf x = mt_min(mt_max(mt_mul(mt_maskz_load(m, s + t), inv), mt_set1(-9.0f)), mt_set1(9.0f));
+        const mt_vf e = mt_exp(mt_mul(x, mt_set1(-2.0f)));
+        mt_mask_store(s + t, m, mt_mul(c, mt_div(mt_sub(one, e), mt_add(one, e))));
     }
 }
 

@@ -20,7 +20,8 @@
  * - K/V are read in the cache dtype (float32, or bfloat16 widened exactly); head_dim is a multiple
  *   of 16 up to 256; softmax in float32 (exp: metrale_cpu_math.h's in a chunk, expf in the merge).
  * - window > 0 limits a row at position p (context p + 1) to the positions p - window + 1 .. p;
- *   sinks (NULL: none) are per-query-head logits in every softmax with no value (gpt-oss).
+ *   sinks (NULL: none) are per-query-head logits in every softmax with no value (gpt-oss);
+ *   softcap > 0 caps every score at softcap * tanh(score / softcap) before the softmax (Gemma 2).
  * - A sequence with no visible position gets a zero row.  Returns 0, or -1 for arguments it
  *   cannot take or when scratch cannot be allocated.
  */
@@ -43,7 +44,8 @@ int dop_decode_chunk_len(void) { return DECODE_CHUNK; }
  * DECODE_CHUNK) into part [g, D + 2]: per head the accumulator [D], then m and l. */
 static inline __attribute__((always_inline)) void chunk_partial(
         float *part, const float *qh, const void *k_cache, const void *v_cache, const int64_t *table,
-        int64_t lo, int64_t hi, int g, int hk, int h, const int D, const int BF16, int block_size, float scale) {
+        int64_t lo, int64_t hi, int g, int hk, int h, const int D, const int BF16, int block_size, float scale,
+        float softcap) {
     float s[DECODE_CHUNK];
     for (int j = 0; j < g; j++) {
         mt_vf qv[256 / MT_LANES], acc[256 / MT_LANES];
@@ -52,6 +54,7 @@ static inline __attribute__((always_inline)) void chunk_partial(
             acc[i] = mt_zero();
         }
         kv_scores(s, qv, k_cache, table, lo, hi, block_size, hk, h, D, BF16);
+        if (softcap > 0.0f) kv_softcap(s, hi - lo, softcap);
         float *rec = part + (int64_t)j * (D + 2);
         rec[D] = kv_exp_scores(s, hi - lo, &rec[D + 1]);
         kv_accumulate(acc, s, v_cache, table, lo, hi, block_size, hk, h, D, BF16);
@@ -60,13 +63,13 @@ static inline __attribute__((always_inline)) void chunk_partial(
 }
 
 typedef void (*chunk_fn)(float *, const float *, const void *, const void *, const int64_t *, int64_t, int64_t,
-                         int, int, int, int, int, float);
+                         int, int, int, int, int, float, float);
 
 #define CHUNK_FN(NAME, D, BF16)                                                                               \
     static void NAME(float *part, const float *qh, const void *kc, const void *vc, const int64_t *table,       \
-                     int64_t lo, int64_t hi, int g, int hk, int h, int d, int bs, float scale) {              \
+                     int64_t lo, int64_t hi, int g, int hk, int h, int d, int bs, float scale, float cap) {   \
         (void)d;                                                                                              \
-        chunk_partial(part, qh, kc, vc, table, lo, hi, g, hk, h, D, BF16, bs, scale);                        \
+        chunk_partial(part, qh, kc, vc, table, lo, hi, g, hk, h, D, BF16, bs, scale, cap);                   \
     }
 CHUNK_FN(chunk_64, 64, 0) CHUNK_FN(chunk_128, 128, 0) CHUNK_FN(chunk_any, d, 0)
 CHUNK_FN(chunk_64_bf16, 64, 1) CHUNK_FN(chunk_128_bf16, 128, 1) CHUNK_FN(chunk_any_bf16, d, 1)
@@ -102,14 +105,14 @@ static void merge_chunks(float *out, const float *part, int64_t n, int64_t step,
 
 /* One query row per sequence: q [B, Hq, d] (dense heads, row stride q_stride), out [B, Hq, d]
  * (dense), caches [blocks, bs, Hk, d] (float32, or bfloat16 when bf16), tables
- * [B, table_stride] block ids, context [B]; window (0: none) and sinks [Hq] (NULL: none) as the
- * file's invariants say. */
+ * [B, table_stride] block ids, context [B]; window (0: none), sinks [Hq] (NULL: none) and softcap
+ * (0: none) as the file's invariants say. */
 int dop_paged_decode(float *out, const float *q, int64_t q_stride, const void *k_cache,
                      const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
                      const int64_t *context, int batch, int hq, int hk, int d, int block_size,
-                     float scale, int64_t window, const float *sinks, int threads) {
+                     float scale, int64_t window, const float *sinks, float softcap, int threads) {
     if (batch < 0 || hk <= 0 || hq % hk || d <= 0 || d % 16 || d > 256 || block_size <= 0 || threads <= 0 ||
-        window < 0)
+        window < 0 || softcap < 0.0f)
         return -1;
     const int g = hq / hk;
     /* first[b]: the global index of sequence b's first chunk; first[batch]: the chunk count. */
@@ -144,7 +147,7 @@ int dop_paged_decode(float *out, const float *q, int64_t q_stride, const void *k
             const int64_t start = (lo / DECODE_CHUNK + c - first[b]) * DECODE_CHUNK;
             const int64_t end = start + DECODE_CHUNK < context[b] ? start + DECODE_CHUNK : context[b];
             chunk(parts + item * record, q + b * q_stride + (int64_t)h * g * d, k_cache, v_cache,
-                  tables + b * table_stride, start > lo ? start : lo, end, g, hk, h, d, block_size, scale);
+                  tables + b * table_stride, start > lo ? start : lo, end, g, hk, h, d, block_size, scale, softcap);
         }
 #pragma omp for schedule(static)
         for (int item = 0; item < batch * hk; item++) {

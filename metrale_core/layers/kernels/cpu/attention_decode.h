@@ -15,7 +15,7 @@
 int dop_paged_decode(float *out, const float *q, int64_t q_stride, const void *k_cache,
                      const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
                      const int64_t *context, int batch, int hq, int hk, int d, int block_size,
-                     float scale, int64_t window, const float *sinks, int threads);
+                     float scale, int64_t window, const float *sinks, float softcap, int threads);
 int dop_decode_chunk_len(void);
 
 #endif

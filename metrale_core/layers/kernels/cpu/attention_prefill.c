@@ -11,7 +11,9 @@
  * from the paged cache (widened to float32) for all of its queries.  Per query it keeps the
  * running maximum, sum and accumulator of an online softmax: no score matrix larger than
  * KT x queries, no [T, T] matrix.  A row at absolute position p sees positions
- * max(0, p - W + 1) .. p (window W; W = 0: 0 .. p).
+ * max(0, p - W + 1) .. p (window W; W = 0: 0 .. p).  softcap > 0 caps each score at
+ * softcap * tanh(score / softcap) before the softmax (Gemma 2); sinks [Hq] (NULL: none) add one
+ * logit with no value to each query head's softmax (gpt-oss).
  *
  * Invariants:
  * - Batch invariance: a query's result depends only on its own query vector, its position, the
@@ -260,7 +262,8 @@ typedef struct {
     int64_t table_stride;
     int g, hk, d, block_size;
     int64_t window;
-    float scale;
+    float scale, softcap;
+    const float *sinks;
 } call_args;
 
 static void attend_item(const call_args *a, const work_item *it, workspace *w) {
@@ -309,13 +312,16 @@ static void attend_item(const call_args *a, const work_item *it, workspace *w) {
         load_tile(w->kb, a->k_cache, a->bf16, table, t0, js, je, first, it->context, a->block_size, a->hk, it->h, d);
         load_tile(w->vb, a->v_cache, a->bf16, table, t0, js, je, first, it->context, a->block_size, a->hk, it->h, d);
         scores(w->st, ms, w->qt, w->kb, d, js, je, va, vb);
+        if (a->softcap > 0.0f)
+            for (int j = js; j < je; j++) kv_softcap(w->st + j * ms + va * MT_LANES, (int64_t)(vb - va) * MT_LANES, a->softcap);
         softmax_tile(w->st, ms, qs, js, je, va, vb, t0);
         pv(w->acc, d, w->st, ms, qs->alpha, w->vb, js, je, ma, mb);
     }
     for (int m = 0; m < m_count; m++) {
         const int r = m / g, j = m % g;
         float *dst = a->out + (it->row + r) * a->out_stride + ((int64_t)it->h * g + j) * d;
-        const mt_vf total = mt_set1(qs->sum[m]);
+        const float sink = a->sinks != NULL ? expf(a->sinks[(int64_t)it->h * g + j] - qs->mx[m]) : 0.0f;
+        const mt_vf total = mt_set1(qs->sum[m] + sink);
         for (int c = 0; c < d; c += MT_LANES) mt_store(dst + c, mt_div(mt_load(w->acc + m * d + c), total));
     }
 }
@@ -336,9 +342,9 @@ static int64_t count_items(const int64_t *segments, int num_segments, int rows, 
 int ap_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_stride, const void *k_cache,
                      const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
                      const int64_t *segments, int num_segments, int hq, int hk, int d, int block_size,
-                     int64_t window, float scale, int threads) {
+                     int64_t window, float scale, float softcap, const float *sinks, int threads) {
     if (num_segments < 0 || hk <= 0 || hq <= 0 || hq % hk || d <= 0 || d % 16 || d > 256 || block_size <= 0 ||
-        window < 0 || threads <= 0)
+        window < 0 || softcap < 0.0f || threads <= 0)
         return -1;
     for (int s = 0; s < num_segments; s++) {
         const int64_t *seg = segments + 4 * s, n = seg[1] - seg[0];
@@ -361,7 +367,7 @@ int ap_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_s
     }
     qsort(items, (size_t)count, sizeof(work_item), heavier_first);
     const call_args args = {out, out_stride, q, q_stride, k_cache, v_cache, bf16, tables, table_stride,
-                            g, hk, d, block_size, window, scale};
+                            g, hk, d, block_size, window, scale, softcap, sinks};
     const int mpad = (rows * g + MT_LANES - 1) / MT_LANES * MT_LANES;
     int failed = 0;
 #pragma omp parallel num_threads(threads)

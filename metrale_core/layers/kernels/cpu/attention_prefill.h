@@ -18,6 +18,6 @@
 int ap_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_stride, const void *k_cache,
                      const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
                      const int64_t *segments, int num_segments, int hq, int hk, int d, int block_size,
-                     int64_t window, float scale, int threads);
+                     int64_t window, float scale, float softcap, const float *sinks, int threads);
 
 #endif
