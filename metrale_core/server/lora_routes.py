@@ -19,12 +19,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from attrs import frozen
 from litestar import Request, post
 
 from metrale_core.engine.adapter_key import adapter_of
 from metrale_core.errors import ConfigError
 from metrale_core.server.common import lora_bank, read_request
+from metrale_core.server.decode import Body
 from metrale_core.server.errors import APIError
 from metrale_core.server.offload import in_own_thread
 from metrale_core.server.openapi import body_operation
@@ -32,14 +32,12 @@ from metrale_core.server.openapi import body_operation
 __all__ = ["LoadLoRARequest", "UnloadLoRARequest", "load_lora_adapter", "unload_lora_adapter"]
 
 
-@frozen(kw_only=True)
-class LoadLoRARequest:
+class LoadLoRARequest(Body, frozen=True):
     lora_name: str
     lora_path: str
 
 
-@frozen(kw_only=True)
-class UnloadLoRARequest:
+class UnloadLoRARequest(Body, frozen=True):
     lora_name: str
 
 
