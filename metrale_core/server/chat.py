@@ -29,9 +29,11 @@ from typing import Any
 
 from attrs import define, field
 from litestar import Request, Response, post
+from litestar.di import NamedDependency
 
 from metrale_core.server.chat_prompt import chat_prompt, parser_factory
-from metrale_core.server.common import check_model, new_id, read_request, usage, while_connected
+from metrale_core.server.common import new_id, usage, while_connected
+from metrale_core.server.deps import with_body
 from metrale_core.server.errors import APIError
 from metrale_core.server.generation import plan_jobs, run_jobs
 from metrale_core.server.logprobs import TokenNamer, chat_logprobs
@@ -134,15 +136,20 @@ class _Choice:
     summary="Create a chat completion (OpenAI-compatible)",
     status_code=200,
     operation_class=body_operation(ChatCompletionRequest, stream=True, ok="ChatCompletion"),
+    dependencies=with_body(ChatCompletionRequest),
 )
-async def chat_completions(request: Request) -> Response:
-    host = request.app.state.host
-    req = await read_request(request, ChatCompletionRequest)
-    name = check_model(host, req.model)
-    served = host.ready()
+async def chat_completions(
+    request: Request,
+    host: NamedDependency[Any],
+    req: NamedDependency[ChatCompletionRequest],
+    model_name: NamedDependency[str],
+    engine: NamedDependency[Any],
+    tokenizer: NamedDependency[Any],
+) -> Response:
+    name = model_name
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs")
-    prompt, prompt_text = await off_loop(chat_prompt, served.tokenizer, req, served.engine.max_model_len)
+    prompt, prompt_text = await off_loop(chat_prompt, tokenizer, req, engine.max_model_len)
     extras = parser_factory(host, req, prompt_text)
     structured = chat_structured_output(host, req, prompt_text)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -158,7 +165,7 @@ async def chat_completions(request: Request) -> Response:
         reasoning_budget=chat_reasoning_budget(host, req, prompt_text),
     )
     choices = {job.index: _Choice(job.index, parsed=job.extras is not None) for job in jobs}
-    namer = TokenNamer(served.tokenizer) if req.logprobs else None
+    namer = TokenNamer(tokenizer) if req.logprobs else None
     meta = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": name}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
