@@ -146,7 +146,6 @@ async def chat_completions(
     engine: NamedDependency[Any],
     tokenizer: NamedDependency[Any],
 ) -> Response:
-    name = model_name
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs")
     prompt, prompt_text = await off_loop(chat_prompt, tokenizer, req, engine.max_model_len)
@@ -166,7 +165,7 @@ async def chat_completions(
     )
     choices = {job.index: _Choice(job.index, parsed=job.extras is not None) for job in jobs}
     namer = TokenNamer(tokenizer) if req.logprobs else None
-    meta = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": name}
+    meta = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": model_name}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return sse_response(_stream(host, jobs, choices, namer, meta, include_usage))

@@ -64,7 +64,6 @@ async def completions(
     engine: NamedDependency[Any],
     tokenizer: NamedDependency[Any],
 ) -> Response:
-    name = model_name
     if req.suffix:
         raise APIError(400, "suffix: not supported by this server", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
@@ -82,7 +81,7 @@ async def completions(
     )
     namer = TokenNamer(tokenizer) if req.logprobs is not None else None
     echo = {job.index: tokenizer.decode(job.prompt_ids) if req.echo else "" for job in jobs}
-    meta = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": name}
+    meta = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model_name}
     prompt_tokens = sum(len(p) for p in prompts)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
