@@ -12,6 +12,7 @@ from litestar.datastructures import State
 from litestar.di import NamedDependency
 from litestar.testing import TestClient
 
+from metrale_core.server import decode
 from metrale_core.server.deps import DEPENDENCIES, with_body
 from metrale_core.server.errors import APIError, exception_handlers
 from metrale_core.server.schemas import DetokenizeRequest
@@ -66,10 +67,14 @@ def test_answers_come_in_the_order_of_the_checks(client_and_host):
     assert loading.status_code == 503 and host.ready_calls == 1
 
 
-def test_engine_and_tokenizer_come_from_one_served_model(client_and_host):
+def test_engine_and_tokenizer_come_from_one_served_model(client_and_host, monkeypatch):
     client, host = client_and_host
+    decodes = []
+    strict = decode._decoder
+    monkeypatch.setattr(decode, "_decoder", lambda cls: decodes.append(cls) or strict(cls))
     host.served = SimpleNamespace(engine=SimpleNamespace(name="E"), tokenizer=SimpleNamespace(name="T"))
     resp = client.post("/probe", json={"tokens": [1, 2]})
     assert resp.status_code == 201, resp.text
     assert resp.json() == {"tokens": [1, 2], "model": "m", "engine": "E", "tokenizer": "T"}
     assert host.ready_calls == 1  # one served model per request, shared by engine and tokenizer
+    assert decodes == [DetokenizeRequest]  # the body was decoded once
