@@ -37,6 +37,7 @@ from loguru import logger
 from metrale_core.server.auth import api_key_guard
 from metrale_core.server.chat import chat_completions
 from metrale_core.server.completions import completions
+from metrale_core.server.deps import DEPENDENCIES
 from metrale_core.server.embeddings import create_embeddings
 from metrale_core.server.errors import APIError, exception_handlers
 from metrale_core.server.health import health, live
@@ -159,6 +160,7 @@ def create_app(
         route_handlers=[api, messages_router(), ollama_router(), *webui_handlers, health, live, metrics_route],
         lifespan=[lifespan],
         exception_handlers=exception_handlers(),
+        dependencies=DEPENDENCIES,
         middleware=[_access_log],
         request_max_body_size=config.max_body_bytes,
         state=State({"host": host, "metrics": metrics, "responses": ResponseStore(config.responses_store_size)}),

@@ -30,8 +30,10 @@ from typing import Any
 
 from attrs import define, field
 from litestar import Request, Response, post
+from litestar.di import NamedDependency
 
-from metrale_core.server.common import check_model, new_id, read_request, usage, while_connected
+from metrale_core.server.common import new_id, usage, while_connected
+from metrale_core.server.deps import with_body
 from metrale_core.server.errors import APIError
 from metrale_core.server.logprobs import TokenNamer, chat_logprobs
 from metrale_core.server.openapi import body_operation
@@ -131,20 +133,23 @@ class _Choice:
     summary="Create a chat completion (OpenAI-compatible)",
     status_code=200,
     operation_class=body_operation(ChatCompletionRequest, stream=True, ok="ChatCompletion"),
+    dependencies=with_body(ChatCompletionRequest),
 )
-async def chat_completions(request: Request) -> Response:
-    host = request.app.state.host
-    req = await read_request(request, ChatCompletionRequest)
-    name = check_model(host, req.model)
-    served = host.ready()
+async def chat_completions(
+    request: Request,
+    host: NamedDependency[Any],
+    req: NamedDependency[ChatCompletionRequest],
+    model_name: NamedDependency[str],
+    tokenizer: NamedDependency[Any],
+) -> Response:
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     run = await start_chat(host, req, max_tokens=max_tokens, logprobs=logprobs)
     choices = {index: _Choice(index, parsed=run.planned.parsed) for index in run.planned.prompts}
-    namer = TokenNamer(served.tokenizer) if req.logprobs else None
-    meta = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": name}
+    namer = TokenNamer(tokenizer) if req.logprobs else None
+    meta = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": model_name}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return sse_response(_stream(run.planned.stream, choices, namer, meta, include_usage))

@@ -5,7 +5,7 @@ Owner: the chat, completions and tokenize routes.
 Invariants:
 - Only ``application/json`` bodies are read (415 otherwise); the size limit is Litestar's
   ``request_max_body_size`` (413), so an oversized body is never buffered in full.
-- The body is parsed and validated on a frontend worker thread (``offload``), never on the
+- The body is decoded and validated (``decode.parse_body``) on a frontend worker thread (``offload``), never on the
   event loop.
 - A whole (non-streaming) response is computed under :func:`while_connected`: a client that
   disconnects aborts its engine requests at once, as a streaming client does.
@@ -17,19 +17,21 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, TypeVar
 
 from litestar import Request
 
+from metrale_core.server.decode import Body, parse_body
 from metrale_core.server.errors import APIError
 from metrale_core.server.memory import after_large_body
 from metrale_core.server.offload import off_loop
-from metrale_core.server.schemas import check_ranges, parse_body
 
 __all__ = ["ClientGone", "check_model", "new_id", "read_request", "usage", "while_connected"]
 
+R = TypeVar("R", bound=Body)
 
-async def read_request(request: Request, cls: type) -> Any:
+
+async def read_request(request: Request, cls: type[R]) -> R:
     """The body of ``request`` as a validated ``cls``."""
     media = (request.headers.get("content-type") or "").split(";", 1)[0].strip().lower()
     if media != "application/json":
@@ -39,13 +41,11 @@ async def read_request(request: Request, cls: type) -> Any:
     return await off_loop(_parse, await request.body(), cls)
 
 
-def _parse(body: bytes, cls: type) -> Any:
+def _parse(body: bytes, cls: type[R]) -> R:
     try:
-        parsed = parse_body(body, cls)
-        check_ranges(parsed)
+        return parse_body(body, cls)
     finally:
         after_large_body(len(body))
-    return parsed
 
 
 class ClientGone(APIError):

@@ -17,9 +17,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Request, Response, post
+from litestar.di import NamedDependency
 
 from metrale_core.server.chat import engine_failure
-from metrale_core.server.common import check_model, new_id, read_request, usage, while_connected
+from metrale_core.server.common import new_id, usage, while_connected
+from metrale_core.server.deps import with_body
 from metrale_core.server.errors import APIError
 from metrale_core.server.generation import plan_completion
 from metrale_core.server.guards import check_prompt_chars
@@ -51,23 +53,27 @@ def _prompts(tokenizer: Any, prompt: Any, max_model_len: int) -> list[list[int]]
     summary="Create a completion (legacy OpenAI API)",
     status_code=200,
     operation_class=body_operation(CompletionRequest, stream=True, ok="Completion"),
+    dependencies=with_body(CompletionRequest),
 )
-async def completions(request: Request) -> Response:
-    host = request.app.state.host
-    req = await read_request(request, CompletionRequest)
-    name = check_model(host, req.model)
-    served = host.ready()
+async def completions(
+    request: Request,
+    host: NamedDependency[Any],
+    req: NamedDependency[CompletionRequest],
+    model_name: NamedDependency[str],
+    engine: NamedDependency[Any],
+    tokenizer: NamedDependency[Any],
+) -> Response:
     if req.suffix:
         raise APIError(400, "suffix: not supported by this server", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of: only best_of == n is supported", param="best_of")
     if req.echo and req.logprobs is not None:
         raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)", param="echo")
-    prompts = await off_loop(_prompts, served.tokenizer, req.prompt, served.engine.max_model_len)
+    prompts = await off_loop(_prompts, tokenizer, req.prompt, engine.max_model_len)
     planned = await plan_completion(host, req, prompts)
-    namer = TokenNamer(served.tokenizer) if req.logprobs is not None else None
-    echo = {index: served.tokenizer.decode(ids) if req.echo else "" for index, ids in planned.prompts.items()}
-    meta = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": name}
+    namer = TokenNamer(tokenizer) if req.logprobs is not None else None
+    echo = {index: tokenizer.decode(ids) if req.echo else "" for index, ids in planned.prompts.items()}
+    meta = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model_name}
     prompt_tokens = sum(len(p) for p in prompts)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from attrs import frozen
 from litestar import Request, Response, post
 
 from metrale_core.engine.pooling import can_pool, default_pooling
@@ -32,20 +31,9 @@ from metrale_core.server.common import check_model, read_request
 from metrale_core.server.errors import APIError
 from metrale_core.server.generation import plan_embeddings
 from metrale_core.server.openapi import body_operation
-from metrale_core.server.schemas import Prompt
+from metrale_core.server.schemas import EmbeddingRequest
 
-__all__ = ["EmbeddingRequest", "create_embeddings", "embed"]
-
-
-@frozen(kw_only=True)
-class EmbeddingRequest:
-    """``POST /v1/embeddings``."""
-
-    input: Prompt
-    model: str | None = None
-    encoding_format: str = "float"
-    dimensions: int | None = None
-    user: str | None = None
+__all__ = ["create_embeddings", "embed"]
 
 
 def _inputs(tokenizer: Any, value: Any) -> list[list[int]]:

@@ -1,6 +1,6 @@
 """Input guards that run before any engine work: JSON shape, vocabulary and size bounds.
 
-Owner: the server (``schemas.parse_body``, ``generation.plan_jobs``, the chat / completions /
+Owner: the server (``decode.parse_body``, ``generation.plan_jobs``, the chat / completions /
 tokenize routes).  Each guard raises :class:`~metrale_core.server.errors.APIError` 400 naming
 the offending field and the limit, so a bad value never reaches the tokenizer, the template or
 the engine step (where it would fail other requests).
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from metrale_core.server.errors import APIError
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "check_bias_vocab",
     "check_json",
     "check_prompt_chars",
+    "join_path",
     "max_prompt_chars",
 ]
 
@@ -42,7 +45,8 @@ MAX_STOP = 16
 MAX_STOP_CHARS = 1024
 
 
-def _join(path: str, part: str | int) -> str:
+def join_path(path: str, part: str | int) -> str:
+    """``path`` extended by a field name (``a.b``) or an array index (``a[0]``)."""
     if isinstance(part, int):
         return f"{path}[{part}]"
     return f"{path}.{part}" if path else part
@@ -59,7 +63,8 @@ def _bad_unicode(text: str) -> bool:
 
 
 def check_json(data: Any) -> None:
-    """400 for nesting deeper than :data:`MAX_JSON_DEPTH` or a lone surrogate anywhere."""
+    """400 for nesting deeper than :data:`MAX_JSON_DEPTH` or a lone surrogate anywhere in
+    ``data``: plain JSON values, or a decoded request record (a record counts as an object)."""
     stack: list[tuple[Any, str, int]] = [(data, "", 0)]
     while stack:
         value, path, depth = stack.pop()
@@ -72,7 +77,9 @@ def check_json(data: Any) -> None:
                     param=path or None,
                 )
             continue
-        if not isinstance(value, (dict, list)):
+        if isinstance(value, msgspec.Struct):
+            value = {name: getattr(value, name) for name in value.__struct_fields__}
+        elif not isinstance(value, (dict, list)):
             continue
         if depth >= MAX_JSON_DEPTH:
             raise APIError(400, f"{path or 'body'}: nested deeper than {MAX_JSON_DEPTH} levels", param=path or None)
@@ -84,9 +91,9 @@ def check_json(data: Any) -> None:
                         f"{path or 'body'}: a key contains a lone UTF-16 surrogate, which is not valid Unicode text",
                         param=path or None,
                     )
-                stack.append((item, _join(path, key), depth + 1))
+                stack.append((item, join_path(path, key), depth + 1))
         else:
-            stack.extend((item, _join(path, i), depth + 1) for i, item in enumerate(value))
+            stack.extend((item, join_path(path, i), depth + 1) for i, item in enumerate(value))
 
 
 def check_bias_vocab(logit_bias: dict[str, float] | None, vocab_size: int) -> None:

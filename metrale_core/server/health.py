@@ -7,7 +7,10 @@ Owner: the server; load balancers and the tests poll it.
 
 from __future__ import annotations
 
-from litestar import Request, Response, get
+from typing import Any
+
+from litestar import Response, get
+from litestar.di import NamedDependency
 
 from metrale_core.server.errors import APIError, error_response
 from metrale_core.server.openapi import documented
@@ -16,9 +19,8 @@ __all__ = ["health", "live"]
 
 
 @get("/health", tags=["ops"], sync_to_thread=False, operation_class=documented(None, (500, 503), ok="Health"))
-def health(request: Request) -> Response:
+def health(host: NamedDependency[Any]) -> Response:
     """Ready to serve: 200 ``{"status": "ok"}``; otherwise an OpenAI-shaped 503."""
-    host = request.app.state.host
     try:
         host.ready()
     except APIError as exc:
@@ -41,6 +43,6 @@ def health(request: Request) -> Response:
 
 
 @get("/health/live", tags=["ops"], sync_to_thread=False, operation_class=documented(None, (500,), ok="Liveness"))
-def live(request: Request) -> dict[str, str]:
+def live(host: NamedDependency[Any]) -> dict[str, str]:
     """The process is up (whether or not the model has loaded)."""
-    return {"status": request.app.state.host.status}
+    return {"status": host.status}

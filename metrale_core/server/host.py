@@ -1,7 +1,8 @@
 """``EngineHost``: the served model's lifecycle (loading, ready, stopping) and admission control.
 
 Owner: the app's lifespan creates one, starts :meth:`EngineHost.load` in the background and
-calls :meth:`EngineHost.shutdown` at exit; every route reads it from ``app.state.host``.
+calls :meth:`EngineHost.shutdown` at exit; every route is given it by dependency injection
+(``deps``).
 
 Invariants:
 - The model loads on a worker thread after the server is listening: ``/health`` answers 503

@@ -19,12 +19,14 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from attrs import frozen
-from litestar import Request, post
+from litestar import post
+from litestar.di import NamedDependency
 
 from metrale_core.engine.adapter_key import adapter_of
 from metrale_core.errors import ConfigError
-from metrale_core.server.common import lora_bank, read_request
+from metrale_core.server.common import lora_bank
+from metrale_core.server.decode import Body
+from metrale_core.server.deps import with_body
 from metrale_core.server.errors import APIError
 from metrale_core.server.offload import in_own_thread
 from metrale_core.server.openapi import body_operation
@@ -32,14 +34,12 @@ from metrale_core.server.openapi import body_operation
 __all__ = ["LoadLoRARequest", "UnloadLoRARequest", "load_lora_adapter", "unload_lora_adapter"]
 
 
-@frozen(kw_only=True)
-class LoadLoRARequest:
+class LoadLoRARequest(Body, frozen=True):
     lora_name: str
     lora_path: str
 
 
-@frozen(kw_only=True)
-class UnloadLoRARequest:
+class UnloadLoRARequest(Body, frozen=True):
     lora_name: str
 
 
@@ -67,11 +67,10 @@ def _runtime_bank(host: Any) -> Any:
     tags=["lora"],
     status_code=200,
     operation_class=body_operation(LoadLoRARequest, ok="LoRAStatus"),
+    dependencies=with_body(LoadLoRARequest),
 )
-async def load_lora_adapter(request: Request) -> dict[str, Any]:
+async def load_lora_adapter(host: NamedDependency[Any], req: NamedDependency[LoadLoRARequest]) -> dict[str, Any]:
     """Load a PEFT LoRA adapter as a new model name."""
-    host = request.app.state.host
-    req = await read_request(request, LoadLoRARequest)
     bank = _runtime_bank(host)
     name = req.lora_name.strip()
     if not name or name == host.config.served_model_name:
@@ -94,11 +93,10 @@ async def load_lora_adapter(request: Request) -> dict[str, Any]:
     tags=["lora"],
     status_code=200,
     operation_class=body_operation(UnloadLoRARequest, ok="LoRAStatus"),
+    dependencies=with_body(UnloadLoRARequest),
 )
-async def unload_lora_adapter(request: Request) -> dict[str, Any]:
+async def unload_lora_adapter(host: NamedDependency[Any], req: NamedDependency[UnloadLoRARequest]) -> dict[str, Any]:
     """Unload a LoRA adapter by name."""
-    host = request.app.state.host
-    req = await read_request(request, UnloadLoRARequest)
     bank = _runtime_bank(host)
     engine = host.served.engine
     in_use = {adapter_of(s) for s in list(engine.scheduler.seqs.values())} - {None}

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from litestar import Request, get
+from litestar import get
+from litestar.di import NamedDependency
 from litestar.params import PathParameter
 
 from metrale_core.server.common import check_model, lora_bank
@@ -52,9 +53,8 @@ def _adapter_names(host: Any) -> list[str]:
     sync_to_thread=False,
     operation_class=documented(None, (401, 500), ok="ModelList"),
 )
-def list_models(request: Request) -> dict[str, Any]:
+def list_models(host: NamedDependency[Any]) -> dict[str, Any]:
     """List the served model and its LoRA adapters."""
-    host = request.app.state.host
     return {"object": "list", "data": [_card(host)] + [_adapter_card(host, n) for n in _adapter_names(host)]}
 
 
@@ -65,8 +65,7 @@ def list_models(request: Request) -> dict[str, Any]:
     sync_to_thread=False,
     operation_class=documented(None, (401, 404, 500), ok="Model"),
 )
-def get_model(request: Request, model: Annotated[str, PathParameter()]) -> dict[str, Any]:
+def get_model(host: NamedDependency[Any], model: Annotated[str, PathParameter()]) -> dict[str, Any]:
     """Describe one model (404 unless it is the served one)."""
-    host = request.app.state.host
     name = check_model(host, model.lstrip("/"))
     return _card(host) if name == host.config.served_model_name else _adapter_card(host, name)

@@ -2,13 +2,13 @@
 
 Owner: every route passes ``operation_class=documented(Model, statuses)`` (or
 ``body_operation(Model)``, the same with the statuses of a JSON-body route).  Those handlers
-read the raw body (so validation errors carry cattrs paths in OpenAI's error shape) and
-therefore declare no ``data`` parameter; this module documents the body anyway.
+read the raw body (so validation errors are OpenAI-shaped 400s naming the path) and therefore
+declare no ``data`` parameter; this module documents the body anyway.
 
 Invariants:
-- The request schema is derived from the attrs classes in ``schemas``, never written twice:
-  field types, required fields, numeric ranges from ``schemas.BOUNDS`` (``minimum``,
-  ``maximum``, ``exclusiveMinimum`` ...) and string enums from the fields' ``enum`` metadata.
+- The request schema is msgspec's JSON Schema of the request records (``msgspec.json.schema``),
+  never written twice: field types, required fields, ``additionalProperties: false``, numeric
+  ranges from ``ranges.BOUNDS`` and string enums (both carried by the fields' ``Meta``).
 - Every status a route can answer is documented with OpenAI's error body (``ERROR_STATUSES``
   for JSON-body routes: 400, 401, 404, 413, 415, 500, 503), and nothing it cannot answer.
 - A streaming route documents both ``application/json`` and its stream's media type for 200
@@ -21,81 +21,61 @@ Invariants:
 
 from __future__ import annotations
 
-import types
-import typing
+import re
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-import attrs
+import msgspec
 from litestar.openapi.spec import Link, OpenAPIMediaType, OpenAPIResponse, Operation, Reference, RequestBody, Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
 __all__ = ["ERROR_SCHEMA", "ERROR_STATUSES", "body_operation", "documented", "json_schema"]
 
-_SCALARS = {str: OpenAPIType.STRING, int: OpenAPIType.INTEGER, float: OpenAPIType.NUMBER, bool: OpenAPIType.BOOLEAN}
-
 
 def json_schema(tp: Any) -> Schema:
-    """The OpenAPI schema of a type used in the request models."""
-    if tp in _SCALARS:
-        return Schema(type=_SCALARS[tp])
-    if tp is Any or tp is None or tp is type(None):
-        return Schema() if tp is Any else Schema(type=OpenAPIType.NULL)
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return Schema(one_of=[json_schema(a) for a in args])
-    if origin is list:
-        return Schema(type=OpenAPIType.ARRAY, items=json_schema(args[0]))
-    if origin is dict or tp is dict:
-        value = json_schema(args[1]) if len(args) == 2 else Schema()
-        return Schema(type=OpenAPIType.OBJECT, additional_properties=value)
-    if attrs.has(tp):
-        hints = typing.get_type_hints(tp)
-        props: dict[str, Schema | Reference] = {}
-        required: list[str] = []
-        for f in attrs.fields(tp):
-            props[f.name] = _constrained(json_schema(hints[f.name]), f)
-            if f.default is attrs.NOTHING:
-                required.append(f.name)
-        return Schema(
-            type=OpenAPIType.OBJECT,
-            title=tp.__name__,
-            properties=props,
-            required=required or None,
-            # the request records are read with forbid_extra_keys: an unknown field is a 400
-            additional_properties=False,
-            description=(tp.__doc__ or "").strip() or None,
-        )
-    return Schema()
+    """The OpenAPI schema of a request record (or any type msgspec can decode), as msgspec
+    generates it, with its ``$defs`` inlined."""
+    document = msgspec.json.schema(tp)
+    defs = document.pop("$defs", {})
+    return _schema(_inline(document, defs))
 
 
-def _constrained(schema: Schema, f: Any) -> Schema:
-    """``schema`` of attrs field ``f`` with its enum and numeric bounds."""
-    from metrale_core.server.schemas import BOUNDS
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    """``node`` with every ``{"$ref": "#/$defs/X"}`` replaced by ``X`` (the records nest, never
+    recursively)."""
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        return _inline(defs[ref.removeprefix("#/$defs/")], defs)
+    return {key: _inline(value, defs) for key, value in node.items()}
 
-    enum = f.metadata.get("enum")
-    if enum and schema.type == OpenAPIType.STRING:
-        schema.enum = list(enum)
-    bound = BOUNDS.get(f.name)
-    if bound is None:
-        return schema
-    targets = [schema] + [s for s in schema.one_of or [] if isinstance(s, Schema)]  # json_schema builds no Reference
-    for sub in targets:
-        if not isinstance(sub.type, OpenAPIType) or sub.type not in (OpenAPIType.INTEGER, OpenAPIType.NUMBER):
-            continue
-        if bound.low is not None:
-            if bound.low_open:
-                sub.exclusive_minimum = bound.low
-            else:
-                sub.minimum = bound.low
-        if bound.high is not None:
-            if bound.high_open:
-                sub.exclusive_maximum = bound.high
-            else:
-                sub.maximum = bound.high
-    return schema
+
+_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
+#: Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
+_ONE, _MANY, _MAP = {"items", "additional_properties"}, {"any_of", "one_of", "all_of"}, {"properties"}
+
+
+def _schema(node: dict[str, Any]) -> Schema:
+    """A JSON Schema object as Litestar's :class:`Schema`."""
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "required" and not value:
+            continue  # msgspec writes an empty list; the document leaves it out
+        name = {"not": "schema_not", "if": "schema_if", "else": "schema_else"}.get(key, _SNAKE.sub("_", key).lower())
+        if name == "type":
+            value = [OpenAPIType(v) for v in value] if isinstance(value, list) else OpenAPIType(value)
+        elif name in _ONE and isinstance(value, dict):
+            value = _schema(value)
+        elif name in _MANY:
+            value = [_schema(v) for v in value]
+        elif name in _MAP:
+            value = {k: _schema(v) for k, v in value.items()}
+        out[name] = value
+    return Schema(**out)
 
 
 #: OpenAI's error object.

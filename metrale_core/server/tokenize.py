@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Request, post
+from litestar import post
+from litestar.di import NamedDependency
 
 from metrale_core.server.chat_prompt import render_messages, template_messages
-from metrale_core.server.common import check_model, read_request
+from metrale_core.server.deps import with_body
 from metrale_core.server.errors import APIError
 from metrale_core.server.guards import check_prompt_chars
 from metrale_core.server.offload import off_loop
@@ -22,18 +23,21 @@ from metrale_core.server.schemas import DetokenizeRequest, TokenizeRequest
 __all__ = ["detokenize", "tokenize"]
 
 
-@post("/tokenize", tags=["tokenizer"], status_code=200, operation_class=body_operation(TokenizeRequest, ok="Tokenized"))
-async def tokenize(request: Request) -> dict[str, Any]:
+@post(
+    "/tokenize",
+    tags=["tokenizer"],
+    status_code=200,
+    operation_class=body_operation(TokenizeRequest, ok="Tokenized"),
+    dependencies=with_body(TokenizeRequest),
+)
+async def tokenize(
+    req: NamedDependency[TokenizeRequest], engine: NamedDependency[Any], tokenizer: NamedDependency[Any]
+) -> dict[str, Any]:
     """Token ids of a prompt or a conversation."""
-    host = request.app.state.host
-    req = await read_request(request, TokenizeRequest)
-    check_model(host, req.model)
-    served = host.ready()
-    tok = served.tokenizer
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give exactly one of prompt or messages", param="prompt")
-    ids = await off_loop(_tokens, tok, req, served.engine.max_model_len)
-    return {"tokens": ids, "count": len(ids), "max_model_len": served.engine.max_model_len}
+    ids = await off_loop(_tokens, tokenizer, req, engine.max_model_len)
+    return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
 
 
 def _tokens(tok: Any, req: TokenizeRequest, max_model_len: int) -> list[int]:
@@ -57,13 +61,11 @@ def _tokens(tok: Any, req: TokenizeRequest, max_model_len: int) -> list[int]:
     tags=["tokenizer"],
     status_code=200,
     operation_class=body_operation(DetokenizeRequest, ok="Detokenized"),
+    dependencies=with_body(DetokenizeRequest),
 )
-async def detokenize(request: Request) -> dict[str, Any]:
+async def detokenize(req: NamedDependency[DetokenizeRequest], tokenizer: NamedDependency[Any]) -> dict[str, Any]:
     """The text of token ids."""
-    host = request.app.state.host
-    req = await read_request(request, DetokenizeRequest)
-    check_model(host, req.model)
-    tok = host.ready().tokenizer
+    tok = tokenizer
     bad = [t for t in req.tokens if not 0 <= t < tok.vocab_size]
     if bad:
         raise APIError(400, f"tokens: id {bad[0]} is outside the vocabulary [0, {tok.vocab_size})", param="tokens")

@@ -1,7 +1,7 @@
 """Request records of the Anthropic Messages API (``POST /v1/messages``, ``.../count_tokens``).
 
-Owner: ``server.messages.route`` parses bodies into these with the server's one strict converter
-(``schemas.parse_body``: unknown fields and wrong JSON types are a 400 naming the path); the
+Owner: ``server.messages.route`` parses bodies into these with the server's one strict decoder
+(``decode.parse_body``: unknown fields and wrong JSON types are a 400 naming the path); the
 content blocks, whose shape depends on their ``type``, are checked by ``server.messages.translate``.
 
 Invariants:
@@ -13,23 +13,22 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from attrs import frozen
+from metrale_core.server.decode import Body, Record
+from metrale_core.server.ranges import bounded
 
 __all__ = ["AnthropicMessage", "AnthropicTool", "CountTokensRequest", "MessagesRequest"]
 
 
-@frozen(kw_only=True)
-class AnthropicMessage:
+class AnthropicMessage(Record, frozen=True):
     """One turn: ``content`` is a string or an array of content blocks."""
 
     role: str
     content: Any
 
 
-@frozen(kw_only=True)
-class AnthropicTool:
+class AnthropicTool(Record, frozen=True):
     """A client tool (``input_schema`` is a JSON Schema of the input object)."""
 
     name: str
@@ -40,8 +39,7 @@ class AnthropicTool:
     strict: bool | None = None
 
 
-@frozen(kw_only=True)
-class CountTokensRequest:
+class CountTokensRequest(Body, frozen=True):
     """The prompt part of a Messages request (``POST /v1/messages/count_tokens``)."""
 
     model: str
@@ -53,15 +51,14 @@ class CountTokensRequest:
     output_config: dict[str, Any] | None = None
 
 
-@frozen(kw_only=True)
-class MessagesRequest(CountTokensRequest):
+class MessagesRequest(CountTokensRequest, kw_only=True, frozen=True):
     """``POST /v1/messages``."""
 
-    max_tokens: int
+    max_tokens: Annotated[int, bounded("max_tokens")]
     stop_sequences: list[str] | None = None
     stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    temperature: Annotated[float, bounded("temperature")] | None = None
+    top_p: Annotated[float, bounded("top_p")] | None = None
+    top_k: Annotated[int, bounded("top_k")] | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None

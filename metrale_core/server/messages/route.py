@@ -26,13 +26,15 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from litestar import Request, Response, Router, post
+from litestar import Response, Router, post
+from litestar.di import NamedDependency
 from litestar.response import Stream
 from loguru import logger
 
 from metrale_core.server.chat import engine_failure
 from metrale_core.server.chat_prompt import chat_prompt
-from metrale_core.server.common import check_model, new_id, read_request
+from metrale_core.server.common import new_id
+from metrale_core.server.deps import with_body
 from metrale_core.server.errors import APIError
 from metrale_core.server.messages.errors import (
     anthropic_error_body,
@@ -78,16 +80,13 @@ def _input(arguments: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-async def _start(request: Request) -> tuple[Any, MessagesRequest, ChatRun, str]:
-    host = request.app.state.host
-    req = await read_request(request, MessagesRequest)
-    name = check_model(host, req.model)
+async def _start(host: Any, req: MessagesRequest) -> ChatRun:
     chat = to_chat(req)
     try:
         run = await start_chat(host, chat, max_tokens=req.max_tokens, budget_field="thinking.budget_tokens")
     except APIError as exc:  # name the Messages field for what chat knows as response_format
         raise renamed(exc, "response_format", "output_config.format") from None
-    return host, req, run, name
+    return run
 
 
 @post(
@@ -97,13 +96,16 @@ async def _start(request: Request) -> tuple[Any, MessagesRequest, ChatRun, str]:
     status_code=200,
     summary="Create a message (Anthropic Messages API)",
     operation_class=body_operation(MessagesRequest, errors="anthropic", stream=True, ok="Message"),
+    dependencies=with_body(MessagesRequest),
 )
-async def create_message(request: Request) -> Response | Stream:
-    host, req, run, name = await _start(request)
+async def create_message(
+    host: NamedDependency[Any], req: NamedDependency[MessagesRequest], model_name: NamedDependency[str]
+) -> Response | Stream:
+    run = await _start(host, req)
     message_id = new_id("msg")
     if req.stream:
         return Stream(
-            _sse(_stream(host, req, run, name, message_id)),
+            _sse(_stream(host, req, run, model_name, message_id)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -134,7 +136,7 @@ async def create_message(request: Request) -> Response | Stream:
         "id": message_id,
         "type": "message",
         "role": "assistant",
-        "model": name,
+        "model": model_name,
         "content": blocks,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
@@ -251,14 +253,13 @@ async def _sse(events: AsyncIterator[tuple[str, dict]]) -> AsyncIterator[bytes]:
     summary="Count the input tokens of a Messages request",
     status_code=200,
     operation_class=body_operation(CountTokensRequest, errors="anthropic", ok="MessageTokensCount"),
+    dependencies=with_body(CountTokensRequest),
 )
-async def count_tokens(request: Request) -> Response:
-    host = request.app.state.host
-    req = await read_request(request, CountTokensRequest)
-    check_model(host, req.model)
+async def count_tokens(
+    req: NamedDependency[CountTokensRequest], engine: NamedDependency[Any], tokenizer: NamedDependency[Any]
+) -> Response:
     try:
-        served = host.ready()
-        prompt, _ = await off_loop(chat_prompt, served.tokenizer, to_chat(req), served.engine.max_model_len)
+        prompt, _ = await off_loop(chat_prompt, tokenizer, to_chat(req), engine.max_model_len)
     except APIError as exc:
         raise renamed(exc, "response_format", "output_config.format") from None
     return Response({"input_tokens": len(prompt)}, media_type="application/json")

@@ -25,11 +25,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from litestar import Request, Response, delete, get, post
+from litestar.di import NamedDependency
 
 from metrale_core import __version__
 from metrale_core.engine.pooling import can_pool
 from metrale_core.server.chat_prompt import reasoning_format
-from metrale_core.server.common import lora_bank, read_request
+from metrale_core.server.common import lora_bank
+from metrale_core.server.deps import with_body
 from metrale_core.server.embeddings import embed
 from metrale_core.server.errors import APIError
 from metrale_core.server.ollama.errors import model_name, tagged
@@ -126,9 +128,8 @@ def _names(host: Any) -> list[str]:
     tags=["ollama"],
     operation_class=documented(None, (401, 500), errors="ollama", ok="OllamaTags"),
 )
-async def list_tags(request: Request) -> dict[str, Any]:
+async def list_tags(host: NamedDependency[Any]) -> dict[str, Any]:
     """The served model and its LoRA adapters (answers while the model loads)."""
-    host = request.app.state.host
     return {"models": [_entry(host, n) for n in _names(host)]}
 
 
@@ -138,9 +139,8 @@ async def list_tags(request: Request) -> dict[str, Any]:
     tags=["ollama"],
     operation_class=documented(None, (401, 500), errors="ollama", ok="OllamaPs"),
 )
-async def list_running(request: Request) -> dict[str, Any]:
+async def list_running(host: NamedDependency[Any]) -> dict[str, Any]:
     """The loaded models (none while loading); they stay loaded (``keep_alive`` changes nothing)."""
-    host = request.app.state.host
     if host.served is None:
         return {"models": []}
     ctx = host.served.engine.max_model_len
@@ -181,11 +181,10 @@ def _capabilities(host: Any) -> list[str]:
     tags=["ollama"],
     status_code=200,
     operation_class=body_operation(OllamaModelRequest, errors="ollama", ok="OllamaShow"),
+    dependencies=with_body(OllamaModelRequest),
 )
-async def show(request: Request) -> dict[str, Any]:
+async def show(host: NamedDependency[Any], req: NamedDependency[OllamaModelRequest]) -> dict[str, Any]:
     """The model's details, chat template, context length and capabilities."""
-    host = request.app.state.host
-    req = await read_request(request, OllamaModelRequest)
     model_name(host, req.model or req.name)
     served = host.ready()
     family = _details(host)["family"]
@@ -220,12 +219,11 @@ def _load_fields(name: str, prompt_tokens: int, started: float) -> dict[str, Any
     tags=["ollama"],
     status_code=200,
     operation_class=body_operation(OllamaEmbedRequest, errors="ollama", ok="OllamaEmbed"),
+    dependencies=with_body(OllamaEmbedRequest),
 )
-async def create_embed(request: Request) -> dict[str, Any]:
+async def create_embed(host: NamedDependency[Any], req: NamedDependency[OllamaEmbedRequest]) -> dict[str, Any]:
     """Embeddings of one or more inputs (``embeddings``: one vector per input)."""
     started = time.perf_counter()
-    host = request.app.state.host
-    req = await read_request(request, OllamaEmbedRequest)
     name = model_name(host, req.model)
     if req.input is None or req.input == []:
         raise APIError(400, "input: required (a string or an array of strings)", param="input")
@@ -241,11 +239,12 @@ async def create_embed(request: Request) -> dict[str, Any]:
     tags=["ollama"],
     status_code=200,
     operation_class=body_operation(OllamaEmbeddingsRequest, errors="ollama", ok="OllamaEmbeddings"),
+    dependencies=with_body(OllamaEmbeddingsRequest),
 )
-async def create_embeddings_legacy(request: Request) -> dict[str, Any]:
+async def create_embeddings_legacy(
+    host: NamedDependency[Any], req: NamedDependency[OllamaEmbeddingsRequest]
+) -> dict[str, Any]:
     """The legacy one-prompt embedding route."""
-    host = request.app.state.host
-    req = await read_request(request, OllamaEmbeddingsRequest)
     name = model_name(host, req.model)
     if not req.prompt:
         return {"embedding": []}  # Ollama answers an empty prompt with an empty vector
@@ -265,11 +264,10 @@ _NO_STORE = (
     tags=["ollama"],
     status_code=200,
     operation_class=body_operation(OllamaPullRequest, errors="ollama", ok="OllamaStatus"),
+    dependencies=with_body(OllamaPullRequest),
 )
-async def pull(request: Request) -> Response:
+async def pull(host: NamedDependency[Any], req: NamedDependency[OllamaPullRequest]) -> Response:
     """The served model is already here: success; any other name: 404."""
-    host = request.app.state.host
-    req = await read_request(request, OllamaPullRequest)
     wanted = req.model or req.name
     try:
         model_name(host, wanted)
@@ -279,8 +277,8 @@ async def pull(request: Request) -> Response:
 
 
 def _unsupported(action: str):
-    async def handler(request: Request) -> Response:
-        raise APIError(403, f"{action}: " + _NO_STORE.format(repr(request.app.state.host.config.served_model_name)))
+    async def handler(host: NamedDependency[Any]) -> Response:
+        raise APIError(403, f"{action}: " + _NO_STORE.format(repr(host.config.served_model_name)))
 
     handler.__name__ = f"ollama_{action}"
     return handler

@@ -1,7 +1,7 @@
 """Request records of the Ollama API (``/api/chat``, ``/api/generate``, ``/api/embed``, ...).
 
 Owner: ``server.ollama.route`` / ``server.ollama.info`` parse bodies into these with the server's
-one strict converter (``schemas.parse_body``: wrong JSON types are a 400 naming the path).
+one strict decoder (``decode.parse_body``: wrong JSON types are a 400 naming the path).
 
 Invariants:
 - Every field Ollama's API documents is accepted (``keep_alive``, ``truncate``, ``shift``, ...);
@@ -13,9 +13,10 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from attrs import frozen
+from metrale_core.server.decode import Body, Record
+from metrale_core.server.ranges import bounded
 
 __all__ = [
     "OllamaChatRequest",
@@ -28,15 +29,13 @@ __all__ = [
 ]
 
 
-@frozen(kw_only=True)
-class OllamaToolFunction:
+class OllamaToolFunction(Record, frozen=True):
     name: str
     arguments: dict[str, Any] | None = None
     index: int | None = None
 
 
-@frozen(kw_only=True)
-class OllamaToolCall:
+class OllamaToolCall(Record, frozen=True):
     """A tool call in an assistant turn of the history (``arguments`` is an object)."""
 
     function: OllamaToolFunction
@@ -44,8 +43,7 @@ class OllamaToolCall:
     type: str | None = None
 
 
-@frozen(kw_only=True)
-class OllamaMessage:
+class OllamaMessage(Record, frozen=True):
     role: str
     content: str | None = None
     thinking: str | None = None
@@ -55,8 +53,7 @@ class OllamaMessage:
     tool_call_id: str | None = None
 
 
-@frozen(kw_only=True)
-class _GenerationRequest:
+class _GenerationRequest(Body, frozen=True):
     """What chat and generate share."""
 
     model: str
@@ -68,19 +65,17 @@ class _GenerationRequest:
     truncate: bool | None = None
     shift: bool | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, bounded("top_logprobs")] | None = None
 
 
-@frozen(kw_only=True)
-class OllamaChatRequest(_GenerationRequest):
+class OllamaChatRequest(_GenerationRequest, kw_only=True, frozen=True):
     """``POST /api/chat``."""
 
     messages: list[OllamaMessage] | None = None
     tools: list[dict[str, Any]] | None = None
 
 
-@frozen(kw_only=True)
-class OllamaGenerateRequest(_GenerationRequest):
+class OllamaGenerateRequest(_GenerationRequest, kw_only=True, frozen=True):
     """``POST /api/generate``."""
 
     prompt: str | None = None
@@ -96,8 +91,7 @@ class OllamaGenerateRequest(_GenerationRequest):
     steps: int | None = None
 
 
-@frozen(kw_only=True)
-class OllamaModelRequest:
+class OllamaModelRequest(Body, frozen=True):
     """``POST /api/show`` (``name`` is the legacy spelling of ``model``)."""
 
     model: str | None = None
@@ -105,8 +99,7 @@ class OllamaModelRequest:
     verbose: bool | None = None
 
 
-@frozen(kw_only=True)
-class OllamaEmbedRequest:
+class OllamaEmbedRequest(Body, frozen=True):
     """``POST /api/embed``."""
 
     model: str
@@ -118,8 +111,7 @@ class OllamaEmbedRequest:
     dimensions: int | None = None
 
 
-@frozen(kw_only=True)
-class OllamaEmbeddingsRequest:
+class OllamaEmbeddingsRequest(Body, frozen=True):
     """``POST /api/embeddings`` (legacy: one ``prompt``, one ``embedding``)."""
 
     model: str
@@ -128,8 +120,7 @@ class OllamaEmbeddingsRequest:
     keep_alive: Any = None
 
 
-@frozen(kw_only=True)
-class OllamaPullRequest:
+class OllamaPullRequest(Body, frozen=True):
     """``POST /api/pull`` (``name`` is the legacy spelling of ``model``)."""
 
     model: str | None = None

@@ -31,11 +31,13 @@ from typing import Any
 
 from attrs import define, field
 from litestar import Request, Response, post
+from litestar.di import NamedDependency
 from litestar.response import Stream
 from loguru import logger
 
 from metrale_core.server.chat import engine_failure
-from metrale_core.server.common import read_request, while_connected
+from metrale_core.server.common import while_connected
+from metrale_core.server.deps import with_body
 from metrale_core.server.errors import APIError
 from metrale_core.server.ollama.errors import model_name, ollama_error_body
 from metrale_core.server.ollama.records import OllamaChatRequest, OllamaGenerateRequest
@@ -156,8 +158,9 @@ async def _whole(reply: _Reply, run: ChatRun) -> dict:
     return reply.final(run, text="".join(texts), thinking="".join(thoughts), calls=_calls(run) or None)
 
 
-async def _answer(request: Request, reply: _Reply, req: Any, chat: Any, raw_prompt: str | None) -> Response | Stream:
-    host = request.app.state.host
+async def _answer(
+    request: Request, host: Any, reply: _Reply, req: Any, chat: Any, raw_prompt: str | None
+) -> Response | Stream:
     try:
         run = await start_chat(host, chat, max_tokens=chat.max_tokens, raw_prompt=raw_prompt)
     except APIError as exc:  # name Ollama's fields for what chat calls them
@@ -181,16 +184,17 @@ def _loaded(reply: _Reply, stream: bool) -> Response:
     status_code=200,
     summary="Chat (Ollama API)",
     operation_class=body_operation(OllamaChatRequest, errors="ollama", stream=True, ok="OllamaChat"),
+    dependencies=with_body(OllamaChatRequest),
 )
-async def chat(request: Request) -> Response | Stream:
-    host = request.app.state.host
-    req = await read_request(request, OllamaChatRequest)
+async def chat(
+    request: Request, host: NamedDependency[Any], req: NamedDependency[OllamaChatRequest]
+) -> Response | Stream:
     translated = chat_request(req, model_name(host, req.model))
     reply = _Reply(name=req.model, chat=True)
     host.ready()
     if not req.messages:
         return _loaded(reply, req.stream)
-    return await _answer(request, reply, req, translated, None)
+    return await _answer(request, host, reply, req, translated, None)
 
 
 @post(
@@ -200,13 +204,14 @@ async def chat(request: Request) -> Response | Stream:
     status_code=200,
     summary="Generate a completion (Ollama API)",
     operation_class=body_operation(OllamaGenerateRequest, errors="ollama", stream=True, ok="OllamaGenerate"),
+    dependencies=with_body(OllamaGenerateRequest),
 )
-async def generate(request: Request) -> Response | Stream:
-    host = request.app.state.host
-    req = await read_request(request, OllamaGenerateRequest)
+async def generate(
+    request: Request, host: NamedDependency[Any], req: NamedDependency[OllamaGenerateRequest]
+) -> Response | Stream:
     translated = generate_request(req, model_name(host, req.model))
     reply = _Reply(name=req.model, chat=False)
     host.ready()
     if not req.prompt:
         return _loaded(reply, req.stream)
-    return await _answer(request, reply, req, translated, req.prompt if req.raw else None)
+    return await _answer(request, host, reply, req, translated, req.prompt if req.raw else None)

@@ -32,11 +32,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from attrs import evolve
+import msgspec
 
 from metrale_core.server.errors import APIError
 from metrale_core.server.ollama.options import CHAT_NAMES, sampling_fields
 from metrale_core.server.ollama.records import OllamaChatRequest, OllamaGenerateRequest, OllamaMessage
+from metrale_core.server.ranges import check_ranges
 from metrale_core.server.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -45,7 +46,6 @@ from metrale_core.server.schemas import (
     ResponseFormat,
     Tool,
     ToolCall,
-    check_ranges,
 )
 from metrale_core.server.translate import renamed
 
@@ -150,7 +150,7 @@ def _messages(req: OllamaChatRequest) -> list[ChatMessage]:
         if message.role == "assistant":
             pending = list(message.tool_calls or ())
         elif message.role == "tool":
-            message = evolve(message, tool_call_id=_answered_call(m, pending) or f"call_{i}")
+            message = msgspec.structs.replace(message, tool_call_id=_answered_call(m, pending) or f"call_{i}")
         out.append(message)
     return out
 

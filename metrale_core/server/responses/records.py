@@ -1,7 +1,7 @@
 """Request record of the OpenAI Responses API (``POST /v1/responses``).
 
 Owner: ``server.responses.route`` parses bodies into :class:`ResponsesRequest` with the server's
-one strict converter (``schemas.parse_body``: unknown fields and wrong JSON types are a 400 naming
+one strict decoder (``decode.parse_body``: unknown fields and wrong JSON types are a 400 naming
 the path).  ``input`` items and ``tools``, whose shape depends on their ``type``, are checked by
 ``server.responses.translate``.
 
@@ -13,15 +13,15 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from attrs import frozen
+from metrale_core.server.decode import Body
+from metrale_core.server.ranges import bounded
 
 __all__ = ["ResponsesRequest"]
 
 
-@frozen(kw_only=True)
-class ResponsesRequest:
+class ResponsesRequest(Body, frozen=True):
     """``POST /v1/responses``."""
 
     #: A string (one user message) or an array of input items.
@@ -33,9 +33,9 @@ class ResponsesRequest:
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = None
     max_tool_calls: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_logprobs: int | None = None
+    temperature: Annotated[float, bounded("temperature")] | None = None
+    top_p: Annotated[float, bounded("top_p")] | None = None
+    top_logprobs: Annotated[int, bounded("top_logprobs")] | None = None
     #: ``{"format": {"type": "text" | "json_object" | "json_schema", ...}, "verbosity": ...}``
     text: dict[str, Any] | None = None
     #: ``{"effort": "none" | "minimal" | "low" | "medium" | "high", "summary": ...}``

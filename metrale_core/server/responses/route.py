@@ -31,13 +31,15 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from litestar import Request, Response, delete, get, post
+from litestar.di import NamedDependency
 from litestar.params import PathParameter
 from litestar.response import Stream
 from loguru import logger
 
 from metrale_core.errors import MetraleError
 from metrale_core.server.chat import engine_failure
-from metrale_core.server.common import check_model, new_id, read_request
+from metrale_core.server.common import new_id
+from metrale_core.server.deps import with_body
 from metrale_core.server.errors import APIError
 from metrale_core.server.openapi import body_operation, documented
 from metrale_core.server.responses.events import OutputBuilder
@@ -123,9 +125,7 @@ def _remember(request: Request, req: ResponsesRequest, body: dict, conversation:
         )
 
 
-async def _start(request: Request, req: ResponsesRequest) -> tuple[ChatRun, list, str]:
-    host = request.app.state.host
-    name = check_model(host, req.model)
+async def _start(request: Request, host: Any, req: ResponsesRequest) -> tuple[ChatRun, list]:
     history: tuple = ()
     if req.previous_response_id is not None:
         stored = _store(request).get(req.previous_response_id)
@@ -144,7 +144,7 @@ async def _start(request: Request, req: ResponsesRequest) -> tuple[ChatRun, list
         run = await start_chat(host, chat, max_tokens=req.max_output_tokens)
     except APIError as exc:  # name the Responses field for what chat knows as response_format
         raise renamed(exc, "response_format", "text.format") from None
-    return run, conversation, name
+    return run, conversation
 
 
 @post(
@@ -154,11 +154,16 @@ async def _start(request: Request, req: ResponsesRequest) -> tuple[ChatRun, list
     status_code=200,
     summary="Create a model response (OpenAI Responses API)",
     operation_class=body_operation(ResponsesRequest, stream=True, ok="ResponseObject"),
+    dependencies=with_body(ResponsesRequest),
 )
-async def create_response(request: Request) -> Response | Stream:
-    req = await read_request(request, ResponsesRequest)
-    run, conversation, name = await _start(request, req)
-    meta = {"id": new_id("resp").replace("-", "_"), "created_at": int(time.time()), "model": name}
+async def create_response(
+    request: Request,
+    host: NamedDependency[Any],
+    req: NamedDependency[ResponsesRequest],
+    model_name: NamedDependency[str],
+) -> Response | Stream:
+    run, conversation = await _start(request, host, req)
+    meta = {"id": new_id("resp").replace("-", "_"), "created_at": int(time.time()), "model": model_name}
     if req.stream:
         return Stream(
             _sse(_stream(request, req, run, conversation, meta)),
