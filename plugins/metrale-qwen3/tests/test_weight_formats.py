@@ -12,7 +12,7 @@ from gguf import quants as gguf_quants
 from qwen3_harness import SMOL_GGUF as GGUF
 from qwen3_harness import PagedRunner, load, needs_smol
 
-import metrale_core.layers.formats.linear as linear_mod
+import metrale_core.layers.formats.linear_kinds as linear_mod
 from metrale_core.errors import ConfigError
 from metrale_core.kernels import KERNELS_ENV
 from metrale_core.kernels.cpu import cpu_flags
