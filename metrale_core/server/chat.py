@@ -25,7 +25,8 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from attrs import define, field
@@ -155,13 +156,14 @@ async def chat_completions(
         return sse_response(_stream(run.planned.stream, choices, namer, meta, include_usage))
 
     async def collect() -> None:
-        async for index, out in run.planned.stream:
-            choice = choices[index]
-            choice.delta(out)
-            if namer is not None and out.logprobs:
-                choice.logprobs += chat_logprobs(namer, out.logprobs)
-            if out.finished and (failure := engine_failure(out)) is not None:
-                raise failure
+        async with aclosing(run.planned.stream) as stream:
+            async for index, out in stream:
+                choice = choices[index]
+                choice.delta(out)
+                if namer is not None and out.logprobs:
+                    choice.logprobs += chat_logprobs(namer, out.logprobs)
+                if out.finished and (failure := engine_failure(out)) is not None:
+                    raise failure
 
     await while_connected(request, collect())
     body = {
@@ -183,7 +185,7 @@ async def chat_completions(
 
 
 async def _stream(
-    outputs: AsyncIterator[tuple[int, Any]],
+    outputs: AsyncGenerator[tuple[int, Any], None],
     choices: dict[int, _Choice],
     namer: TokenNamer | None,
     meta: dict,
@@ -201,16 +203,17 @@ async def _stream(
 
     for index in choices:
         yield chunk(index, {"role": "assistant", "content": ""})
-    async for index, out in outputs:
-        choice = choices[index]
-        delta = choice.delta(out)
-        lp = {"content": chat_logprobs(namer, out.logprobs)} if namer and out.logprobs else None
-        if delta or lp:
-            yield chunk(index, delta, lp)
-        if out.finished:
-            if (failure := engine_failure(out)) is not None:
-                raise failure
-            yield chunk(index, {}, None, choice.finish_reason)
+    async with aclosing(outputs) as stream:
+        async for index, out in stream:
+            choice = choices[index]
+            delta = choice.delta(out)
+            lp = {"content": chat_logprobs(namer, out.logprobs)} if namer and out.logprobs else None
+            if delta or lp:
+                yield chunk(index, delta, lp)
+            if out.finished:
+                if (failure := engine_failure(out)) is not None:
+                    raise failure
+                yield chunk(index, {}, None, choice.finish_reason)
     if include_usage:
         prompt_tokens = next(iter(choices.values())).num_prompt_tokens
         yield {**head, "choices": [], "usage": usage(prompt_tokens, sum(c.num_output_tokens for c in choices.values()))}

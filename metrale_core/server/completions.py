@@ -13,7 +13,8 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from litestar import Request, Response, post
@@ -83,14 +84,15 @@ async def completions(
     finals: dict[int, Any] = {}
 
     async def collect() -> None:
-        async for index, out in planned.stream:
-            texts[index].append(out.text_delta)
-            if out.logprobs:
-                lps[index] += out.logprobs
-            if out.finished:
-                if (failure := engine_failure(out)) is not None:
-                    raise failure
-                finals[index] = out
+        async with aclosing(planned.stream) as stream:
+            async for index, out in stream:
+                texts[index].append(out.text_delta)
+                if out.logprobs:
+                    lps[index] += out.logprobs
+                if out.finished:
+                    if (failure := engine_failure(out)) is not None:
+                        raise failure
+                    finals[index] = out
 
     await while_connected(request, collect())
     choices = [
@@ -112,7 +114,7 @@ async def completions(
 
 
 async def _stream(
-    outputs: AsyncIterator[tuple[int, Any]],
+    outputs: AsyncGenerator[tuple[int, Any], None],
     namer: TokenNamer | None,
     echo: dict[int, str],
     meta: dict,
@@ -133,17 +135,18 @@ async def _stream(
     for index, text in echo.items():
         if text:
             yield chunk(index, text, None, None)
-    async for index, out in outputs:
-        lp = None
-        if namer is not None and out.logprobs:
-            lp = completion_logprobs(namer, out.logprobs, offsets[index])
-        offsets[index] += len(out.text_delta)
-        if out.finished:
-            if (failure := engine_failure(out)) is not None:
-                raise failure
-            generated += out.num_output_tokens
-            yield chunk(index, out.text_delta, lp, out.finish_reason)
-        elif out.text_delta or lp:
-            yield chunk(index, out.text_delta, lp, None)
+    async with aclosing(outputs) as stream:
+        async for index, out in stream:
+            lp = None
+            if namer is not None and out.logprobs:
+                lp = completion_logprobs(namer, out.logprobs, offsets[index])
+            offsets[index] += len(out.text_delta)
+            if out.finished:
+                if (failure := engine_failure(out)) is not None:
+                    raise failure
+                generated += out.num_output_tokens
+                yield chunk(index, out.text_delta, lp, out.finish_reason)
+            elif out.text_delta or lp:
+                yield chunk(index, out.text_delta, lp, None)
     if include_usage:
         yield {**meta, "choices": [], "usage": usage(prompt_tokens, generated)}

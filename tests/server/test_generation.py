@@ -15,7 +15,7 @@ import httpx
 import pytest
 import torch
 import transformers
-from server_testlib import checkpoint_loader, write_tokenizer
+from server_testlib import ScriptedLM, checkpoint_loader, scripted_served, write_tokenizer
 
 import metrale_qwen3  # noqa: F401 -- a hard test dependency: missing is an error, not a skip
 import metrale_structured  # noqa: F401 -- the structured-output case needs it
@@ -142,3 +142,43 @@ def test_a_refused_grammar_is_a_400_naming_the_field_validated_once(served, seen
     validated, added = seen
     assert sum(validated.values()) == 1
     assert not added
+
+
+class _BoomLM(ScriptedLM):
+    """The scripted model whose forward raises for any prompt that contains "boom"."""
+
+    def _logits(self, history):
+        if "boom" in self.tokenizer.decode(history, skip_special_tokens=False):
+            raise RuntimeError("the accelerator caught fire")
+        return super()._logits(history)
+
+
+@pytest.fixture(scope="module")
+def booming(start_server, byte_tokenizer):
+    server, host = start_server(loader=lambda: scripted_served(byte_tokenizer, model_class=_BoomLM))
+    return server.url, host
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_the_engine_fails_releases_its_admission(booming, route, stream):
+    """The route ends the planned stream when the engine's failure reaches it, so the request
+    stops counting as in flight (a leak kept shutdown waiting on it and aborting)."""
+    url, host = booming
+    body = {"model": "scripted", "max_tokens": 4, "stream": stream}
+    if route == "chat":
+        body["messages"] = [{"role": "user", "content": "boom"}]
+    else:
+        body["prompt"] = "boom"
+    resp = httpx.post(f"{url}/v1/{'chat/completions' if route == 'chat' else 'completions'}", json=body, timeout=60)
+    if stream:
+        assert resp.status_code == 200 and "the accelerator caught fire" in resp.text
+    else:
+        assert resp.status_code == 500 and "the accelerator caught fire" in resp.text
+    released = threading.Event()
+    for _ in range(500):  # the response is sent before its handler's last line runs: wait for it
+        if host.in_flight == 0:
+            released.set()
+            break
+        released.wait(0.01)
+    assert released.is_set(), f"{host.in_flight} request(s) still counted in flight"

@@ -87,13 +87,7 @@ def test_ray_workers_on_another_host_and_its_link_lost_mid_request(ray_hosts, tm
             assert time.monotonic() < deadline, f"the worker actor (pid {actor}) on the lost host is still running"
             time.sleep(0.2)
         assert actor not in hosts.b.pids()
-        try:
-            expect_lost_rank_exit(server, log)
-        except AssertionError as exc:  # every assertion above holds; only the exit status regressed
-            pytest.xfail(
-                "known regression since the validate-once change (issue 34): after the lost rank, SIGTERM "
-                f"finds one request still counted in flight and Ray's handler ends met serve with SIGABRT ({exc})"
-            )
+        expect_lost_rank_exit(server, log)
     finally:
         client.pool.shutdown(wait=False, cancel_futures=True)
         stop(server)
