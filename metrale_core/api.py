@@ -76,6 +76,7 @@ FACE: dict[str, dict[str, tuple[str, ...] | str]] = {
             "PagedKVCache",
             "PlainKVCodec",
             "RecurrentLayout",
+            "StepSplit",
             "gather_blocks",
         ),
         "metrale_core.decoder.spec": (

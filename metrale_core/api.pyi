@@ -132,6 +132,7 @@ from metrale_core.model_api import ModelInfo as ModelInfo
 from metrale_core.model_api import PagedKVCache as PagedKVCache
 from metrale_core.model_api import PlainKVCodec as PlainKVCodec
 from metrale_core.model_api import RecurrentLayout as RecurrentLayout
+from metrale_core.model_api import StepSplit as StepSplit
 from metrale_core.model_api import gather_blocks as gather_blocks
 from metrale_core.parallel.distributed import Rendezvous as Rendezvous
 from metrale_core.parallel.executors import free_port as free_port

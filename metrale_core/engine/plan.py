@@ -8,15 +8,19 @@ Invariants:
   (admission order).
 - A :class:`ScheduledChunk` feeds tokens ``[start, start + len(token_ids))`` of one sequence; the
   records are frozen (a step's plan does not change once made).
+- A :class:`SchedulerOutput` computes its ``split`` (one-row sequences vs multi-row segments,
+  ``model_api.StepSplit``) once, when it is made, from its chunks; nothing downstream (runner,
+  attention, models) classifies the rows again.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from attrs import field, frozen
+from attrs import Factory, field, frozen
 
 from metrale_core.engine.request import Sequence
+from metrale_core.model_api.split import StepSplit
 from metrale_core.sampling.position import PositionKind
 
 __all__ = ["ScheduledChunk", "SchedulerOutput"]
@@ -80,6 +84,15 @@ class SchedulerOutput:
     preempted: tuple[str, ...] = ()
     #: Sequences the scheduler finished since the last plan (abort, timeout, error), to report.
     finished: tuple[Sequence, ...] = field(default=(), eq=False)
+    #: The step's one-row sequences and multi-row segments, in chunk order (attention's split:
+    #: a one-token prefill chunk is a one-row sequence, a verify chunk a multi-row one); made
+    #: here once, carried to the model as ``ForwardBatch.split``.
+    split: StepSplit = field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=Factory(lambda self: StepSplit.of_lengths(c.num_tokens for c in self.chunks), takes_self=True),
+    )
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:

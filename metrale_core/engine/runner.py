@@ -6,6 +6,8 @@ scheduling decisions; it owns the paged KV cache and the recurrent-state pool.
 
 Invariants:
 - Rows are laid out exactly in the plan's chunk order (decode rows first, then prefill chunks).
+- The batch carries the plan's ``split`` as it is (``ForwardBatch.split``); the runner never
+  classifies rows itself.
 - Logits are requested only for rows that will be sampled: the last row of a chunk that reaches
   the end of its sequence (the prompt's last token, or a decode row), and every row of a
   speculative verify chunk ``[last, d1..dk]``.  Replayed positions of a
@@ -129,6 +131,7 @@ class ModelRunner:
             verify_host=tuple(c.is_verify for c in plan.chunks),
             group_block_tables=tuple(t(g).reshape(len(g), width) for g in group_tables),
             group_slot_mappings=tuple(t(g) for g in group_slots),
+            split=plan.split,
         )
 
     def _group_tables(self, plan: SchedulerOutput, width: int) -> tuple[list, list]:

@@ -1,7 +1,8 @@
 """Paged attention in torch: the CPU path and the oracle of the decode kernel.
 
 Owner: ``metrale_core.layers``.  :class:`AttentionPlan` is built once per forward from the batch's
-host-side lengths and shared by every layer.
+carried split (``ForwardBatch.split``, made once by the scheduler's plan) and host-side context
+lengths, and shared by every layer.
 
 Invariants:
 - K/V of every row are written at ``slot_mapping`` before any row attends, through the cache's
@@ -11,7 +12,8 @@ Invariants:
   read through that sequence's block table (padding entries beyond the context are never used).
 - Decode rows (sequences feeding exactly one row) are attended in one batched call with no
   per-sequence Python loop; multi-row sequences (prefill chunks, verify rows) are attended one
-  sequence at a time.
+  sequence at a time.  Which rows are which comes from ``batch.split``; the plan never
+  classifies ``query_lens_host`` itself.
 - On CPU the decode rows of a plain cache read it through a :class:`DecodeGather` built once per
   forward (flat cache slots ``[B, L]`` and the context mask), so each layer costs two
   ``index_select`` and one ``scaled_dot_product_attention``; on CUDA the decode kernel reads the
@@ -269,9 +271,9 @@ class AttentionPlan:
     @classmethod
     def from_batch(cls, batch: ForwardBatch, scale: float, gather: bool = True) -> AttentionPlan:
         """``gather``: build the CPU ``decode_gather`` (only the torch decode path reads it)."""
-        qlens, clens = batch.query_lens_host, batch.context_lens_host
+        split, clens = batch.split, batch.context_lens_host
         cpu = gather and batch.input_ids.device.type == "cpu"
-        if batch.is_pure_decode:
+        if split.is_pure_decode:
             max_context = max(clens, default=0)
             decode_gather = (
                 DecodeGather.build(batch.block_tables, batch.context_lens, max_context, batch.block_size)
@@ -289,33 +291,25 @@ class AttentionPlan:
                 batch.block_tables,
                 decode_gather,
             )
-        decode_seqs, decode_rows, multi = [], [], []
-        start = 0
-        for i, (n, c) in enumerate(zip(qlens, clens)):
-            if n == 1:
-                decode_seqs.append(i)
-                decode_rows.append(start)
-            elif n > 1:
-                multi.append((start, start + n, i, c))
-            start += n
+        multi = tuple((start, end, i, clens[i]) for start, end, i in split.multi_row)
         device = batch.input_ids.device
-        if decode_seqs:
-            seqs = torch.tensor(decode_seqs, dtype=torch.int64, device=device)
+        if split.one_row_seqs:
+            seqs = torch.tensor(split.one_row_seqs, dtype=torch.int64, device=device)
             tables, context = batch.block_tables[seqs], batch.context_lens[seqs]
-            max_context = max(clens[i] for i in decode_seqs)
+            max_context = max(clens[i] for i in split.one_row_seqs)
             decode_gather = DecodeGather.build(tables, context, max_context, batch.block_size) if cpu else None
             return cls(
                 scale,
                 False,
-                torch.tensor(decode_rows, dtype=torch.int64, device=device),
+                torch.tensor(split.one_row_rows, dtype=torch.int64, device=device),
                 tables,
                 context,
                 max_context,
-                tuple(multi),
+                multi,
                 batch.block_tables,
                 decode_gather,
             )
-        return cls(scale, False, None, None, None, 0, tuple(multi), batch.block_tables)
+        return cls(scale, False, None, None, None, 0, multi, batch.block_tables)
 
 
 def _decode(q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan, decode_op) -> torch.Tensor:

@@ -20,6 +20,8 @@ Invariants:
   model must reset the recurrent state in ``state_slots[i]`` before consuming.  The one
   exception is speculative verify, below: rejected rows are rolled back by ``commit_verify``
   before their positions are fed again.
+- ``split`` (a :class:`StepSplit`) is the step's one-row / multi-row split as the scheduler
+  planned it; a model reads it and never classifies ``query_lens_host`` again.
 
 Optional extensions (the engine checks with ``hasattr``):
 - Speculative verify (``verify_host[i]`` True): sequence ``i``'s rows are ``[last, d1..dk]``;
@@ -84,7 +86,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import torch
-from attrs import evolve, frozen
+from attrs import Factory, evolve, field, frozen
 
 from metrale_core.model_api.kv import (
     KVCodec,
@@ -97,6 +99,7 @@ from metrale_core.model_api.kv import (
     gather_blocks,
     zeroed_pages,
 )
+from metrale_core.model_api.split import StepSplit
 
 __all__ = [
     "CausalLM",
@@ -110,6 +113,7 @@ __all__ = [
     "PagedKVCache",
     "PlainKVCodec",
     "RecurrentLayout",
+    "StepSplit",
     "VerifyCommitLM",
     "gather_blocks",
     "zeroed_pages",
@@ -179,6 +183,15 @@ class ForwardBatch:
     #: attended) and ``[T]`` slots; group 0's are ``block_tables`` / ``slot_mapping``.
     group_block_tables: tuple[torch.Tensor, ...] = ()
     group_slot_mappings: tuple[torch.Tensor, ...] = ()
+    #: Which sequences feed one row and which several (see :class:`StepSplit`): the engine
+    #: carries the scheduler's record here; a batch built without one (a plugin's test) derives
+    #: it from ``query_lens_host`` when it is made, and only then.
+    split: StepSplit = field(default=Factory(lambda self: StepSplit.of_lengths(self.query_lens_host), takes_self=True))
+
+    @split.validator
+    def _split_matches(self, _attribute, split: StepSplit) -> None:
+        if split.num_seqs != len(self.query_lens_host):
+            raise ValueError(f"the split covers {split.num_seqs} sequences, the batch {len(self.query_lens_host)}")
 
     def for_group(self, group: int) -> ForwardBatch:
         """This batch as KV group ``group``'s layers see it (its block tables and slots)."""
@@ -202,8 +215,8 @@ class ForwardBatch:
 
     @property
     def is_pure_decode(self) -> bool:
-        """Every sequence feeds exactly one row (the batched decode fast path)."""
-        return all(n == 1 for n in self.query_lens_host)
+        """Every sequence feeds exactly one row (the batched decode fast path; ``split``'s)."""
+        return self.split.is_pure_decode
 
 
 @runtime_checkable
