@@ -10,7 +10,8 @@ Invariants:
   records are frozen (a step's plan does not change once made).
 - A :class:`SchedulerOutput` computes its ``split`` (one-row sequences vs multi-row segments,
   ``model_api.StepSplit``) once, when it is made, from its chunks; nothing downstream (runner,
-  attention, models) classifies the rows again.
+  attention, models) classifies the rows again.  The scheduler's own decode/prefill split is
+  the chunks' ``is_decode`` flag, read through ``decode_chunks`` / ``num_prefill_tokens``.
 """
 
 from __future__ import annotations
@@ -101,3 +102,14 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.chunks
+
+    @property
+    def decode_chunks(self) -> tuple[ScheduledChunk, ...]:
+        """The scheduler's decode chunks (a running sequence's next row, or its verify chunk),
+        as it classified them: the scheduling split, not attention's (see ``split``)."""
+        return tuple(c for c in self.chunks if c.is_decode)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Rows of the scheduler's prefill chunks (prompt tokens consumed this step)."""
+        return sum(c.num_tokens for c in self.chunks if not c.is_decode)

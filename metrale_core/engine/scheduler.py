@@ -192,6 +192,7 @@ class Scheduler:
         if not preempted:
             budget = self._admit(budget, decodes, prefills)
         finished, self._unreported = tuple(self._unreported), []
+        # the plan derives the step's row split (``plan.split``) here, once; the runner carries it
         plan = SchedulerOutput(tuple(decodes + prefills), tuple(preempted), finished)
         self._in_flight = plan if plan.chunks else None
         self.last_plan = plan

@@ -178,7 +178,7 @@ class SnapshotPublisher:
         """Account one step (``plan`` None for outputs produced outside a step) and publish."""
         if plan is not None:
             self._step += 1
-            self._prompt_tokens += sum(c.num_tokens for c in plan.chunks if not c.is_decode)
+            self._prompt_tokens += plan.num_prefill_tokens
         now = self.clock()
         for out in outputs:
             self._generation_tokens += len(out.new_token_ids)

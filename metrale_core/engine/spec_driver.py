@@ -119,7 +119,7 @@ class SpecDriver:
         if plan.is_empty:
             return
         emitted = {o.request_id: len(o.new_token_ids) for o in outputs}
-        decode = [c for c in plan.chunks if c.is_decode]
+        decode = plan.decode_chunks
         committed = {}
         for chunk in plan.chunks:
             rid = chunk.seq.request_id
@@ -131,7 +131,7 @@ class SpecDriver:
                 num_decode_seqs=len(decode),
                 outcomes=outcomes,
                 num_emitted=sum(emitted.get(c.seq.request_id, 0) for c in decode),
-                num_prefill_tokens=sum(c.num_tokens for c in plan.chunks if not c.is_decode),
+                num_prefill_tokens=plan.num_prefill_tokens,
                 duration_s=duration_s,
                 plan=plan,
                 hidden=hidden,

@@ -45,7 +45,7 @@ def run_recording(
         result = execute(plan, **kwargs)
         if result.logits is not None:
             run.logits.append(result.logits.clone())
-        run.batched_decode_steps += sum(1 for c in plan.chunks if c.is_decode) > 1
+        run.batched_decode_steps += len(plan.decode_chunks) > 1
         run.partial_prefill_steps += any(not c.is_decode and not c.sample for c in plan.chunks)
         return result
 

@@ -67,4 +67,5 @@ def test_a_one_token_prefill_chunk_is_a_one_row_sequence(monkeypatch, make_engin
     plan = engine.scheduler.schedule()
     (chunk,) = plan.chunks
     assert (chunk.num_tokens, chunk.is_decode, chunk.sample) == (1, False, True)
-    assert plan.split == StepSplit(1, (0,), (0,), ())  # attention's decode row, the scheduler's prefill
+    assert plan.split == StepSplit(1, (0,), (0,), ())  # attention's decode row ...
+    assert (plan.decode_chunks, plan.num_prefill_tokens) == ((), 1)  # ... and the scheduler's prefill

@@ -204,10 +204,14 @@ def mla_attention(
     layer: int,
     slot_mapping: torch.Tensor,
     block_tables: torch.Tensor,
-    seqs: list[SeqRows],
+    one_row: list[SeqRows],
+    multi: list[SeqRows],
     selection: dict,
 ) -> torch.Tensor:
     """One DSA layer (KV layer ``layer``) over the flat rows ``x`` ``[T, D]``; returns ``[T, D]``.
+
+    ``one_row`` / ``multi``: the sequences feeding one row (attended in one batched call) and
+    those feeding several, as ``ForwardBatch.split`` carries them.
 
     ``selection`` maps sequence index (or :data:`DECODE` for the batched decode rows) -> token
     mask; a full-indexer layer fills it, a shared one reads it.
@@ -227,13 +231,10 @@ def mla_attention(
         index_rows = latent.new_zeros(rows, dims.indexer_cache_dim)
     kv.write(layer, slot_mapping, latent.unsqueeze(1), index_rows.unsqueeze(1))
     out_lat = torch.empty_like(q_lat)
-    dec = [s for s in seqs if s.hi - s.lo == 1]
-    if dec:
-        _decode_attention(dims, w, kv, layer, q_lat, q_resid, x, block_tables, dec, selection, out_lat)
-    for seq in seqs:
+    if one_row:
+        _decode_attention(dims, w, kv, layer, q_lat, q_resid, x, block_tables, one_row, selection, out_lat)
+    for seq in multi:
         n = seq.hi - seq.lo
-        if n == 1:
-            continue
         blocks = -(-seq.ctx // kv.block_size)
         c, icache = _gather(kv, layer, block_tables[seq.index, :blocks], q_lat.dtype, ix is not None)
         c = c[: seq.ctx]  # [ctx, R]

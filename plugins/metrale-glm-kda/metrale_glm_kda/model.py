@@ -7,8 +7,9 @@ Invariants:
   (``make_state_pool``), keeps prefix caching off and replays preempted sequences from 0.
 - Before anything is consumed, the slot of every sequence with ``state_fresh`` is zeroed; every
   other sequence continues the state of its slot, so consecutive prefill chunks carry the state.
-- Each row is consumed exactly once per forward; decode rows (sequences feeding one row) go
-  through the batched decode ops, multi-row sequences through the chunked (>= ``CHUNK_MIN_ROWS``
+- Each row is consumed exactly once per forward; decode rows (sequences feeding one row, as
+  ``batch.split`` carries them from the scheduler: never re-derived here) go through the
+  batched decode ops, multi-row sequences through the chunked (>= ``CHUNK_MIN_ROWS``
   rows) or recurrent form.
 - Speculative verify chunks (``batch.verify_host``) run the recurrent form with a checkpoint
   (``verify.consume_verify_chunk``); ``commit_verify`` restores and replays the kept rows, so a
@@ -130,10 +131,9 @@ class GlmKdaLM:
             raise ValueError(f"glm5_next needs a paged KV cache with {len(d.mla_layers)} layers")
         state.verify = None  # a log not committed by now belongs to sequences that finished
         state.reset(batch.state_slots[batch.state_fresh])
-        seqs, start = [], 0
-        for i, (n, ctx) in enumerate(zip(batch.query_lens_host, batch.context_lens_host)):
-            seqs.append(SeqRows(i, start, start + n, ctx))
-            start += n
+        split, ctx = batch.split, batch.context_lens_host  # the scheduler's split, carried
+        one_row = [SeqRows(i, r, r + 1, ctx[i]) for i, r in zip(split.one_row_seqs, split.one_row_rows, strict=True)]
+        multi = [SeqRows(i, lo, hi, ctx[i]) for lo, hi, i in split.multi_row]
         x = F.embedding(batch.input_ids, self.weights.embed)
         streams = x.unsqueeze(1).expand(-1, d.hc_mult, -1).contiguous()
         selection: dict = {}
@@ -145,9 +145,11 @@ class GlmKdaLM:
             slot = self._slot_of[i]
             if isinstance(layer.attn, MlaWeights):
                 assert kv is not None, "GLM's MLA layers read and write the paged cache"
-                y = mla_attention(d, layer.attn, h, kv, slot, batch.slot_mapping, batch.block_tables, seqs, selection)
+                y = mla_attention(
+                    d, layer.attn, h, kv, slot, batch.slot_mapping, batch.block_tables, one_row, multi, selection
+                )
             else:
-                y = self._kda(h, layer.attn, state, slot, batch, seqs)
+                y = self._kda(h, layer.attn, state, slot, batch, one_row, multi)
             streams = hc_expand(y, post, comb, streams)
             post, comb, h = hc_collapse(
                 streams, layer.ffn_hc, d.rms_norm_eps, d.hc_eps, d.hc_sinkhorn_iters, self.ops.sinkhorn
@@ -162,7 +164,14 @@ class GlmKdaLM:
         return self.weights.lm_head(x).float()
 
     def _kda(
-        self, x: torch.Tensor, w: KdaWeights, pool: KdaStatePool, j: int, batch: ForwardBatch, seqs: list[SeqRows]
+        self,
+        x: torch.Tensor,
+        w: KdaWeights,
+        pool: KdaStatePool,
+        j: int,
+        batch: ForwardBatch,
+        one_row: list[SeqRows],
+        multi: list[SeqRows],
     ) -> torch.Tensor:
         d = self.dims
         rows, heads, hd, p = x.shape[0], d.linear_num_heads, d.linear_head_dim, d.linear_dim
@@ -171,18 +180,16 @@ class GlmKdaLM:
         beta = torch.sigmoid(w.b_proj(x)).float()
         core = torch.empty(rows, heads, hd, dtype=torch.float32, device=x.device)
         rec, conv = pool.recurrent[j], pool.conv[j]
-        verify = batch.verify_host or (False,) * len(seqs)
-        decode = [s for s in seqs if s.hi - s.lo == 1 and not verify[s.index]]
+        verify = batch.verify_host or (False,) * batch.num_seqs
+        decode = [s for s in one_row if not verify[s.index]]
         if decode:
             rows_d = torch.tensor([s.lo for s in decode], dtype=torch.int64, device=x.device)
-            slots = batch.state_slots[[s.index for s in decode]] if len(decode) < len(seqs) else batch.state_slots
+            slots = batch.state_slots[[s.index for s in decode]] if len(decode) < batch.num_seqs else batch.state_slots
             mixed = self.ops.conv_update(qkv[rows_d], conv, w.conv, slots)
             q, k, v = mixed.view(-1, 3, heads, hd).unbind(1)
             core[rows_d] = self.ops.kda_decode(q, k, v, g[rows_d], beta[rows_d], rec, slots)
-        for s in seqs:
+        for s in multi + [s for s in one_row if verify[s.index]]:
             n = s.hi - s.lo
-            if n == 1 and not verify[s.index]:
-                continue
             slot = int(batch.state_slots[s.index])
             if verify[s.index]:
                 core[s.lo : s.hi] = consume_verify_chunk(
