@@ -141,3 +141,18 @@ def test_threads_flag_sets_torch_threads_for_every_thread():
     assert torch.get_num_threads() == before  # no flag, no change
     with pytest.raises(SystemExit):
         parser.parse_args(["--threads", "0"])
+
+
+def test_size_flag_parses_sizes_and_names_its_default(capsys):
+    import argparse
+
+    from metrale_core.cli.flags import add_size_flag
+
+    parser = argparse.ArgumentParser()
+    add_size_flag(parser, "--pool", "512M", "bytes for the pool")
+    assert parser.parse_args([]).pool == 512 << 20
+    assert parser.parse_args(["--pool", "2G"]).pool == 2 << 30
+    assert "--pool SIZE bytes for the pool (default: 512M)" in " ".join(parser.format_help().split())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--pool", "lots"])
+    assert "not a size: 'lots'" in capsys.readouterr().err

@@ -17,6 +17,7 @@ import re
 
 __all__ = [
     "add_engine_flags",
+    "add_size_flag",
     "engine_config_from_args",
     "load_engine_model",
     "load_options_from_args",
@@ -61,6 +62,14 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
+
+
+def add_size_flag(group: argparse._ActionsContainer, flag: str, default: str, help: str) -> None:
+    """Add ``flag SIZE`` (bytes, with a K/M/G/T suffix: :func:`parse_size`) defaulting to
+    ``default``, which its help names."""
+    group.add_argument(
+        flag, type=parse_size, default=parse_size(default), metavar="SIZE", help=f"{help} (default: {default})"
+    )
 
 
 def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse._ArgumentGroup:
@@ -124,13 +133,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
     )
 
     group = parser.add_argument_group("engine")
-    group.add_argument(
-        "--kv-cache-memory",
-        type=parse_size,
-        default=parse_size("512M"),
-        metavar="SIZE",
-        help="bytes for the paged KV cache pool (default: 512M)",
-    )
+    add_size_flag(group, "--kv-cache-memory", "512M", "bytes for the paged KV cache pool")
     group.add_argument(
         "--kv-cache-dtype",
         default=None,
@@ -146,13 +149,11 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
         help="prompt tokens prefilled per step; longer prompts are chunked (default: 2048)",
     )
     group.add_argument("--max-num-seqs", type=positive_int, default=64, help="sequences running at once (default: 64)")
-    group.add_argument(
+    add_size_flag(
+        group,
         "--recurrent-state-memory",
-        type=parse_size,
-        default=parse_size("4G"),
-        metavar="SIZE",
-        help="bytes for the recurrent-state slots of linear-attention "
-        "models; caps the sequences running at once (default: 4G)",
+        "4G",
+        "bytes for the recurrent-state slots of linear-attention models; caps the sequences running at once",
     )
     group.add_argument(
         "--max-model-len",

@@ -29,9 +29,9 @@ from pathlib import Path
 
 from metrale_core.cli.flags import (
     add_engine_flags,
+    add_size_flag,
     engine_config_from_args,
     load_engine_model,
-    parse_size,
     positive_int,
 )
 from metrale_core.errors import ConfigError
@@ -71,13 +71,7 @@ def add_parser(sub, registry) -> argparse.ArgumentParser:
         metavar="KEY",
         help="require 'Authorization: Bearer KEY' on the API routes (default: $METRALE_API_KEY; unset: no auth)",
     )
-    http.add_argument(
-        "--max-body-bytes",
-        type=parse_size,
-        default=parse_size("32M"),
-        metavar="SIZE",
-        help="largest request body (default: 32M)",
-    )
+    add_size_flag(http, "--max-body-bytes", "32M", "largest request body")
     http.add_argument(
         "--max-waiting",
         type=int,

@@ -43,6 +43,15 @@ def _tuple(value: Any) -> tuple:
 
 
 @frozen
+class _Component:
+    """What every record below starts with: its ``name`` (unique in its family) and the
+    ``factory`` that builds the component (what it is called with is the family's)."""
+
+    name: str
+    factory: Callable[..., Any]
+
+
+@frozen
 class LoadOptions:
     """How the engine wants a model built."""
 
@@ -59,15 +68,13 @@ class LoadOptions:
 
 
 @frozen
-class ModelLoaderSpec:
+class ModelLoaderSpec(_Component):
     """A loader for checkpoints whose config declares one of ``model_types`` / ``architectures``.
 
     ``factory(store, options)`` receives a ``metrale_core.weights.WeightStore`` and
     :class:`LoadOptions` and returns a :class:`metrale_core.model_api.CausalLM`.
     """
 
-    name: str
-    factory: Callable[..., Any]
     #: HF ``config.json`` ``model_type`` values (GGUF ``general.architecture`` maps onto these).
     model_types: tuple[str, ...] = field(default=(), converter=_tuple)
     #: HF ``architectures`` entries, e.g. ``"Qwen3ForCausalLM"``.
@@ -86,7 +93,7 @@ class ModelLoaderSpec:
 
 
 @frozen
-class KVScaleSourceSpec:
+class KVScaleSourceSpec(_Component):
     """A KV storage dtype served by a plugin (``--kv-cache-dtype fp8``) and where its scales come from.
 
     ``factory(request)`` receives a ``metrale_core.engine.kv_dtype.KVCodecRequest`` for every
@@ -94,8 +101,6 @@ class KVScaleSourceSpec:
     is the dtype it serves, else None (after refusing its own options that need that dtype).
     """
 
-    name: str
-    factory: Callable[..., Any]
     #: The ``--kv-cache-dtype`` names this source serves (``("fp8",)``): how the core learns
     #: which KV dtypes exist beyond its own, for ``met plugins`` and error messages.
     kv_dtypes: tuple[str, ...] = field(default=(), converter=_tuple)
@@ -103,7 +108,7 @@ class KVScaleSourceSpec:
 
 
 @frozen
-class LogitProcessorSpec:
+class LogitProcessorSpec(_Component):
     """A stage of the logit pipeline.
 
     ``factory(engine_config)`` returns an object with ``__call__(logits, ctx)``, or None to stay
@@ -114,8 +119,6 @@ class LogitProcessorSpec:
     debug mode and tests compare bit-for-bit.
     """
 
-    name: str
-    factory: Callable[..., Any]
     order: int = 100
     kinds: frozenset[PositionKind] = field(default=frozenset(PositionKind), converter=_frozenset)
     read_only: bool = False
@@ -125,45 +128,37 @@ class LogitProcessorSpec:
 
 
 @frozen
-class SamplerSpec:
+class SamplerSpec(_Component):
     """The sampling step: ``factory()`` returns a ``metrale_core.sampling.Sampler``."""
 
-    name: str
-    factory: Callable[..., Any]
     description: str = ""
 
 
 @frozen
-class SchedulerSpec:
+class SchedulerSpec(_Component):
     """A scheduling policy: ``factory(config)`` returns a policy object (see ``engine.scheduler``)."""
 
-    name: str
-    factory: Callable[..., Any]
     description: str = ""
 
 
 @frozen
-class ProposerSpec:
+class ProposerSpec(_Component):
     """A speculative-decoding draft source (n-gram, draft model, MTP head)."""
 
-    name: str
-    factory: Callable[..., Any]
     description: str = ""
 
 
 @frozen
-class ToolCallParserSpec:
+class ToolCallParserSpec(_Component):
     """A streaming parser for one tool-call wire format (hermes, qwen3_coder, glm47, ...)."""
 
-    name: str
-    factory: Callable[..., Any]
     #: Model types that use this format by default.
     model_types: tuple[str, ...] = field(default=(), converter=_tuple)
     description: str = ""
 
 
 @frozen
-class ExecutorSpec:
+class ExecutorSpec(_Component):
     """Where the ranks of a tensor-parallel job run (``--distributed-executor-backend NAME``).
 
     ``factory()`` returns a fresh executor with ``launch(world) -> Rendezvous`` (start ranks
@@ -172,6 +167,4 @@ class ExecutorSpec:
     is gone) and ``shutdown(timeout)`` (reap every worker); see ``metrale_core.parallel.executors``.
     """
 
-    name: str
-    factory: Callable[..., Any]
     description: str = ""

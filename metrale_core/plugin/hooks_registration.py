@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from metrale_core.plugin import hookspec
+from metrale_core.plugin import plain_hookspec
 
 if TYPE_CHECKING:
     from metrale_core.plugin.components import (
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-@hookspec
+@plain_hookspec("Register through ``register``.")
 def metrale_model_loaders(register: Callable[[ModelLoaderSpec], None]) -> None:
     """Register model loaders (``ModelLoaderSpec``): what builds a model from a checkpoint.
 
@@ -58,12 +58,6 @@ def metrale_model_loaders(register: Callable[[ModelLoaderSpec], None]) -> None:
             ``WeightStore`` and ``LoadOptions`` and expects a ``CausalLM``. A name another
             distribution already registered raises ``DuplicateComponent``.
 
-    Returns:
-        Nothing; the return value is ignored. Register through ``register``.
-
-    Flags:
-        plain hook (not firstresult, not historic): every plugin's implementation runs.
-
     Example:
         @hookimpl
         def metrale_model_loaders(register):
@@ -72,7 +66,10 @@ def metrale_model_loaders(register: Callable[[ModelLoaderSpec], None]) -> None:
     """
 
 
-@hookspec
+@plain_hookspec(
+    "A request for a plugin dtype no source answers is a ``ConfigError`` naming the plugin that "
+    "declares it (``kv_dtypes``)."
+)
 def metrale_kv_scale_sources(register: Callable[[KVScaleSourceSpec], None]) -> None:
     """Register FP8 KV-cache scale sources (``KVScaleSourceSpec``): where K/V scales come from.
 
@@ -92,13 +89,6 @@ def metrale_kv_scale_sources(register: Callable[[KVScaleSourceSpec], None]) -> N
             it may raise ``ConfigError`` for its own flags used with another dtype. A name already
             registered by another distribution raises ``DuplicateComponent``.
 
-    Returns:
-        Nothing; the return value is ignored. A request for a plugin dtype no source answers is a
-        ``ConfigError`` naming the plugin that declares it (``kv_dtypes``).
-
-    Flags:
-        plain hook (not firstresult, not historic): every plugin's implementation runs.
-
     Example:
         @hookimpl
         def metrale_kv_scale_sources(register):
@@ -107,7 +97,7 @@ def metrale_kv_scale_sources(register: Callable[[KVScaleSourceSpec], None]) -> N
     """
 
 
-@hookspec
+@plain_hookspec()
 def metrale_logit_processors(register: Callable[[LogitProcessorSpec], None]) -> None:
     """Register logit processors (``LogitProcessorSpec``): masks, penalties and observers.
 
@@ -122,12 +112,6 @@ def metrale_logit_processors(register: Callable[[LogitProcessorSpec], None]) -> 
             says which ``PositionKind`` rows it sees (observers of committed tokens use
             ``{FINAL_DECODE}``, never ``VERIFY``).
 
-    Returns:
-        Nothing; the return value is ignored.
-
-    Flags:
-        plain hook (not firstresult, not historic): every plugin's implementation runs.
-
     Example:
         @hookimpl
         def metrale_logit_processors(register):
@@ -136,7 +120,7 @@ def metrale_logit_processors(register: Callable[[LogitProcessorSpec], None]) -> 
     """
 
 
-@hookspec
+@plain_hookspec()
 def metrale_samplers(register: Callable[[SamplerSpec], None]) -> None:
     """Register sampling steps (``SamplerSpec``): turn processed logits into token ids.
 
@@ -149,12 +133,6 @@ def metrale_samplers(register: Callable[[SamplerSpec], None]) -> None:
         register: ``register(spec: SamplerSpec) -> None``; call it once per sampler. A name
             already registered by another distribution raises ``DuplicateComponent``.
 
-    Returns:
-        Nothing; the return value is ignored.
-
-    Flags:
-        plain hook (not firstresult, not historic): every plugin's implementation runs.
-
     Example:
         @hookimpl
         def metrale_samplers(register):
@@ -162,7 +140,7 @@ def metrale_samplers(register: Callable[[SamplerSpec], None]) -> None:
     """
 
 
-@hookspec
+@plain_hookspec()
 def metrale_schedulers(register: Callable[[SchedulerSpec], None]) -> None:
     """Register scheduling policies (``SchedulerSpec``): which sequences run each step.
 
@@ -175,12 +153,6 @@ def metrale_schedulers(register: Callable[[SchedulerSpec], None]) -> None:
         register: ``register(spec: SchedulerSpec) -> None``; call it once per policy. A name
             already registered by another distribution raises ``DuplicateComponent``.
 
-    Returns:
-        Nothing; the return value is ignored.
-
-    Flags:
-        plain hook (not firstresult, not historic): every plugin's implementation runs.
-
     Example:
         @hookimpl
         def metrale_schedulers(register):
@@ -188,7 +160,7 @@ def metrale_schedulers(register: Callable[[SchedulerSpec], None]) -> None:
     """
 
 
-@hookspec
+@plain_hookspec()
 def metrale_speculative_proposers(register: Callable[[ProposerSpec], None]) -> None:
     """Register speculative-decoding draft sources (``ProposerSpec``): n-gram, draft model, MTP.
 
@@ -200,12 +172,6 @@ def metrale_speculative_proposers(register: Callable[[ProposerSpec], None]) -> N
         register: ``register(spec: ProposerSpec) -> None``; call it once per proposer. A name
             already registered by another distribution raises ``DuplicateComponent``.
 
-    Returns:
-        Nothing; the return value is ignored.
-
-    Flags:
-        plain hook (not firstresult, not historic): every plugin's implementation runs.
-
     Example:
         @hookimpl
         def metrale_speculative_proposers(register):
@@ -213,7 +179,7 @@ def metrale_speculative_proposers(register: Callable[[ProposerSpec], None]) -> N
     """
 
 
-@hookspec
+@plain_hookspec()
 def metrale_tool_call_parsers(register: Callable[[ToolCallParserSpec], None]) -> None:
     """Register streaming tool-call parsers (``ToolCallParserSpec``), one per wire format.
 
@@ -228,12 +194,6 @@ def metrale_tool_call_parsers(register: Callable[[ToolCallParserSpec], None]) ->
             (hermes, qwen3_coder, glm47, ...). A name already registered by another distribution
             raises ``DuplicateComponent``.
 
-    Returns:
-        Nothing; the return value is ignored.
-
-    Flags:
-        plain hook (not firstresult, not historic): every plugin's implementation runs.
-
     Example:
         @hookimpl
         def metrale_tool_call_parsers(register):
@@ -242,7 +202,7 @@ def metrale_tool_call_parsers(register: Callable[[ToolCallParserSpec], None]) ->
     """
 
 
-@hookspec
+@plain_hookspec("Register through ``register``.")
 def metrale_executors(register: Callable[[ExecutorSpec], None]) -> None:
     """Register executors (``ExecutorSpec``): where the ranks of a tensor-parallel job run.
 
@@ -261,12 +221,6 @@ def metrale_executors(register: Callable[[ExecutorSpec], None]) -> None:
             every 0.2 s: the server fails in-flight requests and exits non-zero) and
             ``shutdown(timeout)`` (wait for the workers, then kill what is left: no orphans).
             A name another distribution already registered raises ``DuplicateComponent``.
-
-    Returns:
-        Nothing; the return value is ignored. Register through ``register``.
-
-    Flags:
-        plain hook (not firstresult, not historic): every plugin's implementation runs.
 
     Example:
         @hookimpl

@@ -13,7 +13,8 @@ Invariants:
   imported under ``TYPE_CHECKING`` only (annotations are strings at run time), so static checkers
   see them and discovery stays torch-free.
 - Every spec's docstring has the sections ``Called:``, ``Args:`` (one entry per argument),
-  ``Returns:``, ``Flags:`` and ``Example:`` (enforced by ``tests/plugin/test_hookspecs.py``).
+  ``Returns:``, ``Flags:`` and ``Example:`` (enforced by ``tests/plugin/test_hookspecs.py``); a plain
+  spec whose return value is ignored is marked ``plain_hookspec``, which writes those two sections.
 - Specs evolve additively: arguments are added, never renamed or removed (pluggy lets an
   implementation accept fewer arguments than its spec).
 """
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from metrale_core.plugin import hookspec
+from metrale_core.plugin import hookspec, plain_hookspec
 from metrale_core.plugin.hooks_registration import (
     metrale_executors,
     metrale_kv_scale_sources,
@@ -73,7 +74,7 @@ class EngineHandle(Protocol):
 # --- command line ------------------------------------------------------------------------------
 
 
-@hookspec
+@plain_hookspec("Parsed values land on the ``argparse.Namespace`` under each flag's ``dest``.")
 def metrale_engine_flags(parser: argparse._ArgumentGroup) -> None:
     """Add command-line flags for a plugin's engine options to the shared engine flag group.
 
@@ -87,13 +88,6 @@ def metrale_engine_flags(parser: argparse._ArgumentGroup) -> None:
         parser: the ``argparse`` argument group "engine options" (an ``_ArgumentGroup``; it has
             ``add_argument`` like a parser). Prefix flags with the feature they belong to
             (``--fp8-kv-calibration-tokens``) and always give a default, so the flag is optional.
-
-    Returns:
-        Nothing; the return value is ignored. Parsed values land on the ``argparse.Namespace``
-        under each flag's ``dest``.
-
-    Flags:
-        plain hook (not firstresult, not historic): every plugin's implementation runs.
 
     Example:
         @hookimpl
@@ -147,7 +141,7 @@ def metrale_metrics(engine: EngineHandle) -> Iterable[Metric] | Mapping[str, flo
 # --- lifecycle ---------------------------------------------------------------------------------
 
 
-@hookspec
+@plain_hookspec()
 def metrale_engine_started(engine: EngineHandle) -> None:
     """Attach per-engine state to a newly built engine: snapshot extras for the dashboard, caches.
 
@@ -172,12 +166,6 @@ def metrale_engine_started(engine: EngineHandle) -> None:
             a label: ``name: value``); the core knows no extra by name. Keep per-engine state on
             objects reachable from ``engine`` (e.g. your logit processor's instance through
             ``engine.output_processor.pipeline.processor(name)``), not in module globals.
-
-    Returns:
-        Nothing; the return value is ignored.
-
-    Flags:
-        plain hook (not firstresult, not historic): every plugin's implementation runs.
 
     Example:
         @hookimpl

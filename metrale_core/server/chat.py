@@ -30,14 +30,13 @@ from contextlib import aclosing
 from typing import Any
 
 from attrs import define, field
-from litestar import Request, Response, post
+from litestar import Request, Response
 from litestar.di import NamedDependency
 
 from metrale_core.server.common import new_id, usage, while_connected
-from metrale_core.server.deps import with_body
+from metrale_core.server.deps import body_post
 from metrale_core.server.errors import APIError
 from metrale_core.server.logprobs import TokenNamer, chat_logprobs
-from metrale_core.server.openapi import body_operation
 from metrale_core.server.schemas import ChatCompletionRequest
 from metrale_core.server.streaming import sse_response
 from metrale_core.server.translate import start_chat
@@ -127,14 +126,14 @@ class _Choice:
         return msg
 
 
-@post(
+@body_post(
     "/v1/chat/completions",
+    ChatCompletionRequest,
+    tag="openai",
+    ok="ChatCompletion",
+    stream=True,
     operation_id="createChatCompletion",
-    tags=["openai"],
     summary="Create a chat completion (OpenAI-compatible)",
-    status_code=200,
-    operation_class=body_operation(ChatCompletionRequest, stream=True, ok="ChatCompletion"),
-    dependencies=with_body(ChatCompletionRequest),
 )
 async def chat_completions(
     request: Request,

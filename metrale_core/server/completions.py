@@ -17,18 +17,17 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from litestar import Request, Response, post
+from litestar import Request, Response
 from litestar.di import NamedDependency
 
 from metrale_core.server.chat import engine_failure
 from metrale_core.server.common import new_id, usage, while_connected
-from metrale_core.server.deps import with_body
+from metrale_core.server.deps import body_post
 from metrale_core.server.errors import APIError
 from metrale_core.server.generation import plan_completion
 from metrale_core.server.guards import check_prompt_chars
 from metrale_core.server.logprobs import TokenNamer, completion_logprobs
 from metrale_core.server.offload import off_loop
-from metrale_core.server.openapi import body_operation
 from metrale_core.server.schemas import CompletionRequest
 from metrale_core.server.streaming import sse_response
 
@@ -47,14 +46,14 @@ def _prompts(tokenizer: Any, prompt: Any, max_model_len: int) -> list[list[int]]
     return [tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p) for p in prompt]
 
 
-@post(
+@body_post(
     "/v1/completions",
+    CompletionRequest,
+    tag="openai",
+    ok="Completion",
+    stream=True,
     operation_id="createCompletion",
-    tags=["openai"],
     summary="Create a completion (legacy OpenAI API)",
-    status_code=200,
-    operation_class=body_operation(CompletionRequest, stream=True, ok="Completion"),
-    dependencies=with_body(CompletionRequest),
 )
 async def completions(
     request: Request,

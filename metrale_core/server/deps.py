@@ -2,7 +2,9 @@
 body, the served model's name, engine and tokenizer.
 
 Owner: ``app.create_app`` registers :data:`DEPENDENCIES` (the host) on the app; a route with a
-JSON body passes ``dependencies=with_body(ChatCompletionRequest)`` and declares what it needs as
+JSON body is declared with ``@body_post(path, ChatCompletionRequest, tag=..., ok=...)`` (Litestar's
+``post`` with ``dependencies=with_body(ChatCompletionRequest)`` and the documented operation of
+``openapi.body_operation``) and declares what it needs as
 ``NamedDependency`` parameters: ``req`` (the decoded body; ``body`` is Litestar's own name for
 the raw bytes), ``model_name``, ``served``, ``engine``, ``tokenizer``, ``host``.
 
@@ -18,13 +20,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Request
+from litestar import Request, post
 from litestar.di import NamedDependency, Provide
 
 from metrale_core.server.common import check_model, read_request
 from metrale_core.server.decode import Body
+from metrale_core.server.openapi import body_operation
 
-__all__ = ["DEPENDENCIES", "with_body"]
+__all__ = ["DEPENDENCIES", "body_post", "with_body"]
 
 
 def _host(request: Request) -> Any:
@@ -67,3 +70,20 @@ def with_body(cls: type[Body]) -> dict[str, Provide]:
         return await read_request(request, cls)
 
     return {"req": Provide(read), **_AFTER_BODY}
+
+
+def body_post(
+    path: str, body: type[Body], *, tag: str, ok: str, stream: bool = False, errors: str = "openai", **options: Any
+) -> post:
+    """Litestar's ``post`` for a route whose JSON body is a ``body``: it answers 200, is documented
+    under ``tag`` with its body, its ``ok`` answer (``openapi_bodies.BODIES``; a stream too when
+    ``stream``) and its error statuses in the ``errors`` API's shape, and is given ``req`` and the
+    rest of :func:`with_body`. ``options`` go to ``post`` as they are (``operation_id``, ``summary``)."""
+    return post(
+        path,
+        tags=[tag],
+        status_code=200,
+        operation_class=body_operation(body, stream=stream, errors=errors, ok=ok),
+        dependencies=with_body(body),
+        **options,
+    )

@@ -11,6 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from litestar import Request, Response
@@ -19,7 +20,7 @@ from loguru import logger
 
 from metrale_core.errors import MetraleError, RequestError
 
-__all__ = ["APIError", "error_body", "error_response", "exception_handlers"]
+__all__ = ["APIError", "error_body", "error_response", "exception_handlers", "shaped_handlers"]
 
 #: HTTP status -> OpenAI error ``type``.
 _TYPES = {
@@ -81,24 +82,55 @@ def _request_error(_: Request, exc: RequestError) -> Response:
     return error_response(APIError(400, str(exc)))
 
 
+def _http_message(request: Request, exc: HTTPException) -> str:
+    """The message of Litestar's own HTTP error ``exc`` (405 and 413 say what was refused)."""
+    if exc.status_code == 405:
+        return f"method {request.method} is not allowed on {request.url.path}"
+    if exc.status_code == 413:
+        return f"request body too large: {exc.detail}"
+    return exc.detail or "error"
+
+
 def _http_error(request: Request, exc: HTTPException) -> Response:
     status = exc.status_code
-    message = exc.detail or "error"
-    if status == 404:
-        message = f"no route {request.method} {request.url.path}"
-    elif status == 405:
-        message = f"method {request.method} is not allowed on {request.url.path}"
-    elif status == 413:
-        message = f"request body too large: {exc.detail}"
+    message = f"no route {request.method} {request.url.path}" if status == 404 else _http_message(request, exc)
     headers = dict(exc.headers or {})
     return error_response(APIError(status, message, headers=headers))
 
 
-def _unexpected(request: Request, exc: Exception) -> Response:
+def _unexpected_message(request: Request, exc: Exception) -> str:
+    """Log the unexpected ``exc`` with its traceback; the message the client gets (none there)."""
     logger.opt(exception=exc).error("unhandled error on {} {}", request.method, request.url.path)
-    return error_response(APIError(500, f"internal server error ({type(exc).__name__})", type="server_error"))
+    return f"internal server error ({type(exc).__name__})"
+
+
+def _unexpected(request: Request, exc: Exception) -> Response:
+    return error_response(APIError(500, _unexpected_message(request, exc), type="server_error"))
 
 
 def exception_handlers() -> dict:
     """The handlers to pass to ``Litestar(exception_handlers=...)``."""
     return {APIError: _api_error, RequestError: _request_error, HTTPException: _http_error, Exception: _unexpected}
+
+
+def shaped_handlers(body: Callable[[int, str], dict[str, Any]]) -> dict:
+    """The handlers of :func:`exception_handlers` for another API's error shape (Anthropic's,
+    Ollama's): every failure answers JSON ``body(status, message)`` with the same status and
+    message (except that an unknown route's 404 keeps Litestar's detail) and the error's headers."""
+
+    def respond(status: int, message: str, headers: dict | None = None) -> Response:
+        return Response(body(status, message), status_code=status, headers=headers or {}, media_type="application/json")
+
+    def api_error(_: Request, exc: APIError) -> Response:
+        return respond(exc.status, exc.message, exc.headers)
+
+    def request_error(_: Request, exc: RequestError) -> Response:
+        return respond(400, str(exc))
+
+    def http_error(request: Request, exc: HTTPException) -> Response:
+        return respond(exc.status_code, _http_message(request, exc), dict(exc.headers or {}))
+
+    def unexpected(request: Request, exc: Exception) -> Response:
+        return respond(500, _unexpected_message(request, exc))
+
+    return {APIError: api_error, RequestError: request_error, HTTPException: http_error, Exception: unexpected}

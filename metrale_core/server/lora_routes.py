@@ -19,17 +19,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from litestar import post
 from litestar.di import NamedDependency
 
 from metrale_core.engine.adapter_key import adapter_of
 from metrale_core.errors import ConfigError
 from metrale_core.server.common import lora_bank
 from metrale_core.server.decode import Body
-from metrale_core.server.deps import with_body
+from metrale_core.server.deps import body_post
 from metrale_core.server.errors import APIError
 from metrale_core.server.offload import in_own_thread
-from metrale_core.server.openapi import body_operation
 
 __all__ = ["LoadLoRARequest", "UnloadLoRARequest", "load_lora_adapter", "unload_lora_adapter"]
 
@@ -62,13 +60,7 @@ def _runtime_bank(host: Any) -> Any:
     return bank
 
 
-@post(
-    "/v1/load_lora_adapter",
-    tags=["lora"],
-    status_code=200,
-    operation_class=body_operation(LoadLoRARequest, ok="LoRAStatus"),
-    dependencies=with_body(LoadLoRARequest),
-)
+@body_post("/v1/load_lora_adapter", LoadLoRARequest, tag="lora", ok="LoRAStatus")
 async def load_lora_adapter(host: NamedDependency[Any], req: NamedDependency[LoadLoRARequest]) -> dict[str, Any]:
     """Load a PEFT LoRA adapter as a new model name."""
     bank = _runtime_bank(host)
@@ -88,13 +80,7 @@ async def load_lora_adapter(host: NamedDependency[Any], req: NamedDependency[Loa
     return {"status": "ok", "lora_name": name, "message": f"LoRA adapter {name!r} added"}
 
 
-@post(
-    "/v1/unload_lora_adapter",
-    tags=["lora"],
-    status_code=200,
-    operation_class=body_operation(UnloadLoRARequest, ok="LoRAStatus"),
-    dependencies=with_body(UnloadLoRARequest),
-)
+@body_post("/v1/unload_lora_adapter", UnloadLoRARequest, tag="lora", ok="LoRAStatus")
 async def unload_lora_adapter(host: NamedDependency[Any], req: NamedDependency[UnloadLoRARequest]) -> dict[str, Any]:
     """Unload a LoRA adapter by name."""
     bank = _runtime_bank(host)

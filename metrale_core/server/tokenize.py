@@ -9,27 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import post
 from litestar.di import NamedDependency
 
 from metrale_core.server.chat_prompt import render_messages, template_messages
-from metrale_core.server.deps import with_body
+from metrale_core.server.deps import body_post
 from metrale_core.server.errors import APIError
 from metrale_core.server.guards import check_prompt_chars
 from metrale_core.server.offload import off_loop
-from metrale_core.server.openapi import body_operation
 from metrale_core.server.schemas import DetokenizeRequest, TokenizeRequest
 
 __all__ = ["detokenize", "tokenize"]
 
 
-@post(
-    "/tokenize",
-    tags=["tokenizer"],
-    status_code=200,
-    operation_class=body_operation(TokenizeRequest, ok="Tokenized"),
-    dependencies=with_body(TokenizeRequest),
-)
+@body_post("/tokenize", TokenizeRequest, tag="tokenizer", ok="Tokenized")
 async def tokenize(
     req: NamedDependency[TokenizeRequest], engine: NamedDependency[Any], tokenizer: NamedDependency[Any]
 ) -> dict[str, Any]:
@@ -56,13 +48,7 @@ def _tokens(tok: Any, req: TokenizeRequest, max_model_len: int) -> list[int]:
     return tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
 
 
-@post(
-    "/detokenize",
-    tags=["tokenizer"],
-    status_code=200,
-    operation_class=body_operation(DetokenizeRequest, ok="Detokenized"),
-    dependencies=with_body(DetokenizeRequest),
-)
+@body_post("/detokenize", DetokenizeRequest, tag="tokenizer", ok="Detokenized")
 async def detokenize(req: NamedDependency[DetokenizeRequest], tokenizer: NamedDependency[Any]) -> dict[str, Any]:
     """The text of token ids."""
     tok = tokenizer

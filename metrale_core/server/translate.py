@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from typing import Any
@@ -34,7 +35,7 @@ from metrale_core.server.offload import off_loop
 from metrale_core.server.structured import chat_structured_output
 from metrale_core.server.thinking_budget import chat_reasoning_budget
 
-__all__ = ["ChatRun", "Piece", "pieces", "renamed", "start_chat"]
+__all__ = ["ChatRun", "Piece", "call_arguments", "pieces", "renamed", "start_chat"]
 
 
 @frozen
@@ -136,6 +137,16 @@ def pieces(run: ChatRun, out: Any) -> Iterator[Piece]:
             if p.arguments:
                 call["arguments"] += p.arguments
                 yield Piece("args", p.arguments, index=p.tool_call_index, call_id=call["id"])
+
+
+def call_arguments(arguments: str) -> dict:
+    """A tool call's gathered ``arguments`` as the JSON object the Anthropic and Ollama APIs send
+    (``{}`` when they are empty, no JSON, or JSON but not an object)."""
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def renamed(exc: APIError, chat_field: str, api_field: str) -> APIError:

@@ -118,22 +118,20 @@ class ReasoningSplitter:
 
     def _answer_start(self, final: bool) -> None:
         assert self.format.answer_tags is not None
-        opening = self.format.answer_tags[0]
-        body = self._buf.lstrip()
-        if len(self._buf) - len(body) > MAX_LEADING_WS:
-            self._state = "content"
-        elif body.startswith(opening):
-            self._buf = body[len(opening) :]
-            self._state = "answer"
-        elif final or not opening.startswith(body):
-            self._state = "content"
+        self._opening(self.format.answer_tags[0], "answer", final)
 
     def _start(self, final: bool) -> None:
+        self._opening(THINK_OPEN, "reasoning", final)
+
+    def _opening(self, tag: str, inside: str, final: bool) -> None:
+        """At the start of a part that may open with ``tag``: past the tag (and at most
+        :data:`MAX_LEADING_WS` white space) go ``inside``; plain content once the buffer cannot
+        begin with it (or on the ``final`` call); else wait for more text."""
         body = self._buf.lstrip()
         if len(self._buf) - len(body) > MAX_LEADING_WS:
             self._state = "content"
-        elif body.startswith(THINK_OPEN):
-            self._buf = body[len(THINK_OPEN) :]
-            self._state = "reasoning"
-        elif final or not THINK_OPEN.startswith(body):
+        elif body.startswith(tag):
+            self._buf = body[len(tag) :]
+            self._state = inside
+        elif final or not tag.startswith(body):
             self._state = "content"

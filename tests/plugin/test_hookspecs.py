@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale_core.plugin import hookspecs
+from metrale_core.plugin import hookspecs, plain_hookspec
 from metrale_core.plugin.hookdoc import doc_problems, hookspecs_of, parse_hookspec, render_markdown
 from metrale_core.plugin.hookspecs import hookspec
 from metrale_core.plugin.registry import FAMILIES
@@ -143,3 +143,42 @@ def test_every_hookspec_is_typed_with_real_types():
     assert callable(LLMEngine.stats) and "config" in inspect.signature(LLMEngine.__init__).parameters
     loaders = typing.get_type_hints(hookspecs.metrale_model_loaders, localns=names)
     assert typing.get_args(loaders["register"]) == ([components.ModelLoaderSpec], None)
+
+
+def test_plain_hookspec_writes_the_returns_and_flags_sections():
+    @plain_hookspec("Register through ``register``.")
+    def metrale_plain(register):
+        """Register things.
+
+        Called:
+            once.
+
+        Args:
+            register: the callback.
+
+        Example:
+            @hookimpl
+            def metrale_plain(register): ...
+        """
+
+    doc = parse_hookspec(metrale_plain)
+    assert doc.sections["Returns"] == "Nothing; the return value is ignored. Register through ``register``."
+    assert doc.sections["Flags"].startswith("plain hook (not firstresult, not historic)")
+    assert doc.sections["Example"].startswith("@hookimpl")
+    assert doc.opts == {"firstresult": False, "historic": False, "warn_on_impl": None, "warn_on_impl_args": None}
+    assert doc_problems(metrale_plain) == []
+
+
+def test_plain_hookspec_refuses_a_docstring_that_writes_its_sections():
+    with pytest.raises(ValueError, match="metrale_own"):
+
+        @plain_hookspec()
+        def metrale_own(register):
+            """Register things.
+
+            Returns:
+                Something.
+
+            Example:
+                pass
+            """

@@ -13,7 +13,7 @@ from litestar.di import NamedDependency
 from litestar.testing import TestClient
 
 from metrale_core.server import decode
-from metrale_core.server.deps import DEPENDENCIES, with_body
+from metrale_core.server.deps import DEPENDENCIES, body_post, with_body
 from metrale_core.server.errors import APIError, exception_handlers
 from metrale_core.server.schemas import DetokenizeRequest
 
@@ -43,11 +43,16 @@ async def probe(
     return {"tokens": req.tokens, "model": model_name, "engine": engine.name, "tokenizer": tokenizer.name}
 
 
+@body_post("/probe-body", DetokenizeRequest, tag="probe", ok="Detokenized", operation_id="probeBody")
+async def probe_body(req: NamedDependency[DetokenizeRequest], model_name: NamedDependency[str]) -> dict[str, Any]:
+    return {"tokens": req.tokens, "model": model_name}
+
+
 @pytest.fixture
 def client_and_host():
     host = FakeHost()
     app = Litestar(
-        route_handlers=[probe],
+        route_handlers=[probe, probe_body],
         dependencies=DEPENDENCIES,
         exception_handlers=exception_handlers(),
         state=State({"host": host}),
@@ -78,3 +83,15 @@ def test_engine_and_tokenizer_come_from_one_served_model(client_and_host, monkey
     assert resp.json() == {"tokens": [1, 2], "model": "m", "engine": "E", "tokenizer": "T"}
     assert host.ready_calls == 1  # one served model per request, shared by engine and tokenizer
     assert decodes == [DetokenizeRequest]  # the body was decoded once
+
+
+def test_body_post_declares_a_documented_200_route_with_the_body(client_and_host):
+    client, _ = client_and_host
+    resp = client.post("/probe-body", json={"tokens": [3]})
+    assert resp.status_code == 200 and resp.json() == {"tokens": [3], "model": "m"}
+    bad = client.post("/probe-body", json={"tokens": "x"})
+    assert bad.status_code == 400 and "tokens: must be an array" in bad.json()["error"]["message"]
+    operation = client.app.openapi_schema.paths["/probe-body"].post
+    assert operation.tags == ["probe"] and operation.operation_id == "probeBody"
+    assert operation.request_body is not None and operation.request_body.required
+    assert {"200", "400", "404", "503"} <= set(operation.responses)

@@ -15,18 +15,20 @@ Invariants:
 from __future__ import annotations
 
 import hmac
+from functools import partial
 from typing import Any
 
-from litestar import Request, Response
 from litestar.connection import ASGIConnection
-from litestar.exceptions import HTTPException
-from loguru import logger
 
-from metrale_core.errors import RequestError
 from metrale_core.server.auth import key_matches
-from metrale_core.server.errors import APIError
+from metrale_core.server.deps import body_post
+from metrale_core.server.errors import APIError, shaped_handlers
 
-__all__ = ["anthropic_error_body", "anthropic_handlers", "anthropic_key_guard"]
+__all__ = ["anthropic_error_body", "anthropic_handlers", "anthropic_key_guard", "anthropic_post"]
+
+#: :func:`~metrale_core.server.deps.body_post` for a Messages route: tagged ``anthropic``, its
+#: errors documented in Anthropic's shape (:func:`anthropic_handlers` answers them so).
+anthropic_post = partial(body_post, tag="anthropic", errors="anthropic")
 
 #: HTTP status -> Anthropic error ``type``.
 _TYPES = {
@@ -49,36 +51,8 @@ def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def _response(status: int, message: str, headers: dict | None = None) -> Response:
-    return Response(
-        anthropic_error_body(status, message), status_code=status, headers=headers or {}, media_type="application/json"
-    )
-
-
-def _api_error(_: Request, exc: APIError) -> Response:
-    return _response(exc.status, exc.message, exc.headers)
-
-
-def _request_error(_: Request, exc: RequestError) -> Response:
-    return _response(400, str(exc))
-
-
-def _http_error(request: Request, exc: HTTPException) -> Response:
-    message = exc.detail or "error"
-    if exc.status_code == 413:
-        message = f"request body too large: {exc.detail}"
-    elif exc.status_code == 405:
-        message = f"method {request.method} is not allowed on {request.url.path}"
-    return _response(exc.status_code, message, dict(exc.headers or {}))
-
-
-def _unexpected(request: Request, exc: Exception) -> Response:
-    logger.opt(exception=exc).error("unhandled error on {} {}", request.method, request.url.path)
-    return _response(500, f"internal server error ({type(exc).__name__})")
-
-
 def anthropic_handlers() -> dict:
-    return {APIError: _api_error, RequestError: _request_error, HTTPException: _http_error, Exception: _unexpected}
+    return shaped_handlers(anthropic_error_body)
 
 
 def anthropic_key_guard(connection: ASGIConnection, _: Any) -> None:

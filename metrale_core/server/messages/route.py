@@ -26,7 +26,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from litestar import Response, Router, post
+from litestar import Response, Router
 from litestar.di import NamedDependency
 from litestar.response import Stream
 from loguru import logger
@@ -34,18 +34,17 @@ from loguru import logger
 from metrale_core.server.chat import engine_failure
 from metrale_core.server.chat_prompt import chat_prompt
 from metrale_core.server.common import new_id
-from metrale_core.server.deps import with_body
 from metrale_core.server.errors import APIError
 from metrale_core.server.messages.errors import (
     anthropic_error_body,
     anthropic_handlers,
     anthropic_key_guard,
+    anthropic_post,
 )
 from metrale_core.server.messages.records import CountTokensRequest, MessagesRequest
 from metrale_core.server.messages.translate import to_chat
 from metrale_core.server.offload import off_loop
-from metrale_core.server.openapi import body_operation
-from metrale_core.server.translate import ChatRun, pieces, renamed, start_chat
+from metrale_core.server.translate import ChatRun, call_arguments, pieces, renamed, start_chat
 
 __all__ = ["messages_router"]
 
@@ -72,14 +71,6 @@ def _stop(run: ChatRun, served: Any, stops: list[str], raw_text: str, token_ids:
     return "end_turn", None
 
 
-def _input(arguments: str) -> dict:
-    try:
-        value = json.loads(arguments) if arguments else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 async def _start(host: Any, req: MessagesRequest) -> ChatRun:
     chat = to_chat(req)
     try:
@@ -89,14 +80,13 @@ async def _start(host: Any, req: MessagesRequest) -> ChatRun:
     return run
 
 
-@post(
+@anthropic_post(
     "/v1/messages",
+    MessagesRequest,
+    ok="Message",
+    stream=True,
     operation_id="createMessage",
-    tags=["anthropic"],
-    status_code=200,
     summary="Create a message (Anthropic Messages API)",
-    operation_class=body_operation(MessagesRequest, errors="anthropic", stream=True, ok="Message"),
-    dependencies=with_body(MessagesRequest),
 )
 async def create_message(
     host: NamedDependency[Any], req: NamedDependency[MessagesRequest], model_name: NamedDependency[str]
@@ -130,7 +120,7 @@ async def create_message(
             raise failure
     for block in blocks:
         if block["type"] == "tool_use":
-            block["input"] = _input(next(c["arguments"] for c in run.calls.values() if c["id"] == block["id"]))
+            block["input"] = call_arguments(next(c["arguments"] for c in run.calls.values() if c["id"] == block["id"]))
     stop_reason, stop_sequence = _stop(run, host.served, req.stop_sequences or [], "".join(raw), ids)
     body = {
         "id": message_id,
@@ -246,14 +236,12 @@ async def _sse(events: AsyncIterator[tuple[str, dict]]) -> AsyncIterator[bytes]:
         yield _event("error", anthropic_error_body(500, f"internal server error ({type(exc).__name__})"))
 
 
-@post(
+@anthropic_post(
     "/v1/messages/count_tokens",
+    CountTokensRequest,
+    ok="MessageTokensCount",
     operation_id="countMessageTokens",
-    tags=["anthropic"],
     summary="Count the input tokens of a Messages request",
-    status_code=200,
-    operation_class=body_operation(CountTokensRequest, errors="anthropic", ok="MessageTokensCount"),
-    dependencies=with_body(CountTokensRequest),
 )
 async def count_tokens(
     req: NamedDependency[CountTokensRequest], engine: NamedDependency[Any], tokenizer: NamedDependency[Any]

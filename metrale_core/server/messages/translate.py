@@ -29,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from metrale_core.server.errors import APIError
@@ -92,11 +93,15 @@ def _blocks(content: Any, path: str) -> list[dict]:
     return content
 
 
+def _typed(blocks: list[dict], path: str) -> Iterator[tuple[str, str, dict]]:
+    """Each content block (checked by ``_blocks``) with its path and its ``type``."""
+    for j, block in enumerate(blocks):
+        yield f"{path}[{j}]", block["type"], block
+
+
 def _user(blocks: list[dict], path: str) -> list[ChatMessage]:
     results, texts = [], []
-    for j, b in enumerate(blocks):
-        p = f"{path}[{j}]"
-        kind = b["type"]
+    for p, kind, b in _typed(blocks, path):
         if kind == "text":
             texts.append(_block_text(b, p))
         elif kind == "tool_result":
@@ -120,9 +125,7 @@ def _user(blocks: list[dict], path: str) -> list[ChatMessage]:
 
 def _assistant(blocks: list[dict], path: str) -> ChatMessage:
     texts, thinking, calls = [], [], []
-    for j, b in enumerate(blocks):
-        p = f"{path}[{j}]"
-        kind = b["type"]
+    for p, kind, b in _typed(blocks, path):
         if kind == "text":
             texts.append(_block_text(b, p))
         elif kind == "thinking":

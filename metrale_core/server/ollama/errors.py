@@ -14,53 +14,26 @@ Invariants:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from litestar import Request, Response
-from litestar.exceptions import HTTPException
-from loguru import logger
-
-from metrale_core.errors import RequestError
 from metrale_core.server.common import check_model
-from metrale_core.server.errors import APIError
+from metrale_core.server.deps import body_post
+from metrale_core.server.errors import APIError, shaped_handlers
 
-__all__ = ["model_name", "ollama_error_body", "ollama_handlers", "tagged"]
+__all__ = ["model_name", "ollama_error_body", "ollama_handlers", "ollama_post", "tagged"]
+
+#: :func:`~metrale_core.server.deps.body_post` for an ``/api`` route with a JSON body: tagged
+#: ``ollama``, its errors documented in Ollama's shape (:func:`ollama_handlers` answers them so).
+ollama_post = partial(body_post, tag="ollama", errors="ollama")
 
 
 def ollama_error_body(message: str) -> dict[str, Any]:
     return {"error": message}
 
 
-def _response(status: int, message: str, headers: dict | None = None) -> Response:
-    return Response(
-        ollama_error_body(message), status_code=status, headers=headers or {}, media_type="application/json"
-    )
-
-
-def _api_error(_: Request, exc: APIError) -> Response:
-    return _response(exc.status, exc.message, exc.headers)
-
-
-def _request_error(_: Request, exc: RequestError) -> Response:
-    return _response(400, str(exc))
-
-
-def _http_error(request: Request, exc: HTTPException) -> Response:
-    message = exc.detail or "error"
-    if exc.status_code == 413:
-        message = f"request body too large: {exc.detail}"
-    elif exc.status_code == 405:
-        message = f"method {request.method} is not allowed on {request.url.path}"
-    return _response(exc.status_code, message, dict(exc.headers or {}))
-
-
-def _unexpected(request: Request, exc: Exception) -> Response:
-    logger.opt(exception=exc).error("unhandled error on {} {}", request.method, request.url.path)
-    return _response(500, f"internal server error ({type(exc).__name__})")
-
-
 def ollama_handlers() -> dict:
-    return {APIError: _api_error, RequestError: _request_error, HTTPException: _http_error, Exception: _unexpected}
+    return shaped_handlers(lambda _status, message: ollama_error_body(message))
 
 
 def model_name(host: Any, model: str | None) -> str:

@@ -31,17 +31,16 @@ from metrale_core import __version__
 from metrale_core.engine.pooling import can_pool
 from metrale_core.server.chat_prompt import reasoning_format
 from metrale_core.server.common import lora_bank
-from metrale_core.server.deps import with_body
 from metrale_core.server.embeddings import embed
 from metrale_core.server.errors import APIError
-from metrale_core.server.ollama.errors import model_name, tagged
+from metrale_core.server.ollama.errors import model_name, ollama_post, tagged
 from metrale_core.server.ollama.records import (
     OllamaEmbeddingsRequest,
     OllamaEmbedRequest,
     OllamaModelRequest,
     OllamaPullRequest,
 )
-from metrale_core.server.openapi import body_operation, documented
+from metrale_core.server.openapi import documented
 
 __all__ = ["INFO_HANDLERS", "OLLAMA_API_VERSION"]
 
@@ -122,23 +121,24 @@ def _names(host: Any) -> list[str]:
     return [host.config.served_model_name, *([] if bank is None else bank.names())]
 
 
-@get(
-    "/tags",
-    operation_id="ollamaTags",
-    tags=["ollama"],
-    operation_class=documented(None, (401, 500), errors="ollama", ok="OllamaTags"),
-)
+def _get(path: str, name: str) -> get:
+    """A GET route without a body answering the documented body ``Ollama<name>`` (its operation
+    ``ollama<name>``); only the key guard (401) or a fault (500) answer otherwise."""
+    return get(
+        path,
+        operation_id=f"ollama{name}",
+        tags=["ollama"],
+        operation_class=documented(None, (401, 500), errors="ollama", ok=f"Ollama{name}"),
+    )
+
+
+@_get("/tags", "Tags")
 async def list_tags(host: NamedDependency[Any]) -> dict[str, Any]:
     """The served model and its LoRA adapters (answers while the model loads)."""
     return {"models": [_entry(host, n) for n in _names(host)]}
 
 
-@get(
-    "/ps",
-    operation_id="ollamaPs",
-    tags=["ollama"],
-    operation_class=documented(None, (401, 500), errors="ollama", ok="OllamaPs"),
-)
+@_get("/ps", "Ps")
 async def list_running(host: NamedDependency[Any]) -> dict[str, Any]:
     """The loaded models (none while loading); they stay loaded (``keep_alive`` changes nothing)."""
     if host.served is None:
@@ -151,12 +151,7 @@ async def list_running(host: NamedDependency[Any]) -> dict[str, Any]:
     }
 
 
-@get(
-    "/version",
-    operation_id="ollamaVersion",
-    tags=["ollama"],
-    operation_class=documented(None, (401, 500), errors="ollama", ok="OllamaVersion"),
-)
+@_get("/version", "Version")
 async def version(request: Request) -> dict[str, str]:
     """The Ollama API level served, and Metrale's version."""
     return {"version": OLLAMA_API_VERSION, "metrale": __version__}
@@ -175,14 +170,7 @@ def _capabilities(host: Any) -> list[str]:
     return caps
 
 
-@post(
-    "/show",
-    operation_id="ollamaShow",
-    tags=["ollama"],
-    status_code=200,
-    operation_class=body_operation(OllamaModelRequest, errors="ollama", ok="OllamaShow"),
-    dependencies=with_body(OllamaModelRequest),
-)
+@ollama_post("/show", OllamaModelRequest, ok="OllamaShow", operation_id="ollamaShow")
 async def show(host: NamedDependency[Any], req: NamedDependency[OllamaModelRequest]) -> dict[str, Any]:
     """The model's details, chat template, context length and capabilities."""
     model_name(host, req.model or req.name)
@@ -213,14 +201,7 @@ def _load_fields(name: str, prompt_tokens: int, started: float) -> dict[str, Any
     }
 
 
-@post(
-    "/embed",
-    operation_id="ollamaEmbed",
-    tags=["ollama"],
-    status_code=200,
-    operation_class=body_operation(OllamaEmbedRequest, errors="ollama", ok="OllamaEmbed"),
-    dependencies=with_body(OllamaEmbedRequest),
-)
+@ollama_post("/embed", OllamaEmbedRequest, ok="OllamaEmbed", operation_id="ollamaEmbed")
 async def create_embed(host: NamedDependency[Any], req: NamedDependency[OllamaEmbedRequest]) -> dict[str, Any]:
     """Embeddings of one or more inputs (``embeddings``: one vector per input)."""
     started = time.perf_counter()
@@ -233,14 +214,7 @@ async def create_embed(host: NamedDependency[Any], req: NamedDependency[OllamaEm
     return {"embeddings": [v.tolist() for v in vectors], **_load_fields(req.model, tokens, started)}
 
 
-@post(
-    "/embeddings",
-    operation_id="ollamaEmbeddings",
-    tags=["ollama"],
-    status_code=200,
-    operation_class=body_operation(OllamaEmbeddingsRequest, errors="ollama", ok="OllamaEmbeddings"),
-    dependencies=with_body(OllamaEmbeddingsRequest),
-)
+@ollama_post("/embeddings", OllamaEmbeddingsRequest, ok="OllamaEmbeddings", operation_id="ollamaEmbeddings")
 async def create_embeddings_legacy(
     host: NamedDependency[Any], req: NamedDependency[OllamaEmbeddingsRequest]
 ) -> dict[str, Any]:
@@ -258,14 +232,7 @@ _NO_STORE = (
 )
 
 
-@post(
-    "/pull",
-    operation_id="ollamaPull",
-    tags=["ollama"],
-    status_code=200,
-    operation_class=body_operation(OllamaPullRequest, errors="ollama", ok="OllamaStatus"),
-    dependencies=with_body(OllamaPullRequest),
-)
+@ollama_post("/pull", OllamaPullRequest, ok="OllamaStatus", operation_id="ollamaPull")
 async def pull(host: NamedDependency[Any], req: NamedDependency[OllamaPullRequest]) -> Response:
     """The served model is already here: success; any other name: 404."""
     wanted = req.model or req.name

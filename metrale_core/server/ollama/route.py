@@ -30,20 +30,18 @@ from datetime import datetime, timezone
 from typing import Any
 
 from attrs import define, field
-from litestar import Request, Response, post
+from litestar import Request, Response
 from litestar.di import NamedDependency
 from litestar.response import Stream
 from loguru import logger
 
 from metrale_core.server.chat import engine_failure
 from metrale_core.server.common import while_connected
-from metrale_core.server.deps import with_body
 from metrale_core.server.errors import APIError
-from metrale_core.server.ollama.errors import model_name, ollama_error_body
+from metrale_core.server.ollama.errors import model_name, ollama_error_body, ollama_post
 from metrale_core.server.ollama.records import OllamaChatRequest, OllamaGenerateRequest
 from metrale_core.server.ollama.translate import chat_request, generate_request
-from metrale_core.server.openapi import body_operation
-from metrale_core.server.translate import ChatRun, pieces, renamed, start_chat
+from metrale_core.server.translate import ChatRun, call_arguments, pieces, renamed, start_chat
 
 __all__ = ["NDJSON", "chat", "generate", "now_rfc3339"]
 
@@ -52,14 +50,6 @@ NDJSON = "application/x-ndjson"
 
 def now_rfc3339() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _arguments(text: str) -> dict:
-    try:
-        value = json.loads(text) if text else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 @define
@@ -109,7 +99,7 @@ class _Reply:
 
 def _calls(run: ChatRun) -> list[dict]:
     return [
-        {"function": {"index": i, "name": call["name"], "arguments": _arguments(call["arguments"])}}
+        {"function": {"index": i, "name": call["name"], "arguments": call_arguments(call["arguments"])}}
         for i, call in sorted(run.calls.items())
     ]
 
@@ -159,8 +149,14 @@ async def _whole(reply: _Reply, run: ChatRun) -> dict:
 
 
 async def _answer(
-    request: Request, host: Any, reply: _Reply, req: Any, chat: Any, raw_prompt: str | None
+    request: Request, host: Any, req: Any, chat: Any, *, is_chat: bool, empty: bool, raw_prompt: str | None = None
 ) -> Response | Stream:
+    """Run the translated ``chat`` of ``req`` (after checking the model is ready), or answer that
+    the model is loaded when the request is ``empty`` (Ollama's way to load a model)."""
+    reply = _Reply(name=req.model, chat=is_chat)
+    host.ready()
+    if empty:
+        return _loaded(reply, req.stream)
     try:
         run = await start_chat(host, chat, max_tokens=chat.max_tokens, raw_prompt=raw_prompt)
     except APIError as exc:  # name Ollama's fields for what chat calls them
@@ -177,41 +173,27 @@ def _loaded(reply: _Reply, stream: bool) -> Response:
     return Response(reply.final(None), media_type="application/json")
 
 
-@post(
-    "/chat",
-    operation_id="ollamaChat",
-    tags=["ollama"],
-    status_code=200,
-    summary="Chat (Ollama API)",
-    operation_class=body_operation(OllamaChatRequest, errors="ollama", stream=True, ok="OllamaChat"),
-    dependencies=with_body(OllamaChatRequest),
+@ollama_post(
+    "/chat", OllamaChatRequest, ok="OllamaChat", stream=True, operation_id="ollamaChat", summary="Chat (Ollama API)"
 )
 async def chat(
     request: Request, host: NamedDependency[Any], req: NamedDependency[OllamaChatRequest]
 ) -> Response | Stream:
     translated = chat_request(req, model_name(host, req.model))
-    reply = _Reply(name=req.model, chat=True)
-    host.ready()
-    if not req.messages:
-        return _loaded(reply, req.stream)
-    return await _answer(request, host, reply, req, translated, None)
+    return await _answer(request, host, req, translated, is_chat=True, empty=not req.messages)
 
 
-@post(
+@ollama_post(
     "/generate",
+    OllamaGenerateRequest,
+    ok="OllamaGenerate",
+    stream=True,
     operation_id="ollamaGenerate",
-    tags=["ollama"],
-    status_code=200,
     summary="Generate a completion (Ollama API)",
-    operation_class=body_operation(OllamaGenerateRequest, errors="ollama", stream=True, ok="OllamaGenerate"),
-    dependencies=with_body(OllamaGenerateRequest),
 )
 async def generate(
     request: Request, host: NamedDependency[Any], req: NamedDependency[OllamaGenerateRequest]
 ) -> Response | Stream:
     translated = generate_request(req, model_name(host, req.model))
-    reply = _Reply(name=req.model, chat=False)
-    host.ready()
-    if not req.prompt:
-        return _loaded(reply, req.stream)
-    return await _answer(request, host, reply, req, translated, req.prompt if req.raw else None)
+    raw_prompt = req.prompt if req.raw else None
+    return await _answer(request, host, req, translated, is_chat=False, empty=not req.prompt, raw_prompt=raw_prompt)

@@ -30,7 +30,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from litestar import Request, Response, delete, get, post
+from litestar import Request, Response, delete, get
 from litestar.di import NamedDependency
 from litestar.params import PathParameter
 from litestar.response import Stream
@@ -39,9 +39,9 @@ from loguru import logger
 from metrale_core.errors import MetraleError
 from metrale_core.server.chat import engine_failure
 from metrale_core.server.common import new_id
-from metrale_core.server.deps import with_body
+from metrale_core.server.deps import body_post
 from metrale_core.server.errors import APIError
-from metrale_core.server.openapi import body_operation, documented
+from metrale_core.server.openapi import documented
 from metrale_core.server.responses.events import OutputBuilder
 from metrale_core.server.responses.records import ResponsesRequest
 from metrale_core.server.responses.store import ResponseStore, StoredResponse
@@ -147,14 +147,14 @@ async def _start(request: Request, host: Any, req: ResponsesRequest) -> tuple[Ch
     return run, conversation
 
 
-@post(
+@body_post(
     "/v1/responses",
+    ResponsesRequest,
+    tag="openai",
+    ok="ResponseObject",
+    stream=True,
     operation_id="createResponse",
-    tags=["openai"],
-    status_code=200,
     summary="Create a model response (OpenAI Responses API)",
-    operation_class=body_operation(ResponsesRequest, stream=True, ok="ResponseObject"),
-    dependencies=with_body(ResponsesRequest),
 )
 async def create_response(
     request: Request,
