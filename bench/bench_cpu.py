@@ -32,6 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench_args import int_flags  # same folder
 from bench_generate import engine_rate  # the one in-process timing loop (same folder)
 
 from metrale_core.testing.serve_argv import llama_server_argv
@@ -238,10 +239,7 @@ def _llama(path: Path, short, long_ids, args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--streams", type=int, default=16)
-    ap.add_argument("--prefill-tokens", type=int, default=512)
+    int_flags(ap, threads=2, decode_tokens=64, streams=16, prefill_tokens=512)
     ap.add_argument(
         "--formats",
         default="auto",

@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench_args import int_flags  # same folder
 from bench_serve import ANCHORS, llama_server, met_serve  # same folder
 from random_gguf import SHAPES, Shape, write
 
@@ -177,11 +178,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=0, help="layers of the dense shapes (0: the real count)")
     ap.add_argument("--moe-layers", type=int, default=0, help="layers of the MoE shapes (0: the real count)")
     ap.add_argument("--dir", type=Path, default=Path.home() / ".cache" / "metrale-bench")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompt", type=int, default=512)
-    ap.add_argument("--gen", type=int, default=32)
-    ap.add_argument("--streams", type=int, default=8)
-    ap.add_argument("--reps", type=int, default=2)
+    int_flags(ap, threads=2, prompt=512, gen=32, streams=8, reps=2)
     ap.add_argument(
         "--llamacpp-bin", type=Path, default=Path(os.environ.get("METRALE_LLAMACPP_BIN", ANCHORS / "llamacpp" / "bin"))
     )

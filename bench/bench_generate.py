@@ -12,6 +12,7 @@ import argparse
 import time
 
 import torch
+from bench_args import int_flags  # same folder
 
 
 def engine_rate(model, prompt_ids, streams, new_tokens, prefill_only=False) -> float:
@@ -61,9 +62,7 @@ def _hf(model, prompt_ids, streams, new_tokens, prefill_only=False):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--streams", type=int, default=16)
+    int_flags(ap, threads=2, decode_tokens=64, streams=16)
     ap.add_argument("--no-hf", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
