@@ -6,17 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrale_core.kernels import KERNELS_ENV
 from metrale_core.layers.blocks.moe import RowwiseLinear
 from metrale_core.layers.formats.rows_matmul import RowsMatmul
-from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa
+from metrale_core.testing.requires import cpu_isa_params, use_kernel_path
 
 
 def _op(path: str, monkeypatch) -> RowsMatmul:
-    if path.startswith("cpu-"):
-        use_cpu_isa(monkeypatch, path.removeprefix("cpu-"), "metrale_core.layers")
-        path = "cpu"
-    monkeypatch.setenv(KERNELS_ENV, path)
+    use_kernel_path(monkeypatch, path, "metrale_core.layers")
     return RowsMatmul("cpu")
 
 
