@@ -11,14 +11,9 @@ from metrale_core.layers.formats.rows_matmul import RowsMatmul
 from metrale_core.testing.requires import cpu_isa_params, use_kernel_path
 
 
-def _op(path: str, monkeypatch) -> RowsMatmul:
-    use_kernel_path(monkeypatch, path, "metrale_core.layers")
+@pytest.fixture
+def op(kernel_path) -> RowsMatmul:
     return RowsMatmul("cpu")
-
-
-@pytest.fixture(params=["native", *(f"cpu-{isa}" for isa in cpu_isa_params())])
-def op(request, monkeypatch) -> RowsMatmul:
-    return _op(request.param, monkeypatch)
 
 
 @pytest.mark.parametrize(("n", "k"), [(128, 2048), (7, 33), (4, 16), (5, 1000), (1, 8)])
@@ -43,7 +38,8 @@ def test_strided_rows_and_an_empty_batch(op):
 
 def test_the_c_path_runs_where_the_cpu_has_kernels(monkeypatch):
     isa = cpu_isa_params()[0]
-    op = _op(f"cpu-{isa}", monkeypatch)
+    use_kernel_path(monkeypatch, f"cpu-{isa}", "metrale_core.layers")
+    op = RowsMatmul("cpu")
     assert op.path == "cpu"
     x, w = torch.randn(3, 32), torch.randn(5, 32)
     assert torch.allclose(op(x, w), op.forward_native(x, w), atol=1e-5)
