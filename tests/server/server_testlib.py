@@ -132,10 +132,10 @@ class ScriptedLM:
 SCRIPTED_ENGINE = {"block_size": 16, "num_kv_blocks": 512, "max_num_seqs": 32, "max_prefill_tokens": 2048}
 
 
-def scripted_served(tokenizer, engine_options=None, registry=None, model_class=None):
-    """The scripted model served (a ``ServedModel``): ``tokenizer`` is a ``Tokenizer`` or the
-    directory of one (picklable, so a data-parallel replica process can build it too);
-    ``model_class`` a ``ScriptedLM`` subclass to serve instead."""
+def scripted_served(tokenizer, engine_options=None, registry=None, model_class=None, model_type="qwen3"):
+    """The scripted model served (a ``ServedModel`` of ``model_type``): ``tokenizer`` is a
+    ``Tokenizer`` or the directory of one (picklable, so a data-parallel replica process can build
+    it too); ``model_class`` a ``ScriptedLM`` subclass to serve instead."""
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.server import ServedModel
     from metrale_core.text.tokenizer import Tokenizer
@@ -152,7 +152,7 @@ def scripted_served(tokenizer, engine_options=None, registry=None, model_class=N
         tokenizer=tokenizer,
         registry=registry,
     )
-    return ServedModel(engine=engine, tokenizer=tokenizer, model_type="qwen3")
+    return ServedModel(engine=engine, tokenizer=tokenizer, model_type=model_type)
 
 
 def random_text(seed: int, words: int) -> str:
