@@ -101,6 +101,14 @@ def _median(values: list[float]) -> float:
     return values[len(values) // 2] if values else NAN
 
 
+def _streams_then_stop(server, args) -> float:
+    """:func:`http_streams` of a started server, which is stopped after it however it ends."""
+    try:
+        return http_streams(server, args)
+    finally:
+        server.stop()
+
+
 def bench_shape(name: str, args) -> dict[str, Any]:
     shape = SHAPES[name]
     layers = args.moe_layers if shape.experts else args.layers
@@ -128,18 +136,11 @@ def bench_shape(name: str, args) -> dict[str, Any]:
     if shape.experts:
         flags = argparse.Namespace(met_flags="", threads=args.threads, streams=args.streams)
         with tempfile.TemporaryDirectory() as logs:
-            met = met_serve(path, flags, Path(logs) / "met.log")
-            try:
-                row["met_http_streams"] = http_streams(met, args)
-            finally:
-                met.stop()
+            row["met_http_streams"] = _streams_then_stop(met_serve(path, flags, Path(logs) / "met.log"), args)
             server = args.llamacpp_bin / "llama-server"
             if server.exists():
                 srv = llama_server(server, path, flags, Path(logs) / "llama.log")
-                try:
-                    row["llama_http_streams"] = http_streams(srv, args)
-                finally:
-                    srv.stop()
+                row["llama_http_streams"] = _streams_then_stop(srv, args)
     ik = args.ik_bin / "llama-bench"
     if ik.exists():
         row.update({f"ik_{k}": v for k, v in llama_bench(ik, path, args).items()})
