@@ -155,6 +155,22 @@ def scripted_served(tokenizer, engine_options=None, registry=None, model_class=N
     return ServedModel(engine=engine, tokenizer=tokenizer, model_type=model_type)
 
 
+def serve_scripted_class(start_server, tokenizer, model_class, model_type: str, name: str):
+    """``model_class`` (a ``ScriptedLM`` subclass) served as ``name`` by ``start_server`` (the
+    conftest fixture) with the installed plugins; returns an OpenAI client of it."""
+    import openai
+
+    from metrale_core.plugin.discovery import load_registry
+
+    registry = load_registry()
+
+    def load():
+        return scripted_served(tokenizer, registry=registry, model_class=model_class, model_type=model_type)
+
+    server, _host = start_server(loader=load, registry=registry, served_model_name=name)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
 def random_text(seed: int, words: int) -> str:
     rng = random.Random(seed)
     return " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "omega"]) for _ in range(words))
