@@ -171,6 +171,36 @@ def serve_scripted_class(start_server, tokenizer, model_class, model_type: str, 
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
+def answer_function_call(client, model: str, tool: dict, first, output: str):
+    """Responses API: ``first``'s one function call answered with ``output``, continued through
+    ``previous_response_id``; returns ``(call, follow-up response)``."""
+    (call,) = [i for i in first.output if i.type == "function_call"]
+    follow = client.responses.create(
+        model=model,
+        tools=[tool],
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": output}],
+    )
+    return call, follow
+
+
+def answer_tool_use(aclient, model: str, tool: dict, asked: list, msg, content):
+    """Messages API: the conversation ``asked`` + ``msg`` (ending in one ``tool_use``) + its
+    ``tool_result`` of ``content``, sent again; returns ``(tool_use block, follow-up message)``."""
+    (use,) = [b for b in msg.content if b.type == "tool_use"]
+    follow = aclient.messages.create(
+        model=model,
+        max_tokens=128,
+        tools=[tool],
+        messages=[
+            *asked,
+            {"role": "assistant", "content": msg.content},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": content}]},
+        ],
+    )
+    return use, follow
+
+
 def random_text(seed: int, words: int) -> str:
     rng = random.Random(seed)
     return " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "omega"]) for _ in range(words))
