@@ -23,6 +23,7 @@ import sys
 import time
 
 import torch
+from bench_args import int_flags  # same folder
 from loguru import logger
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -89,9 +90,7 @@ def run(model, tok, registry, prompt_ids, width, tokens, observer, workload, clo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=3)
+    int_flags(parser, threads=2, tokens=48, repeats=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     logger.remove()

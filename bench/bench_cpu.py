@@ -32,7 +32,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench_generate import engine_rate  # the one in-process timing loop (same folder)
+from bench_args import int_flags  # same folder
+from bench_generate import engine_rate, hf_rate  # the one in-process timing loops (same folder)
 
 from metrale_core.testing.serve_argv import llama_server_argv
 
@@ -93,22 +94,10 @@ def _hf(path: Path, short, long_ids, args) -> dict:
 
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
 
-    def gen(streams: int, n: int) -> float:
-        ids = torch.tensor([short] * streams)
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False, pad_token_id=2)
-            t1 = time.perf_counter()
-            model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=2)
-            t2 = time.perf_counter()
-        return (n - 1) * streams / ((t2 - t1) - (t1 - t0))
-
-    gen(1, 4)
-    with torch.no_grad():
-        t0 = time.perf_counter()
-        model(torch.tensor([long_ids]))
-        prefill = len(long_ids) / (time.perf_counter() - t0)
-    return {"decode1": gen(1, args.decode_tokens), "prefill": prefill, "decodeN": gen(args.streams, args.decode_tokens)}
+    hf_rate(model, short, 1, 4)  # warm-up
+    prefill = hf_rate(model, long_ids, 1, 0, prefill_only=True)
+    decode1 = hf_rate(model, short, 1, args.decode_tokens)
+    return {"decode1": decode1, "prefill": prefill, "decodeN": hf_rate(model, short, args.streams, args.decode_tokens)}
 
 
 # --- over HTTP -------------------------------------------------------------------------------------
@@ -238,10 +227,7 @@ def _llama(path: Path, short, long_ids, args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--streams", type=int, default=16)
-    ap.add_argument("--prefill-tokens", type=int, default=512)
+    int_flags(ap, threads=2, decode_tokens=64, streams=16, prefill_tokens=512)
     ap.add_argument(
         "--formats",
         default="auto",

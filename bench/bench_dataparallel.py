@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_args import int_flags  # same folder
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_serve import PROMPTS, Server, _body, free_port
@@ -81,9 +83,7 @@ def routed(url: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--streams", type=int, default=16)
-    parser.add_argument("--decode-tokens", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=2)
+    int_flags(parser, streams=16, decode_tokens=64, reps=2)
     parser.add_argument("--met-flags", default="", help="extra flags for met serve")
     parser.add_argument("--configs", default="dp2x1,dp1x2", help=f"from {', '.join(CONFIGS)}")
     args = parser.parse_args()

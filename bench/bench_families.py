@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench_args import int_flags  # same folder
 from bench_serve import ANCHORS, llama_server, met_serve  # same folder
 from random_gguf import SHAPES, Shape, write
 
@@ -100,6 +101,14 @@ def _median(values: list[float]) -> float:
     return values[len(values) // 2] if values else NAN
 
 
+def _streams_then_stop(server, args) -> float:
+    """:func:`http_streams` of a started server, which is stopped after it however it ends."""
+    try:
+        return http_streams(server, args)
+    finally:
+        server.stop()
+
+
 def bench_shape(name: str, args) -> dict[str, Any]:
     shape = SHAPES[name]
     layers = args.moe_layers if shape.experts else args.layers
@@ -127,18 +136,11 @@ def bench_shape(name: str, args) -> dict[str, Any]:
     if shape.experts:
         flags = argparse.Namespace(met_flags="", threads=args.threads, streams=args.streams)
         with tempfile.TemporaryDirectory() as logs:
-            met = met_serve(path, flags, Path(logs) / "met.log")
-            try:
-                row["met_http_streams"] = http_streams(met, args)
-            finally:
-                met.stop()
+            row["met_http_streams"] = _streams_then_stop(met_serve(path, flags, Path(logs) / "met.log"), args)
             server = args.llamacpp_bin / "llama-server"
             if server.exists():
                 srv = llama_server(server, path, flags, Path(logs) / "llama.log")
-                try:
-                    row["llama_http_streams"] = http_streams(srv, args)
-                finally:
-                    srv.stop()
+                row["llama_http_streams"] = _streams_then_stop(srv, args)
     ik = args.ik_bin / "llama-bench"
     if ik.exists():
         row.update({f"ik_{k}": v for k, v in llama_bench(ik, path, args).items()})
@@ -177,11 +179,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=0, help="layers of the dense shapes (0: the real count)")
     ap.add_argument("--moe-layers", type=int, default=0, help="layers of the MoE shapes (0: the real count)")
     ap.add_argument("--dir", type=Path, default=Path.home() / ".cache" / "metrale-bench")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompt", type=int, default=512)
-    ap.add_argument("--gen", type=int, default=32)
-    ap.add_argument("--streams", type=int, default=8)
-    ap.add_argument("--reps", type=int, default=2)
+    int_flags(ap, threads=2, prompt=512, gen=32, streams=8, reps=2)
     ap.add_argument(
         "--llamacpp-bin", type=Path, default=Path(os.environ.get("METRALE_LLAMACPP_BIN", ANCHORS / "llamacpp" / "bin"))
     )

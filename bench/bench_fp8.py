@@ -24,6 +24,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from bench_args import int_flags  # same folder
 
 PROMPTS = [
     "What is the capital of France?",
@@ -147,9 +148,7 @@ def capacity(model, registry, kv_cache_dtype: str, memory: int, requests: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--decode-tokens", type=int, default=32)
-    parser.add_argument("--calibration-tokens", type=int, default=256)
+    int_flags(parser, threads=2, decode_tokens=32, calibration_tokens=256)
     parser.add_argument("--kv-cache-memory", type=int, default=16 << 20)
     parser.add_argument("--capacity-requests", type=int, default=64)
     args = parser.parse_args()

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 import torch
+from bench_args import int_flags  # same folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_generate import engine_rate
@@ -139,9 +140,7 @@ def _llama_bench(path: Path, args) -> dict | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--decode-tokens", type=int, default=64)
-    parser.add_argument("--prefill", type=int, default=512)
+    int_flags(parser, threads=2, decode_tokens=64, prefill=512)
     parser.add_argument("--weight-format", default=None)
     parser.add_argument("--llama-bench", default=str(DEFAULT_LLAMA_BENCH))
     parser.add_argument(

@@ -12,6 +12,7 @@ import argparse
 import time
 
 import torch
+from bench_args import int_flags  # same folder
 
 
 def engine_rate(model, prompt_ids, streams, new_tokens, prefill_only=False) -> float:
@@ -44,7 +45,9 @@ def engine_rate(model, prompt_ids, streams, new_tokens, prefill_only=False) -> f
     return (produced - streams) / (end - first)
 
 
-def _hf(model, prompt_ids, streams, new_tokens, prefill_only=False):
+def hf_rate(model, prompt_ids, streams, new_tokens, prefill_only=False):
+    """HF ``model``'s tokens/s: prompt tokens of one forward (``prefill_only``), else decode tokens
+    past the first of ``generate`` (its one-token run's time subtracted)."""
     ids = torch.tensor([prompt_ids] * streams)
     with torch.no_grad():
         if prefill_only:
@@ -61,9 +64,7 @@ def _hf(model, prompt_ids, streams, new_tokens, prefill_only=False):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--streams", type=int, default=16)
+    int_flags(ap, threads=2, decode_tokens=64, streams=16)
     ap.add_argument("--no-hf", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -86,9 +87,9 @@ def main():
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-        h1 = _hf(hf, short, 1, args.decode_tokens)
-        hp = _hf(hf, long_ids, 1, 1, prefill_only=True)
-        h16 = _hf(hf, short, args.streams, args.decode_tokens)
+        h1 = hf_rate(hf, short, 1, args.decode_tokens)
+        hp = hf_rate(hf, long_ids, 1, 1, prefill_only=True)
+        h16 = hf_rate(hf, short, args.streams, args.decode_tokens)
         rows.append(("hf-transformers", h1, hp, h16))
     print(f"SmolLM2-135M-Instruct Q4_1, {args.threads} threads, greedy")
     print(f"{'engine':<16} {'decode 1-stream':>16} {'prefill 512':>12} {f'decode {args.streams}-stream agg':>22}")

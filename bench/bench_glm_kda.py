@@ -14,6 +14,7 @@ import tempfile
 import time
 
 import torch
+from bench_args import int_flags  # same folder
 
 TEXT = dict(
     vocab_size=2048,
@@ -84,10 +85,7 @@ def _hf_run(model, prompts, new_tokens):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompt-len", type=int, default=256)
-    ap.add_argument("--streams", type=int, default=4)
-    ap.add_argument("--decode-tokens", type=int, default=32)
+    int_flags(ap, threads=2, prompt_len=256, streams=4, decode_tokens=32)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 

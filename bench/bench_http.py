@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from bench_args import int_flags  # same folder
+
 PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -170,8 +172,7 @@ def in_process(model: str | None, levels: list[int], max_tokens: int) -> dict[in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="checkpoint (default: embedded SmolLM2)")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2)
+    int_flags(parser, max_tokens=32, threads=2)
     parser.add_argument("--levels", default="1,4,16")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_args import int_flags  # same folder
 from bench_families import cpu_flags  # same folder
 from bench_serve import ANCHORS, FILLER, InProcess
 
@@ -170,8 +171,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2", help="smollm2 (the embedded default), qwen, or a GGUF path")
     ap.add_argument("--depths", default="512,2048,4096,8192", help="comma list of context depths in tokens")
-    ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
+    int_flags(ap, decode_tokens=64, threads=2)
     ap.add_argument("--reps", type=int, default=2, help="repetitions per figure (median)")
     ap.add_argument("--met-flags", default="", help="extra met serve flags (default: none)")
     env_bin = os.environ.get("METRALE_LLAMACPP_BIN")

@@ -13,6 +13,7 @@ import argparse
 import time
 
 import torch
+from bench_args import int_flags  # same folder
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -51,12 +52,7 @@ def rate(engine, prompt_ids, streams: int, new_tokens: int, adapters: list[str |
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--decode-tokens", type=int, default=32)
-    ap.add_argument("--streams", type=int, default=16)
-    ap.add_argument("--adapters", type=int, default=4)
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=2)
+    int_flags(ap, threads=2, decode_tokens=32, streams=16, adapters=4, rank=16, repeats=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from bench_args import int_flags  # same folder
 
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.loading.load import load_model
@@ -92,9 +93,7 @@ def _run(model, tokenizer, prompts, max_tokens: int) -> tuple[float, int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--streams", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--prompt-words", type=int, default=40)
+    int_flags(parser, streams=16, max_tokens=64, prompt_words=40)
     args = parser.parse_args()
 
     torch.set_num_threads(2)

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from bench_args import int_flags  # same folder
 
 from metrale_core.loading.activation_probe import PROBE_TEXT
 from metrale_core.testing.chunked_weights import model_by_name
@@ -55,8 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2,qwen")
     ap.add_argument("--formats", default="", help="extra weight formats to compare (comma list)")
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=2)
+    int_flags(ap, tokens=256, threads=2)
     args = ap.parse_args()
 
     import torch

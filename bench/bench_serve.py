@@ -42,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_args import int_flags  # same folder
+
 from metrale_core.bench.sse_client import SSEClient
 from metrale_core.testing.chunked_weights import model_by_name
 from metrale_core.testing.serve_argv import llama_server_argv, serve_argv
@@ -490,10 +492,7 @@ def main() -> None:
     ap.add_argument(
         "--models", default="smollm2,qwen", help="comma list: smollm2, qwen, or GGUF paths (default: smollm2,qwen)"
     )
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--streams", type=int, default=16)
-    ap.add_argument("--prefill-tokens", type=int, default=500)
+    int_flags(ap, threads=2, decode_tokens=64, streams=16, prefill_tokens=500)
     ap.add_argument("--reps", type=int, default=3, help="repetitions per figure (median)")
     ap.add_argument("--met-flags", default="", help="extra met serve flags (default: none)")
     ap.add_argument("--llamacpp-bin", type=Path, default=ANCHORS / "llamacpp" / "bin")

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_args import int_flags  # same folder
+
 from metrale_core.bench.sse_client import SSEClient
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,8 +61,7 @@ def main() -> None:
     import httpx
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--port", type=int, default=18771)
-    ap.add_argument("--tokens", type=int, default=256)
+    int_flags(ap, port=18771, tokens=256)
     ap.add_argument("--step-ms", type=float, default=0.0, help="pace each engine step (sleeps, no CPU)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -16,6 +16,7 @@ import argparse
 import time
 
 import torch
+from bench_args import int_flags  # same folder
 
 CODE = """def area(width, height):
     return width * height
@@ -63,8 +64,7 @@ def run(model, tok, prompt_ids, width, tokens, speculator):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=64)
+    int_flags(parser, threads=2, tokens=64)
     parser.add_argument("--gate", choices=("auto", "force"), default="force")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

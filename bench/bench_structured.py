@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_args import int_flags  # same folder
 from loguru import logger
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,9 +95,7 @@ def _compile_times(engine) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=2)
+    int_flags(ap, threads=2, tokens=48, repeats=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     logger.remove()

@@ -41,6 +41,7 @@ import sys
 import time
 
 import httpx
+from bench_args import int_flags  # same folder
 
 from metrale_core.testing.tools import weather_tool
 
@@ -396,11 +397,7 @@ def main() -> None:
     parser.add_argument(
         "--tiny", action="store_true", help="serve a random two-layer Qwen3 (measures the server, not the model)"
     )
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--window", type=int, default=500)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=2)
+    int_flags(parser, requests=2000, window=500, concurrency=4, max_tokens=4, threads=2)
     parser.add_argument(
         "--full",
         action="store_true",

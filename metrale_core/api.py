@@ -55,6 +55,8 @@ FACE: dict[str, dict[str, tuple[str, ...] | str]] = {
         "metrale_core": ALL,
         "metrale_core.plugin.components": ALL,
         "metrale_core.plugin.discovery": ("LazyFactory", "lazy_factory", "load_registry"),
+        # the types of the engine flags a plugin adds (metrale_engine_flags)
+        "metrale_core.cli.flags": ("number_type",),
         "metrale_core.errors": (
             "ConfigError",
             "CorruptWeightsFile",

@@ -5,6 +5,7 @@ from typing import Any
 
 from metrale_core import __version__ as __version__
 from metrale_core import hookimpl as hookimpl
+from metrale_core.cli.flags import number_type as number_type
 from metrale_core.decoder.model import DecoderLM as DecoderLM
 from metrale_core.decoder.names import GEMMA_NAMES as GEMMA_NAMES
 from metrale_core.decoder.names import LLAMA_NAMES as LLAMA_NAMES

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 __all__ = [
     "add_engine_flags",
@@ -21,10 +23,13 @@ __all__ = [
     "engine_config_from_args",
     "load_engine_model",
     "load_options_from_args",
+    "number_type",
     "parse_size",
     "positive_float",
     "positive_int",
 ]
+
+_N = TypeVar("_N", int, float)
 
 #: Namespace attribute listing the dests of the flags plugins added (-> ``plugin_options``).
 PLUGIN_FLAGS_DEST = "_metrale_plugin_flags"
@@ -44,24 +49,27 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
+def number_type(
+    convert: Callable[[str], _N], ok: Callable[[_N], bool], requirement: str, noun: str = "a number"
+) -> Callable[[str], _N]:
+    """An argparse ``type=`` for numbers: ``convert(text)`` (``int``, ``float``) that must pass
+    ``ok``; else the argparse error ``not <noun>: '<text>'`` or ``must be <requirement>, got
+    <text>``.  Plugins build their flags' types with it (``metrale_core.api``)."""
+
+    def parse(text: str) -> _N:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {noun}: {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
+        return value
+
+    return parse
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+positive_int = number_type(int, lambda value: value > 0, "> 0", "an integer")
+positive_float = number_type(float, lambda value: value > 0, "> 0")
 
 
 def add_size_flag(group: argparse._ActionsContainer, flag: str, default: str, help: str) -> None:

@@ -19,7 +19,7 @@ from gguf.quants import dequantize
 from metrale_core.layers.formats.gguf_blocks import GGUF_KINDS
 from metrale_core.weights.gguf_store import GGUFStore
 
-__all__ = ["dequantized", "random_blocks", "raw_of", "write_block_types"]
+__all__ = ["dequantized", "random_blocks", "raw_of", "write_block_types", "write_tensors"]
 
 #: Byte offsets of the fp16 (super-)scale fields in one block of each type.
 _SCALE_FIELDS = {
@@ -52,21 +52,28 @@ def random_blocks(quant_type: str, n: int, k: int, rng: np.random.Generator) -> 
     return blocks.reshape(n, -1)
 
 
-def write_block_types(path: Path, types: Iterable[str], n: int, k: int, seed: int = 0) -> GGUFStore:
-    """A GGUF at ``path`` with one ``[n, k]`` tensor ``blk.0.<type>.weight`` per block type."""
-    rng = np.random.default_rng(seed)
+def write_tensors(path: Path, tensors: Iterable[tuple[str, np.ndarray, GGMLQuantizationType]], k: int) -> Path:
+    """A one-block llama GGUF at ``path`` (embedding length ``k``) holding ``(name, raw blocks,
+    block type)`` of ``tensors``, written in order; returns ``path``."""
     writer = GGUFWriter(str(path), "llama")
     writer.add_embedding_length(k)
     writer.add_head_count(8)
     writer.add_block_count(1)
     writer.add_context_length(64)
-    for t in types:
-        writer.add_tensor(f"blk.0.{t}.weight", random_blocks(t, n, k, rng), raw_dtype=GGMLQuantizationType[t])
+    for name, blocks, kind in tensors:
+        writer.add_tensor(name, blocks, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return GGUFStore(path)
+    return path
+
+
+def write_block_types(path: Path, types: Iterable[str], n: int, k: int, seed: int = 0) -> GGUFStore:
+    """A GGUF at ``path`` with one ``[n, k]`` tensor ``blk.0.<type>.weight`` per block type."""
+    rng = np.random.default_rng(seed)
+    tensors = ((f"blk.0.{t}.weight", random_blocks(t, n, k, rng), GGMLQuantizationType[t]) for t in types)
+    return GGUFStore(write_tensors(path, tensors, k))
 
 
 def raw_of(store: GGUFStore, quant_type: str) -> Any:

@@ -3,7 +3,7 @@
 Owner: the two-host tests (``tests/parallel/test_two_hosts.py``, metrale-ray's
 ``test_ray_two_hosts.py``): :func:`met` starts ``met serve`` / ``met worker`` / ``met replica`` in a
 host, :func:`serve` the tiny model's server with the tests' flags, :class:`Client` talks to it from
-threads inside that host's namespace.
+threads inside that host's namespace; :func:`stop` also reaps the single-host serve tests' processes.
 
 Invariants:
 - Every wait is a poll with a generous bound (never an assumption about speed); a server that

@@ -344,13 +344,31 @@ class RecordingModel:
         script = self.scripts.get(key)
         if script is None or self.window is None:
             return False
+        window_start = max(0, start - self.window + 1)
+        return self._readback(key, script, window_start, ctx, table, kv, pending, fed, layer=1, what="window KV")
+
+    def _readback(
+        self,
+        key: int,
+        script: SeqScript,
+        lo: int,
+        ctx: int,
+        table: Sequence[int],
+        kv: PagedKVCache,
+        pending: list[str],
+        fed: Sequence[int],
+        layer: int = 0,
+        what: str = "KV",
+    ) -> bool:
+        """Positions ``lo .. ctx - 1`` of ``layer`` hold the script's tokens (past the verify chunk's
+        first row, the ``fed`` rows) at their own positions; else one error line, and False."""
         first_draft = ctx - len(fed) + 1
-        for q in range(max(0, start - self.window + 1), ctx):
+        for q in range(lo, ctx):
             want = fed[q - first_draft + 1] if fed and q >= first_draft else script.token_at(q, self.past_end)
-            token, pos, block = self._read(kv, table, q, layer=1)
+            token, pos, block = self._read(kv, table, q, layer=layer)
             if (token, pos) != (want, q):
                 pending.append(
-                    f"error: s{key} window KV readback at position {q} (block {block}) holds "
+                    f"error: s{key} {what} readback at position {q} (block {block}) holds "
                     f"token {token}@{pos}, expected {want}@{q}"
                 )
                 return False
@@ -404,17 +422,7 @@ class RecordingModel:
                 f"{expected_positions[0]}..{expected_positions[-1]} (context_len {ctx})"
             )
             return False
-        first_draft = ctx - len(fed) + 1
-        for q in range(ctx):
-            want = fed[q - first_draft + 1] if fed and q >= first_draft else script.token_at(q, self.past_end)
-            token, pos, block = self._read(kv, table, q)
-            if (token, pos) != (want, q):
-                pending.append(
-                    f"error: s{key} KV readback at position {q} (block {block}) holds "
-                    f"token {token}@{pos}, expected {want}@{q}"
-                )
-                return False
-        return True
+        return self._readback(key, script, 0, ctx, table, kv, pending, fed)
 
     def _check_state(
         self, key: int, start: int, fresh: bool, slot: int, state: object | None, pending: list[str]

@@ -21,7 +21,16 @@ from typing import NoReturn
 
 import pytest
 
-__all__ = ["cpu_isa_params", "missing", "needs_file", "require_cpu_kernels", "require_file", "strict", "use_cpu_isa"]
+__all__ = [
+    "cpu_isa_params",
+    "missing",
+    "needs_file",
+    "require_cpu_kernels",
+    "require_file",
+    "strict",
+    "use_cpu_isa",
+    "use_kernel_path",
+]
 
 
 def strict() -> bool:
@@ -82,3 +91,15 @@ def use_cpu_isa(monkeypatch: pytest.MonkeyPatch, isa: str, package: str) -> None
     else:
         monkeypatch.setenv(CPU_ISA_ENV, isa)
     require_cpu_kernels(package)
+
+
+def use_kernel_path(monkeypatch: pytest.MonkeyPatch, path: str, package: str) -> None:
+    """Force one CPU path for the rest of the test: ``"native"`` (torch) or ``"cpu-<isa>"``, the C
+    kernels of ``package`` in variant ``<isa>`` (:func:`use_cpu_isa`, as :func:`cpu_isa_params`
+    names them), through ``METRALE_KERNELS``."""
+    from metrale_core.kernels import KERNELS_ENV
+
+    if path.startswith("cpu-"):
+        use_cpu_isa(monkeypatch, path.removeprefix("cpu-"), package)
+        path = "cpu"
+    monkeypatch.setenv(KERNELS_ENV, path)

@@ -1,8 +1,9 @@
-"""Run greedy requests through an engine, the later ones joining while the first still prefills.
+"""Run greedy requests through an engine, the later ones joining while the first still prefills;
+and step an engine to the end, collecting each request's outputs.
 
 Owner: the engine-path parity tests (core and model plugins), which all drive the engine the same
 way: the first request alone for a few steps (so its prompt is mid-prefill), then the others, then
-steps until every request is done.
+steps until every request is done; :func:`run_all` for the engine tests that only step to the end.
 
 Invariants: the engine is only driven through ``add_request`` / ``step`` / ``has_unfinished``;
 request ids are ``r0``, ``r1``, ... in prompt order, and the result lists each request's new
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["run_joining_mid_prefill"]
+__all__ = ["run_all", "run_joining_mid_prefill"]
 
 
 def run_joining_mid_prefill(
@@ -36,3 +37,15 @@ def run_joining_mid_prefill(
     while engine.has_unfinished():
         drain()
     return [outputs[f"r{i}"] for i in range(len(prompts))]
+
+
+def run_all(engine: Any, max_steps: int = 10_000) -> dict[str, list[Any]]:
+    """Step until no request is unfinished; return request id -> its outputs in step order.
+    Raises ``AssertionError`` if ``max_steps`` steps do not finish them."""
+    outs: dict[str, list[Any]] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return outs
+        for o in engine.step():
+            outs.setdefault(o.request_id, []).append(o)
+    raise AssertionError("engine did not finish")

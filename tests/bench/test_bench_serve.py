@@ -4,6 +4,7 @@ the API key, and one clear line for a server that is not up.  No speed is assert
 
 from __future__ import annotations
 
+import pytest
 from benchlib import assert_sane_level, free_port, read_result, run_met
 
 
@@ -12,11 +13,22 @@ def _bench(capsys, url: str, out, *args: str):
     return run_met(capsys, "bench", "serve", "--url", url, *args, "--result-file", str(out))
 
 
-def test_completions_levels_with_exact_prompts(start_server, tmp_path, capsys):
+@pytest.fixture
+def bench_scripted(start_server, tmp_path, capsys):
+    """``bench_scripted(*args)``: ``met bench serve ARGS`` against a fresh scripted server, writing
+    ``result.json``; returns its exit code, stdout, stderr and the result file."""
     server, _ = start_server()
-    out = tmp_path / "result.json"
-    code, stdout, stderr = _bench(
-        capsys, server.url, out, "--concurrency", "1,3", "--prompt-tokens", "20",
+
+    def bench(*args: str):
+        out = tmp_path / "result.json"
+        return (*_bench(capsys, server.url, out, *args), out)
+
+    return bench
+
+
+def test_completions_levels_with_exact_prompts(bench_scripted):
+    code, stdout, stderr, out = bench_scripted(
+        "--concurrency", "1,3", "--prompt-tokens", "20",
         "--output-tokens", "8", "--num-prompts", "4",
     )  # fmt: skip
     assert code == 0, stderr
@@ -35,11 +47,9 @@ def test_completions_levels_with_exact_prompts(start_server, tmp_path, capsys):
     assert "exact" in stdout and "TTFT" in stdout
 
 
-def test_chat_endpoint_and_default_sizes(start_server, tmp_path, capsys):
-    server, _ = start_server()
-    out = tmp_path / "chat.json"
-    code, _, stderr = _bench(
-        capsys, server.url, out, "--endpoint", "chat", "--concurrency", "2",
+def test_chat_endpoint_and_default_sizes(bench_scripted):
+    code, _, stderr, out = bench_scripted(
+        "--endpoint", "chat", "--concurrency", "2",
         "--prompt-tokens", "12", "--output-tokens", "5", "--warmup", "0",
     )  # fmt: skip
     assert code == 0, stderr
@@ -48,11 +58,9 @@ def test_chat_endpoint_and_default_sizes(start_server, tmp_path, capsys):
     assert level["prompt_tokens"] > 4 * 12  # the chat template adds its own tokens
 
 
-def test_failed_requests_are_counted_not_fatal(start_server, tmp_path, capsys):
-    server, _ = start_server()
-    out = tmp_path / "bad.json"
-    code, stdout, _ = _bench(
-        capsys, server.url, out, "--model", "no-such-model", "--num-prompts", "3",
+def test_failed_requests_are_counted_not_fatal(bench_scripted):
+    code, stdout, _, out = bench_scripted(
+        "--model", "no-such-model", "--num-prompts", "3",
         "--prompt-tokens", "8", "--output-tokens", "4",
     )  # fmt: skip
     assert code == 0

@@ -16,6 +16,7 @@ import torch
 
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.model_api import ForwardBatch, KVLayout, ModelInfo, PagedKVCache, RecurrentLayout
+from metrale_core.testing.staggered import run_all
 
 VOCAB = 50
 DIM = 5
@@ -100,17 +101,6 @@ def make_engine():
         return LLMEngine(model or ToyLM(), EngineConfig(**defaults), tokenizer=tokenizer)
 
     return make
-
-
-def run_all(engine, max_steps: int = 10_000) -> dict:
-    """Step until done; returns request id -> list of deltas."""
-    outs: dict[str, list] = {}
-    for _ in range(max_steps):
-        if not engine.has_unfinished():
-            return outs
-        for o in engine.step():
-            outs.setdefault(o.request_id, []).append(o)
-    raise AssertionError("engine did not finish")
 
 
 @pytest.fixture

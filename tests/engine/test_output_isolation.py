@@ -11,26 +11,18 @@ from __future__ import annotations
 from metrale_core.sampling import SamplingParams
 
 
-def _step_all(engine):
-    outs = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            outs.setdefault(out.request_id, []).append(out)
-    return outs
-
-
-def test_bad_bias_fails_only_its_own_request(make_engine, tokens):
+def test_bad_bias_fails_only_its_own_request(make_engine, tokens, run):
     prompt = [3, 4, 5, 6]
     solo = make_engine()
     solo.add_request("good", prompt, SamplingParams(temperature=0.0, max_tokens=6))
-    expected = tokens(_step_all(solo)["good"])
+    expected = tokens(run(solo)["good"])
     assert len(expected) == 6
 
     engine = make_engine()
     engine.add_request("good", prompt, SamplingParams(temperature=0.0, max_tokens=6))
     engine.add_request("bad", [1, 2], SamplingParams(temperature=0.0, max_tokens=6, logit_bias={10**8: 1.0}))
     engine.add_request("good2", prompt, SamplingParams(temperature=0.0, max_tokens=6))
-    outs = _step_all(engine)  # the step itself must not raise
+    outs = run(engine)  # the step itself must not raise
     bad = outs["bad"][-1]
     assert bad.finished and bad.finish_reason == "error"
     assert "logit_bias" in bad.error and "vocabulary" in bad.error

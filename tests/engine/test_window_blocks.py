@@ -30,6 +30,15 @@ def run_to(bm: BlockManager, s: Sequence, n: int) -> None:
         bm.cache_full_blocks(s)
 
 
+def fed_to(bm: BlockManager, prompt_len: int, n: int) -> Sequence:
+    """Sequence ``a`` of prompt ``0 .. prompt_len - 1``, prefilled at once, then fed to ``n`` tokens."""
+    s = seq("a", range(prompt_len))
+    bm.allocate(s, [], prompt_len)
+    s.num_computed_tokens = prompt_len
+    run_to(bm, s, n)
+    return s
+
+
 def test_groups_of_a_gemma_like_layout():
     windows = (W, W, W, W, W, None) * 3  # 5 sliding : 1 global, 18 layers (Gemma-3-270M)
     layout = KVLayout(num_layers=18, num_kv_heads=1, head_dim=2, windows=windows)
@@ -54,10 +63,7 @@ def test_no_windows_is_one_group_of_every_layer():
 
 def test_windowed_group_keeps_only_the_window():
     bm = BlockManager(num_blocks=64, block_size=BS, windows=(None, W))
-    s = seq("a", range(5))
-    bm.allocate(s, [], 5)
-    s.num_computed_tokens = 5
-    run_to(bm, s, 40)
+    s = fed_to(bm, 5, 40)
     full, window = bm.held_blocks(s)
     assert full == 10 and window <= -(-W // BS) + 1
     assert s.group_block_ids[0][:7] == [NULL_BLOCK] * 7
@@ -118,10 +124,7 @@ def test_prefix_hit_shortens_when_a_window_block_was_evicted():
 
 def test_truncate_and_free_skip_slid_blocks():
     bm = BlockManager(num_blocks=32, block_size=BS, windows=(None, W))
-    s = seq("a", range(4))
-    bm.allocate(s, [], 4)
-    s.num_computed_tokens = 4
-    run_to(bm, s, 20)
+    s = fed_to(bm, 4, 20)
     bm.grow(s, 24)  # a verify chunk's room
     bm.truncate(s, 21)
     assert len(s.block_ids) == len(s.group_block_ids[0]) == 6
@@ -133,10 +136,7 @@ def test_all_layers_windowed_is_one_windowed_group():
     layout = KVLayout(num_layers=2, num_kv_heads=1, head_dim=2, windows=(W, W))
     assert layout.groups.windows == (W,)
     bm = BlockManager(num_blocks=16, block_size=BS, windows=layout.groups.windows)
-    s = seq("a", range(4))
-    bm.allocate(s, [], 4)
-    s.num_computed_tokens = 4
-    run_to(bm, s, 30)
+    s = fed_to(bm, 4, 30)
     assert bm.held_blocks(s)[0] <= -(-W // BS) + 1 and s.block_ids[0] == NULL_BLOCK
     bm.free(s)
     assert bm.num_free_blocks == 16

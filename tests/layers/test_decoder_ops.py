@@ -15,7 +15,7 @@ from metrale_core.layers.attention import DecodeGather, attend_decode_gathered, 
 from metrale_core.layers.decoder_ops import DecoderOps
 from metrale_core.layers.op_support import KERNEL_PACKAGE
 from metrale_core.layers.pointwise.functional import apply_rope, rope_cos_sin, rope_inv_freq
-from metrale_core.testing.requires import cpu_isa_params, missing, use_cpu_isa
+from metrale_core.testing.requires import missing, use_kernel_path
 
 GEN = torch.Generator().manual_seed(1234)
 CPU_SKIP = cpu_unavailable_reason(KERNEL_PACKAGE)
@@ -25,23 +25,16 @@ def randn(*shape, dtype=torch.float32):
     return torch.randn(shape, generator=GEN).to(dtype)
 
 
-def _ops(path: str, monkeypatch) -> DecoderOps:
-    if path.startswith("cpu-"):  # the C kernels of one ISA variant, forced
-        use_cpu_isa(monkeypatch, path.removeprefix("cpu-"), "metrale_core.layers")
-        path = "cpu"
-    monkeypatch.setenv(KERNELS_ENV, path)
-    return DecoderOps("cpu")
-
-
-@pytest.fixture(params=["native", *(f"cpu-{isa}" for isa in cpu_isa_params())])
-def ops(request, monkeypatch) -> DecoderOps:
+@pytest.fixture
+def ops(kernel_path) -> DecoderOps:
     """The decoder's ops on one CPU path: torch, or the C kernels of each variant the CPU runs."""
-    return _ops(request.param, monkeypatch)
+    return DecoderOps("cpu")
 
 
 @pytest.fixture
 def native_ops(monkeypatch) -> DecoderOps:
-    return _ops("native", monkeypatch)
+    use_kernel_path(monkeypatch, "native", "metrale_core.layers")
+    return DecoderOps("cpu")
 
 
 def _all(ops: DecoderOps):

@@ -26,14 +26,23 @@ class _Seen:
         self.log = log
 
 
-class First(_Seen):
+class _Plain(_Seen):
+    """A plain plugin: logs ``(NAME, engine)`` when told the engine started, answers ``VALUE``."""
+
+    NAME: str
+    VALUE: float
+
     @hookimpl
     def metrale_engine_started(self, engine):
-        self.log.append(("first", engine))
+        self.log.append((self.NAME, engine))
 
     @hookimpl
     def metrale_metrics(self, engine):
-        return {"metrale:first": 1.0}
+        return {f"metrale:{self.NAME}": self.VALUE}
+
+
+class First(_Plain):
+    NAME, VALUE = "first", 1.0
 
 
 class Broken(_Seen):
@@ -47,14 +56,8 @@ class Broken(_Seen):
         raise ValueError("no metrics today")
 
 
-class Last(_Seen):
-    @hookimpl
-    def metrale_engine_started(self, engine):
-        self.log.append(("last", engine))
-
-    @hookimpl
-    def metrale_metrics(self, engine):
-        return {"metrale:last": 3.0}
+class Last(_Plain):
+    NAME, VALUE = "last", 3.0
 
 
 class Wrapper(_Seen):

@@ -132,10 +132,10 @@ class ScriptedLM:
 SCRIPTED_ENGINE = {"block_size": 16, "num_kv_blocks": 512, "max_num_seqs": 32, "max_prefill_tokens": 2048}
 
 
-def scripted_served(tokenizer, engine_options=None, registry=None, model_class=None):
-    """The scripted model served (a ``ServedModel``): ``tokenizer`` is a ``Tokenizer`` or the
-    directory of one (picklable, so a data-parallel replica process can build it too);
-    ``model_class`` a ``ScriptedLM`` subclass to serve instead."""
+def scripted_served(tokenizer, engine_options=None, registry=None, model_class=None, model_type="qwen3"):
+    """The scripted model served (a ``ServedModel`` of ``model_type``): ``tokenizer`` is a
+    ``Tokenizer`` or the directory of one (picklable, so a data-parallel replica process can build
+    it too); ``model_class`` a ``ScriptedLM`` subclass to serve instead."""
     from metrale_core.engine import EngineConfig, LLMEngine
     from metrale_core.server import ServedModel
     from metrale_core.text.tokenizer import Tokenizer
@@ -152,7 +152,53 @@ def scripted_served(tokenizer, engine_options=None, registry=None, model_class=N
         tokenizer=tokenizer,
         registry=registry,
     )
-    return ServedModel(engine=engine, tokenizer=tokenizer, model_type="qwen3")
+    return ServedModel(engine=engine, tokenizer=tokenizer, model_type=model_type)
+
+
+def serve_scripted_class(start_server, tokenizer, model_class, model_type: str, name: str):
+    """``model_class`` (a ``ScriptedLM`` subclass) served as ``name`` by ``start_server`` (the
+    conftest fixture) with the installed plugins; returns an OpenAI client of it."""
+    import openai
+
+    from metrale_core.plugin.discovery import load_registry
+
+    registry = load_registry()
+
+    def load():
+        return scripted_served(tokenizer, registry=registry, model_class=model_class, model_type=model_type)
+
+    server, _host = start_server(loader=load, registry=registry, served_model_name=name)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def answer_function_call(client, model: str, tool: dict, first, output: str):
+    """Responses API: ``first``'s one function call answered with ``output``, continued through
+    ``previous_response_id``; returns ``(call, follow-up response)``."""
+    (call,) = [i for i in first.output if i.type == "function_call"]
+    follow = client.responses.create(
+        model=model,
+        tools=[tool],
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": output}],
+    )
+    return call, follow
+
+
+def answer_tool_use(aclient, model: str, tool: dict, asked: list, msg, content):
+    """Messages API: the conversation ``asked`` + ``msg`` (ending in one ``tool_use``) + its
+    ``tool_result`` of ``content``, sent again; returns ``(tool_use block, follow-up message)``."""
+    (use,) = [b for b in msg.content if b.type == "tool_use"]
+    follow = aclient.messages.create(
+        model=model,
+        max_tokens=128,
+        tools=[tool],
+        messages=[
+            *asked,
+            {"role": "assistant", "content": msg.content},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": content}]},
+        ],
+    )
+    return use, follow
 
 
 def random_text(seed: int, words: int) -> str:

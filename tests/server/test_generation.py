@@ -13,14 +13,13 @@ from collections import Counter
 
 import httpx
 import pytest
-import torch
-import transformers
-from server_testlib import ScriptedLM, checkpoint_loader, scripted_served, write_tokenizer
+from server_testlib import ScriptedLM, checkpoint_loader, scripted_served
 
 import metrale_qwen3  # noqa: F401 -- a hard test dependency: missing is an error, not a skip
 import metrale_structured  # noqa: F401 -- the structured-output case needs it
 from metrale_core.engine import LLMEngine
 from metrale_core.engine.request import EngineRequest
+from metrale_core.testing.random_checkpoint import write_random_checkpoint
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
 
@@ -28,23 +27,9 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, start_server):
     from metrale_core.plugin.discovery import load_registry
-    from metrale_core.text.tokenizer import Tokenizer
 
     path = tmp_path_factory.mktemp("once-qwen3")
-    write_tokenizer(path)
-    config = transformers.Qwen3Config(
-        vocab_size=Tokenizer.from_dir(path).vocab_size,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    write_random_checkpoint(path, intermediate_size=48, num_hidden_layers=1, max_position_embeddings=256)
     server, _ = start_server(loader=checkpoint_loader(path, load_registry()), served_model_name="tiny")
     return server.url
 

@@ -20,6 +20,7 @@ import pytest
 from server_testlib import wait_started
 
 from metrale_core.parallel.executors import free_port
+from metrale_core.testing.host_client import stop
 from metrale_core.testing.serve_argv import TINY_SERVE_FLAGS, serve_argv
 from metrale_core.testing.tiny_llama import greedy_text, write_tiny_llama
 
@@ -104,10 +105,7 @@ def test_serve_rank0_and_worker_rank1_on_loopback_give_tp1_tokens(tiny_llama, tm
         assert server.wait(30) == 128 + signal.SIGTERM  # stopped gracefully, as without TP
         assert worker.wait(30) == 0  # rank 0 told it to stop
     finally:
-        for proc in (server, worker):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        stop(server, worker)
 
 
 def test_a_dead_worker_fails_the_request_and_the_server_stays_up_saying_why(tiny_llama, tmp_path):
@@ -142,9 +140,7 @@ def test_a_dead_worker_fails_the_request_and_the_server_stays_up_saying_why(tiny
         assert server.wait(30) == 1
         assert "met serve: error: tensor-parallel worker rank" in log.read_text()
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
+        stop(server)
 
 
 def test_sigterm_stops_every_worker_process(tiny_llama, tmp_path):
@@ -163,6 +159,4 @@ def test_sigterm_stops_every_worker_process(tiny_llama, tmp_path):
             time.sleep(0.1)
         assert all(_gone(pid) for pid in workers), workers
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
+        stop(server)

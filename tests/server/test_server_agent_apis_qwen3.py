@@ -20,6 +20,7 @@ import openai
 import pytest
 import torch
 import transformers
+from server_testlib import answer_function_call, answer_tool_use
 
 import metrale_qwen3  # noqa: F401 -- a hard test dependency: missing is an error, not a skip
 
@@ -83,16 +84,10 @@ def _hf_len(hf_tok, messages, **kwargs) -> int:
 def test_responses_tool_round_trip_with_qwen3_template(scripted, hf_tok):
     _, client, _ = scripted
     first = client.responses.create(model="qwen3", input="What is the weather in Paris?", tools=[TOOL])
-    (call,) = [i for i in first.output if i.type == "function_call"]
+    call, follow = answer_function_call(client, "qwen3", TOOL, first, "sunny")
     assert call.name == "get_weather" and first.output_text == ""
     user = {"role": "user", "content": "What is the weather in Paris?"}
     assert first.usage.input_tokens == _hf_len(hf_tok, [user], tools=[CHAT_TOOL])
-    follow = client.responses.create(
-        model="qwen3",
-        tools=[TOOL],
-        previous_response_id=first.id,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
-    )
     assert follow.output_text == "It is sunny in Paris."
     history = [
         user,
@@ -130,23 +125,8 @@ def test_messages_tools_and_thinking_with_qwen3_template(scripted, hf_tok):
     with aclient.messages.stream(model="qwen3", max_tokens=128, messages=ask, tools=[ATOOL], system="Be brief.") as s:
         msg = s.get_final_message()
     assert msg.usage.input_tokens == want and msg.stop_reason == "tool_use"
-    (use,) = [b for b in msg.content if b.type == "tool_use"]
+    use, follow = answer_tool_use(aclient, "qwen3", ATOOL, ask, msg, [{"type": "text", "text": "sunny"}])
     assert use.input == {"city": "Paris"}
-    follow = aclient.messages.create(
-        model="qwen3",
-        max_tokens=128,
-        tools=[ATOOL],
-        messages=[
-            *ask,
-            {"role": "assistant", "content": msg.content},
-            {
-                "role": "user",
-                "content": [
-                    {"type": "tool_result", "tool_use_id": use.id, "content": [{"type": "text", "text": "sunny"}]}
-                ],
-            },
-        ],
-    )
     assert follow.content[0].text == "It is sunny in Paris."
     think = aclient.messages.create(
         model="qwen3",

@@ -92,29 +92,15 @@ class HarmonyLM(ScriptedLM):
 
 @pytest.fixture(scope="module")
 def harmony_client(start_server, tmp_path_factory):
-    import openai
-    from server_testlib import SCRIPTED_ENGINE
+    from server_testlib import serve_scripted_class
 
-    from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.plugin.discovery import load_registry
-    from metrale_core.server import ServedModel
     from metrale_core.text.tokenizer import Tokenizer
 
     directory = tmp_path_factory.mktemp("harmonytok")
     write_tokenizer(directory, SPECIAL, [], HARMONY, eos="<|return|>", generation_eos=("<|call|>",))
     tokenizer = Tokenizer.from_dir(directory)
     assert tokenizer.token_to_id("<|call|>") in tokenizer.eos_token_ids
-
-    registry = load_registry()
-
-    def load():
-        engine = LLMEngine(
-            HarmonyLM(tokenizer), EngineConfig(**SCRIPTED_ENGINE), tokenizer=tokenizer, registry=registry
-        )
-        return ServedModel(engine=engine, tokenizer=tokenizer, model_type="harmony-test")
-
-    server, _host = start_server(loader=load, registry=registry, served_model_name="gpt-oss-scripted")
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    return serve_scripted_class(start_server, tokenizer, HarmonyLM, "harmony-test", "gpt-oss-scripted")
 
 
 def chat(client, messages, **kwargs):

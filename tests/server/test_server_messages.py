@@ -8,7 +8,7 @@ import anthropic
 import httpx
 import pytest
 from api_events import check_messages_stream, parse_sse
-from server_testlib import API_KEY, messages_sse
+from server_testlib import API_KEY, answer_tool_use, messages_sse
 
 WEATHER_TOOL = {
     "name": "get_weather",
@@ -75,19 +75,9 @@ def test_tool_round_trip(aclient, stream):
     else:
         msg = aclient.messages.create(**kwargs)
     assert msg.stop_reason == "tool_use"
-    (call,) = [b for b in msg.content if b.type == "tool_use"]
+    call, follow = answer_tool_use(aclient, "scripted", WEATHER_TOOL, kwargs["messages"], msg, "sunny, 24C")
     assert call.name == "get_weather" and call.input == {"city": "Paris"}
     assert not any(b.type == "text" and "tool_call" in b.text for b in msg.content)
-    follow = aclient.messages.create(
-        model="scripted",
-        max_tokens=128,
-        tools=[WEATHER_TOOL],
-        messages=[
-            *kwargs["messages"],
-            {"role": "assistant", "content": msg.content},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny, 24C"}]},
-        ],
-    )
     assert follow.content[0].text == "It is sunny in Paris." and follow.stop_reason == "end_turn"
 
 

@@ -72,27 +72,13 @@ class MistralLM(ScriptedLM):
 
 @pytest.fixture(scope="module")
 def mistral_client(start_server, tmp_path_factory):
-    import openai
-    from server_testlib import SCRIPTED_ENGINE
+    from server_testlib import serve_scripted_class
 
-    from metrale_core.engine import EngineConfig, LLMEngine
-    from metrale_core.plugin.discovery import load_registry
-    from metrale_core.server import ServedModel
     from metrale_core.text.tokenizer import Tokenizer
 
     directory = tmp_path_factory.mktemp("mistraltok")
     tokenizer = Tokenizer.from_dir(write_tokenizer(directory, SPECIAL, [], NEMO, eos="</s>"))
-
-    registry = load_registry()
-
-    def load():
-        engine = LLMEngine(
-            MistralLM(tokenizer), EngineConfig(**SCRIPTED_ENGINE), tokenizer=tokenizer, registry=registry
-        )
-        return ServedModel(engine=engine, tokenizer=tokenizer, model_type="llama")
-
-    server, _host = start_server(loader=load, registry=registry, served_model_name="nemo-scripted")
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    return serve_scripted_class(start_server, tokenizer, MistralLM, "llama", "nemo-scripted")
 
 
 def chat(client, content_or_messages, **kwargs):

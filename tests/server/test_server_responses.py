@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 from api_events import check_responses_stream, parse_sse
+from server_testlib import answer_function_call
 
 WEATHER_TOOL = {
     "type": "function",
@@ -62,13 +63,7 @@ def test_tool_round_trip_with_function_call_output(client):
 
 def test_previous_response_id_continues_the_conversation(client):
     first = client.responses.create(model="scripted", tools=[WEATHER_TOOL], input="What is the weather in Paris?")
-    (call,) = [i for i in first.output if i.type == "function_call"]
-    follow = client.responses.create(
-        model="scripted",
-        tools=[WEATHER_TOOL],
-        previous_response_id=first.id,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
-    )
+    _, follow = answer_function_call(client, "scripted", WEATHER_TOOL, first, "sunny")
     assert follow.output_text == "It is sunny in Paris."
     assert follow.previous_response_id == first.id
     # the prompt grew by the stored conversation

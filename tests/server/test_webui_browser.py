@@ -203,6 +203,13 @@ def _wait_idle(page) -> None:
     page.wait_for_selector("body[data-state=idle]", state="attached")
 
 
+def _ask(page, text: str):
+    """Send ``text``, wait until the page is idle again; return the last answer's locator."""
+    _send(page, text)
+    _wait_idle(page)
+    return _answer(page)
+
+
 def _wait_answer(page, text: str) -> None:
     page.wait_for_function(
         "t => [...document.querySelectorAll('.msg.assistant .answer')].pop()?.textContent.trim() === t", arg=text
@@ -267,9 +274,7 @@ def test_streams_tokens_and_shows_speed_and_context(page, gated, gate, shots):
 
 def test_markdown_reasoning_and_tool_calls(page, gated, shots):
     _open(page, gated[0].url)
-    _send(page, "show me markdown")
-    _wait_idle(page)
-    answer = _answer(page)
+    answer = _ask(page, "show me markdown")
     assert answer.locator("h2").text_content() == "Result"
     assert answer.locator("strong").text_content() == "bold"
     assert answer.locator("em").text_content() == "italic"
@@ -310,9 +315,7 @@ def test_markdown_reasoning_and_tool_calls(page, gated, shots):
 
 def test_html_in_messages_renders_as_text(page, gated, shots):
     _open(page, gated[0].url)
-    _send(page, 'xss <b id="injected">bold?</b><img src=x onerror="window.__pwned=4">')
-    _wait_idle(page)
-    answer = _answer(page)
+    answer = _ask(page, 'xss <b id="injected">bold?</b><img src=x onerror="window.__pwned=4">')
     assert "<img src=x onerror=" in answer.text_content() and "<script>" in answer.text_content()
     assert "[click](javascript:window.__pwned=2)" in answer.text_content()
     assert page.locator(".msg img, .msg script, #injected, .msg a[href^='javascript']").count() == 0

@@ -20,6 +20,7 @@ from metrale_core.plugin.registry import Registry as _CoreRegistry
 from metrale_core.sampling import DefaultSampler, PositionKind, SamplingParams
 from metrale_core.streamparse import StreamParser, make_stream_parser
 from metrale_core.testing.recording_model import EOS, RecordingModel, SeqScript
+from metrale_core.testing.staggered import run_all
 
 PIECES = [
     "",
@@ -93,14 +94,6 @@ def engine_with(scripts, seen=None):
     return LLMEngine(model, cfg, tokenizer=PieceTokenizer(), registry=Registry(seen if seen is not None else []))
 
 
-def run(engine):
-    outs = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            outs.setdefault(o.request_id, []).append(o)
-    return outs
-
-
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
 
 
@@ -111,7 +104,7 @@ def test_parsed_deltas_and_the_state_seen_at_each_position():
     engine.add_request("tools", [40, 41], GREEDY, extras={"stream_parser": parser, "other": 1})
     engine.add_request("plain", [42], GREEDY)
     assert engine.scheduler.seqs["tools"].extras["other"] == 1
-    outs = run(engine)
+    outs = run_all(engine)
 
     assert all(o.parsed == () for o in outs["plain"])
     assert "".join(o.text_delta for o in outs["plain"]) == "Done."
@@ -146,7 +139,7 @@ def test_stop_string_text_is_never_fed():
     engine = engine_with([SeqScript([40], OUTPUT + [TOKEN["Done"]])])
     parser = make_stream_parser(tool_parser="qwen3_coder", reasoning="qwen3", tools=TOOLS)
     engine.add_request("a", [40], params, extras={"stream_parser": parser})
-    outs = run(engine)["a"]
+    outs = run_all(engine)["a"]
     text = "".join(o.text_delta for o in outs)
     assert text.endswith("</function>\n") and "</tool_call>" not in text
     got = collect([d for o in outs for d in o.parsed], parser)
@@ -176,7 +169,7 @@ def test_a_failing_parser_is_dropped_and_the_text_still_arrives():
     bad = Exploding()
     engine.add_request("bad", [40], GREEDY, extras={"stream_parser": bad})
     engine.add_request("good", [41], GREEDY, extras={"stream_parser": make_stream_parser()})
-    outs = run(engine)
+    outs = run_all(engine)
     assert "".join(o.text_delta for o in outs["bad"]) == "Done.Done"
     parsed = [d for o in outs["bad"] for d in o.parsed]
     assert "".join(d.content for d in parsed) == ".Done"  # from the failure on: plain content

@@ -47,6 +47,17 @@ def _wait_pane(session: str, needle: str, timeout: float) -> str:
         time.sleep(0.25)
 
 
+def _start_dashboard(session: str, exit_file: Path, port: int = 0, *flags: str, after: str = "") -> None:
+    """``met serve`` (the dashboard) on SmolLM2 in a new 160x40 tmux ``session``; the shell writes
+    its exit status to ``exit_file``, then runs ``after``."""
+    serve = " ".join(("--port", str(port), "--kv-cache-memory", "64M", "--max-model-len", "2048", *flags))
+    command = (
+        f"cd {ROOT} && unset COLUMNS LINES && TERM=xterm-256color {MET} serve --model {SMOL} {serve}; "
+        f"echo $? > {exit_file}{after}"
+    )
+    _tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "40", command)
+
+
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)")
 
 
@@ -54,12 +65,7 @@ needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is no
 def test_dashboard_in_tmux_serves_and_chats(tmp_path):
     session = f"metrale-tui-{uuid.uuid4().hex[:8]}"
     exit_file = tmp_path / "exit"
-    command = (
-        f"cd {ROOT} && unset COLUMNS LINES && TERM=xterm-256color {MET} serve --model {SMOL} "
-        f"--port 0 --kv-cache-memory 64M --max-model-len 2048; "
-        f"echo $? > {exit_file}"
-    )
-    _tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "40", command)
+    _start_dashboard(session, exit_file)
     try:
         screen = _wait_pane(session, "SERVING", timeout=120)
         header = screen.splitlines()[0]
@@ -109,12 +115,7 @@ def test_sigterm_stops_the_dashboard_gracefully(tmp_path):
     exit_file = tmp_path / "exit"
     port = _free_port()
     # the pane stays (sleep) so that what the shell prints after met exits can be read
-    command = (
-        f"cd {ROOT} && unset COLUMNS LINES && TERM=xterm-256color {MET} serve --model {SMOL} "
-        f"--port {port} --kv-cache-memory 64M --max-model-len 2048 "
-        f"--shutdown-grace {grace}; echo $? > {exit_file}; echo met-exited; sleep 60"
-    )
-    _tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "40", command)
+    _start_dashboard(session, exit_file, port, "--shutdown-grace", str(grace), after="; echo met-exited; sleep 60")
     try:
         _wait_pane(session, "SERVING", timeout=120)
         pid = _pane_child(session)

@@ -11,10 +11,8 @@ Invariants:
 
 from __future__ import annotations
 
-import argparse
-
 from metrale_core import hookimpl
-from metrale_core.api import SchedulerSpec, lazy_factory
+from metrale_core.api import SchedulerSpec, lazy_factory, number_type
 
 __all__ = [
     "DEFAULT_DEADLINE_SLACK_MS",
@@ -35,24 +33,10 @@ DEFAULT_TBT_BUDGET_MS = 0.0
 DEFAULT_STEP_TOKENS_PER_MS = 10.0
 
 
-def _milliseconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 milliseconds, got {text}")
-    return value
-
-
-def _tokens_per_ms(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of tokens per ms: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be > 0 tokens per ms, got {text}")
-    return value
+_milliseconds = number_type(float, lambda value: value >= 0, ">= 0 milliseconds", "a number of milliseconds")
+_tokens_per_ms = number_type(
+    float, lambda value: 0 < value < float("inf"), "> 0 tokens per ms", "a number of tokens per ms"
+)
 
 
 @hookimpl

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
 from metrale_core.layers.formats import gguf_blocks as gb
@@ -18,27 +18,20 @@ from metrale_core.layers.formats import gguf_linear as gl
 from metrale_core.layers.formats import gguf_repack as gr
 from metrale_core.layers.formats import repack_cache
 from metrale_core.testing import pytest_plugin
+from metrale_core.testing.gguf_blocks import write_tensors
 from metrale_core.weights.gguf_store import GGUFStore
 
 N, K = 32, 256
+NAMES = ("blk.0.a.weight", "blk.0.b.weight")
 
 pytest_plugins = ["pytester"]
 
 
 def _write(path, seed: int = 0):
     rng = np.random.default_rng(seed)
-    w = GGUFWriter(str(path), "llama")
-    w.add_embedding_length(K)
-    w.add_head_count(8)
-    w.add_block_count(1)
-    w.add_context_length(64)
-    for name, kind in (("blk.0.a.weight", GGMLQuantizationType.Q8_0), ("blk.0.b.weight", GGMLQuantizationType.Q8_0)):
-        w.add_tensor(name, quantize(rng.standard_normal((N, K)).astype(np.float32), kind), raw_dtype=kind)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    kind = GGMLQuantizationType.Q8_0
+    tensors = ((name, quantize(rng.standard_normal((N, K)).astype(np.float32), kind), kind) for name in NAMES)
+    return write_tensors(path, tensors, K)
 
 
 def _raw(path, name="a.weight"):

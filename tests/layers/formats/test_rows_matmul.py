@@ -6,23 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrale_core.kernels import KERNELS_ENV
 from metrale_core.layers.blocks.moe import RowwiseLinear
 from metrale_core.layers.formats.rows_matmul import RowsMatmul
-from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa
+from metrale_core.testing.requires import cpu_isa_params, use_kernel_path
 
 
-def _op(path: str, monkeypatch) -> RowsMatmul:
-    if path.startswith("cpu-"):
-        use_cpu_isa(monkeypatch, path.removeprefix("cpu-"), "metrale_core.layers")
-        path = "cpu"
-    monkeypatch.setenv(KERNELS_ENV, path)
+@pytest.fixture
+def op(kernel_path) -> RowsMatmul:
     return RowsMatmul("cpu")
-
-
-@pytest.fixture(params=["native", *(f"cpu-{isa}" for isa in cpu_isa_params())])
-def op(request, monkeypatch) -> RowsMatmul:
-    return _op(request.param, monkeypatch)
 
 
 @pytest.mark.parametrize(("n", "k"), [(128, 2048), (7, 33), (4, 16), (5, 1000), (1, 8)])
@@ -47,7 +38,8 @@ def test_strided_rows_and_an_empty_batch(op):
 
 def test_the_c_path_runs_where_the_cpu_has_kernels(monkeypatch):
     isa = cpu_isa_params()[0]
-    op = _op(f"cpu-{isa}", monkeypatch)
+    use_kernel_path(monkeypatch, f"cpu-{isa}", "metrale_core.layers")
+    op = RowsMatmul("cpu")
     assert op.path == "cpu"
     x, w = torch.randn(3, 32), torch.randn(5, 32)
     assert torch.allclose(op(x, w), op.forward_native(x, w), atol=1e-5)
