@@ -55,6 +55,7 @@ FACE: dict[str, dict[str, tuple[str, ...] | str]] = {
         "metrale_core": ALL,
         "metrale_core.plugin.components": ALL,
         "metrale_core.plugin.discovery": ("LazyFactory", "lazy_factory", "load_registry"),
+        "metrale_core.plugin.registering": ALL,
         "metrale_core.errors": (
             "ConfigError",
             "CorruptWeightsFile",

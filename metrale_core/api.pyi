@@ -148,6 +148,7 @@ from metrale_core.plugin.components import ToolCallParserSpec as ToolCallParserS
 from metrale_core.plugin.discovery import LazyFactory as LazyFactory
 from metrale_core.plugin.discovery import lazy_factory as lazy_factory
 from metrale_core.plugin.discovery import load_registry as load_registry
+from metrale_core.plugin.registering import registers as registers
 from metrale_core.sampling.interface import LogitProcessor as LogitProcessor
 from metrale_core.sampling.interface import ProcessorContext as ProcessorContext
 from metrale_core.sampling.interface import RowLike as RowLike
