@@ -5,16 +5,16 @@ from typing import Any
 
 from metrale_core import __version__ as __version__
 from metrale_core import hookimpl as hookimpl
+from metrale_core.decoder import Attention as Attention
+from metrale_core.decoder import DecoderSpec as DecoderSpec
+from metrale_core.decoder import GEMMA_NAMES as GEMMA_NAMES
+from metrale_core.decoder import LLAMA_NAMES as LLAMA_NAMES
+from metrale_core.decoder import LayerPattern as LayerPattern
+from metrale_core.decoder import Mlp as Mlp
+from metrale_core.decoder import Norms as Norms
+from metrale_core.decoder import Scalars as Scalars
+from metrale_core.decoder import WeightNames as WeightNames
 from metrale_core.decoder.model import DecoderLM as DecoderLM
-from metrale_core.decoder.names import GEMMA_NAMES as GEMMA_NAMES
-from metrale_core.decoder.names import LLAMA_NAMES as LLAMA_NAMES
-from metrale_core.decoder.names import WeightNames as WeightNames
-from metrale_core.decoder.spec import Attention as Attention
-from metrale_core.decoder.spec import DecoderSpec as DecoderSpec
-from metrale_core.decoder.spec import LayerPattern as LayerPattern
-from metrale_core.decoder.spec import Mlp as Mlp
-from metrale_core.decoder.spec import Norms as Norms
-from metrale_core.decoder.spec import Scalars as Scalars
 from metrale_core.engine.adapters import ADAPTER_EXTRA as ADAPTER_EXTRA
 from metrale_core.engine.adapters import AdapterBank as AdapterBank
 from metrale_core.engine.adapters import AdapterWeights as AdapterWeights

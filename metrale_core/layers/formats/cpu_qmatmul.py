@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from loguru import logger
 
-from metrale_core.kernels import cpu_layer_library
 from metrale_core.kernels.cpu import cpu_flags, cpu_isa
+from metrale_core.kernels.custom_op import cpu_layer_library
 
 __all__ = [
     "PACKAGE",
