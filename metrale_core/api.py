@@ -95,6 +95,7 @@ FACE: dict[str, dict[str, tuple[str, ...] | str]] = {
         "metrale_core.layers.parallel": ALL,
         # kernels
         "metrale_core.kernels": ALL,
+        "metrale_core.kernels.checks": ("check_paged_kv",),
         "metrale_core.kernels.cpu": ("cpu_flags",),
         "metrale_core.kernels.cuda": (
             "f32",

@@ -65,6 +65,7 @@ from metrale_core.kernels import nvcc_path as nvcc_path
 from metrale_core.kernels import ptx_entries as ptx_entries
 from metrale_core.kernels import requested_path as requested_path
 from metrale_core.kernels import select_path as select_path
+from metrale_core.kernels.checks import check_paged_kv as check_paged_kv
 from metrale_core.kernels.cpu import cpu_flags as cpu_flags
 from metrale_core.kernels.cuda import f32 as f32
 from metrale_core.kernels.cuda import i32 as i32

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from metrale_core.kernels import CustomOp, KernelInputError, check_tensor
+from metrale_core.kernels import CustomOp, KernelInputError
+from metrale_core.kernels.checks import check_paged_kv
 from metrale_core.kernels.cuda import f32, i32, ptr, torch_stream
 from metrale_core.layers import attention
 from metrale_core.layers.op_support import KERNEL_PACKAGE
@@ -151,10 +152,9 @@ class PagedAttentionDecode(CustomOp):
         if hq % hk:
             raise KernelInputError(f"{self.name}: {hq} query heads are not a multiple of {hk} KV heads")
         q = q.contiguous()
-        check_tensor(self.name, "k_cache", k_cache, dtypes=(q.dtype,), shape=(-1, -1, hk, d))
-        check_tensor(self.name, "v_cache", v_cache, dtypes=(q.dtype,), shape=tuple(k_cache.shape))
-        check_tensor(self.name, "block_tables", block_tables, dtypes=(torch.int64,), shape=(bsz, -1))
-        check_tensor(self.name, "context_lens", context_lens, dtypes=(torch.int64,), shape=(bsz,))
+        check_paged_kv(
+            self.name, k_cache, v_cache, block_tables, context_lens, dtype=q.dtype, rows=bsz, heads=hk, head_dim=d
+        )
         out = torch.empty_like(q)
         with torch_stream(q.device):
             self.kernel(f"paged_attention_decode_{_SUFFIX[q.dtype]}")(

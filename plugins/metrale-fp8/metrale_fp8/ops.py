@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from metrale_core.api import CustomOp, check_tensor, f32, gather_blocks, i32, i64, ptr, torch_stream
+from metrale_core.api import CustomOp, check_paged_kv, check_tensor, f32, gather_blocks, i32, i64, ptr, torch_stream
 from metrale_fp8.e4m3 import FP8_DTYPE, dequantize, quantize
 
 __all__ = ["Fp8KVCacheWrite", "Fp8Ops", "Fp8PagedAttentionDecode", "store_codes"]
@@ -107,10 +107,9 @@ class Fp8PagedAttentionDecode(CustomOp):
         if q.dtype not in _SUFFIX or d > 256 or bsz == 0 or v_cache.shape[3] != d or hq % hk:
             return self.forward_native(*args)
         q = q.contiguous()
-        check_tensor(self.name, "k_cache", k_cache, dtypes=(FP8_DTYPE,), shape=(-1, -1, hk, d))
-        check_tensor(self.name, "v_cache", v_cache, dtypes=(FP8_DTYPE,), shape=tuple(k_cache.shape))
-        check_tensor(self.name, "block_tables", block_tables, dtypes=(torch.int64,), shape=(bsz, -1))
-        check_tensor(self.name, "context_lens", context_lens, dtypes=(torch.int64,), shape=(bsz,))
+        check_paged_kv(
+            self.name, k_cache, v_cache, block_tables, context_lens, dtype=FP8_DTYPE, rows=bsz, heads=hk, head_dim=d
+        )
         out = torch.empty_like(q)
         with torch_stream(q.device):
             self.kernel(f"fp8_paged_attention_decode_{_SUFFIX[q.dtype]}")(
