@@ -92,13 +92,9 @@ static inline __attribute__((always_inline)) void tile_rows(
     }
 }
 
-#define MQ_TILE_ARGS const uint8_t *rec, int nb, const int8_t *qa, const float *da, const float *sa, int K, \
-                     float *y, int ldy
-#define MQ_TILE_BODY(BITS, ROWS) tile_rows(rec, nb, BITS, qa, da, sa, K, ROWS, y, ldy)
-MQ_TILE_FNS(tile, 4) MQ_TILE_FNS(tile, 8)
-
-typedef void (*tile_fn)(MQ_TILE_ARGS);
-static const tile_fn TILE_FNS[2][MQ_TILE_ROWS] = {MQ_TILE_ROW(tile, 4), MQ_TILE_ROW(tile, 8)};
+#define MQ_TILE_ARGS MQ_RECORD_TILE_ARGS
+#define MQ_TILE_BODY MQ_RECORD_TILE_BODY
+MQ_RECORD_TILE_TABLE;
 
 /* y[R, N] = x[R, K] @ W^T for W packed as qmatmul.c describes; returns 0, or -1 for bad arguments. */
 int mq_linear(const float *x, int R, int K, const uint8_t *w, int N, int bits, float *y,
