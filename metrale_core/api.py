@@ -96,6 +96,7 @@ FACE: dict[str, dict[str, tuple[str, ...] | str]] = {
         # kernels
         "metrale_core.kernels": ALL,
         "metrale_core.kernels.checks": ("check_paged_kv",),
+        "metrale_core.kernels.paged_decode": ALL,
         "metrale_core.kernels.cpu": ("cpu_flags",),
         "metrale_core.kernels.cuda": (
             "f32",

@@ -72,6 +72,7 @@ from metrale_core.kernels.cuda import i32 as i32
 from metrale_core.kernels.cuda import i64 as i64
 from metrale_core.kernels.cuda import ptr as ptr
 from metrale_core.kernels.cuda import torch_stream as torch_stream
+from metrale_core.kernels.paged_decode import launch_paged_decode as launch_paged_decode
 from metrale_core.layers import AttentionPlan as AttentionPlan
 from metrale_core.layers import DTYPES as DTYPES
 from metrale_core.layers import DecoderOps as DecoderOps
