@@ -20,6 +20,7 @@ __all__ = [
     "KernelInputError",
     "check_contiguous",
     "check_dtype",
+    "check_paged_kv",
     "check_same_device",
     "check_shape",
     "check_tensor",
@@ -76,3 +77,24 @@ def check_tensor(
         check_shape(op, name, t, shape)
     if contiguous:
         check_contiguous(op, name, t)
+
+
+def check_paged_kv(
+    op: str,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    dtype: torch.dtype,
+    rows: int,
+    heads: int,
+    head_dim: int,
+) -> None:
+    """The paged cache of a decode-attention launch: ``k_cache`` ``[blocks, block_size, heads,
+    head_dim]`` of ``dtype``, ``v_cache`` of K's shape and dtype, ``block_tables`` ``[rows, *]``
+    and ``context_lens`` ``[rows]`` of int64, all contiguous; checked in that order."""
+    check_tensor(op, "k_cache", k_cache, dtypes=(dtype,), shape=(-1, -1, heads, head_dim))
+    check_tensor(op, "v_cache", v_cache, dtypes=(dtype,), shape=tuple(k_cache.shape))
+    check_tensor(op, "block_tables", block_tables, dtypes=(torch.int64,), shape=(rows, -1))
+    check_tensor(op, "context_lens", context_lens, dtypes=(torch.int64,), shape=(rows,))

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from metrale_core.kernels import CustomOp, KernelInputError, check_tensor
-from metrale_core.kernels.cuda import f32, i32, ptr, torch_stream
+from metrale_core.kernels import CustomOp, KernelInputError
+from metrale_core.kernels.checks import check_paged_kv
+from metrale_core.kernels.paged_decode import launch_paged_decode
 from metrale_core.layers import attention
 from metrale_core.layers.op_support import KERNEL_PACKAGE
 from metrale_core.layers.op_support import SUFFIX as _SUFFIX
@@ -151,31 +152,11 @@ class PagedAttentionDecode(CustomOp):
         if hq % hk:
             raise KernelInputError(f"{self.name}: {hq} query heads are not a multiple of {hk} KV heads")
         q = q.contiguous()
-        check_tensor(self.name, "k_cache", k_cache, dtypes=(q.dtype,), shape=(-1, -1, hk, d))
-        check_tensor(self.name, "v_cache", v_cache, dtypes=(q.dtype,), shape=tuple(k_cache.shape))
-        check_tensor(self.name, "block_tables", block_tables, dtypes=(torch.int64,), shape=(bsz, -1))
-        check_tensor(self.name, "context_lens", context_lens, dtypes=(torch.int64,), shape=(bsz,))
-        out = torch.empty_like(q)
-        with torch_stream(q.device):
-            self.kernel(f"paged_attention_decode_{_SUFFIX[q.dtype]}")(
-                (hq, bsz),
-                (128,),
-                (
-                    ptr(out),
-                    ptr(q),
-                    ptr(k_cache),
-                    ptr(v_cache),
-                    ptr(block_tables),
-                    ptr(context_lens),
-                    f32(scale),
-                    i32(hq),
-                    i32(hk),
-                    i32(d),
-                    i32(k_cache.shape[1]),
-                    i32(block_tables.shape[1]),
-                ),
-            )
-        return out
+        check_paged_kv(
+            self.name, k_cache, v_cache, block_tables, context_lens, dtype=q.dtype, rows=bsz, heads=hk, head_dim=d
+        )
+        function = f"paged_attention_decode_{_SUFFIX[q.dtype]}"
+        return launch_paged_decode(self, function, q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
 class PagedAttentionPrefill(CustomOp):

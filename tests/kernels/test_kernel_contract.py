@@ -26,6 +26,7 @@ from metrale_core.kernels import (
     select_path,
 )
 from metrale_core.kernels import cpu as cpu_mod
+from metrale_core.kernels.checks import check_paged_kv
 from metrale_core.kernels.cpu import build_cpu_library, compiler, cpu_library, cpu_sources, cpu_unavailable_reason
 from metrale_core.kernels.cuda import CORE_INCLUDE_DIR, KERNEL_INCLUDE_DIRS, expand_includes
 from metrale_core.testing.requires import missing
@@ -102,6 +103,25 @@ def test_input_checks_name_the_op_and_argument():
     with pytest.raises(KernelInputError, match="must be contiguous"):
         check_contiguous("Op", "x", x.t())
     assert issubclass(KernelInputError, ValueError)
+
+
+def test_paged_kv_check_names_each_argument_of_the_cache():
+    k = torch.zeros(3, 16, 2, 8, dtype=torch.bfloat16)
+    tables = torch.zeros(4, 5, dtype=torch.int64)
+    lens = torch.zeros(4, dtype=torch.int64)
+    dims = {"dtype": torch.bfloat16, "rows": 4, "heads": 2, "head_dim": 8}
+    check_paged_kv("Op", k, k.clone(), tables, lens, **dims)
+    bad = [
+        ((k.float(), k, tables, lens), r"Op: k_cache has dtype torch.float32"),
+        ((k[..., :4].contiguous(), k, tables, lens), r"k_cache has shape \[3, 16, 2, 4\], expected \[\*, \*, 2, 8\]"),
+        ((k, k[:2].contiguous(), tables, lens), r"v_cache has shape \[2, 16, 2, 8\], expected \[3, 16, 2, 8\]"),
+        ((k, k, tables[:3], lens), r"block_tables has shape \[3, 5\], expected \[4, \*\]"),
+        ((k, k, tables, lens.int()), r"context_lens has dtype torch.int32"),
+        ((k, k, tables.t().contiguous().t(), lens), r"block_tables must be contiguous"),
+    ]
+    for args, message in bad:
+        with pytest.raises(KernelInputError, match=message):
+            check_paged_kv("Op", *args, **dims)
 
 
 def test_find_cu_files_by_directory_and_by_package(tmp_path):

@@ -43,6 +43,50 @@ static inline __attribute__((always_inline)) __m256i mt256_bcast4(const void *p)
     return _mm256_set1_epi32(v);
 }
 
+/* Loads the 32 floats at x (one quantization block) into v[0..3]; returns their largest magnitude. */
+static inline __attribute__((always_inline)) float mt256_load32_amax(const float *x, __m256 v[4]) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], abs_mask));
+    }
+    return mt256_reduce_max(mx);
+}
+
+/* The 8 code vectors (one per group of 4 k) of half h (channels 8h..8h+7) of a packed-code record
+ * of the qmatmul kernels (qmatmul_avx2.c, gguf_qmatmul.c): 4-bit codes are 4 runs of 64 bytes,
+ * groups 0-3 in the low nibbles and 4-7 in the high ones; 8-bit codes are 8 runs of 64 bytes. */
+static inline __attribute__((always_inline)) void mt256_load_codes(const uint8_t *p, int bits, int h, __m256i w[8]) {
+    if (bits == 4) {
+        const __m256i low4 = _mm256_set1_epi8(0x0F);
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
+            w[j] = _mm256_and_si256(v, low4);
+            w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+    } else {
+        for (int g = 0; g < 8; g++) w[g] = _mm256_loadu_si256((const __m256i *)(p + 64 * g + 32 * h));
+    }
+}
+
+/* The exact int32 dot products (8 channels) of code groups g0..g1-1 of w (mt256_load_codes) with
+ * the int8 activations q: 4-bit codes are unsigned, 8-bit ones signed. */
+static inline __attribute__((always_inline)) __m256i mt256_codes_dot(const __m256i w[8], const int8_t *q, int bits,
+                                                                     int g0, int g1) {
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    __m256i acc = _mm256_setzero_si256();
+    if (bits == 4) {  /* pairs <= 3840, eight groups <= 30720: int16 holds them */
+        for (int g = g0; g < g1; g++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(w[g], mt256_bcast4(q + 4 * g)));
+        return _mm256_madd_epi16(acc, ones16);
+    }
+    for (int g = g0; g < g1; g++) {  /* |w| <= 128, |q| <= 127: a pair fits int16 */
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(mt256_bcast4(q + 4 * g), w[g]));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones16));
+    }
+    return acc;
+}
+
 #if defined(__AVX512F__)
 
 static inline __attribute__((always_inline)) __m512i mt512_bcast4(const void *p) {

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from attrs import frozen
 
-from metrale_core.kernels import cpu_layer_library
+from metrale_core.kernels.custom_op import cpu_layer_library
 from metrale_core.layers.attention import AttentionPlan, paged_attention
 from metrale_core.layers.formats.cpu_qmatmul import PACKAGE  # the C library of metrale_core.layers
 from metrale_core.layers.formats.linear import Linear

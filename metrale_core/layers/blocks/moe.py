@@ -45,6 +45,7 @@ from typing import Any, Literal
 import torch
 from attrs import frozen
 
+from metrale_core.layers.formats.linear_kinds import Matrix
 from metrale_core.layers.formats.rows_matmul import rows_matmul
 
 __all__ = ["Expert", "Groups", "MoeBlock", "RowwiseLinear", "grouped_experts", "route", "sigmoid", "swiglu_oai"]
@@ -136,19 +137,12 @@ def route(
 
 
 @frozen
-class RowwiseLinear:
+class RowwiseLinear(Matrix):
     """A small dense matrix (the router, the shared expert's gate: llama.cpp keeps them F32)
     multiplied so that each row's result does not depend on the batch (``rows_matmul``: a C kernel
     with a fixed order of sums, else one-row products), batch-invariant as the GGUF kernels'
-    (``F.linear`` of a whole batch is not: its order of sums follows the row count)."""
-
-    weight: torch.Tensor
-    #: ``[out]`` added to every row in the activation dtype (gpt-oss's router); None: none.
-    bias: torch.Tensor | None = None
-
-    @property
-    def out_features(self) -> int:
-        return int(self.weight.shape[0])
+    (``F.linear`` of a whole batch is not: its order of sums follows the row count).  ``bias``
+    (gpt-oss's router) is added to every row in the activation dtype."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = rows_matmul(x.to(self.weight.dtype), self.weight).to(x.dtype)

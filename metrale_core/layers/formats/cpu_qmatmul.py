@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from typing import Any
 
 import numpy as np
 import torch
 from loguru import logger
 
-from metrale_core.kernels import cpu_layer_library
 from metrale_core.kernels.cpu import cpu_flags, cpu_isa
+from metrale_core.kernels.custom_op import cpu_layer_library
 
 __all__ = [
     "PACKAGE",
@@ -135,27 +136,45 @@ def _scratch(nbytes: int) -> int:
     return buf.data_ptr()
 
 
-def qmatmul(
-    lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_features: int, bits: int, threads: int | None = None
+def _run_linear(
+    kernel: Any,
+    scratch_bytes: Any,
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    out_features: int,
+    format_args: tuple[int, ...],
+    threads: int | None,
+    refusal: str,
 ) -> torch.Tensor:
-    """``x [R, K] (float32) @ W.T`` for ``packed = pack(...)`` of ``W [out_features, K]``."""
+    """One call of a packed-weight linear entry (``mq_linear`` / ``mq_linear_bf16``): ``x [R, K]``
+    float32 in, ``y [R, out_features]`` float32 out, ``format_args`` after the output count, the
+    scratch sized by ``scratch_bytes(R, K)``; a non-zero return raises ``ValueError`` with
+    ``refusal`` (formatted with ``shape`` and ``out``)."""
     x = x.contiguous()
     rows, k = x.shape
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    rc = lib.mq_linear(
+    rc = kernel(
         x.data_ptr(),
         rows,
         k,
         packed.data_ptr(),
         out_features,
-        bits,
+        *format_args,
         y.data_ptr(),
-        _scratch(lib.mq_scratch_bytes(rows, k)),
+        _scratch(scratch_bytes(rows, k)),
         threads or torch.get_num_threads(),
     )
     if rc != 0:
-        raise ValueError(f"qmatmul cannot take x {list(x.shape)} with {out_features} outputs at {bits} bits")
+        raise ValueError(refusal.format(shape=list(x.shape), out=out_features))
     return y
+
+
+def qmatmul(
+    lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_features: int, bits: int, threads: int | None = None
+) -> torch.Tensor:
+    """``x [R, K] (float32) @ W.T`` for ``packed = pack(...)`` of ``W [out_features, K]``."""
+    refusal = f"qmatmul cannot take x {{shape}} with {{out}} outputs at {bits} bits"
+    return _run_linear(lib.mq_linear, lib.mq_scratch_bytes, x, packed, out_features, (bits,), threads, refusal)
 
 
 def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
@@ -173,22 +192,8 @@ def qmatmul_bf16(
     lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_features: int, threads: int | None = None
 ) -> torch.Tensor:
     """``bf16(x) [R, K] @ W.T`` in float32 for ``packed = pack_bf16(W)`` (needs :func:`bf16_kernel`)."""
-    x = x.contiguous()
-    rows, k = x.shape
-    y = torch.empty(rows, out_features, dtype=torch.float32)
-    rc = lib.mq_linear_bf16(
-        x.data_ptr(),
-        rows,
-        k,
-        packed.data_ptr(),
-        out_features,
-        y.data_ptr(),
-        _scratch(lib.mq_bf16_scratch_bytes(rows, k)),
-        threads or torch.get_num_threads(),
-    )
-    if rc != 0:
-        raise ValueError(f"qmatmul_bf16 cannot take x {list(x.shape)} with {out_features} outputs")
-    return y
+    refusal = "qmatmul_bf16 cannot take x {shape} with {out} outputs"
+    return _run_linear(lib.mq_linear_bf16, lib.mq_bf16_scratch_bytes, x, packed, out_features, (), threads, refusal)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

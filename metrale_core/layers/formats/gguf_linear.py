@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from attrs import define, field, frozen
 
-from metrale_core.kernels import cpu_layer_library
+from metrale_core.kernels.custom_op import cpu_layer_library
 from metrale_core.layers.formats.cpu_qmatmul import PACKAGE  # the C library of metrale_core.layers
 from metrale_core.layers.formats.gguf_blocks import QK, TILE, quantize_activations
 from metrale_core.layers.formats.gguf_repack import PendingRepack, Repacked, repack

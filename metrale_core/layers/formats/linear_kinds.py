@@ -67,9 +67,10 @@ def add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 
 
 @frozen
-class DenseLinear:
-    """A dense matrix: in the model dtype for ``exact`` (plain ``F.linear``), in bfloat16 for
-    ``bf16`` (activations of another dtype are cast to it and the result back)."""
+class Matrix:
+    """A weight matrix ``weight`` ``[out, in]`` and its optional ``bias`` ``[out]``: the fields of
+    the linear kinds that keep the matrix itself (:class:`DenseLinear`, the MoE router's
+    ``RowwiseLinear``), each with its own ``__call__``."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
@@ -77,6 +78,12 @@ class DenseLinear:
     @property
     def out_features(self) -> int:
         return int(self.weight.shape[0])
+
+
+@frozen
+class DenseLinear(Matrix):
+    """A dense matrix: in the model dtype for ``exact`` (plain ``F.linear``), in bfloat16 for
+    ``bf16`` (activations of another dtype are cast to it and the result back)."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == self.weight.dtype:

@@ -42,8 +42,9 @@ import torch
 from attrs import field, frozen
 
 from metrale_core.errors import ConfigError
-from metrale_core.kernels import CustomOp, cpu_layer_library
+from metrale_core.kernels import CustomOp
 from metrale_core.kernels.cuda import i32, i64, ptr, torch_stream
+from metrale_core.kernels.custom_op import cpu_layer_library
 from metrale_core.layers.formats.cpu_qmatmul import PACKAGE  # the C library of metrale_core.layers
 from metrale_core.layers.lowrank.lora_targets import LoRAPart, replace, resolve
 

@@ -15,7 +15,7 @@ factory is lazy, so ``met plugins`` stays fast).
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.api import LogitProcessorSpec, PositionKind, lazy_factory
+from metrale_core.api import LogitProcessorSpec, PositionKind, lazy_factory, registers
 
 __all__ = [
     "EXTRA_LABEL",
@@ -47,20 +47,19 @@ EXTRA_NAME = "b1_count"
 EXTRA_LABEL = "B1 count"
 
 
-@hookimpl
-def metrale_logit_processors(register) -> None:
-    """Register ``b1-margin``: a read-only observer of committed (final-decode) positions."""
-    register(
-        LogitProcessorSpec(
-            name=NAME,
-            factory=lazy_factory("metrale_b1.b1_margin:make_observer"),
-            order=ORDER,
-            kinds={PositionKind.FINAL_DECODE},
-            read_only=True,
-            description="B1 drift gauge: counts final-decode positions inside a tool parameter body "
-            "whose top-1/top-2 logit gap is below 1.5 (--b1-observer)",
-        )
+#: The ``metrale_logit_processors`` hook.  Register ``b1-margin``: a read-only observer of committed
+#: (final-decode) positions.
+metrale_logit_processors = registers(
+    LogitProcessorSpec(
+        name=NAME,
+        factory=lazy_factory("metrale_b1.b1_margin:make_observer"),
+        order=ORDER,
+        kinds={PositionKind.FINAL_DECODE},
+        read_only=True,
+        description="B1 drift gauge: counts final-decode positions inside a tool parameter body "
+        "whose top-1/top-2 logit gap is below 1.5 (--b1-observer)",
     )
+)
 
 
 @hookimpl

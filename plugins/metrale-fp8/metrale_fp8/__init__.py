@@ -12,23 +12,22 @@ Invariants: importing this package imports neither torch nor CuPy (the factory i
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.api import KVScaleSourceSpec, lazy_factory
+from metrale_core.api import KVScaleSourceSpec, lazy_factory, registers
 
 __all__ = ["metrale_engine_flags", "metrale_engine_started", "metrale_kv_scale_sources", "metrale_metrics"]
 
 
-@hookimpl
-def metrale_kv_scale_sources(register) -> None:
-    """Register the ``fp8`` source: checkpoint scales, online calibration or 1.0, per layer."""
-    register(
-        KVScaleSourceSpec(
-            name="fp8",
-            factory=lazy_factory("metrale_fp8.build:build_codec"),
-            kv_dtypes=("fp8",),
-            description="FP8 E4M3 KV storage; per-layer K/V scales from the checkpoint, online "
-            "calibration (--fp8-kv-calibration-tokens) or 1.0",
-        )
+#: The ``metrale_kv_scale_sources`` hook.  Register the ``fp8`` source: checkpoint scales, online
+#: calibration or 1.0, per layer.
+metrale_kv_scale_sources = registers(
+    KVScaleSourceSpec(
+        name="fp8",
+        factory=lazy_factory("metrale_fp8.build:build_codec"),
+        kv_dtypes=("fp8",),
+        description="FP8 E4M3 KV storage; per-layer K/V scales from the checkpoint, online "
+        "calibration (--fp8-kv-calibration-tokens) or 1.0",
     )
+)
 
 
 @hookimpl

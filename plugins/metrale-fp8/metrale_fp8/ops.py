@@ -14,7 +14,17 @@ from __future__ import annotations
 
 import torch
 
-from metrale_core.api import CustomOp, check_tensor, f32, gather_blocks, i32, i64, ptr, torch_stream
+from metrale_core.api import (
+    CustomOp,
+    check_paged_kv,
+    check_tensor,
+    gather_blocks,
+    i32,
+    i64,
+    launch_paged_decode,
+    ptr,
+    torch_stream,
+)
 from metrale_fp8.e4m3 import FP8_DTYPE, dequantize, quantize
 
 __all__ = ["Fp8KVCacheWrite", "Fp8Ops", "Fp8PagedAttentionDecode", "store_codes"]
@@ -107,33 +117,12 @@ class Fp8PagedAttentionDecode(CustomOp):
         if q.dtype not in _SUFFIX or d > 256 or bsz == 0 or v_cache.shape[3] != d or hq % hk:
             return self.forward_native(*args)
         q = q.contiguous()
-        check_tensor(self.name, "k_cache", k_cache, dtypes=(FP8_DTYPE,), shape=(-1, -1, hk, d))
-        check_tensor(self.name, "v_cache", v_cache, dtypes=(FP8_DTYPE,), shape=tuple(k_cache.shape))
-        check_tensor(self.name, "block_tables", block_tables, dtypes=(torch.int64,), shape=(bsz, -1))
-        check_tensor(self.name, "context_lens", context_lens, dtypes=(torch.int64,), shape=(bsz,))
-        out = torch.empty_like(q)
-        with torch_stream(q.device):
-            self.kernel(f"fp8_paged_attention_decode_{_SUFFIX[q.dtype]}")(
-                (hq, bsz),
-                (128,),
-                (
-                    ptr(out),
-                    ptr(q),
-                    ptr(k_cache),
-                    ptr(v_cache),
-                    ptr(k_scale),
-                    ptr(v_scale),
-                    ptr(block_tables),
-                    ptr(context_lens),
-                    f32(scale),
-                    i32(hq),
-                    i32(hk),
-                    i32(d),
-                    i32(k_cache.shape[1]),
-                    i32(block_tables.shape[1]),
-                ),
-            )
-        return out
+        check_paged_kv(
+            self.name, k_cache, v_cache, block_tables, context_lens, dtype=FP8_DTYPE, rows=bsz, heads=hk, head_dim=d
+        )
+        function = f"fp8_paged_attention_decode_{_SUFFIX[q.dtype]}"
+        scales = (k_scale, v_scale)
+        return launch_paged_decode(self, function, q, k_cache, v_cache, block_tables, context_lens, scale, scales)
 
 
 class Fp8Ops:

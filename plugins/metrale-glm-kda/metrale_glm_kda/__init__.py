@@ -9,8 +9,7 @@ Invariants: this package imports neither torch nor CuPy itself (the factory is l
 
 from __future__ import annotations
 
-from metrale_core import hookimpl
-from metrale_core.api import ModelLoaderSpec, lazy_factory
+from metrale_core.api import ModelLoaderSpec, lazy_factory, registers
 
 __all__ = ["WEIGHT_FORMATS", "metrale_model_loaders"]
 
@@ -19,18 +18,16 @@ __all__ = ["WEIGHT_FORMATS", "metrale_model_loaders"]
 WEIGHT_FORMATS = ("exact", "bf16", "int8", "int4")
 
 
-@hookimpl
-def metrale_model_loaders(register) -> None:
-    """Register the glm5_next loader."""
-    register(
-        ModelLoaderSpec(
-            name="glm5_next",
-            factory=lazy_factory("metrale_glm_kda.loader:load_glm5_next"),
-            model_types=("glm5_next", "glm5_next_text"),
-            architectures=("Glm5NextForConditionalGeneration",),
-            description="GLM-5.3-Flash text decoder (KDA + DSA/MLA attention, mHC, sigmoid MoE)",
-            weight_formats=WEIGHT_FORMATS,
-            tensor_parallel_note="its KDA recurrent state, MLA latent cache and MoE experts are not "
-            "sharded yet (the tensor-parallel workers keep no recurrent-state pool)",
-        )
+#: The ``metrale_model_loaders`` hook.  Register the glm5_next loader.
+metrale_model_loaders = registers(
+    ModelLoaderSpec(
+        name="glm5_next",
+        factory=lazy_factory("metrale_glm_kda.loader:load_glm5_next"),
+        model_types=("glm5_next", "glm5_next_text"),
+        architectures=("Glm5NextForConditionalGeneration",),
+        description="GLM-5.3-Flash text decoder (KDA + DSA/MLA attention, mHC, sigmoid MoE)",
+        weight_formats=WEIGHT_FORMATS,
+        tensor_parallel_note="its KDA recurrent state, MLA latent cache and MoE experts are not "
+        "sharded yet (the tensor-parallel workers keep no recurrent-state pool)",
     )
+)

@@ -13,14 +13,10 @@ only when its factory is called, so ``met plugins`` stays fast); every factory h
 
 from __future__ import annotations
 
-from metrale_core import hookimpl
+from metrale_core.api import registers
 from metrale_qwen3.families import FAMILIES
 
 __all__ = ["metrale_model_loaders"]
 
 
-@hookimpl
-def metrale_model_loaders(register) -> None:
-    """Register the qwen3, llama and qwen2 loaders."""
-    for family in FAMILIES:
-        register(family.loader_spec())
+metrale_model_loaders = registers(*(family.loader_spec() for family in FAMILIES))

@@ -23,8 +23,7 @@ released V2 config sets it false, where transformers, which ignores it, agrees).
 
 from __future__ import annotations
 
-from metrale_core import hookimpl
-from metrale_core.api import LLAMA_NAMES, Attention, DecoderSpec, Mlp
+from metrale_core.api import LLAMA_NAMES, Attention, DecoderSpec, Mlp, registers
 
 __all__ = ["DEEPSEEK2", "DEEPSEEK3", "metrale_model_loaders"]
 
@@ -56,8 +55,4 @@ DEEPSEEK3 = DecoderSpec(
 )
 
 
-@hookimpl
-def metrale_model_loaders(register) -> None:
-    """Register the deepseek2 and deepseek3 loaders."""
-    register(DEEPSEEK2.loader_spec())
-    register(DEEPSEEK3.loader_spec())
+metrale_model_loaders = registers(DEEPSEEK2.loader_spec(), DEEPSEEK3.loader_spec())

@@ -15,8 +15,7 @@ Invariants: this module imports no torch; the core builds the model when the fac
 
 from __future__ import annotations
 
-from metrale_core import hookimpl
-from metrale_core.api import GEMMA_NAMES, Attention, DecoderSpec, LayerPattern, Mlp, Norms, Scalars
+from metrale_core.api import GEMMA_NAMES, Attention, DecoderSpec, LayerPattern, Mlp, Norms, Scalars, registers
 
 __all__ = ["GEMMA2", "metrale_model_loaders"]
 
@@ -34,7 +33,4 @@ GEMMA2 = DecoderSpec(
 )
 
 
-@hookimpl
-def metrale_model_loaders(register) -> None:
-    """Register the gemma2 loader."""
-    register(GEMMA2.loader_spec())
+metrale_model_loaders = registers(GEMMA2.loader_spec())

@@ -25,8 +25,7 @@ format is not this module's.
 
 from __future__ import annotations
 
-from metrale_core import hookimpl
-from metrale_core.api import LLAMA_NAMES, Attention, DecoderSpec, LayerPattern, Mlp
+from metrale_core.api import LLAMA_NAMES, Attention, DecoderSpec, LayerPattern, Mlp, registers
 
 __all__ = ["GPTOSS", "metrale_model_loaders"]
 
@@ -58,7 +57,4 @@ GPTOSS = DecoderSpec(
 )
 
 
-@hookimpl
-def metrale_model_loaders(register) -> None:
-    """Register the gpt-oss loader."""
-    register(GPTOSS.loader_spec())
+metrale_model_loaders = registers(GPTOSS.loader_spec())

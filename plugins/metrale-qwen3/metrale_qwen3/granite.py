@@ -13,8 +13,7 @@ Invariants: this module imports no torch; the core builds the model when the fac
 
 from __future__ import annotations
 
-from metrale_core import hookimpl
-from metrale_core.api import Attention, DecoderSpec, Scalars
+from metrale_core.api import Attention, DecoderSpec, Scalars, registers
 
 __all__ = ["GRANITE", "metrale_model_loaders"]
 
@@ -27,7 +26,4 @@ GRANITE = DecoderSpec(
 )
 
 
-@hookimpl
-def metrale_model_loaders(register) -> None:
-    """Register the granite loader."""
-    register(GRANITE.loader_spec())
+metrale_model_loaders = registers(GRANITE.loader_spec())

@@ -11,8 +11,7 @@ Invariants: this module imports no torch; the core builds the model when the fac
 
 from __future__ import annotations
 
-from metrale_core import hookimpl
-from metrale_core.api import Attention, DecoderSpec, LayerPattern, Mlp
+from metrale_core.api import Attention, DecoderSpec, LayerPattern, Mlp, registers
 
 __all__ = ["MISTRAL", "metrale_model_loaders"]
 
@@ -26,7 +25,4 @@ MISTRAL = DecoderSpec(
 )
 
 
-@hookimpl
-def metrale_model_loaders(register) -> None:
-    """Register the mistral loader."""
-    register(MISTRAL.loader_spec())
+metrale_model_loaders = registers(MISTRAL.loader_spec())

@@ -14,8 +14,7 @@ tensor parallelism is refused with the definition's reason (the whole-projection
 
 from __future__ import annotations
 
-from metrale_core import hookimpl
-from metrale_core.api import Attention, DecoderSpec, Mlp, Norms
+from metrale_core.api import Attention, DecoderSpec, Mlp, Norms, registers
 
 __all__ = ["OLMO2", "metrale_model_loaders"]
 
@@ -29,7 +28,4 @@ OLMO2 = DecoderSpec(
 )
 
 
-@hookimpl
-def metrale_model_loaders(register) -> None:
-    """Register the olmo2 loader."""
-    register(OLMO2.loader_spec())
+metrale_model_loaders = registers(OLMO2.loader_spec())

@@ -15,8 +15,7 @@ Invariants: this module imports no torch; the core builds the model when the fac
 
 from __future__ import annotations
 
-from metrale_core import hookimpl
-from metrale_core.api import LLAMA_NAMES, Attention, DecoderSpec, LayerPattern, Mlp
+from metrale_core.api import LLAMA_NAMES, Attention, DecoderSpec, LayerPattern, Mlp, registers
 
 __all__ = ["PHI3", "metrale_model_loaders"]
 
@@ -31,7 +30,4 @@ PHI3 = DecoderSpec(
 )
 
 
-@hookimpl
-def metrale_model_loaders(register) -> None:
-    """Register the phi3 loader."""
-    register(PHI3.loader_spec())
+metrale_model_loaders = registers(PHI3.loader_spec())

@@ -14,8 +14,7 @@ expert's width (``metrale_core.decoder.moe_weights.MoeSplit``).
 
 from __future__ import annotations
 
-from metrale_core import hookimpl
-from metrale_core.api import Attention, DecoderSpec, Mlp
+from metrale_core.api import Attention, DecoderSpec, Mlp, registers
 
 __all__ = ["QWEN2MOE", "metrale_model_loaders"]
 
@@ -29,7 +28,4 @@ QWEN2MOE = DecoderSpec(
 )
 
 
-@hookimpl
-def metrale_model_loaders(register) -> None:
-    """Register the qwen2moe loader."""
-    register(QWEN2MOE.loader_spec())
+metrale_model_loaders = registers(QWEN2MOE.loader_spec())

@@ -13,8 +13,7 @@ expert's width (``metrale_core.decoder.moe_weights.MoeSplit``).
 
 from __future__ import annotations
 
-from metrale_core import hookimpl
-from metrale_core.api import Attention, DecoderSpec, Mlp
+from metrale_core.api import Attention, DecoderSpec, Mlp, registers
 
 __all__ = ["QWEN3MOE", "metrale_model_loaders"]
 
@@ -28,7 +27,4 @@ QWEN3MOE = DecoderSpec(
 )
 
 
-@hookimpl
-def metrale_model_loaders(register) -> None:
-    """Register the qwen3moe loader."""
-    register(QWEN3MOE.loader_spec())
+metrale_model_loaders = registers(QWEN3MOE.loader_spec())

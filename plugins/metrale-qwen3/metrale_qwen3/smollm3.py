@@ -12,8 +12,7 @@ Invariants: this module imports no torch; the core builds the model when the fac
 
 from __future__ import annotations
 
-from metrale_core import hookimpl
-from metrale_core.api import DecoderSpec, LayerPattern
+from metrale_core.api import DecoderSpec, LayerPattern, registers
 
 __all__ = ["SMOLLM3", "metrale_model_loaders"]
 
@@ -25,7 +24,4 @@ SMOLLM3 = DecoderSpec(
 )
 
 
-@hookimpl
-def metrale_model_loaders(register) -> None:
-    """Register the smollm3 loader."""
-    register(SMOLLM3.loader_spec())
+metrale_model_loaders = registers(SMOLLM3.loader_spec())

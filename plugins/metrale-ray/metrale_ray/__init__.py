@@ -8,19 +8,16 @@ Invariants: this package imports neither torch nor Ray itself (``met plugins`` s
 
 from __future__ import annotations
 
-from metrale_core import hookimpl
-from metrale_core.api import ExecutorSpec, lazy_factory
+from metrale_core.api import ExecutorSpec, lazy_factory, registers
 
 __all__ = ["metrale_executors"]
 
 
-@hookimpl
-def metrale_executors(register) -> None:
-    """Register the ray executor."""
-    register(
-        ExecutorSpec(
-            name="ray",
-            factory=lazy_factory("metrale_ray.executor:RayExecutor"),
-            description="tensor-parallel workers placed by Ray (ray.init(); RAY_ADDRESS for a cluster)",
-        )
+#: The ``metrale_executors`` hook.  Register the ray executor.
+metrale_executors = registers(
+    ExecutorSpec(
+        name="ray",
+        factory=lazy_factory("metrale_ray.executor:RayExecutor"),
+        description="tensor-parallel workers placed by Ray (ray.init(); RAY_ADDRESS for a cluster)",
     )
+)

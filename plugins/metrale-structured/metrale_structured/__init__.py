@@ -14,7 +14,7 @@ Invariants: importing this package imports neither torch nor llguidance (the fac
 from __future__ import annotations
 
 from metrale_core import hookimpl
-from metrale_core.api import LogitProcessorSpec, PositionKind, lazy_factory
+from metrale_core.api import LogitProcessorSpec, PositionKind, lazy_factory, registers
 
 __all__ = ["EXTRA_NAME", "NAME", "ORDER", "metrale_engine_started", "metrale_logit_processors", "metrale_metrics"]
 
@@ -27,19 +27,17 @@ ORDER = 50
 EXTRA_NAME = "structured"
 
 
-@hookimpl
-def metrale_logit_processors(register) -> None:
-    """Register ``structured-output``: the grammar mask of constrained requests."""
-    register(
-        LogitProcessorSpec(
-            name=NAME,
-            factory=lazy_factory("metrale_structured.processor:make_processor"),
-            order=ORDER,
-            kinds=set(PositionKind),
-            description="structured output: masks the rows of requests with response_format / "
-            "structured_outputs / json_schema / grammar / forced tool calls (llguidance)",
-        )
+#: The ``metrale_logit_processors`` hook.  Register ``structured-output``: the grammar mask of constrained requests.
+metrale_logit_processors = registers(
+    LogitProcessorSpec(
+        name=NAME,
+        factory=lazy_factory("metrale_structured.processor:make_processor"),
+        order=ORDER,
+        kinds=set(PositionKind),
+        description="structured output: masks the rows of requests with response_format / "
+        "structured_outputs / json_schema / grammar / forced tool calls (llguidance)",
     )
+)
 
 
 def _processor(engine):

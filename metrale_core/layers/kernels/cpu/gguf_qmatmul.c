@@ -74,16 +74,11 @@ size_t mq_gguf_scratch_bytes(int R, int K) {
 static void quantize_row(const float *x, int K, int fine, int flip, int8_t *hi, int8_t *lo, float *da,
                          float *sa32, float *sa16) {
     const __m256i sign = _mm256_set1_epi8((char)0x80);
-    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), n255 = _mm256_set1_epi32(255);
     const __m256i lo_min = _mm256_set1_epi32(-127), lo_max = _mm256_set1_epi32(127);
     for (int b = 0; b < K / QK; b++) {
-        __m256 v[4], mx = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = _mm256_loadu_ps(x + b * QK + 8 * i);
-            mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], abs_mask));
-        }
-        const float amax = mt256_reduce_max(mx);
+        __m256 v[4];
+        const float amax = mt256_load32_amax(x + b * QK, v);
         const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         __m256i q[4], r[4], code[4];
         for (int i = 0; i < 4; i++) {
@@ -117,28 +112,11 @@ static void quantize_row(const float *x, int K, int fine, int flip, int8_t *hi, 
 
 /* `rows` (<= GROUP) activation rows times one tile of 16 channels, in two halves of 8 channels;
  * inlined with constant kind / rows so the loops unroll. */
-/* The exact int32 dot product of sub-block s (k-groups g0..g1) of codes w with activations q. */
-static inline __attribute__((always_inline)) __m256i sub_dot(const __m256i w[8], const int8_t *q, int bits,
-                                                              int g0, int g1) {
-    const __m256i ones16 = _mm256_set1_epi16(1);
-    __m256i acc = _mm256_setzero_si256();
-    if (bits == 4) {  /* pairs <= 3840, eight groups <= 30720: int16 holds them */
-        for (int g = g0; g < g1; g++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(w[g], mt256_bcast4(q + 4 * g)));
-        return _mm256_madd_epi16(acc, ones16);
-    }
-    for (int g = g0; g < g1; g++) {  /* |w| <= 128, |q| <= 127: a pair fits int16 */
-        const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(mt256_bcast4(q + 4 * g), w[g]));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones16));
-    }
-    return acc;
-}
-
 static inline __attribute__((always_inline)) void tile_rows(
         const uint8_t *rec, int nb, int kind, int fine, const int8_t *qa, const int8_t *ql, const float *da,
         const float *sa32, const float *sa16, int K, int rows, float *y, int ldy) {
     const int bits = kind_bits(kind), subs = kind_subs(kind), has_m = kind_has_m(kind);
     const int record = mq_gguf_record_bytes(kind), codes = bits == 4 ? 256 : 512;
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
     __m256 f[GROUP][2];
     for (int r = 0; r < rows; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -148,15 +126,7 @@ static inline __attribute__((always_inline)) void tile_rows(
         const float *sc = (const float *)(p + codes);
         for (int h = 0; h < 2; h++) {
             __m256i w[8];
-            if (bits == 4) {
-                for (int j = 0; j < 4; j++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
-                    w[j] = _mm256_and_si256(v, low4);
-                    w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                }
-            } else {
-                for (int g = 0; g < 8; g++) w[g] = _mm256_loadu_si256((const __m256i *)(p + 64 * g + 32 * h));
-            }
+            mt256_load_codes(p, bits, h, w);
             __m256 dw[2], mw[2];
             for (int s = 0; s < subs; s++) {
                 dw[s] = _mm256_loadu_ps(sc + 16 * s + 8 * h);
@@ -167,10 +137,10 @@ static inline __attribute__((always_inline)) void tile_rows(
                 __m256i dot[2];
                 for (int s = 0; s < subs; s++) {
                     const int g0 = s * 8 / subs, g1 = (s + 1) * 8 / subs;
-                    dot[s] = sub_dot(w, q, bits, g0, g1);
+                    dot[s] = mt256_codes_dot(w, q, bits, g0, g1);
                     if (fine)  /* 255 * dot(hi) + dot(lo): |.| < 2^31 */
                         dot[s] = _mm256_add_epi32(_mm256_mullo_epi32(dot[s], _mm256_set1_epi32(255)),
-                                                  sub_dot(w, ql + (size_t)r * K + b * QK, bits, g0, g1));
+                                                  mt256_codes_dot(w, ql + (size_t)r * K + b * QK, bits, g0, g1));
                 }
                 const int at = r * nb + b;
                 const __m256 a = _mm256_set1_ps(da[at]);

@@ -153,13 +153,9 @@ static inline __attribute__((always_inline)) void tile_rows(
     for (int r = 0; r < rows; r++) _mm512_storeu_ps(y + (size_t)r * ldy, f[r]);
 }
 
-#define MQ_TILE_ARGS const uint8_t *rec, int nb, const int8_t *qa, const float *da, const float *sa, int K, \
-                     float *y, int ldy
-#define MQ_TILE_BODY(BITS, ROWS) tile_rows(rec, nb, BITS, qa, da, sa, K, ROWS, y, ldy)
-MQ_TILE_FNS(tile, 4) MQ_TILE_FNS(tile, 8)
-
-typedef void (*tile_fn)(MQ_TILE_ARGS);
-static const tile_fn TILE_FNS[2][MQ_TILE_ROWS] = {MQ_TILE_ROW(tile, 4), MQ_TILE_ROW(tile, 8)};
+#define MQ_TILE_ARGS MQ_RECORD_TILE_ARGS
+#define MQ_TILE_BODY MQ_RECORD_TILE_BODY
+MQ_RECORD_TILE_TABLE;
 
 
 typedef struct {

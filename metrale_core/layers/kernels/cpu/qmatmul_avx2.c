@@ -40,15 +40,10 @@ int mq_set_amx(int on) {
 /* Q8 per block of 32: codes qa, scale da and scaled code sum sa -- the same numbers as
  * qmatmul.c's quantize_row (IEEE division, round to nearest even, signed saturation). */
 static void quantize_row(const float *x, int K, int8_t *qa, float *da, float *sa) {
-    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int b = 0; b < K / QK; b++) {
-        __m256 v[4], mx = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = _mm256_loadu_ps(x + b * QK + 8 * i);
-            mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], abs_mask));
-        }
-        const float amax = mt256_reduce_max(mx);
+        __m256 v[4];
+        const float amax = mt256_load32_amax(x + b * QK, v);
         const float d = amax / 127.0f;
         const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         __m256i q[4];
@@ -72,7 +67,6 @@ static inline __attribute__((always_inline)) void tile_rows(
         const uint8_t *rec, int nb, int bits, const int8_t *qa, const float *da,
         const float *sa, int K, int rows, float *y, int ldy) {
     const int record = bits == 4 ? 320 : 576, codes = bits == 4 ? 256 : 512;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones16 = _mm256_set1_epi16(1);
     __m256 f[ROW_GROUP][2];
     for (int r = 0; r < rows; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -82,31 +76,10 @@ static inline __attribute__((always_inline)) void tile_rows(
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + codes + 16 * h)));
             __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + codes + 32 + 16 * h)));
             __m256i w[8];
-            if (bits == 4) {
-                for (int j = 0; j < 4; j++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
-                    w[j] = _mm256_and_si256(v, low4);
-                    w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                }
-            } else {
-                for (int g = 0; g < 8; g++) w[g] = _mm256_loadu_si256((const __m256i *)(p + 64 * g + 32 * h));
-                mw = _mm256_fmadd_ps(dw, _mm256_set1_ps(128.0f), mw);  /* q = stored + 128 */
-            }
+            mt256_load_codes(p, bits, h, w);
+            if (bits == 8) mw = _mm256_fmadd_ps(dw, _mm256_set1_ps(128.0f), mw);  /* q = stored + 128 */
             for (int r = 0; r < rows; r++) {
-                const int8_t *q = qa + (size_t)r * K + b * QK;
-                __m256i dot;
-                if (bits == 4) {
-                    __m256i acc = _mm256_setzero_si256();
-                    for (int g = 0; g < 8; g++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(w[g], mt256_bcast4(q + 4 * g)));
-                    dot = _mm256_madd_epi16(acc, ones16);
-                } else {
-                    dot = _mm256_setzero_si256();
-                    for (int g = 0; g < 8; g++) {
-                        const __m256i a = mt256_bcast4(q + 4 * g);
-                        const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(a, w[g]));
-                        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones16));
-                    }
-                }
+                const __m256i dot = mt256_codes_dot(w, qa + (size_t)r * K + b * QK, bits, 0, 8);
                 const int at = r * (K / QK) + b;
                 f[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, _mm256_set1_ps(da[at])), f[r][h]);
                 f[r][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sa[at]), f[r][h]);
@@ -119,13 +92,9 @@ static inline __attribute__((always_inline)) void tile_rows(
     }
 }
 
-#define MQ_TILE_ARGS const uint8_t *rec, int nb, const int8_t *qa, const float *da, const float *sa, int K, \
-                     float *y, int ldy
-#define MQ_TILE_BODY(BITS, ROWS) tile_rows(rec, nb, BITS, qa, da, sa, K, ROWS, y, ldy)
-MQ_TILE_FNS(tile, 4) MQ_TILE_FNS(tile, 8)
-
-typedef void (*tile_fn)(MQ_TILE_ARGS);
-static const tile_fn TILE_FNS[2][MQ_TILE_ROWS] = {MQ_TILE_ROW(tile, 4), MQ_TILE_ROW(tile, 8)};
+#define MQ_TILE_ARGS MQ_RECORD_TILE_ARGS
+#define MQ_TILE_BODY MQ_RECORD_TILE_BODY
+MQ_RECORD_TILE_TABLE;
 
 /* y[R, N] = x[R, K] @ W^T for W packed as qmatmul.c describes; returns 0, or -1 for bad arguments. */
 int mq_linear(const float *x, int R, int K, const uint8_t *w, int N, int bits, float *y,
