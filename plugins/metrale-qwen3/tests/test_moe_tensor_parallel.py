@@ -19,15 +19,11 @@ from qwen3_harness import open_store
 from test_moe_families import FAMILIES, _hf, _write_gguf
 
 from metrale_core.api import LoadOptions
-from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.layers.formats import gguf_repack, repack_cache
 from metrale_core.layers.formats.gguf_linear import GGUFLinear
 from metrale_core.layers.parallel import TensorParallel
-from metrale_core.loading.load import load_model
-from metrale_core.parallel.launch import load_parallel
 from metrale_core.plugin.discovery import load_registry
-from metrale_core.sampling import SamplingParams
-from metrale_core.testing.tensor_parallel import run_recording
+from metrale_core.testing.tp_oracle import assert_tp2_matches_tp1, run_engine, write_word_tokenizer
 
 PROMPTS = [[(7 * i + 3 * j) % 90 + 3 for j in range(9 + 4 * i)] for i in range(4)]
 #: One HF config per family: Qwen3-MoE with a dense layer among the sparse ones (its own MLP split
@@ -64,20 +60,14 @@ GGUF_CASES = {
 
 def _engine_run(model):
     # 10 blocks of 4 tokens for 4 sequences of up to 33 tokens: a preemption is certain.
-    config = EngineConfig(block_size=4, num_kv_blocks=10, max_prefill_tokens=8, max_num_seqs=4)
-    return run_recording(
-        LLMEngine(model, config), PROMPTS, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    )
+    return run_engine(model, PROMPTS, num_kv_blocks=10, max_tokens=12)
 
 
 def _hf_checkpoint(family, directory):
     """A random checkpoint of ``HF_CASES[family]`` with a word-level tokenizer (load_model wants one)."""
-    from tokenizers import Tokenizer, models
-
     hf = _hf(family, 11, FAMILIES[family][2][HF_CASES[family]])
     hf.save_pretrained(directory, safe_serialization=True)
-    vocab = {f"t{i}": i for i in range(hf.config.vocab_size)}
-    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(directory / "tokenizer.json"))
+    write_word_tokenizer(directory, hf.config.vocab_size)
     return directory
 
 
@@ -97,32 +87,17 @@ def _gguf(family, directory, monkeypatch):
     return path
 
 
-def _assert_tp2_matches_tp1(path, weight_format, atol):
-    options = LoadOptions(weight_format=weight_format)
-    single = _engine_run(load_model(path, options, progress=False).model)
-    loaded = load_parallel(path, options, size=2, backend="mp", threads=1, progress=False)
-    try:
-        split = _engine_run(loaded.model)
-    finally:
-        loaded.model.close()
-    assert split.preemptions > 0 and split.batched_decode_steps > 0 and split.partial_prefill_steps > 0
-    assert split.tokens == single.tokens, (split.tokens, single.tokens)
-    assert len(split.logits) == len(single.logits)
-    for a, b in zip(split.logits, single.logits, strict=True):
-        assert a.shape == b.shape
-        assert torch.allclose(a, b, atol=atol, rtol=0), (a - b).abs().max().item()
-
-
 @pytest.mark.parametrize("family", sorted(HF_CASES))
 def test_hf_checkpoint_at_tp2_matches_tp1_through_the_engine(family, tmp_path):
     assert load_registry().model_loaders[family].tensor_parallel
-    _assert_tp2_matches_tp1(_hf_checkpoint(family, tmp_path), "exact", 1e-5)
+    assert_tp2_matches_tp1(_hf_checkpoint(family, tmp_path), LoadOptions(weight_format="exact"), _engine_run, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", sorted(GGUF_CASES))
 @pytest.mark.parametrize(("weight_format", "atol"), [("exact", 1e-5), ("auto", 1e-4)])
 def test_gguf_at_tp2_matches_tp1_through_the_engine(family, weight_format, atol, tmp_path, monkeypatch):
-    _assert_tp2_matches_tp1(_gguf(family, tmp_path, monkeypatch), weight_format, atol)
+    path = _gguf(family, tmp_path, monkeypatch)
+    assert_tp2_matches_tp1(path, LoadOptions(weight_format=weight_format), _engine_run, atol=atol)
 
 
 def _rank_model(path, rank, world):
