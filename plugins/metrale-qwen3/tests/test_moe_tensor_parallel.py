@@ -16,7 +16,7 @@ import pytest
 import test_moe_families
 import torch
 from qwen3_harness import open_store
-from test_moe_families import FAMILIES, _hf, _write_gguf
+from test_moe_families import FAMILIES, GGUF_CONFIGS, _hf, _write_gguf
 
 from metrale_core.api import LoadOptions
 from metrale_core.layers.formats import gguf_repack, repack_cache
@@ -29,31 +29,16 @@ PROMPTS = [[(7 * i + 3 * j) % 90 + 3 for j in range(9 + 4 * i)] for i in range(4
 #: One HF config per family: Qwen3-MoE with a dense layer among the sparse ones (its own MLP split
 #: too), Qwen2-MoE with its shared expert and the shared expert's gate.
 HF_CASES = {"qwen3moe": "renorm-mlp-only-layer", "qwen2moe": "shared-gated-no-renorm"}
-#: GGUF configs whose every split falls between Q8_0 blocks of 32: each expert's 64 columns of
-#: down as 32 + 32, the shared expert's 128 as 64 + 64, o_proj's 64 as 32 + 32.
+#: The family tests' GGUF configs, with every split between Q8_0 blocks of 32: each expert's 64
+#: columns of down as 32 + 32, the shared expert's 128 as 64 + 64, o_proj's 64 as 32 + 32.
 GGUF_CASES = {
-    "qwen3moe": dict(
-        hidden_size=64,
-        moe_intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_experts=8,
-        num_experts_per_tok=3,
-        norm_topk_prob=True,
-        tie_word_embeddings=False,
-    ),
+    "qwen3moe": dict(GGUF_CONFIGS["qwen3moe"], moe_intermediate_size=64, num_experts=8, num_experts_per_tok=3),
     "qwen2moe": dict(
-        hidden_size=64,
+        GGUF_CONFIGS["qwen2moe"],
         moe_intermediate_size=64,
         shared_expert_intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         num_experts=8,
         num_experts_per_tok=2,
-        norm_topk_prob=False,
-        tie_word_embeddings=False,
     ),
 }
 
