@@ -12,7 +12,7 @@ Invariants:
 - ``stepwise_reference`` decodes one token at a time over transformers' own KV cache, so a
   position-dependent RoPE (LongRoPE's switch at its original length) is compared step by step.
 - ``gguf_header`` writes only the keys every llama.cpp decoder arch has; family keys are the
-  caller's.
+  caller's (``gguf_file``: the same writer as a block that writes the file at its end).
 - ``engine_rows`` runs the real engine (requests joining mid-prefill, chunked prefill of 8
   tokens, blocks of 4) and records every logits row; ``assert_same_bits_alone_and_batched``
   compares one request's logits through the engine alone and beside others, bit for bit.
@@ -26,7 +26,8 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -288,6 +289,15 @@ def finish_gguf(w: GGUFWriter) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+@contextmanager
+def gguf_file(path: Any, arch: str, config: Any, vocab: int, **header: Any) -> Iterator[GGUFWriter]:
+    """:func:`gguf_header`'s writer for ``path`` (``header``: its keywords); the caller adds its
+    family's keys and tensors inside the block, and the file is written and closed at its end."""
+    w = gguf_header(path, arch, config, vocab, **header)
+    yield w
+    finish_gguf(w)
 
 
 def assert_same_bits_alone_and_batched(model: Any) -> None:

@@ -35,8 +35,7 @@ from family_testlib import (
     add_q8_moe_tensors,
     assert_engine_matches_hf,
     assert_stored_weights_match_hf,
-    finish_gguf,
-    gguf_header,
+    gguf_file,
     load_family,
     load_gguf,
     stored,
@@ -261,45 +260,44 @@ def _write_gguf(hf, path, split_kv_b: bool) -> None:
     c = hf.config
     H, nope, rope, v, R = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
     lengths = (1, R + rope, R) if split_kv_b else (H, nope + rope, v)
-    w = gguf_header(path, "deepseek2", c, VOCAB, head_lengths=lengths)
-    if split_kv_b:
-        w.add_key_length_mla(nope + rope)
-        w.add_value_length_mla(v)
-    w.add_kv_lora_rank(R)
-    w.add_q_lora_rank(c.q_lora_rank)
-    w.add_rope_dimension_count(rope)
-    w.add_leading_dense_block_count(c.first_k_dense_replace)
-    w.add_expert_count(c.n_routed_experts)
-    w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_expert_shared_count(c.n_shared_experts)
-    w.add_expert_feed_forward_length(c.moe_intermediate_size)
-    w.add_expert_weights_scale(c.routed_scaling_factor)
-    v3 = isinstance(c, tf.DeepseekV3Config)
-    w.add_expert_weights_norm(bool(c.norm_topk_prob) if v3 else False)
-    w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID if v3 else ExpertGatingFuncType.SOFTMAX)
-    if v3:
-        w.add_expert_group_count(c.n_group)
-        w.add_expert_group_used_count(c.topk_group)
+    with gguf_file(path, "deepseek2", c, VOCAB, head_lengths=lengths) as w:
+        if split_kv_b:
+            w.add_key_length_mla(nope + rope)
+            w.add_value_length_mla(v)
+        w.add_kv_lora_rank(R)
+        w.add_q_lora_rank(c.q_lora_rank)
+        w.add_rope_dimension_count(rope)
+        w.add_leading_dense_block_count(c.first_k_dense_replace)
+        w.add_expert_count(c.n_routed_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_shared_count(c.n_shared_experts)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        w.add_expert_weights_scale(c.routed_scaling_factor)
+        v3 = isinstance(c, tf.DeepseekV3Config)
+        w.add_expert_weights_norm(bool(c.norm_topk_prob) if v3 else False)
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID if v3 else ExpertGatingFuncType.SOFTMAX)
+        if v3:
+            w.add_expert_group_count(c.n_group)
+            w.add_expert_group_used_count(c.topk_group)
 
-    def quantized(base: str, a: np.ndarray) -> bool:
-        plain = a.ndim >= 2 and not base.endswith("mlp.gate") and base != "model.embed_tokens"
-        return plain and not (split_kv_b and base.endswith("kv_b_proj"))
+        def quantized(base: str, a: np.ndarray) -> bool:
+            plain = a.ndim >= 2 and not base.endswith("mlp.gate") and base != "model.embed_tokens"
+            return plain and not (split_kv_b and base.endswith("kv_b_proj"))
 
-    def mla_and_bias(w, i: str, rest: str, kind: str, a: np.ndarray) -> bool:
-        if kind == "e_score_correction_bias":
-            w.add_tensor(f"blk.{i}.exp_probs_b.bias", **stored(a, False))
-        elif rest == "self_attn.kv_b_proj" and split_kv_b:  # llama.cpp's split, k_b transposed
-            k_b, v_b = np.split(a.reshape(H, nope + v, R), [nope], axis=1)
-            w.add_tensor(f"blk.{i}.attn_k_b.weight", **stored(k_b.transpose(0, 2, 1), False))
-            w.add_tensor(f"blk.{i}.attn_v_b.weight", **stored(v_b, False))
-        elif rest == "self_attn.kv_b_proj":
-            w.add_tensor(f"blk.{i}.attn_kv_b.weight", **stored(a, True))
-        else:
-            return False
-        return True
+        def mla_and_bias(w, i: str, rest: str, kind: str, a: np.ndarray) -> bool:
+            if kind == "e_score_correction_bias":
+                w.add_tensor(f"blk.{i}.exp_probs_b.bias", **stored(a, False))
+            elif rest == "self_attn.kv_b_proj" and split_kv_b:  # llama.cpp's split, k_b transposed
+                k_b, v_b = np.split(a.reshape(H, nope + v, R), [nope], axis=1)
+                w.add_tensor(f"blk.{i}.attn_k_b.weight", **stored(k_b.transpose(0, 2, 1), False))
+                w.add_tensor(f"blk.{i}.attn_v_b.weight", **stored(v_b, False))
+            elif rest == "self_attn.kv_b_proj":
+                w.add_tensor(f"blk.{i}.attn_kv_b.weight", **stored(a, True))
+            else:
+                return False
+            return True
 
-    add_q8_moe_tensors(w, hf, _GGUF, quantized, mla_and_bias)
-    finish_gguf(w)
+        add_q8_moe_tensors(w, hf, _GGUF, quantized, mla_and_bias)
 
 
 def _gguf_model(tmp_path, weight_format: str, split_kv_b: bool, version: int = 2):

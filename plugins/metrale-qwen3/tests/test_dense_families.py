@@ -34,8 +34,7 @@ from family_testlib import (
     assert_engine_matches_hf,
     assert_stored_weights_match_hf,
     engine_rows,
-    finish_gguf,
-    gguf_header,
+    gguf_file,
     load_family,
     load_gguf,
     stepwise_reference,
@@ -288,37 +287,36 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 def _write_gguf(arch: str, hf, path) -> None:
     _, norms, permuted, offset = _ARCHS[arch]
     c = hf.config
-    w = gguf_header(path, arch, c, VOCAB)
-    if arch == "granite":
-        w.add_embedding_scale(c.embedding_multiplier)
-        w.add_residual_scale(c.residual_multiplier)
-        w.add_attention_scale(c.attention_multiplier)
-        w.add_logit_scale(c.logits_scaling)
-    if arch == "gemma2":
-        w.add_sliding_window(c.sliding_window)
-        if c.attn_logit_softcapping is not None:
-            w.add_attn_logit_softcapping(c.attn_logit_softcapping)
-        w.add_final_logit_softcapping(c.final_logit_softcapping)
-    if arch == "phi3":  # llama.cpp's Phi3MiniModel: no rope.scaling.type, the factors as tensors
-        rope = c.rope_parameters
-        original = rope["original_max_position_embeddings"]
-        w.add_rope_scaling_orig_ctx_len(original)
-        w.add_rope_dimension_count(
-            int(getattr(c, "partial_rotary_factor", 1.0) * c.hidden_size) // c.num_attention_heads
-        )
-        w.add_sliding_window(c.sliding_window or 0)
-        scale = c.max_position_embeddings / original
-        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
-        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
-        w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+    with gguf_file(path, arch, c, VOCAB) as w:
+        if arch == "granite":
+            w.add_embedding_scale(c.embedding_multiplier)
+            w.add_residual_scale(c.residual_multiplier)
+            w.add_attention_scale(c.attention_multiplier)
+            w.add_logit_scale(c.logits_scaling)
+        if arch == "gemma2":
+            w.add_sliding_window(c.sliding_window)
+            if c.attn_logit_softcapping is not None:
+                w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+            w.add_final_logit_softcapping(c.final_logit_softcapping)
+        if arch == "phi3":  # llama.cpp's Phi3MiniModel: no rope.scaling.type, the factors as tensors
+            rope = c.rope_parameters
+            original = rope["original_max_position_embeddings"]
+            w.add_rope_scaling_orig_ctx_len(original)
+            w.add_rope_dimension_count(
+                int(getattr(c, "partial_rotary_factor", 1.0) * c.hidden_size) // c.num_attention_heads
+            )
+            w.add_sliding_window(c.sliding_window or 0)
+            scale = c.max_position_embeddings / original
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+            w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+            w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
 
-    def converted(module: str, name: str, a: np.ndarray) -> np.ndarray:
-        if permuted and module in ("self_attn.q_proj", "self_attn.k_proj"):
-            a = _permute(a, c.num_attention_heads if module == "self_attn.q_proj" else c.num_key_value_heads)
-        return a + 1.0 if offset and name.endswith("norm.weight") else a
+        def converted(module: str, name: str, a: np.ndarray) -> np.ndarray:
+            if permuted and module in ("self_attn.q_proj", "self_attn.k_proj"):
+                a = _permute(a, c.num_attention_heads if module == "self_attn.q_proj" else c.num_key_value_heads)
+            return a + 1.0 if offset and name.endswith("norm.weight") else a
 
-    add_float_tensors(w, hf, {**_GGUF, **norms}, converted)
-    finish_gguf(w)
+        add_float_tensors(w, hf, {**_GGUF, **norms}, converted)
 
 
 @pytest.mark.parametrize(

@@ -28,9 +28,8 @@ from family_testlib import (
     assert_same_bits_alone_and_batched,
     assert_stored_weights_match_hf,
     engine_rows,
-    finish_gguf,
     forward_reference,
-    gguf_header,
+    gguf_file,
     load_family,
     load_gguf,
     row_errors,
@@ -169,52 +168,51 @@ def _write_gguf(hf, path) -> None:
     de-interleaved and transposed into ``ffn_*_exps`` in MXFP4 with ``[E, rows]`` float biases,
     the router, norms, sinks and biases as float32; ``hf``'s weights become the dequantized values."""
     c = hf.config
-    w = gguf_header(path, "gpt-oss", c, VOCAB, dense_ffn=False)
-    w.add_sliding_window(c.sliding_window)
-    w.add_expert_count(c.num_local_experts)
-    w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_expert_feed_forward_length(c.intermediate_size)
-    rope = c.rope_parameters
-    w.add_rope_scaling_type(RopeScalingType.YARN)
-    w.add_rope_scaling_factor(rope["factor"])
-    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-    w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
-    w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
-    with torch.no_grad():
-        for name, t in hf.state_dict().items():
-            a = t.float().numpy()
-            base, kind = name.rsplit(".", 1) if name.endswith((".weight", ".bias")) else (name, "weight")
-            if base in TOP:
-                a, args = _blocks(a, Q8) if a.ndim == 2 else (a, dict(tensor=a))
-                t.copy_(torch.from_numpy(a))
-                w.add_tensor(f"{TOP[base]}.weight", **args)
-                continue
-            i, rest = base.removeprefix("model.layers.").split(".", 1)
-            if rest == "mlp.experts.gate_up_proj":  # [E, D, 2I], gate / up interleaved by column
-                gate, ga = _blocks(a[:, :, 0::2].transpose(0, 2, 1), MXFP4)
-                up, ua = _blocks(a[:, :, 1::2].transpose(0, 2, 1), MXFP4)
-                t[:, :, 0::2], t[:, :, 1::2] = (
-                    torch.from_numpy(gate).transpose(1, 2),
-                    torch.from_numpy(up).transpose(1, 2),
-                )
-                w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **ga)
-                w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **ua)
-            elif rest == "mlp.experts.gate_up_proj_bias":
-                w.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(a[:, 0::2]))
-                w.add_tensor(f"blk.{i}.ffn_up_exps.bias", np.ascontiguousarray(a[:, 1::2]))
-            elif rest == "mlp.experts.down_proj":  # [E, I, D]
-                down, da = _blocks(a.transpose(0, 2, 1), MXFP4)
-                t.copy_(torch.from_numpy(down).transpose(1, 2))
-                w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **da)
-            elif rest == "mlp.experts.down_proj_bias":
-                w.add_tensor(f"blk.{i}.ffn_down_exps.bias", a)
-            elif rest.startswith("self_attn.") and rest.endswith("_proj") and kind == "weight":
-                a, args = _blocks(a, Q8)
-                t.copy_(torch.from_numpy(a))
-                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.weight", **args)
-            else:
-                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", a)
-    finish_gguf(w)
+    with gguf_file(path, "gpt-oss", c, VOCAB, dense_ffn=False) as w:
+        w.add_sliding_window(c.sliding_window)
+        w.add_expert_count(c.num_local_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.intermediate_size)
+        rope = c.rope_parameters
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        with torch.no_grad():
+            for name, t in hf.state_dict().items():
+                a = t.float().numpy()
+                base, kind = name.rsplit(".", 1) if name.endswith((".weight", ".bias")) else (name, "weight")
+                if base in TOP:
+                    a, args = _blocks(a, Q8) if a.ndim == 2 else (a, dict(tensor=a))
+                    t.copy_(torch.from_numpy(a))
+                    w.add_tensor(f"{TOP[base]}.weight", **args)
+                    continue
+                i, rest = base.removeprefix("model.layers.").split(".", 1)
+                if rest == "mlp.experts.gate_up_proj":  # [E, D, 2I], gate / up interleaved by column
+                    gate, ga = _blocks(a[:, :, 0::2].transpose(0, 2, 1), MXFP4)
+                    up, ua = _blocks(a[:, :, 1::2].transpose(0, 2, 1), MXFP4)
+                    t[:, :, 0::2], t[:, :, 1::2] = (
+                        torch.from_numpy(gate).transpose(1, 2),
+                        torch.from_numpy(up).transpose(1, 2),
+                    )
+                    w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **ga)
+                    w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **ua)
+                elif rest == "mlp.experts.gate_up_proj_bias":
+                    w.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(a[:, 0::2]))
+                    w.add_tensor(f"blk.{i}.ffn_up_exps.bias", np.ascontiguousarray(a[:, 1::2]))
+                elif rest == "mlp.experts.down_proj":  # [E, I, D]
+                    down, da = _blocks(a.transpose(0, 2, 1), MXFP4)
+                    t.copy_(torch.from_numpy(down).transpose(1, 2))
+                    w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **da)
+                elif rest == "mlp.experts.down_proj_bias":
+                    w.add_tensor(f"blk.{i}.ffn_down_exps.bias", a)
+                elif rest.startswith("self_attn.") and rest.endswith("_proj") and kind == "weight":
+                    a, args = _blocks(a, Q8)
+                    t.copy_(torch.from_numpy(a))
+                    w.add_tensor(f"blk.{i}.{_GGUF[rest]}.weight", **args)
+                else:
+                    w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", a)
 
 
 def _gguf_model(tmp_path, weight_format: str):

@@ -32,8 +32,7 @@ from family_testlib import (
     assert_engine_matches_hf,
     assert_same_bits_alone_and_batched,
     assert_stored_weights_match_hf,
-    finish_gguf,
-    gguf_header,
+    gguf_file,
     load_family,
     load_gguf,
     stored,
@@ -219,24 +218,23 @@ def _write_gguf(arch: str, hf, path) -> None:
     expert's gate (F32, the gate 1-D) and the token table in Q8_0; ``hf``'s weights become the
     dequantized values (the oracle's)."""
     c = hf.config
-    w = gguf_header(path, arch, c, VOCAB, dense_ffn=False)
-    w.add_expert_count(c.num_experts)
-    w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_expert_feed_forward_length(c.moe_intermediate_size)
-    if arch == "qwen2moe":
-        w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+    with gguf_file(path, arch, c, VOCAB, dense_ffn=False) as w:
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        if arch == "qwen2moe":
+            w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
 
-    def quantized(base: str, a: np.ndarray) -> bool:
-        return a.ndim >= 2 and not base.endswith(("mlp.gate", "_gate")) and base != "model.embed_tokens"
+        def quantized(base: str, a: np.ndarray) -> bool:
+            return a.ndim >= 2 and not base.endswith(("mlp.gate", "_gate")) and base != "model.embed_tokens"
 
-    def shared_gate(w, i: str, rest: str, kind: str, a: np.ndarray) -> bool:
-        if rest == "mlp.shared_expert_gate":  # 1-D, the shape llama.cpp's loader asks for
-            w.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.{kind}", **stored(a[0], False))
-            return True
-        return False
+        def shared_gate(w, i: str, rest: str, kind: str, a: np.ndarray) -> bool:
+            if rest == "mlp.shared_expert_gate":  # 1-D, the shape llama.cpp's loader asks for
+                w.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.{kind}", **stored(a[0], False))
+                return True
+            return False
 
-    add_q8_moe_tensors(w, hf, _GGUF, quantized, shared_gate)
-    finish_gguf(w)
+        add_q8_moe_tensors(w, hf, _GGUF, quantized, shared_gate)
 
 
 def _gguf_model(family: str, tmp_path, weight_format: str):

@@ -12,8 +12,8 @@ on first use from its own view of the mapped file, into the repack cache under t
 
 from __future__ import annotations
 
+import family_testlib
 import pytest
-import test_moe_families
 import torch
 from qwen3_harness import open_store
 from test_moe_families import FAMILIES, GGUF_CONFIGS, _hf, _write_gguf
@@ -59,14 +59,14 @@ def _hf_checkpoint(family, directory):
 def _gguf(family, directory, monkeypatch):
     """``GGUF_CASES[family]`` written by the MoE family tests' writer, with a tokenizer type (its
     token list is ``t0``, ``t1``, ...: load_model reads a tokenizer from the file)."""
-    header = test_moe_families.gguf_header
+    header = family_testlib.gguf_header
 
     def with_tokenizer(*args, **kwargs):
         w = header(*args, **kwargs)
         w.add_tokenizer_model("gpt2")
         return w
 
-    monkeypatch.setattr(test_moe_families, "gguf_header", with_tokenizer)
+    monkeypatch.setattr(family_testlib, "gguf_header", with_tokenizer)
     path = directory / f"{family}.gguf"
     _write_gguf(family, _hf(family, 13, GGUF_CASES[family]), path)
     return path

@@ -13,9 +13,8 @@ from family_testlib import (
     VOCAB,
     add_float_tensors,
     engine_rows,
-    finish_gguf,
     forward_reference,
-    gguf_header,
+    gguf_file,
     load_family,
     load_gguf,
     worst_row,
@@ -113,9 +112,8 @@ _GGUF = {**LAYER, "post_attention_layernorm": "post_attention_norm", "post_feedf
 
 
 def _write_gguf(hf, path) -> None:
-    w = gguf_header(path, "olmo2", hf.config, VOCAB)
-    add_float_tensors(w, hf, _GGUF)
-    finish_gguf(w)
+    with gguf_file(path, "olmo2", hf.config, VOCAB) as w:
+        add_float_tensors(w, hf, _GGUF)
 
 
 def test_olmo2_gguf_logits_match_hf(tmp_path):
