@@ -14,22 +14,9 @@ import gguf
 import numpy as np
 import torch
 
-REAL_GGUF = Path("~/.cache/metrale/models/SmolLM2-135M-Instruct.Q4_1.gguf").expanduser()
+from metrale_core.testing.gguf_names import LAYER, TOP
 
-_HF_TO_GGUF_BLOCK = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-_HF_TO_GGUF_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+REAL_GGUF = Path("~/.cache/metrale/models/SmolLM2-135M-Instruct.Q4_1.gguf").expanduser()
 
 
 def llama_permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
@@ -41,10 +28,10 @@ def llama_permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarr
 
 def gguf_name(hf: str) -> str:
     base, _, kind = hf.rpartition(".")
-    if base in _HF_TO_GGUF_TOP:
-        return f"{_HF_TO_GGUF_TOP[base]}.{kind}"
+    if base in TOP:
+        return f"{TOP[base]}.{kind}"
     _, _, idx, rest = base.split(".", 3)
-    return f"blk.{idx}.{_HF_TO_GGUF_BLOCK[rest]}.{kind}"
+    return f"blk.{idx}.{LAYER[rest]}.{kind}"
 
 
 def hf_to_gguf(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrale_core.kernels import compile_runtime_source, find_cu_files, nvcc_path
+from metrale_core.kernels import compile_runtime_source, find_cu_files
+from metrale_core.testing.kernel_build import assert_inlined_once, needs_nvcc
 
 KERNELS = {"fp8_kv_write.cu": "fp8_kv_write", "fp8_paged_attention_decode.cu": "fp8_paged_attention_decode"}
-needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
@@ -21,11 +21,7 @@ def test_plugin_ships_its_kernels():
 def test_kernel_compiles_with_inlined_headers(name, tmp_path):
     """What NVRTC gets at run time (quoted includes inlined) builds warning-free for sm_90."""
     build = compile_runtime_source("metrale_fp8", name, tmp_path)
-    assert "#include" not in build.source
-    assert build.source.count("struct bf16 {") == 1  # the core's metrale_bf16.cuh, once
-    assert build.source.count("float neg_inf() {") == 1  # the core's metrale_reduce.cuh, once
-    assert build.source.count("float warp_sum(float v) {") == 1
-    assert {f"{KERNELS[name]}_f32", f"{KERNELS[name]}_bf16"} <= set(build.entries)
+    assert_inlined_once(build, [f"{KERNELS[name]}_f32", f"{KERNELS[name]}_bf16"])
 
 
 @needs_cuda

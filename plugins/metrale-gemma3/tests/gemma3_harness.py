@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from metrale_core.testing.hf_random import eager_model, randomize_
+
 VOCAB = 128
 
 CONFIGS = {
@@ -59,15 +61,9 @@ def make_hf_model(name: str, seed: int = 0, config: dict | None = None):
     ``config``, a variant of it)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    torch.manual_seed(seed)
-    config = Gemma3TextConfig(**(config or CONFIGS[name]), pad_token_id=0, bos_token_id=2, eos_token_id=1)
-    config._attn_implementation = "eager"
-    model = Gemma3ForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(0.3 * noise if "norm" in pname else 0.08 * noise)  # norms: 1 + w, w around 0
+    config = dict(config or CONFIGS[name], pad_token_id=0, bos_token_id=2, eos_token_id=1)
+    model = eager_model(Gemma3TextConfig, Gemma3ForCausalLM, seed, **config)
+    randomize_(model, seed, norms=(0.0, 0.3))  # norms: 1 + w, w around 0
     model.tie_weights()
     return model
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from metrale_core.kernels import compile_runtime_source, find_cu_files, nvcc_path
+from metrale_core.kernels import compile_runtime_source, find_cu_files
+from metrale_core.testing.kernel_build import assert_inlined_once, needs_nvcc
 
 KERNELS = {
     "kda_decode.cu": ("kda_decode_f32", "kda_decode_bf16"),
@@ -13,8 +14,6 @@ KERNELS = {
     "moe_routing.cu": ("moe_routing_f32",),
     "hc_sinkhorn.cu": ("hc_sinkhorn_f32",),
 }
-
-needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
 
 
 def test_plugin_ships_its_kernels():
@@ -24,10 +23,4 @@ def test_plugin_ships_its_kernels():
 @needs_nvcc
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_kernel_compiles_with_inlined_headers(name, tmp_path):
-    build = compile_runtime_source("metrale_glm_kda", name, tmp_path)
-    assert "#include" not in build.source
-    assert build.source.count("struct bf16 {") == 1  # the core's metrale_bf16.cuh, once
-    assert build.source.count("float neg_inf() {") == 1  # the core's metrale_reduce.cuh, once
-    assert build.source.count("float warp_sum(float v) {") == 1
-    assert ".target sm_90" in build.ptx
-    assert set(KERNELS[name]) <= set(build.entries)
+    assert_inlined_once(compile_runtime_source("metrale_glm_kda", name, tmp_path), KERNELS[name])

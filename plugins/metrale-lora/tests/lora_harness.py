@@ -13,6 +13,7 @@ import torch
 
 from metrale_core.api import ADAPTER_EXTRA, LoadOptions, SamplingParams, open_weights
 from metrale_core.engine import EngineConfig, LLMEngine
+from metrale_core.testing.hf_random import eager_model, randomize_
 from metrale_lora.engine_setup import enable_adapters
 from metrale_lora.peft_format import load_peft
 
@@ -30,15 +31,8 @@ GGUF_FIXTURE_BASE = {
 
 def random_hf(config_cls, model_cls, seed: int, **kwargs):
     """A random fp32 HF model (eager attention) with every parameter noisy."""
-    torch.manual_seed(seed)
-    config = config_cls(**kwargs)
-    config._attn_implementation = "eager"
-    model = model_cls(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(1.0 + 0.2 * noise if "norm" in name else 0.08 * noise)
+    model = eager_model(config_cls, model_cls, seed, **kwargs)
+    randomize_(model, seed)
     return model
 
 

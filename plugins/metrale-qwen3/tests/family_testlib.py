@@ -2,8 +2,9 @@
 references, and GGUF files written under llama.cpp's names.
 
 Owner: ``plugins/metrale-qwen3/tests``.  Each family's test module keeps its own configs and its
-own table of llama.cpp tensor names (written out there, so a test does not read the definition's
-tables); what every family does the same way lives here once.
+own table of llama.cpp tensor names (a llama layer's from :mod:`metrale_core.testing.gguf_names`
+plus its own entries, so a test does not read the definition's tables); what every family does
+the same way lives here once.
 
 Invariants:
 - ``load_family`` goes through ``load_registry().find_model_loader`` -- the path ``met serve``
@@ -11,15 +12,22 @@ Invariants:
 - ``stepwise_reference`` decodes one token at a time over transformers' own KV cache, so a
   position-dependent RoPE (LongRoPE's switch at its original length) is compared step by step.
 - ``gguf_header`` writes only the keys every llama.cpp decoder arch has; family keys are the
-  caller's.
+  caller's (``gguf_file``: the same writer as a block that writes the file at its end).
 - ``engine_rows`` runs the real engine (requests joining mid-prefill, chunked prefill of 8
   tokens, blocks of 4) and records every logits row; ``assert_same_bits_alone_and_batched``
   compares one request's logits through the engine alone and beside others, bit for bit.
+- ``assert_engine_matches_hf`` is the families' checkpoint oracle (every row within 1e-4 of
+  transformers' stepwise decode, a KV pool that preempts unless windows forbid it);
+  ``assert_stored_weights_match_hf`` the GGUF one (within 1e-4 under ``exact``, 2e-2 under a format that
+  quantizes the activations, against transformers on the file's dequantized weights).
+- GGUFs are written under llama.cpp's names from :mod:`metrale_core.testing.gguf_names`, a test
+  table (never the definitions' own), each family adding or overriding its entries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -33,6 +41,7 @@ from metrale_core.plugin.components import LoadOptions
 from metrale_core.plugin.discovery import load_registry
 from metrale_core.sampling.params import SamplingParams
 from metrale_core.testing.forward_spy import ForwardSpy
+from metrale_core.testing.gguf_names import TOP
 from metrale_core.testing.staggered import run_joining_mid_prefill
 
 #: The families' random models: their vocabulary, and the config keys every one of them shares.
@@ -126,16 +135,51 @@ def hf_generate(hf: Any, prompt: list[int]) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-def engine_rows(model: Any, max_tokens: int, blocks: int = 64) -> tuple[list[list[int]], list, LLMEngine]:
-    """Greedy outputs of ``PROMPTS`` through the engine (``blocks`` KV blocks of 4 tokens, prefill
+def engine_rows(
+    model: Any, max_tokens: int, blocks: int = 64, prompts: list[list[int]] = PROMPTS
+) -> tuple[list[list[int]], list, LLMEngine]:
+    """Greedy outputs of ``prompts`` through the engine (``blocks`` KV blocks of 4 tokens, prefill
     chunks of 8, requests joining mid-prefill), every logits row with its history, the engine."""
     spy = ForwardSpy(model)
     engine = LLMEngine(
         spy, EngineConfig(block_size=4, num_kv_blocks=blocks, max_prefill_tokens=8), registry=load_registry()
     )
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    outputs = run_joining_mid_prefill(engine, PROMPTS, params)
+    outputs = run_joining_mid_prefill(engine, prompts, params)
     return outputs, spy.rows, engine
+
+
+def assert_engine_matches_hf(hf: Any, model: Any, blocks: int, *, preempts: bool = True, generate: bool = True) -> None:
+    """``PROMPTS`` through the engine on ``model`` (``blocks`` KV blocks of 4 tokens: too few for
+    the four sequences at once, so the engine preempts, when ``preempts``), ``NEW_TOKENS`` each:
+    :func:`assert_rows_match_hf` against ``hf``."""
+    outputs, rows, engine = engine_rows(model, NEW_TOKENS, blocks=blocks)
+    assert not preempts or engine.stats().num_preemptions > 0
+    assert_rows_match_hf(hf, outputs, rows, generate)
+
+
+def assert_stored_weights_match_hf(hf: Any, model: Any, weight_format: str, max_tokens: int = 4) -> list[list[int]]:
+    """Every engine logits row of ``model`` (loaded in ``weight_format`` from a file of quantized
+    blocks: a GGUF, an MXFP4 checkpoint) within 1e-4 of ``hf`` (on the file's dequantized
+    weights) under ``exact``, within the activations'
+    quantization (2e-2) under a format that multiplies on the file's blocks; the greedy outputs."""
+    outputs, rows, _ = engine_rows(model, max_tokens)
+    assert worst_row(rows, *forward_reference(hf, outputs)) <= (1e-4 if weight_format == "exact" else 2e-2)
+    return outputs
+
+
+def load_gguf(
+    path: Any, write: Callable[[Any], None], family: str, weight_format: str = "exact", arch: str | None = None
+) -> Any:
+    """``family``'s model from the GGUF at ``path`` (``write(path)`` first unless it exists); the
+    file must declare ``arch`` (default: ``family``) as its model type."""
+    from qwen3_harness import open_store
+
+    if not path.exists():
+        write(path)
+    store = open_store(path)
+    assert store.config["model_type"] == (arch or family)
+    return load_family(family, store, weight_format)
 
 
 Q8 = GGMLQuantizationType.Q8_0
@@ -153,8 +197,21 @@ def stored(a: np.ndarray, quantized: bool) -> dict:
     return dict(tensor=np.ascontiguousarray(a))
 
 
-#: transformers' names outside the layers -> llama.cpp's.
-TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+def add_float_tensors(
+    w: GGUFWriter, hf: Any, table: dict[str, str], adjust: Callable[[str, str, np.ndarray], np.ndarray] | None = None
+) -> None:
+    """``hf``'s tensors added to ``w`` as float32 under llama.cpp's names: :data:`TOP` outside the
+    layers, ``table`` (a layer's module path -> llama.cpp's name) inside; ``adjust(module, name,
+    a)`` may change a tensor's values first (the converter's permutations and offsets)."""
+    for name, t in hf.state_dict().items():
+        base, kind = name.rsplit(".", 1)
+        if base in TOP:
+            module, gname = base, f"{TOP[base]}.{kind}"
+        else:
+            i, module = base.removeprefix("model.layers.").split(".", 1)
+            gname = f"blk.{i}.{table[module]}.{kind}"
+        a = t.float().numpy()
+        w.add_tensor(gname, np.ascontiguousarray(adjust(module, name, a) if adjust is not None else a))
 
 
 def add_q8_moe_tensors(
@@ -232,6 +289,15 @@ def finish_gguf(w: GGUFWriter) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+@contextmanager
+def gguf_file(path: Any, arch: str, config: Any, vocab: int, **header: Any) -> Iterator[GGUFWriter]:
+    """:func:`gguf_header`'s writer for ``path`` (``header``: its keywords); the caller adds its
+    family's keys and tensors inside the block, and the file is written and closed at its end."""
+    w = gguf_header(path, arch, config, vocab, **header)
+    yield w
+    finish_gguf(w)
 
 
 def assert_same_bits_alone_and_batched(model: Any) -> None:

@@ -17,6 +17,7 @@ import torch
 from metrale_core.errors import ShapeMismatch, WeightsError
 from metrale_core.model_api import ForwardBatch, PagedKVCache
 from metrale_core.plugin.components import LoadOptions
+from metrale_core.testing.hf_random import eager_model, randomize_
 from metrale_core.testing.requires import needs_file
 from metrale_core.weights import open_weights
 
@@ -43,28 +44,11 @@ class FakeStore:
         return t.to(dtype).clone()
 
 
-def randomize_(model: torch.nn.Module, seed: int) -> None:
-    """Give every parameter random values so that norms, biases and heads all matter."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * noise)
-            elif name.endswith("bias"):
-                p.copy_(0.1 * noise)
-            else:
-                p.copy_(0.08 * noise)
-
-
 def build_hf(config_cls, model_cls, seed: int, **config_kwargs):
     """A random HF model (eager attention, fp32, eval mode)."""
-    torch.manual_seed(seed)
-    config = config_cls(**config_kwargs)
-    config._attn_implementation = "eager"
-    model = model_cls(config).eval()
-    randomize_(model, seed)
-    if config.tie_word_embeddings:
+    model = eager_model(config_cls, model_cls, seed, **config_kwargs)
+    randomize_(model, seed, biases=0.1)
+    if model.config.tie_word_embeddings:
         model.tie_weights()
     return model
 

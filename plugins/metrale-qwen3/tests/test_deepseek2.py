@@ -30,18 +30,15 @@ import torch
 import transformers as tf
 from family_testlib import (
     BASE,
-    NEW_TOKENS,
     PROMPTS,
     VOCAB,
     add_q8_moe_tensors,
-    assert_rows_match_hf,
-    engine_rows,
-    finish_gguf,
-    forward_reference,
-    gguf_header,
+    assert_engine_matches_hf,
+    assert_stored_weights_match_hf,
+    gguf_file,
     load_family,
+    load_gguf,
     stored,
-    worst_row,
 )
 from gguf import ExpertGatingFuncType
 from qwen3_harness import PagedRunner, build_hf, open_store, save_checkpoint
@@ -52,6 +49,7 @@ from metrale_core.layers.formats.gguf_linear import GGUFLinear
 from metrale_core.layers.lowrank.lora import LoRALinear, attach_lora
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugin.discovery import load_registry
+from metrale_core.testing.gguf_names import LAYER
 from metrale_qwen3.deepseek2 import DEEPSEEK2
 
 CONFIGS = {
@@ -184,10 +182,7 @@ def test_engine_logits_and_greedy_match_hf(family, name, config, tmp_path):
         1,
         config["kv_lora_rank"] + config["qk_rope_head_dim"],
     )
-    # 10 blocks of 4 tokens cannot hold the four sequences at once: the engine preempts
-    outputs, rows, engine = engine_rows(model, NEW_TOKENS, blocks=10)
-    assert engine.stats().num_preemptions > 0
-    assert_rows_match_hf(hf, outputs, rows)
+    assert_engine_matches_hf(hf, model, blocks=10)
 
 
 def test_the_config_sets_routing_dense_layers_and_scale(tmp_path):
@@ -237,21 +232,15 @@ def test_lora_targets_are_the_latent_projections_and_dense_mlps_by_path(name, tm
     assert all(isinstance(p, LoRALinear) for p in (mla.q or mla.q_b, mla.kv_a, model.weights.layers[0].o_proj))
 
 
-#: HF module path (in a layer) -> llama.cpp's deepseek2 tensor name, written out here so the test
-#: does not read the definition's tables (experts and kv_b: below).
+#: HF module path (in a layer) -> llama.cpp's deepseek2 tensor name: a llama layer's, the latent
+#: attention's, the router and the shared experts (experts and kv_b: below).
 _GGUF = {
-    "self_attn.q_proj": "attn_q",
+    **LAYER,
     "self_attn.q_a_proj": "attn_q_a",
     "self_attn.q_a_layernorm": "attn_q_a_norm",
     "self_attn.q_b_proj": "attn_q_b",
     "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
     "self_attn.kv_a_layernorm": "attn_kv_a_norm",
-    "self_attn.o_proj": "attn_output",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
     "mlp.gate": "ffn_gate_inp",
     "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
     "mlp.shared_experts.up_proj": "ffn_up_shexp",
@@ -271,55 +260,50 @@ def _write_gguf(hf, path, split_kv_b: bool) -> None:
     c = hf.config
     H, nope, rope, v, R = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
     lengths = (1, R + rope, R) if split_kv_b else (H, nope + rope, v)
-    w = gguf_header(path, "deepseek2", c, VOCAB, head_lengths=lengths)
-    if split_kv_b:
-        w.add_key_length_mla(nope + rope)
-        w.add_value_length_mla(v)
-    w.add_kv_lora_rank(R)
-    w.add_q_lora_rank(c.q_lora_rank)
-    w.add_rope_dimension_count(rope)
-    w.add_leading_dense_block_count(c.first_k_dense_replace)
-    w.add_expert_count(c.n_routed_experts)
-    w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_expert_shared_count(c.n_shared_experts)
-    w.add_expert_feed_forward_length(c.moe_intermediate_size)
-    w.add_expert_weights_scale(c.routed_scaling_factor)
-    v3 = isinstance(c, tf.DeepseekV3Config)
-    w.add_expert_weights_norm(bool(c.norm_topk_prob) if v3 else False)
-    w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID if v3 else ExpertGatingFuncType.SOFTMAX)
-    if v3:
-        w.add_expert_group_count(c.n_group)
-        w.add_expert_group_used_count(c.topk_group)
+    with gguf_file(path, "deepseek2", c, VOCAB, head_lengths=lengths) as w:
+        if split_kv_b:
+            w.add_key_length_mla(nope + rope)
+            w.add_value_length_mla(v)
+        w.add_kv_lora_rank(R)
+        w.add_q_lora_rank(c.q_lora_rank)
+        w.add_rope_dimension_count(rope)
+        w.add_leading_dense_block_count(c.first_k_dense_replace)
+        w.add_expert_count(c.n_routed_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_shared_count(c.n_shared_experts)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        w.add_expert_weights_scale(c.routed_scaling_factor)
+        v3 = isinstance(c, tf.DeepseekV3Config)
+        w.add_expert_weights_norm(bool(c.norm_topk_prob) if v3 else False)
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID if v3 else ExpertGatingFuncType.SOFTMAX)
+        if v3:
+            w.add_expert_group_count(c.n_group)
+            w.add_expert_group_used_count(c.topk_group)
 
-    def quantized(base: str, a: np.ndarray) -> bool:
-        plain = a.ndim >= 2 and not base.endswith("mlp.gate") and base != "model.embed_tokens"
-        return plain and not (split_kv_b and base.endswith("kv_b_proj"))
+        def quantized(base: str, a: np.ndarray) -> bool:
+            plain = a.ndim >= 2 and not base.endswith("mlp.gate") and base != "model.embed_tokens"
+            return plain and not (split_kv_b and base.endswith("kv_b_proj"))
 
-    def mla_and_bias(w, i: str, rest: str, kind: str, a: np.ndarray) -> bool:
-        if kind == "e_score_correction_bias":
-            w.add_tensor(f"blk.{i}.exp_probs_b.bias", **stored(a, False))
-        elif rest == "self_attn.kv_b_proj" and split_kv_b:  # llama.cpp's split, k_b transposed
-            k_b, v_b = np.split(a.reshape(H, nope + v, R), [nope], axis=1)
-            w.add_tensor(f"blk.{i}.attn_k_b.weight", **stored(k_b.transpose(0, 2, 1), False))
-            w.add_tensor(f"blk.{i}.attn_v_b.weight", **stored(v_b, False))
-        elif rest == "self_attn.kv_b_proj":
-            w.add_tensor(f"blk.{i}.attn_kv_b.weight", **stored(a, True))
-        else:
-            return False
-        return True
+        def mla_and_bias(w, i: str, rest: str, kind: str, a: np.ndarray) -> bool:
+            if kind == "e_score_correction_bias":
+                w.add_tensor(f"blk.{i}.exp_probs_b.bias", **stored(a, False))
+            elif rest == "self_attn.kv_b_proj" and split_kv_b:  # llama.cpp's split, k_b transposed
+                k_b, v_b = np.split(a.reshape(H, nope + v, R), [nope], axis=1)
+                w.add_tensor(f"blk.{i}.attn_k_b.weight", **stored(k_b.transpose(0, 2, 1), False))
+                w.add_tensor(f"blk.{i}.attn_v_b.weight", **stored(v_b, False))
+            elif rest == "self_attn.kv_b_proj":
+                w.add_tensor(f"blk.{i}.attn_kv_b.weight", **stored(a, True))
+            else:
+                return False
+            return True
 
-    add_q8_moe_tensors(w, hf, _GGUF, quantized, mla_and_bias)
-    finish_gguf(w)
+        add_q8_moe_tensors(w, hf, _GGUF, quantized, mla_and_bias)
 
 
 def _gguf_model(tmp_path, weight_format: str, split_kv_b: bool, version: int = 2):
     hf = _hf(7, GGUF_V3_CONFIG if version == 3 else GGUF_CONFIG, version)
     path = tmp_path / f"deepseek{version}-{split_kv_b}.gguf"
-    if not path.exists():
-        _write_gguf(hf, path, split_kv_b)
-    store = open_store(path)
-    assert store.config["model_type"] == "deepseek2"
-    return hf, load_family("deepseek2", store, weight_format)
+    return hf, load_gguf(path, lambda path: _write_gguf(hf, path, split_kv_b), "deepseek2", weight_format)
 
 
 @pytest.mark.parametrize(
@@ -339,8 +323,7 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(weight_format, version, split_k
     if weight_format == "auto":  # the experts stay Q8_0 blocks
         expert = model.weights.layers[1].moe.experts[0]
         assert isinstance(expert.gate_up, GGUFLinear) and isinstance(expert.down, GGUFLinear)
-    outputs, rows, _ = engine_rows(model, 4)
-    assert worst_row(rows, *forward_reference(hf, outputs)) <= (1e-4 if weight_format == "exact" else 2e-2)
+    assert_stored_weights_match_hf(hf, model, weight_format)
 
 
 def test_a_request_gives_the_same_bits_alone_and_in_a_batch(tmp_path):

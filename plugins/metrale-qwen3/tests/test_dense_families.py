@@ -28,27 +28,24 @@ import torch
 import transformers as tf
 from family_testlib import (
     BASE,
-    NEW_TOKENS,
     PROMPTS,
     VOCAB,
-    assert_rows_match_hf,
-    finish_gguf,
-    forward_reference,
-    gguf_header,
+    add_float_tensors,
+    assert_engine_matches_hf,
+    assert_stored_weights_match_hf,
+    engine_rows,
+    gguf_file,
     load_family,
+    load_gguf,
     stepwise_reference,
     worst_row,
 )
 from qwen3_harness import build_hf, open_store, save_checkpoint
 
-from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.layers.parallel import TensorParallel
-from metrale_core.plugin.discovery import load_registry
-from metrale_core.sampling.params import SamplingParams
-from metrale_core.testing.forward_spy import ForwardSpy
+from metrale_core.testing.gguf_names import LAYER
 from metrale_core.testing.plugin_listing import installed_plugin
-from metrale_core.testing.staggered import run_joining_mid_prefill
 
 #: family -> (config class, model class, {config name: config}).
 FAMILIES = {
@@ -231,19 +228,11 @@ def test_engine_logits_and_greedy_match_hf(family, name, tmp_path):
     torch.set_num_threads(2)
     hf = _hf(family, name, seed=len(name))
     model = load_family(family, open_store(save_checkpoint(hf, tmp_path)))
-    spy = ForwardSpy(model)
     # without windows 10 blocks of 4 tokens cannot hold the four sequences at once: the engine
     # preempts; with windows the pool must let every KV group serve the longest request
     windowed = bool(model.info.kv.windows)
-    blocks = 64 if windowed else 10
-    engine = LLMEngine(
-        spy, EngineConfig(block_size=4, num_kv_blocks=blocks, max_prefill_tokens=8), registry=load_registry()
-    )
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    outputs = run_joining_mid_prefill(engine, PROMPTS, params)
-    assert windowed or engine.stats().num_preemptions > 0
     # phi3: see the module docstring: generate's LongRoPE steps differ past the switch
-    assert_rows_match_hf(hf, outputs, spy.rows, generate=family != "phi3")
+    assert_engine_matches_hf(hf, model, 64 if windowed else 10, preempts=not windowed, generate=family != "phi3")
 
 
 def test_windows_reach_the_engine_as_kv_groups(tmp_path):
@@ -268,20 +257,9 @@ def test_phi3_refuses_tensor_parallelism_with_the_reason(tmp_path):
         load_family("phi3", store, tensor_parallel=TensorParallel(rank=0, world=2))
 
 
-#: HF module path -> llama.cpp tensor name (gguf-py's tensor map), written out here so the test
-#: does not read the definitions' own tables.
-_GGUF = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "input_layernorm": "attn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused tensors, stored as they are
-    "mlp.gate_up_proj": "ffn_up",
-}
+#: HF module path -> llama.cpp tensor name: a llama layer's, and Phi-3's fused tensors (stored as
+#: they are); the norms after the attention per arch, below.
+_GGUF = {**LAYER, "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
 #: Per GGUF arch: the HF family, its norm names, Q/K permuted by the converter, norms stored as 1 + w.
 _ARCHS = {
     "llama": ("mistral", {"post_attention_layernorm": "ffn_norm"}, True, False),
@@ -309,46 +287,36 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 def _write_gguf(arch: str, hf, path) -> None:
     _, norms, permuted, offset = _ARCHS[arch]
     c = hf.config
-    w = gguf_header(path, arch, c, VOCAB)
-    if arch == "granite":
-        w.add_embedding_scale(c.embedding_multiplier)
-        w.add_residual_scale(c.residual_multiplier)
-        w.add_attention_scale(c.attention_multiplier)
-        w.add_logit_scale(c.logits_scaling)
-    if arch == "gemma2":
-        w.add_sliding_window(c.sliding_window)
-        if c.attn_logit_softcapping is not None:
-            w.add_attn_logit_softcapping(c.attn_logit_softcapping)
-        w.add_final_logit_softcapping(c.final_logit_softcapping)
-    if arch == "phi3":  # llama.cpp's Phi3MiniModel: no rope.scaling.type, the factors as tensors
-        rope = c.rope_parameters
-        original = rope["original_max_position_embeddings"]
-        w.add_rope_scaling_orig_ctx_len(original)
-        w.add_rope_dimension_count(
-            int(getattr(c, "partial_rotary_factor", 1.0) * c.hidden_size) // c.num_attention_heads
-        )
-        w.add_sliding_window(c.sliding_window or 0)
-        scale = c.max_position_embeddings / original
-        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
-        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
-        w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-    top["lm_head.weight"] = "output.weight"
-    for name, t in hf.state_dict().items():
-        a = t.float().numpy()
-        if name in top:
-            gname = top[name]
-        else:
-            i, rest = name.removeprefix("model.layers.").split(".", 1)
-            base, kind = rest.rsplit(".", 1)
-            gname = f"blk.{i}.{({**_GGUF, **norms})[base]}.{kind}"
-            if permuted and base in ("self_attn.q_proj", "self_attn.k_proj"):
-                heads = c.num_attention_heads if base == "self_attn.q_proj" else c.num_key_value_heads
-                a = _permute(a, heads)
-        if offset and name.endswith("norm.weight"):
-            a = a + 1.0
-        w.add_tensor(gname, np.ascontiguousarray(a))
-    finish_gguf(w)
+    with gguf_file(path, arch, c, VOCAB) as w:
+        if arch == "granite":
+            w.add_embedding_scale(c.embedding_multiplier)
+            w.add_residual_scale(c.residual_multiplier)
+            w.add_attention_scale(c.attention_multiplier)
+            w.add_logit_scale(c.logits_scaling)
+        if arch == "gemma2":
+            w.add_sliding_window(c.sliding_window)
+            if c.attn_logit_softcapping is not None:
+                w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+            w.add_final_logit_softcapping(c.final_logit_softcapping)
+        if arch == "phi3":  # llama.cpp's Phi3MiniModel: no rope.scaling.type, the factors as tensors
+            rope = c.rope_parameters
+            original = rope["original_max_position_embeddings"]
+            w.add_rope_scaling_orig_ctx_len(original)
+            w.add_rope_dimension_count(
+                int(getattr(c, "partial_rotary_factor", 1.0) * c.hidden_size) // c.num_attention_heads
+            )
+            w.add_sliding_window(c.sliding_window or 0)
+            scale = c.max_position_embeddings / original
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+            w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+            w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+
+        def converted(module: str, name: str, a: np.ndarray) -> np.ndarray:
+            if permuted and module in ("self_attn.q_proj", "self_attn.k_proj"):
+                a = _permute(a, c.num_attention_heads if module == "self_attn.q_proj" else c.num_key_value_heads)
+            return a + 1.0 if offset and name.endswith("norm.weight") else a
+
+        add_float_tensors(w, hf, {**_GGUF, **norms}, converted)
 
 
 @pytest.mark.parametrize(
@@ -366,21 +334,13 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(arch, name, tmp_path):
     family = _ARCHS[arch][0]
     hf = _hf(family, name, seed=11)
     path = tmp_path / f"{arch}.gguf"
-    _write_gguf(arch, hf, path)
-    store = open_store(path)
-    assert store.config["model_type"] == arch
-    model = load_family("llama" if arch == "llama" else family, store)
-    spy = ForwardSpy(model)
-    engine = LLMEngine(
-        spy, EngineConfig(block_size=4, num_kv_blocks=64, max_prefill_tokens=8), registry=load_registry()
-    )
-    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    outputs = run_joining_mid_prefill(engine, PROMPTS, params)
+    model = load_gguf(path, lambda p: _write_gguf(arch, hf, p), "llama" if arch == "llama" else family, arch=arch)
+    if arch != "phi3":
+        assert_stored_weights_match_hf(hf, model, "exact")
+        return
+    # past LongRoPE's original length: transformers stepped over its cache
+    outputs, rows, _ = engine_rows(model, 4)
+    steps = [stepwise_reference(hf, p) for p in PROMPTS]
+    assert outputs == [tokens[:4] for tokens, _ in steps]
     full = [p + o for p, o in zip(PROMPTS, outputs)]
-    if arch == "phi3":  # past LongRoPE's original length: transformers stepped over its cache
-        steps = [stepwise_reference(hf, p) for p in PROMPTS]
-        assert outputs == [tokens[:4] for tokens, _ in steps]
-        ref = [rows for _, rows in steps]
-    else:
-        full, ref = forward_reference(hf, outputs)
-    assert worst_row(spy.rows, full, ref) <= 1e-4
+    assert worst_row(rows, full, [reference for _, reference in steps]) <= 1e-4

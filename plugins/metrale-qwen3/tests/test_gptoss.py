@@ -23,17 +23,16 @@ import torch
 import transformers as tf
 from family_testlib import (
     BASE,
-    NEW_TOKENS,
     VOCAB,
-    assert_rows_match_hf,
+    assert_engine_matches_hf,
     assert_same_bits_alone_and_batched,
+    assert_stored_weights_match_hf,
     engine_rows,
-    finish_gguf,
     forward_reference,
-    gguf_header,
+    gguf_file,
     load_family,
+    load_gguf,
     row_errors,
-    worst_row,
 )
 from gguf import GGMLQuantizationType, RopeScalingType
 from gguf.quants import dequantize, quantize
@@ -43,6 +42,7 @@ from metrale_core.errors import ConfigError, UnknownArchitecture
 from metrale_core.layers.formats.gguf_linear import GGUFLinear
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugin.discovery import load_registry
+from metrale_core.testing.gguf_names import LAYER, TOP
 from metrale_core.weights.gguf_hf import ARCHITECTURES
 
 YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64)
@@ -106,9 +106,7 @@ def test_engine_logits_and_greedy_match_hf(name, tmp_path):
     assert any(w is not None for w in model.dims.windows) and model.weights.layers[0].sinks.abs().max() > 0.5
     # 14 blocks of 4 tokens cannot hold the four sequences at once (a request of 28 tokens needs
     # 7 full-attention blocks and 2 of its window's): the engine preempts
-    outputs, rows, engine = engine_rows(model, NEW_TOKENS, blocks=14)
-    assert engine.stats().num_preemptions > 0
-    assert_rows_match_hf(hf, outputs, rows)
+    assert_engine_matches_hf(hf, model, blocks=14)
 
 
 def test_windows_sinks_and_experts_follow_the_config(tmp_path):
@@ -147,15 +145,11 @@ GGUF_CONFIG = dict(
     rope_parameters={**YARN, "beta_fast": 16.0, "beta_slow": 2.0},
     tie_word_embeddings=False,
 )
-#: HF module path (in a layer) -> llama.cpp tensor name, written out here so the test does not
-#: read the definition's table (the experts: ``ffn_{gate,up,down}_exps``, below).
+#: HF module path (in a layer) -> llama.cpp tensor name: a llama layer's attention, the sinks,
+#: the post-attention norm and the router (the experts: ``ffn_{gate,up,down}_exps``, below).
 _GGUF = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
+    **LAYER,
     "self_attn.sinks": "attn_sinks",
-    "input_layernorm": "attn_norm",
     "post_attention_layernorm": "post_attention_norm",
     "mlp.router": "ffn_gate_inp",
 }
@@ -174,62 +168,56 @@ def _write_gguf(hf, path) -> None:
     de-interleaved and transposed into ``ffn_*_exps`` in MXFP4 with ``[E, rows]`` float biases,
     the router, norms, sinks and biases as float32; ``hf``'s weights become the dequantized values."""
     c = hf.config
-    w = gguf_header(path, "gpt-oss", c, VOCAB, dense_ffn=False)
-    w.add_sliding_window(c.sliding_window)
-    w.add_expert_count(c.num_local_experts)
-    w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_expert_feed_forward_length(c.intermediate_size)
-    rope = c.rope_parameters
-    w.add_rope_scaling_type(RopeScalingType.YARN)
-    w.add_rope_scaling_factor(rope["factor"])
-    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-    w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
-    w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
-    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-    with torch.no_grad():
-        for name, t in hf.state_dict().items():
-            a = t.float().numpy()
-            base, kind = name.rsplit(".", 1) if name.endswith((".weight", ".bias")) else (name, "weight")
-            if base in top:
-                a, args = _blocks(a, Q8) if a.ndim == 2 else (a, dict(tensor=a))
-                t.copy_(torch.from_numpy(a))
-                w.add_tensor(f"{top[base]}.weight", **args)
-                continue
-            i, rest = base.removeprefix("model.layers.").split(".", 1)
-            if rest == "mlp.experts.gate_up_proj":  # [E, D, 2I], gate / up interleaved by column
-                gate, ga = _blocks(a[:, :, 0::2].transpose(0, 2, 1), MXFP4)
-                up, ua = _blocks(a[:, :, 1::2].transpose(0, 2, 1), MXFP4)
-                t[:, :, 0::2], t[:, :, 1::2] = (
-                    torch.from_numpy(gate).transpose(1, 2),
-                    torch.from_numpy(up).transpose(1, 2),
-                )
-                w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **ga)
-                w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **ua)
-            elif rest == "mlp.experts.gate_up_proj_bias":
-                w.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(a[:, 0::2]))
-                w.add_tensor(f"blk.{i}.ffn_up_exps.bias", np.ascontiguousarray(a[:, 1::2]))
-            elif rest == "mlp.experts.down_proj":  # [E, I, D]
-                down, da = _blocks(a.transpose(0, 2, 1), MXFP4)
-                t.copy_(torch.from_numpy(down).transpose(1, 2))
-                w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **da)
-            elif rest == "mlp.experts.down_proj_bias":
-                w.add_tensor(f"blk.{i}.ffn_down_exps.bias", a)
-            elif rest.startswith("self_attn.") and rest.endswith("_proj") and kind == "weight":
-                a, args = _blocks(a, Q8)
-                t.copy_(torch.from_numpy(a))
-                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.weight", **args)
-            else:
-                w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", a)
-    finish_gguf(w)
+    with gguf_file(path, "gpt-oss", c, VOCAB, dense_ffn=False) as w:
+        w.add_sliding_window(c.sliding_window)
+        w.add_expert_count(c.num_local_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.intermediate_size)
+        rope = c.rope_parameters
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        with torch.no_grad():
+            for name, t in hf.state_dict().items():
+                a = t.float().numpy()
+                base, kind = name.rsplit(".", 1) if name.endswith((".weight", ".bias")) else (name, "weight")
+                if base in TOP:
+                    a, args = _blocks(a, Q8) if a.ndim == 2 else (a, dict(tensor=a))
+                    t.copy_(torch.from_numpy(a))
+                    w.add_tensor(f"{TOP[base]}.weight", **args)
+                    continue
+                i, rest = base.removeprefix("model.layers.").split(".", 1)
+                if rest == "mlp.experts.gate_up_proj":  # [E, D, 2I], gate / up interleaved by column
+                    gate, ga = _blocks(a[:, :, 0::2].transpose(0, 2, 1), MXFP4)
+                    up, ua = _blocks(a[:, :, 1::2].transpose(0, 2, 1), MXFP4)
+                    t[:, :, 0::2], t[:, :, 1::2] = (
+                        torch.from_numpy(gate).transpose(1, 2),
+                        torch.from_numpy(up).transpose(1, 2),
+                    )
+                    w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", **ga)
+                    w.add_tensor(f"blk.{i}.ffn_up_exps.weight", **ua)
+                elif rest == "mlp.experts.gate_up_proj_bias":
+                    w.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(a[:, 0::2]))
+                    w.add_tensor(f"blk.{i}.ffn_up_exps.bias", np.ascontiguousarray(a[:, 1::2]))
+                elif rest == "mlp.experts.down_proj":  # [E, I, D]
+                    down, da = _blocks(a.transpose(0, 2, 1), MXFP4)
+                    t.copy_(torch.from_numpy(down).transpose(1, 2))
+                    w.add_tensor(f"blk.{i}.ffn_down_exps.weight", **da)
+                elif rest == "mlp.experts.down_proj_bias":
+                    w.add_tensor(f"blk.{i}.ffn_down_exps.bias", a)
+                elif rest.startswith("self_attn.") and rest.endswith("_proj") and kind == "weight":
+                    a, args = _blocks(a, Q8)
+                    t.copy_(torch.from_numpy(a))
+                    w.add_tensor(f"blk.{i}.{_GGUF[rest]}.weight", **args)
+                else:
+                    w.add_tensor(f"blk.{i}.{_GGUF[rest]}.{kind}", a)
 
 
 def _gguf_model(tmp_path, weight_format: str):
     hf = _hf(7, GGUF_CONFIG)
-    path = tmp_path / "gpt-oss.gguf"
-    _write_gguf(hf, path)
-    store = open_store(path)
-    assert store.config["model_type"] == "gpt-oss"
-    return hf, load_family("gpt-oss", store, weight_format)
+    return hf, load_gguf(tmp_path / "gpt-oss.gguf", lambda path: _write_gguf(hf, path), "gpt-oss", weight_format)
 
 
 @pytest.mark.parametrize("weight_format", ["exact", "auto"])
@@ -240,8 +228,7 @@ def test_a_gguf_under_llama_cpp_names_with_mxfp4_experts_matches_hf(weight_forma
     if weight_format == "auto":  # the experts stay MXFP4 blocks, on the block kernels
         expert = model.weights.layers[0].moe.experts[0]
         assert isinstance(expert.gate_up, GGUFLinear) and isinstance(expert.down, GGUFLinear)
-    outputs, rows, _ = engine_rows(model, 4)
-    assert worst_row(rows, *forward_reference(hf, outputs)) <= (1e-4 if weight_format == "exact" else 2e-2)
+    assert_stored_weights_match_hf(hf, model, weight_format)
 
 
 def test_a_request_gives_the_same_bits_alone_and_in_a_batch(tmp_path):

@@ -18,16 +18,7 @@ import json
 import pytest
 import torch
 import transformers as tf
-from family_testlib import (
-    BASE,
-    NEW_TOKENS,
-    PROMPTS,
-    engine_rows,
-    forward_reference,
-    hf_generate,
-    load_family,
-    worst_row,
-)
+from family_testlib import BASE, NEW_TOKENS, PROMPTS, assert_stored_weights_match_hf, hf_generate, load_family
 from qwen3_harness import build_hf, open_store, save_checkpoint
 from safetensors.torch import load_file, save_file
 from test_gptoss import GGUF_CONFIG, YARN
@@ -106,8 +97,7 @@ def test_an_hf_mxfp4_checkpoint_matches_transformers(weight_format, tmp_path, mo
     expert = model.weights.layers[1].moe.experts[5]
     blocks = (GGUFLinear,) if weight_format == "auto" else (DenseLinear,)
     assert isinstance(expert.gate_up, blocks) and isinstance(expert.down, blocks)
-    outputs, rows, _ = engine_rows(model, NEW_TOKENS if weight_format == "exact" else 4)
-    assert worst_row(rows, *forward_reference(ref, outputs)) <= (1e-4 if weight_format == "exact" else 2e-2)
+    outputs = assert_stored_weights_match_hf(ref, model, weight_format, NEW_TOKENS if weight_format == "exact" else 4)
     if weight_format == "exact":
         assert outputs == [hf_generate(ref, p) for p in PROMPTS]
 

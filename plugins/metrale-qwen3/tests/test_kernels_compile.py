@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from metrale_core.kernels import compile_ptx, compile_runtime_source, find_cu_files, nvcc_path, ptx_entries
+from metrale_core.kernels import compile_ptx, compile_runtime_source, find_cu_files, ptx_entries
+from metrale_core.testing.kernel_build import assert_inlined_once, needs_nvcc
 
 REPO = Path(__file__).resolve().parents[3]
 CU_FILES = [p for root in (REPO / "plugins", REPO / "metrale_core") if root.is_dir() for p in find_cu_files(root)]
@@ -17,8 +18,6 @@ OWN_KERNELS = {
     "kv_cache_write.cu": "kv_cache_write",
     "paged_attention_decode.cu": "paged_attention_decode",
 }
-
-needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
 
 
 def test_core_layers_ship_all_decoder_kernels():
@@ -47,8 +46,4 @@ def test_cu_file_compiles_to_ptx(cu, tmp_path):
 def test_runtime_source_with_inlined_headers_compiles(name, tmp_path):
     """What NVRTC gets at run time (``load_raw_module`` inlines quoted includes) builds too."""
     build = compile_runtime_source("metrale_core.layers", name, tmp_path)
-    assert "#include" not in build.source and build.source.count("struct bf16 {") == 1
-    # The core's metrale_reduce.cuh, once.
-    assert build.source.count("float neg_inf() {") == 1
-    assert build.source.count("float warp_sum(float v) {") == 1
-    assert f"{OWN_KERNELS[name]}_bf16" in build.entries
+    assert_inlined_once(build, [f"{OWN_KERNELS[name]}_bf16"])

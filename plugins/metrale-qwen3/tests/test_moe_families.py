@@ -26,19 +26,16 @@ import torch
 import transformers as tf
 from family_testlib import (
     BASE,
-    NEW_TOKENS,
     PROMPTS,
     VOCAB,
     add_q8_moe_tensors,
-    assert_rows_match_hf,
+    assert_engine_matches_hf,
     assert_same_bits_alone_and_batched,
-    engine_rows,
-    finish_gguf,
-    forward_reference,
-    gguf_header,
+    assert_stored_weights_match_hf,
+    gguf_file,
     load_family,
+    load_gguf,
     stored,
-    worst_row,
 )
 from qwen3_harness import PagedRunner, build_hf, open_store, save_checkpoint
 
@@ -46,6 +43,7 @@ from metrale_core.layers.blocks import moe as moe_layer
 from metrale_core.layers.formats.gguf_linear import GGUFLinear
 from metrale_core.layers.lowrank.lora import attach_lora
 from metrale_core.plugin.discovery import load_registry
+from metrale_core.testing.gguf_names import LAYER
 
 #: family -> (config class, model class, {config name: config}).
 FAMILIES = {
@@ -165,10 +163,7 @@ def test_engine_logits_and_greedy_match_hf(family, name, tmp_path):
     torch.set_num_threads(2)
     hf = _hf(family, len(name), FAMILIES[family][2][name])
     model = load_family(family, open_store(save_checkpoint(hf, tmp_path)))
-    # 10 blocks of 4 tokens cannot hold the four sequences at once: the engine preempts
-    outputs, rows, engine = engine_rows(model, NEW_TOKENS, blocks=10)
-    assert engine.stats().num_preemptions > 0
-    assert_rows_match_hf(hf, outputs, rows)
+    assert_engine_matches_hf(hf, model, blocks=10)
 
 
 def test_sparse_layers_follow_the_config(tmp_path):
@@ -207,17 +202,10 @@ def test_lora_wraps_attention_and_dense_mlps_but_no_expert(tmp_path):
     assert not any(".mlp.experts." in m or m.endswith("mlp.gate") for m in modules)
 
 
-#: HF module path (in a layer) -> llama.cpp tensor name, written out here so the test does not
-#: read the definitions' own tables (the experts: ``ffn_{gate,up,down}_exps``, below).
+#: HF module path (in a layer) -> llama.cpp tensor name: a llama layer's, the router and the
+#: shared expert (the experts: ``ffn_{gate,up,down}_exps``, below).
 _GGUF = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
+    **LAYER,
     "mlp.gate": "ffn_gate_inp",
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
@@ -230,34 +218,28 @@ def _write_gguf(arch: str, hf, path) -> None:
     expert's gate (F32, the gate 1-D) and the token table in Q8_0; ``hf``'s weights become the
     dequantized values (the oracle's)."""
     c = hf.config
-    w = gguf_header(path, arch, c, VOCAB, dense_ffn=False)
-    w.add_expert_count(c.num_experts)
-    w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_expert_feed_forward_length(c.moe_intermediate_size)
-    if arch == "qwen2moe":
-        w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+    with gguf_file(path, arch, c, VOCAB, dense_ffn=False) as w:
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        if arch == "qwen2moe":
+            w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
 
-    def quantized(base: str, a: np.ndarray) -> bool:
-        return a.ndim >= 2 and not base.endswith(("mlp.gate", "_gate")) and base != "model.embed_tokens"
+        def quantized(base: str, a: np.ndarray) -> bool:
+            return a.ndim >= 2 and not base.endswith(("mlp.gate", "_gate")) and base != "model.embed_tokens"
 
-    def shared_gate(w, i: str, rest: str, kind: str, a: np.ndarray) -> bool:
-        if rest == "mlp.shared_expert_gate":  # 1-D, the shape llama.cpp's loader asks for
-            w.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.{kind}", **stored(a[0], False))
-            return True
-        return False
+        def shared_gate(w, i: str, rest: str, kind: str, a: np.ndarray) -> bool:
+            if rest == "mlp.shared_expert_gate":  # 1-D, the shape llama.cpp's loader asks for
+                w.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.{kind}", **stored(a[0], False))
+                return True
+            return False
 
-    add_q8_moe_tensors(w, hf, _GGUF, quantized, shared_gate)
-    finish_gguf(w)
+        add_q8_moe_tensors(w, hf, _GGUF, quantized, shared_gate)
 
 
 def _gguf_model(family: str, tmp_path, weight_format: str):
     hf = _hf(family, 7, GGUF_CONFIGS[family])
-    path = tmp_path / f"{family}.gguf"
-    if not path.exists():
-        _write_gguf(family, hf, path)
-    store = open_store(path)
-    assert store.config["model_type"] == family
-    return hf, load_family(family, store, weight_format)
+    return hf, load_gguf(tmp_path / f"{family}.gguf", lambda path: _write_gguf(family, hf, path), family, weight_format)
 
 
 @pytest.mark.parametrize("family", sorted(GGUF_CONFIGS))
@@ -268,8 +250,7 @@ def test_a_gguf_under_llama_cpp_names_matches_hf(family, weight_format, tmp_path
     if weight_format == "auto":  # the experts stay Q8_0 blocks
         expert = model.weights.layers[0].moe.experts[0]
         assert isinstance(expert.gate_up, GGUFLinear) and isinstance(expert.down, GGUFLinear)
-    outputs, rows, _ = engine_rows(model, 4)
-    assert worst_row(rows, *forward_reference(hf, outputs)) <= (1e-4 if weight_format == "exact" else 2e-2)
+    assert_stored_weights_match_hf(hf, model, weight_format)
 
 
 @pytest.mark.parametrize("family", sorted(GGUF_CONFIGS))

@@ -12,117 +12,77 @@ on first use from its own view of the mapped file, into the repack cache under t
 
 from __future__ import annotations
 
+import family_testlib
 import pytest
-import test_moe_families
 import torch
 from qwen3_harness import open_store
-from test_moe_families import FAMILIES, _hf, _write_gguf
+from test_moe_families import FAMILIES, GGUF_CONFIGS, _hf, _write_gguf
 
 from metrale_core.api import LoadOptions
-from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.layers.formats import gguf_repack, repack_cache
 from metrale_core.layers.formats.gguf_linear import GGUFLinear
 from metrale_core.layers.parallel import TensorParallel
-from metrale_core.loading.load import load_model
-from metrale_core.parallel.launch import load_parallel
 from metrale_core.plugin.discovery import load_registry
-from metrale_core.sampling import SamplingParams
-from metrale_core.testing.tensor_parallel import run_recording
+from metrale_core.testing.tp_oracle import assert_tp2_matches_tp1, run_engine, write_word_tokenizer
 
 PROMPTS = [[(7 * i + 3 * j) % 90 + 3 for j in range(9 + 4 * i)] for i in range(4)]
 #: One HF config per family: Qwen3-MoE with a dense layer among the sparse ones (its own MLP split
 #: too), Qwen2-MoE with its shared expert and the shared expert's gate.
 HF_CASES = {"qwen3moe": "renorm-mlp-only-layer", "qwen2moe": "shared-gated-no-renorm"}
-#: GGUF configs whose every split falls between Q8_0 blocks of 32: each expert's 64 columns of
-#: down as 32 + 32, the shared expert's 128 as 64 + 64, o_proj's 64 as 32 + 32.
+#: The family tests' GGUF configs, with every split between Q8_0 blocks of 32: each expert's 64
+#: columns of down as 32 + 32, the shared expert's 128 as 64 + 64, o_proj's 64 as 32 + 32.
 GGUF_CASES = {
-    "qwen3moe": dict(
-        hidden_size=64,
-        moe_intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_experts=8,
-        num_experts_per_tok=3,
-        norm_topk_prob=True,
-        tie_word_embeddings=False,
-    ),
+    "qwen3moe": dict(GGUF_CONFIGS["qwen3moe"], moe_intermediate_size=64, num_experts=8, num_experts_per_tok=3),
     "qwen2moe": dict(
-        hidden_size=64,
+        GGUF_CONFIGS["qwen2moe"],
         moe_intermediate_size=64,
         shared_expert_intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         num_experts=8,
         num_experts_per_tok=2,
-        norm_topk_prob=False,
-        tie_word_embeddings=False,
     ),
 }
 
 
 def _engine_run(model):
     # 10 blocks of 4 tokens for 4 sequences of up to 33 tokens: a preemption is certain.
-    config = EngineConfig(block_size=4, num_kv_blocks=10, max_prefill_tokens=8, max_num_seqs=4)
-    return run_recording(
-        LLMEngine(model, config), PROMPTS, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    )
+    return run_engine(model, PROMPTS, num_kv_blocks=10, max_tokens=12)
 
 
 def _hf_checkpoint(family, directory):
     """A random checkpoint of ``HF_CASES[family]`` with a word-level tokenizer (load_model wants one)."""
-    from tokenizers import Tokenizer, models
-
     hf = _hf(family, 11, FAMILIES[family][2][HF_CASES[family]])
     hf.save_pretrained(directory, safe_serialization=True)
-    vocab = {f"t{i}": i for i in range(hf.config.vocab_size)}
-    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(directory / "tokenizer.json"))
+    write_word_tokenizer(directory, hf.config.vocab_size)
     return directory
 
 
 def _gguf(family, directory, monkeypatch):
     """``GGUF_CASES[family]`` written by the MoE family tests' writer, with a tokenizer type (its
     token list is ``t0``, ``t1``, ...: load_model reads a tokenizer from the file)."""
-    header = test_moe_families.gguf_header
+    header = family_testlib.gguf_header
 
     def with_tokenizer(*args, **kwargs):
         w = header(*args, **kwargs)
         w.add_tokenizer_model("gpt2")
         return w
 
-    monkeypatch.setattr(test_moe_families, "gguf_header", with_tokenizer)
+    monkeypatch.setattr(family_testlib, "gguf_header", with_tokenizer)
     path = directory / f"{family}.gguf"
     _write_gguf(family, _hf(family, 13, GGUF_CASES[family]), path)
     return path
 
 
-def _assert_tp2_matches_tp1(path, weight_format, atol):
-    options = LoadOptions(weight_format=weight_format)
-    single = _engine_run(load_model(path, options, progress=False).model)
-    loaded = load_parallel(path, options, size=2, backend="mp", threads=1, progress=False)
-    try:
-        split = _engine_run(loaded.model)
-    finally:
-        loaded.model.close()
-    assert split.preemptions > 0 and split.batched_decode_steps > 0 and split.partial_prefill_steps > 0
-    assert split.tokens == single.tokens, (split.tokens, single.tokens)
-    assert len(split.logits) == len(single.logits)
-    for a, b in zip(split.logits, single.logits, strict=True):
-        assert a.shape == b.shape
-        assert torch.allclose(a, b, atol=atol, rtol=0), (a - b).abs().max().item()
-
-
 @pytest.mark.parametrize("family", sorted(HF_CASES))
 def test_hf_checkpoint_at_tp2_matches_tp1_through_the_engine(family, tmp_path):
     assert load_registry().model_loaders[family].tensor_parallel
-    _assert_tp2_matches_tp1(_hf_checkpoint(family, tmp_path), "exact", 1e-5)
+    assert_tp2_matches_tp1(_hf_checkpoint(family, tmp_path), LoadOptions(weight_format="exact"), _engine_run, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", sorted(GGUF_CASES))
 @pytest.mark.parametrize(("weight_format", "atol"), [("exact", 1e-5), ("auto", 1e-4)])
 def test_gguf_at_tp2_matches_tp1_through_the_engine(family, weight_format, atol, tmp_path, monkeypatch):
-    _assert_tp2_matches_tp1(_gguf(family, tmp_path, monkeypatch), weight_format, atol)
+    path = _gguf(family, tmp_path, monkeypatch)
+    assert_tp2_matches_tp1(path, LoadOptions(weight_format=weight_format), _engine_run, atol=atol)
 
 
 def _rank_model(path, rank, world):

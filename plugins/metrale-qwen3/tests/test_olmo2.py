@@ -7,21 +7,25 @@ engine vs ``generate``, and the same model written as a GGUF under llama.cpp's n
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from family_testlib import VOCAB, finish_gguf, forward_reference, gguf_header, load_family, worst_row
+from family_testlib import (
+    VOCAB,
+    add_float_tensors,
+    engine_rows,
+    forward_reference,
+    gguf_file,
+    load_family,
+    load_gguf,
+    worst_row,
+)
 from qwen3_harness import build_hf, max_logit_diff, open_store, run_mixed_schedule, save_checkpoint
 from transformers import Olmo2Config, Olmo2ForCausalLM
 
-from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.errors import ConfigError
 from metrale_core.layers.parallel import TensorParallel
-from metrale_core.plugin.discovery import load_registry
-from metrale_core.sampling.params import SamplingParams
-from metrale_core.testing.forward_spy import ForwardSpy
+from metrale_core.testing.gguf_names import LAYER
 from metrale_core.testing.plugin_listing import installed_plugin
-from metrale_core.testing.staggered import run_joining_mid_prefill
 
 NEW_TOKENS = 16
 CONFIGS = {
@@ -86,12 +90,9 @@ def test_olmo2_paged_logits_match_hf(name, tmp_path):
 def test_olmo2_engine_logits_and_greedy_match_hf(name, tmp_path):
     torch.set_num_threads(2)
     hf = build_hf(Olmo2Config, Olmo2ForCausalLM, seed=len(name) + 1, **CONFIGS[name])
-    registry = load_registry()
-    spy = ForwardSpy(load_family("olmo2", open_store(save_checkpoint(hf, tmp_path))))
-    engine = LLMEngine(spy, EngineConfig(block_size=4, num_kv_blocks=64, max_prefill_tokens=8), registry=registry)
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    outputs = run_joining_mid_prefill(engine, PROMPTS, params)
-    assert worst_row(spy.rows, *forward_reference(hf, outputs, PROMPTS)) <= 1e-4
+    model = load_family("olmo2", open_store(save_checkpoint(hf, tmp_path)))
+    outputs, rows, _ = engine_rows(model, NEW_TOKENS, prompts=PROMPTS)
+    assert worst_row(rows, *forward_reference(hf, outputs, PROMPTS)) <= 1e-4
     for prompt, out in zip(PROMPTS, outputs):
         ids = torch.tensor([prompt])
         with torch.no_grad():  # the mask given: token 1 is OLMo 2's pad id, which generate would mask out
@@ -105,47 +106,22 @@ def test_olmo2_engine_logits_and_greedy_match_hf(name, tmp_path):
         assert out == gen[0, len(prompt) :].tolist()
 
 
-#: HF module path -> llama.cpp's OLMo 2 tensor name (gguf-py's tensor map), written out here so
-#: the test does not read the definition's own table.
-_GGUF = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "post_attention_layernorm": "post_attention_norm",
-    "post_feedforward_layernorm": "post_ffw_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
+#: HF module path -> llama.cpp's OLMo 2 tensor name: a llama layer's, its norms after the
+#: attention and the MLP instead of before.
+_GGUF = {**LAYER, "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"}
 
 
 def _write_gguf(hf, path) -> None:
-    w = gguf_header(path, "olmo2", hf.config, VOCAB)
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-    top["lm_head.weight"] = "output.weight"
-    for name, t in hf.state_dict().items():
-        if name in top:
-            gname = top[name]
-        else:
-            i, rest = name.removeprefix("model.layers.").split(".", 1)
-            base, kind = rest.rsplit(".", 1)
-            gname = f"blk.{i}.{_GGUF[base]}.{kind}"
-        w.add_tensor(gname, np.ascontiguousarray(t.float().numpy()))
-    finish_gguf(w)
+    with gguf_file(path, "olmo2", hf.config, VOCAB) as w:
+        add_float_tensors(w, hf, _GGUF)
 
 
 def test_olmo2_gguf_logits_match_hf(tmp_path):
     torch.set_num_threads(2)
     config = CONFIGS["gqa2-untied"]
     hf = build_hf(Olmo2Config, Olmo2ForCausalLM, seed=11, **config)
-    path = tmp_path / "olmo2.gguf"
-    _write_gguf(hf, path)
-    store = open_store(path)
-    assert store.config["model_type"] == "olmo2"
-    runner = run_mixed_schedule(load_family("olmo2", store), PROMPTS, decode_steps=4, block_size=4)
+    model = load_gguf(tmp_path / "olmo2.gguf", lambda path: _write_gguf(hf, path), "olmo2")
+    runner = run_mixed_schedule(model, PROMPTS, decode_steps=4, block_size=4)
     assert max_logit_diff(hf, runner) <= 1e-4
 
 

@@ -4,7 +4,6 @@ TP=1 through the real engine path -- chunked prefill, batched decode, a forced p
 from __future__ import annotations
 
 import pytest
-import torch
 from qwen3_harness import SMOL_GGUF, build_hf, needs_smol, save_checkpoint
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
@@ -14,6 +13,7 @@ from metrale_core.loading.load import load_model
 from metrale_core.parallel.launch import load_parallel
 from metrale_core.sampling import SamplingParams
 from metrale_core.testing.tensor_parallel import run_recording
+from metrale_core.testing.tp_oracle import assert_tp2_matches_tp1, run_engine, write_word_tokenizer
 
 PROMPTS = [[(7 * i + 3 * j) % 96 + 1 for j in range(9 + 4 * i)] for i in range(4)]
 
@@ -54,41 +54,28 @@ CASES = {
 
 def _checkpoint(name, directory):
     """A random checkpoint of ``CASES[name]`` with a word-level tokenizer (load_model wants one)."""
-    from tokenizers import Tokenizer, models
-
     config_cls, model_cls, kwargs = CASES[name]
     path = save_checkpoint(build_hf(config_cls, model_cls, seed=5, **kwargs), directory)
-    vocab = {f"t{i}": i for i in range(kwargs["vocab_size"])}
-    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(path / "tokenizer.json"))
+    write_word_tokenizer(path, kwargs["vocab_size"])
     return path
 
 
 def _engine_run(model):
     # 10 blocks of 4 tokens for 4 sequences of up to 33 tokens: a preemption is certain.
-    config = EngineConfig(block_size=4, num_kv_blocks=10, max_prefill_tokens=8, max_num_seqs=4)
-    return run_recording(
-        LLMEngine(model, config), PROMPTS, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    )
+    return run_engine(model, PROMPTS, num_kv_blocks=10, max_tokens=12)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_tp2_matches_tp1_through_the_engine(name, tmp_path):
     kwargs = CASES[name][2]
+    heads = kwargs["num_key_value_heads"]
+
+    def rank0_keeps_its_kv_heads(model):
+        assert model.info.kv.num_kv_heads == heads - heads // 2
+
     path = _checkpoint(name, tmp_path)
     options = LoadOptions(weight_format="exact")
-    single = _engine_run(load_model(path, options, progress=False).model)
-    loaded = load_parallel(path, options, size=2, backend="mp", threads=1, progress=False)
-    try:
-        assert loaded.model.info.kv.num_kv_heads == kwargs["num_key_value_heads"] - kwargs["num_key_value_heads"] // 2
-        split = _engine_run(loaded.model)
-    finally:
-        loaded.model.close()
-    assert split.preemptions > 0 and split.batched_decode_steps > 0 and split.partial_prefill_steps > 0
-    assert split.tokens == single.tokens, (split.tokens, single.tokens)
-    assert len(split.logits) == len(single.logits)
-    for a, b in zip(split.logits, single.logits, strict=True):
-        assert a.shape == b.shape
-        assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max().item()
+    assert_tp2_matches_tp1(path, options, _engine_run, atol=1e-5, check_split=rank0_keeps_its_kv_heads)
 
 
 def test_a_split_that_cuts_quantized_blocks_is_refused_naming_the_tensor(tmp_path):

@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from metrale_core.engine import EngineConfig, LLMEngine
 from metrale_core.sampling.params import SamplingParams
+from metrale_core.testing.hf_random import randomize_
 
 VOCAB = 48
 
@@ -50,11 +51,7 @@ def write_qwen3(
         rope_theta=10000.0,
     )
     model = Qwen3ForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(1.0 + 0.2 * noise if "norm" in name else 0.3 * noise)
+    gen = randomize_(model, seed, weights=0.3)
     model.save_pretrained(directory)
     if mtp:
         _add_mtp_layer(directory, layers, hidden, gen)

@@ -31,28 +31,18 @@ def qwen3(tmp_path_factory):
     return load_model(qwen3_dir(tmp_path_factory.mktemp("q3e")), progress=False)
 
 
+def _json_schema(name, max_tokens):
+    """Greedy sampling of ``max_tokens`` constrained to ``SCHEMAS[name]`` (as ``response_format``)."""
+    structured = StructuredOutput("json_schema", json.dumps(SCHEMAS[name]), "response_format")
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, structured=structured)
+
+
 def _requests(tok):
     prompt = tok.encode_chat([{"role": "user", "content": "Give two points as JSON."}], enable_thinking=False)
     free = tok.encode_chat([{"role": "user", "content": "Count from one to ten."}], enable_thinking=False)
     return [
-        (
-            "ref",
-            prompt,
-            SamplingParams(
-                temperature=0.0,
-                max_tokens=40,
-                structured=StructuredOutput("json_schema", json.dumps(SCHEMAS["ref-defs"]), "response_format"),
-            ),
-        ),
-        (
-            "ints",
-            prompt,
-            SamplingParams(
-                temperature=0.0,
-                max_tokens=30,
-                structured=StructuredOutput("json_schema", json.dumps(SCHEMAS["array-ints"]), "response_format"),
-            ),
-        ),
+        ("ref", prompt, _json_schema("ref-defs", 40)),
+        ("ints", prompt, _json_schema("array-ints", 30)),
         ("free", free, SamplingParams(temperature=0.0, max_tokens=24)),
     ]
 
