@@ -26,29 +26,21 @@ import asyncio
 import functools
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from metrale_core.pools import LazyThreadPool
 
 __all__ = ["WORKERS", "in_own_thread", "off_loop"]
 
 WORKERS = 4
 
-_pool: ThreadPoolExecutor | None = None
-_lock = threading.Lock()
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    with _lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="metrale-frontend")
-        return _pool
+_FRONTEND_POOL = LazyThreadPool(WORKERS, "metrale-frontend")
 
 
 async def off_loop(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` on a frontend worker thread."""
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_executor(), functools.partial(fn, *args, **kwargs))
+    return await loop.run_in_executor(_FRONTEND_POOL.get(), functools.partial(fn, *args, **kwargs))
 
 
 async def in_own_thread(fn: Callable[[], Any], name: str = "metrale-loader") -> Any:

@@ -17,9 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -39,6 +37,7 @@ from metrale_core.layers.formats.gguf_blocks import (
     pack,
     records_nbytes,
 )
+from metrale_core.pools import LazyThreadPool
 
 __all__ = ["REPACK_ROWS", "REPACK_THREADS", "PendingRepack", "Repacked", "repack"]
 
@@ -100,7 +99,7 @@ def repack(raws: Sequence[Any], native: bool) -> Repacked:
             pack(kind, codes, d, m, out=flat[row * per_row : (row + codes.shape[0]) * per_row])
 
         try:
-            list(_repack_pool().map(into_records, jobs))  # numpy releases the GIL: chunks side by side
+            list(_REPACK_POOL.get().map(into_records, jobs))  # numpy releases the GIL: chunks side by side
         except BaseException:
             reservation.discard()
             raise
@@ -112,7 +111,7 @@ def repack(raws: Sequence[Any], native: bool) -> Repacked:
         _, codes, d, m = decode(_blocks(raw, slice(start, start + REPACK_ROWS)), quant_type)
         return codes, d, m
 
-    chunks = list(_repack_pool().map(one, jobs))
+    chunks = list(_REPACK_POOL.get().map(one, jobs))
     code_parts, d_parts, m_parts = ([a for part in chunks if (a := part[i]) is not None] for i in range(3))
     return Repacked(
         kind,
@@ -124,17 +123,8 @@ def repack(raws: Sequence[Any], native: bool) -> Repacked:
     )
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _repack_pool() -> ThreadPoolExecutor:
-    """The threads repacking chunks (one per core, at most :data:`REPACK_THREADS`), made once."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(min(REPACK_THREADS, os.cpu_count() or 1), thread_name_prefix="metrale-repack")
-        return _pool
+#: The threads repacking chunks (one per core, at most :data:`REPACK_THREADS`), made once.
+_REPACK_POOL = LazyThreadPool(lambda: min(REPACK_THREADS, os.cpu_count() or 1), "metrale-repack")
 
 
 _warned: set[str] = set()
