@@ -64,6 +64,31 @@ static inline __attribute__((always_inline)) void chunk_partial(
     }
 }
 
+/* chunk_partial over a q8_0 cache: the chunk's K / V rows of head h dequantized once (exactly)
+ * into float32 scratch that reads as a one-block, one-head float32 cache, then the float32
+ * loops -- the same values in the same order, so the same bits as reading the codes in the loops,
+ * with the dequantization done once per chunk instead of once per query head. */
+static inline __attribute__((always_inline)) void chunk_partial_q8(
+        float *part, const float *qh, const void *k_cache, const void *v_cache, const int64_t *table,
+        int64_t lo, int64_t hi, int g, int hk, int h, const int D, int block_size, float scale, float softcap) {
+    float *kb = aligned_alloc(64, sizeof(float) * 2 * DECODE_CHUNK * (size_t)D);
+    if (kb == NULL) {
+        chunk_partial(part, qh, k_cache, v_cache, table, lo, hi, g, hk, h, D, KV_Q8, block_size, scale, softcap);
+        return;
+    }
+    float *vb = kb + DECODE_CHUNK * D;
+    for (int64_t t = lo; t < hi; t++) {
+        const int64_t e = cache_row(table, t, block_size, hk, h, D), r = (t - lo) * D;
+        for (int i = 0; i < D; i += MT_LANES) {
+            mt_store(kb + r + i, load_cache(k_cache, e + i, KV_Q8));
+            mt_store(vb + r + i, load_cache(v_cache, e + i, KV_Q8));
+        }
+    }
+    const int64_t one_block = 0;
+    chunk_partial(part, qh, kb, vb, &one_block, 0, hi - lo, g, 1, 0, D, KV_F32, DECODE_CHUNK, scale, softcap);
+    free(kb);
+}
+
 typedef void (*chunk_fn)(float *, const float *, const void *, const void *, const int64_t *, int64_t, int64_t,
                          int, int, int, int, int, float, float);
 
@@ -71,7 +96,10 @@ typedef void (*chunk_fn)(float *, const float *, const void *, const void *, con
     static void NAME(float *part, const float *qh, const void *kc, const void *vc, const int64_t *table,       \
                      int64_t lo, int64_t hi, int g, int hk, int h, int d, int bs, float scale, float cap) {   \
         (void)d;                                                                                              \
-        chunk_partial(part, qh, kc, vc, table, lo, hi, g, hk, h, D, KIND, bs, scale, cap);                   \
+        if (KIND == KV_Q8)                                                                                    \
+            chunk_partial_q8(part, qh, kc, vc, table, lo, hi, g, hk, h, D, bs, scale, cap);                  \
+        else                                                                                                  \
+            chunk_partial(part, qh, kc, vc, table, lo, hi, g, hk, h, D, KIND, bs, scale, cap);               \
     }
 CHUNK_FN(chunk_64, 64, KV_F32) CHUNK_FN(chunk_128, 128, KV_F32) CHUNK_FN(chunk_any, d, KV_F32)
 CHUNK_FN(chunk_64_bf16, 64, KV_BF16) CHUNK_FN(chunk_128_bf16, 128, KV_BF16) CHUNK_FN(chunk_any_bf16, d, KV_BF16)
