@@ -15,15 +15,22 @@
 #include <stdint.h>
 
 #include "kv_q8.h"
+#include "metrale_cpu_math.h"
 
 #define GROUP 32
 
+/* One row's groups, MT_LANES values per vector (max |x| exact, rounding half to even). */
 static void quantize_row(const float *x, int8_t *codes, uint16_t *scales, int row) {
     for (int g = 0; g < row; g += GROUP) {
-        float amax = 0.0f;
-        for (int i = 0; i < GROUP; i++) amax = fmaxf(amax, fabsf(x[g + i]));
-        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        for (int i = 0; i < GROUP; i++) codes[g + i] = (int8_t)nearbyintf(x[g + i] * id);
+        mt_vf top = mt_zero();
+        for (int i = 0; i < GROUP; i += MT_LANES) {
+            const mt_vf v = mt_load(x + g + i);
+            top = mt_max(top, mt_max(v, mt_sub(mt_zero(), v)));
+        }
+        const float d = mt_reduce_max(top) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        float rounded[GROUP];
+        for (int i = 0; i < GROUP; i += MT_LANES) mt_store(rounded + i, mt_round(mt_mul(mt_load(x + g + i), mt_set1(id))));
+        for (int i = 0; i < GROUP; i++) codes[g + i] = (int8_t)(int)rounded[i];
         scales[g / GROUP] = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
     }
 }
