@@ -45,8 +45,9 @@ def test_plugins_lists_core_and_qwen3():
     assert any(p["distribution"] == "metrale-qwen3" for p in data)
 
 
-def test_generate_chat_on_embedded_model():
-    proc = met("generate", "--chat", "What is the capital of France?", "--max-tokens", "20")
+@pytest.mark.parametrize("kv", [(), ("--kv-cache-dtype", "q8_0")], ids=["model-dtype-kv", "q8_0-kv"])
+def test_generate_chat_on_embedded_model(kv):
+    proc = met("generate", "--chat", "What is the capital of France?", "--max-tokens", "20", *kv)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "The capital of France is Paris.\n"
 

@@ -146,8 +146,8 @@ def add_engine_flags(parser: argparse.ArgumentParser, registry=None) -> argparse
         "--kv-cache-dtype",
         default=None,
         metavar="DTYPE",
-        help="KV cache storage: bf16, fp16, fp32 or fp8 (E4M3, needs the "
-        "metrale-fp8 plugin) (default: the model dtype)",
+        help="KV cache storage: bf16, fp16, fp32, q8_0 (llama.cpp's int8 blocks, CPU) or fp8 "
+        "(E4M3, needs the metrale-fp8 plugin) (default: the model dtype)",
     )
     group.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default: 16)")
     group.add_argument(

@@ -12,7 +12,9 @@ Invariants:
   options when its dtype is not selected); exactly one may return a codec for a plugin dtype.
 - A plugin dtype with no plugin serving it is a ``ConfigError`` naming the plugin to install: the
   KV-scale sources declare the dtypes they serve (``KVScaleSourceSpec.kv_dtypes``); the core
-  holds no plugin name.
+  holds no plugin name.  The core's own ``q8_0`` is such a source (``plugin.builtins``).
+- A codec with a ``storage_layout(layout)`` method lays out its own storage (q8_0 adds its
+  scales, which pool sizing counts); otherwise the layout takes the codec's storage dtype.
 """
 
 from __future__ import annotations
@@ -161,7 +163,11 @@ def resolve_kv_storage(
             f"({', '.join(n for n, _ in codecs)}); disable all but one plugin"
         )
     name, codec = codecs[0]
-    layout = attrs.evolve(info.kv, dtype=codec.storage_dtype if codec.storage_dtype is not None else info.kv.dtype)
+    storage_layout = getattr(codec, "storage_layout", None)
+    if storage_layout is not None:
+        layout = storage_layout(info.kv)
+    else:
+        layout = attrs.evolve(info.kv, dtype=codec.storage_dtype if codec.storage_dtype is not None else info.kv.dtype)
     logger.info(
         "KV cache: {} storage ({} bytes/token) from the '{}' KV-scale source", wanted, layout.bytes_per_token(), name
     )

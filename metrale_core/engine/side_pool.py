@@ -33,12 +33,13 @@ class SidePool:
     """A ``ModelRunner`` (no state slots) and a ``BlockManager`` (no prefix caching) for one
     side model."""
 
-    def __init__(self, model: Any, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: Any, num_blocks: int, block_size: int, kv_storage: Any = None) -> None:
+        """``kv_storage``: the pool's ``kv_dtype.KVStorage`` (None: the model's plain layout)."""
         if model.info.has_recurrent_state:
             raise ConfigError(
                 f"{model.info.architecture} keeps recurrent state; a drafter must be an attention-only model"
             )
-        self.runner = ModelRunner(model, num_blocks, block_size, 0)
+        self.runner = ModelRunner(model, num_blocks, block_size, 0, kv_storage)
         kv = model.info.kv
         self.blocks = BlockManager(
             num_blocks,

@@ -352,6 +352,10 @@ def paged_attention(
     if kv.plain and prefill_op is not None and prefill_op.path == "cpu":
         prefill_op(out, q, kv.k[layer], kv.v[layer], plan.block_tables, plan.multi_row, plan.scale)
         return out
+    codec_prefill = getattr(kv.codec, "prefill_attention", None)  # a codec's own kernel (q8_0)
+    if codec_prefill is not None:
+        codec_prefill(kv, layer, out, q, plan.block_tables, plan.multi_row, plan.scale)
+        return out
     for start, end, seq, context_len in plan.multi_row:
         num_blocks = -(-context_len // kv.block_size)
         k, v = kv.gather(layer, plan.block_tables[seq, :num_blocks], q.dtype)

@@ -116,15 +116,16 @@ class _Rows:
     group_block_ids: list[list[int]] = field(factory=list)
 
 
-def all_position_logits(model: Any, ids: list[int], block_size: int = 16) -> torch.Tensor:
+def all_position_logits(model: Any, ids: list[int], block_size: int = 16, kv_storage: Any = None) -> torch.Tensor:
     """Float32 logits ``[len(ids), vocab]`` of every position of ``ids``, from one prefill of
     ``model`` over a paged KV pool of its own (``engine.SidePool``: the engine's runner and
-    block layout, no engine; the probe's, and ``bench/bench_quality.py``'s teacher forcing)."""
+    block layout, no engine; the probe's, and ``bench/bench_quality.py``'s teacher forcing);
+    ``kv_storage`` (``engine.kv_dtype.KVStorage``): the pool's storage (None: the model's)."""
     from metrale_core.engine.side_pool import SidePool
 
     capture = _AllRows(model)
     groups = len(model.info.kv.groups.windows) if model.info.kv is not None else 1
-    pool = SidePool(capture, groups * (-(-len(ids) // block_size) + 1), block_size)
+    pool = SidePool(capture, groups * (-(-len(ids) // block_size) + 1), block_size, kv_storage)
     rows = _Rows("all-positions")
     pool.blocks.grow(rows, len(ids))
     pool.execute([pool.chunk(rows, 0, ids)])

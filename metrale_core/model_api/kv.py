@@ -31,6 +31,10 @@ __all__ = [
 ]
 
 
+#: Dtype of the per-group scales of a block-quantized cache (``KVLayout.scale_group``).
+SCALE_DTYPE = torch.float16
+
+
 @frozen
 class KVLayout:
     """Shape of the attention KV cache a model needs."""
@@ -50,12 +54,17 @@ class KVLayout:
     #: Per layer, the positions a row attends back to (its own included; None: the whole
     #: context); empty: every layer is global.  Drives the KV groups (see the module docstring).
     windows: tuple[int | None, ...] = ()
+    #: Values per scale of a block-quantized cache (q8_0: 32 int8 codes share one float16
+    #: scale, stored beside the pages in ``PagedKVCache.k_scales`` / ``v_scales``); 0: none.
+    scale_group: int = 0
 
     def __attrs_post_init__(self) -> None:
         if self.windows and len(self.windows) != self.num_layers:
             raise ValueError(f"KVLayout.windows names {len(self.windows)} layers, not {self.num_layers}")
         if any(w is not None and w < 1 for w in self.windows):
             raise ValueError(f"an attention window must be >= 1 position: {self.windows}")
+        if self.scale_group and (self.head_dim % self.scale_group or self.v_dim % self.scale_group):
+            raise ValueError(f"head sizes {self.head_dim}/{self.v_dim} are not multiples of {self.scale_group}")
 
     @property
     def v_dim(self) -> int:
@@ -78,7 +87,9 @@ class KVLayout:
 
     def _bytes_per_layer_token(self) -> int:
         itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return self.num_kv_heads * (self.head_dim + self.v_dim) * itemsize
+        values = self.head_dim + self.v_dim
+        scales = values // self.scale_group * SCALE_DTYPE.itemsize if self.scale_group else 0
+        return self.num_kv_heads * (values * itemsize + scales)
 
 
 @frozen
@@ -259,6 +270,11 @@ class PagedKVCache:
     extras: dict = field(factory=dict)
     #: How K/V are stored and read back (:class:`PlainKVCodec` unless a KV-dtype plugin's).
     codec: KVCodec = field(factory=PlainKVCodec)
+    #: Per layer, the scales of a block-quantized cache (``KVLayout.scale_group`` > 0):
+    #: ``[num_blocks, block_size, num_kv_heads, head_dim // scale_group]`` float16 beside ``k`` /
+    #: ``v`` (shared by the layers sharing their page tensor); empty otherwise.
+    k_scales: list[torch.Tensor] = field(factory=list)
+    v_scales: list[torch.Tensor] = field(factory=list)
 
     @classmethod
     def allocate(
@@ -270,19 +286,26 @@ class PagedKVCache:
         codec: KVCodec | None = None,
     ) -> PagedKVCache:
         """Zeroed storage of ``layout.dtype`` (the codec's storage dtype) for ``num_blocks`` pages
-        of ``layout.groups.group_size`` layers (every layer without windows)."""
-        shape = (num_blocks, block_size, layout.num_kv_heads, layout.head_dim)
-        v_shape = (num_blocks, block_size, layout.num_kv_heads, layout.v_dim)
+        of ``layout.groups.group_size`` layers (every layer without windows), with their scales
+        when ``layout.scale_group`` is set."""
         groups = layout.groups
         size = min(groups.group_size, layout.num_layers)
-        k = [zeroed_pages(shape, layout.dtype, device) for _ in range(size)]
-        v = [zeroed_pages(v_shape, layout.dtype, device) for _ in range(size)]
         index = [groups.locate(layer)[1] for layer in range(layout.num_layers)]
+
+        def pages(width: int, dtype: torch.dtype) -> list[torch.Tensor]:
+            tensors = [
+                zeroed_pages((num_blocks, block_size, layout.num_kv_heads, width), dtype, device) for _ in range(size)
+            ]
+            return [tensors[j] for j in index]
+
+        group = layout.scale_group
         return cls(
-            k=[k[j] for j in index],
-            v=[v[j] for j in index],
+            k=pages(layout.head_dim, layout.dtype),
+            v=pages(layout.v_dim, layout.dtype),
             block_size=block_size,
             codec=codec if codec is not None else PlainKVCodec(),
+            k_scales=pages(layout.head_dim // group, SCALE_DTYPE) if group else [],
+            v_scales=pages(layout.v_dim // group, SCALE_DTYPE) if group else [],
         )
 
     @property

@@ -42,8 +42,10 @@ def check_engine_config(config: Any, size: int) -> None:
     for flag in ("speculative", "lora", "allow_runtime_lora"):
         if options.get(flag):
             raise ConfigError(f"--{flag.replace('_', '-')} is not supported with --tensor-parallel-size {size}")
-    if getattr(config, "kv_cache_dtype", None) == "fp8":
-        raise ConfigError(f"--kv-cache-dtype fp8 is not supported with --tensor-parallel-size {size}")
+    if getattr(config, "kv_cache_dtype", None) in ("fp8", "q8_0"):
+        raise ConfigError(
+            f"--kv-cache-dtype {config.kv_cache_dtype} is not supported with --tensor-parallel-size {size}"
+        )
 
 
 def load_parallel(

@@ -14,6 +14,7 @@ from __future__ import annotations
 from metrale_core import hookimpl
 from metrale_core.plugin.components import (
     ExecutorSpec,
+    KVScaleSourceSpec,
     LogitProcessorSpec,
     SamplerSpec,
     SchedulerSpec,
@@ -88,3 +89,15 @@ def metrale_executors(register):
                 name=name, factory=lazy_factory(f"metrale_core.parallel.executors:{cls}"), description=description
             )
         )
+
+
+@hookimpl
+def metrale_kv_scale_sources(register):
+    register(
+        KVScaleSourceSpec(
+            name="q8_0",
+            factory=lazy_factory("metrale_core.layers.kv_q8_codec:q8_0_source"),
+            kv_dtypes=("q8_0",),
+            description="llama.cpp's q8_0 K/V (int8 codes, a float16 scale per 32 values), CPU",
+        )
+    )

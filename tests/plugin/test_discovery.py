@@ -104,6 +104,7 @@ def test_fake_distribution_registers_its_components(install, warnings_log):
         "schedulers": ["fcfs"],
         "tool_call_parsers": ["hermes", "qwen3_coder", "glm47", "mistral", "granite", "phi4_mini", "harmony"],
         "executors": ["uni", "mp", "env"],
+        "kv_scale_sources": ["q8_0"],
     }
 
 

@@ -11,7 +11,11 @@
  * cached positions, the one copy the decode and prefill kernels share.
  *
  * Invariants: header-only, static inline, over metrale_cpu_math.h's vectors (include that first);
- * caches are [blocks, block_size, Hk, d] with dense rows, float32 or bfloat16 (widened exactly);
+ * caches are [blocks, block_size, Hk, d] with dense rows, of one of three kinds (the KIND / bf16
+ * argument): KV_F32, KV_BF16 (widened exactly) or KV_Q8 (llama.cpp's q8_0: the cache argument
+ * points at a kv_q8, int8 codes [blocks, block_size, Hk, d] and one float16 scale per 32
+ * consecutive values of a row, [blocks, block_size, Hk, d / 32]; a code times its scale is exact
+ * in float32, so a q8_0 cache reads as the float32 cache of its dequantized values, bit for bit);
  * table holds a sequence's block ids.
  */
 #ifndef METRALE_PAGED_KV_H
@@ -38,13 +42,35 @@ static inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 }
 #endif
 
+enum { KV_F32 = 0, KV_BF16 = 1, KV_Q8 = 2 };
+
+/* A q8_0 cache: codes and their float16 scales (one per KV_Q8_GROUP values of a row). */
+#define KV_Q8_GROUP 32
+typedef struct {
+    const int8_t *codes;
+    const uint16_t *scales;
+} kv_q8;
+
 /* Element offset of position t of KV head h in a [blocks, bs, Hk, d] cache. */
 static inline int64_t cache_row(const int64_t *table, int64_t t, int block_size, int hk, int h, int d) {
     return ((table[t / block_size] * block_size + t % block_size) * hk + h) * d;
 }
 
-/* MT_LANES cache elements from offset e as float32 (bfloat16 widened exactly). */
-static inline mt_vf load_cache(const void *cache, int64_t e, const int bf16) {
+/* MT_LANES cache elements from offset e (a multiple of MT_LANES) as float32: bfloat16 widened
+ * exactly, q8_0 codes times their group's scale (exact). */
+static inline mt_vf load_cache(const void *cache, int64_t e, const int kind) {
+    if (kind == KV_Q8) {
+        const kv_q8 *c = (const kv_q8 *)cache;
+        const mt_vf scale = mt_set1(_cvtsh_ss(c->scales[e / KV_Q8_GROUP]));
+#if MT_LANES == 16
+        const __m512i codes = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c->codes + e)));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(codes), scale);
+#else
+        const __m256i codes = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c->codes + e)));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(codes), scale);
+#endif
+    }
+    const int bf16 = kind == KV_BF16;
 #if MT_LANES == 16
     if (bf16)
         return _mm512_castsi512_ps(_mm512_slli_epi32(
@@ -58,25 +84,25 @@ static inline mt_vf load_cache(const void *cache, int64_t e, const int bf16) {
 }
 
 /* s[t - lo] = qv . K[t] for the positions t in [lo, hi) of KV head h (qv: the query, D / MT_LANES
- * vectors, already scaled), four positions per reduction.  D and BF16 are compile-time constants
+ * vectors, already scaled), four positions per reduction.  D and KIND are compile-time constants
  * at every call, so the query stays in registers. */
 static inline __attribute__((always_inline)) void kv_scores(
         float *s, const mt_vf *qv, const void *k_cache, const int64_t *table, int64_t lo, int64_t hi,
-        int block_size, int hk, int h, const int D, const int BF16) {
+        int block_size, int hk, int h, const int D, const int KIND) {
     int64_t t = lo;
     for (; t + 4 <= hi; t += 4) {
         mt_vf a[4];
         for (int u = 0; u < 4; u++) {
             const int64_t kr = cache_row(table, t + u, block_size, hk, h, D);
-            a[u] = mt_mul(qv[0], load_cache(k_cache, kr, BF16));
-            for (int i = 1; i < D / MT_LANES; i++) a[u] = mt_fmadd(qv[i], load_cache(k_cache, kr + i * MT_LANES, BF16), a[u]);
+            a[u] = mt_mul(qv[0], load_cache(k_cache, kr, KIND));
+            for (int i = 1; i < D / MT_LANES; i++) a[u] = mt_fmadd(qv[i], load_cache(k_cache, kr + i * MT_LANES, KIND), a[u]);
         }
         _mm_storeu_ps(s + (t - lo), reduce4(a[0], a[1], a[2], a[3]));
     }
     for (; t < hi; t++) {
         const int64_t kr = cache_row(table, t, block_size, hk, h, D);
-        mt_vf a = mt_mul(qv[0], load_cache(k_cache, kr, BF16));
-        for (int i = 1; i < D / MT_LANES; i++) a = mt_fmadd(qv[i], load_cache(k_cache, kr + i * MT_LANES, BF16), a);
+        mt_vf a = mt_mul(qv[0], load_cache(k_cache, kr, KIND));
+        for (int i = 1; i < D / MT_LANES; i++) a = mt_fmadd(qv[i], load_cache(k_cache, kr + i * MT_LANES, KIND), a);
         s[t - lo] = mt_reduce_add(a);
     }
 }
@@ -102,11 +128,11 @@ static inline float kv_exp_scores(float *s, int64_t n, float *sum) {
 /* acc (D / MT_LANES vectors) += p[t - lo] * V[t] over the positions t in [lo, hi), in order. */
 static inline __attribute__((always_inline)) void kv_accumulate(
         mt_vf *acc, const float *p, const void *v_cache, const int64_t *table, int64_t lo, int64_t hi,
-        int block_size, int hk, int h, const int D, const int BF16) {
+        int block_size, int hk, int h, const int D, const int KIND) {
     for (int64_t t = lo; t < hi; t++) {
         const int64_t vr = cache_row(table, t, block_size, hk, h, D);
         const mt_vf w = mt_set1(p[t - lo]);
-        for (int i = 0; i < D / MT_LANES; i++) acc[i] = mt_fmadd(w, load_cache(v_cache, vr + i * MT_LANES, BF16), acc[i]);
+        for (int i = 0; i < D / MT_LANES; i++) acc[i] = mt_fmadd(w, load_cache(v_cache, vr + i * MT_LANES, KIND), acc[i]);
     }
 }
 

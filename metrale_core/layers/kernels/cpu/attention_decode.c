@@ -17,8 +17,10 @@
  *   positions [c * DECODE_CHUNK, (c + 1) * DECODE_CHUNK) of the visible range), never derived from
  *   the batch, the thread count or the schedule, and the merge visits them in chunk order; so a
  *   row's output has the same bits alone, in any batch and on any number of threads.
- * - K/V are read in the cache dtype (float32, or bfloat16 widened exactly); head_dim is a multiple
- *   of 16 up to 256; softmax in float32 (exp: metrale_cpu_math.h's in a chunk, expf in the merge).
+ * - K/V are read in the cache dtype (float32, bfloat16 widened exactly, or q8_0 codes times their
+ *   float16 group scale, exact: dop_paged_decode_q8 gives the bits dop_paged_decode gives on the
+ *   float32 cache of the dequantized values); head_dim is a multiple of 16 up to 256 (of 32 for
+ *   q8_0); softmax in float32 (exp: metrale_cpu_math.h's in a chunk, expf in the merge).
  * - window > 0 limits a row at position p (context p + 1) to the positions p - window + 1 .. p;
  *   sinks (NULL: none) are per-query-head logits in every softmax with no value (gpt-oss);
  *   softcap > 0 caps every score at softcap * tanh(score / softcap) before the softmax (Gemma 2).
@@ -44,7 +46,7 @@ int dop_decode_chunk_len(void) { return DECODE_CHUNK; }
  * DECODE_CHUNK) into part [g, D + 2]: per head the accumulator [D], then m and l. */
 static inline __attribute__((always_inline)) void chunk_partial(
         float *part, const float *qh, const void *k_cache, const void *v_cache, const int64_t *table,
-        int64_t lo, int64_t hi, int g, int hk, int h, const int D, const int BF16, int block_size, float scale,
+        int64_t lo, int64_t hi, int g, int hk, int h, const int D, const int KIND, int block_size, float scale,
         float softcap) {
     float s[DECODE_CHUNK];
     for (int j = 0; j < g; j++) {
@@ -53,32 +55,62 @@ static inline __attribute__((always_inline)) void chunk_partial(
             qv[i] = mt_mul(mt_load(qh + j * D + i * MT_LANES), mt_set1(scale));
             acc[i] = mt_zero();
         }
-        kv_scores(s, qv, k_cache, table, lo, hi, block_size, hk, h, D, BF16);
+        kv_scores(s, qv, k_cache, table, lo, hi, block_size, hk, h, D, KIND);
         if (softcap > 0.0f) kv_softcap(s, hi - lo, softcap);
         float *rec = part + (int64_t)j * (D + 2);
         rec[D] = kv_exp_scores(s, hi - lo, &rec[D + 1]);
-        kv_accumulate(acc, s, v_cache, table, lo, hi, block_size, hk, h, D, BF16);
+        kv_accumulate(acc, s, v_cache, table, lo, hi, block_size, hk, h, D, KIND);
         for (int i = 0; i < D / MT_LANES; i++) mt_store(rec + i * MT_LANES, acc[i]);
     }
+}
+
+/* chunk_partial over a q8_0 cache: the chunk's K / V rows of head h dequantized once (exactly)
+ * into float32 scratch that reads as a one-block, one-head float32 cache, then the float32
+ * loops -- the same values in the same order, so the same bits as reading the codes in the loops,
+ * with the dequantization done once per chunk instead of once per query head. */
+static inline __attribute__((always_inline)) void chunk_partial_q8(
+        float *part, const float *qh, const void *k_cache, const void *v_cache, const int64_t *table,
+        int64_t lo, int64_t hi, int g, int hk, int h, const int D, int block_size, float scale, float softcap) {
+    float *kb = aligned_alloc(64, sizeof(float) * 2 * DECODE_CHUNK * (size_t)D);
+    if (kb == NULL) {
+        chunk_partial(part, qh, k_cache, v_cache, table, lo, hi, g, hk, h, D, KV_Q8, block_size, scale, softcap);
+        return;
+    }
+    float *vb = kb + DECODE_CHUNK * D;
+    for (int64_t t = lo; t < hi; t++) {
+        const int64_t e = cache_row(table, t, block_size, hk, h, D), r = (t - lo) * D;
+        for (int i = 0; i < D; i += MT_LANES) {
+            mt_store(kb + r + i, load_cache(k_cache, e + i, KV_Q8));
+            mt_store(vb + r + i, load_cache(v_cache, e + i, KV_Q8));
+        }
+    }
+    const int64_t one_block = 0;
+    chunk_partial(part, qh, kb, vb, &one_block, 0, hi - lo, g, 1, 0, D, KV_F32, DECODE_CHUNK, scale, softcap);
+    free(kb);
 }
 
 typedef void (*chunk_fn)(float *, const float *, const void *, const void *, const int64_t *, int64_t, int64_t,
                          int, int, int, int, int, float, float);
 
-#define CHUNK_FN(NAME, D, BF16)                                                                               \
+#define CHUNK_FN(NAME, D, KIND)                                                                               \
     static void NAME(float *part, const float *qh, const void *kc, const void *vc, const int64_t *table,       \
                      int64_t lo, int64_t hi, int g, int hk, int h, int d, int bs, float scale, float cap) {   \
         (void)d;                                                                                              \
-        chunk_partial(part, qh, kc, vc, table, lo, hi, g, hk, h, D, BF16, bs, scale, cap);                   \
+        if (KIND == KV_Q8)                                                                                    \
+            chunk_partial_q8(part, qh, kc, vc, table, lo, hi, g, hk, h, D, bs, scale, cap);                  \
+        else                                                                                                  \
+            chunk_partial(part, qh, kc, vc, table, lo, hi, g, hk, h, D, KIND, bs, scale, cap);               \
     }
-CHUNK_FN(chunk_64, 64, 0) CHUNK_FN(chunk_128, 128, 0) CHUNK_FN(chunk_any, d, 0)
-CHUNK_FN(chunk_64_bf16, 64, 1) CHUNK_FN(chunk_128_bf16, 128, 1) CHUNK_FN(chunk_any_bf16, d, 1)
+CHUNK_FN(chunk_64, 64, KV_F32) CHUNK_FN(chunk_128, 128, KV_F32) CHUNK_FN(chunk_any, d, KV_F32)
+CHUNK_FN(chunk_64_bf16, 64, KV_BF16) CHUNK_FN(chunk_128_bf16, 128, KV_BF16) CHUNK_FN(chunk_any_bf16, d, KV_BF16)
+CHUNK_FN(chunk_64_q8, 64, KV_Q8) CHUNK_FN(chunk_128_q8, 128, KV_Q8) CHUNK_FN(chunk_any_q8, d, KV_Q8)
 
-/* The specialised loop for head size d over float32 (bf16 = 0) or bfloat16 caches. */
-static chunk_fn pick_chunk(int d, int bf16) {
-    if (d == 64) return bf16 ? chunk_64_bf16 : chunk_64;
-    if (d == 128) return bf16 ? chunk_128_bf16 : chunk_128;
-    return bf16 ? chunk_any_bf16 : chunk_any;
+/* The specialised loop for head size d over caches of kind (KV_F32, KV_BF16 or KV_Q8). */
+static chunk_fn pick_chunk(int d, int kind) {
+    static const chunk_fn fns[3][3] = {{chunk_64, chunk_128, chunk_any},
+                                       {chunk_64_bf16, chunk_128_bf16, chunk_any_bf16},
+                                       {chunk_64_q8, chunk_128_q8, chunk_any_q8}};
+    return fns[kind][d == 64 ? 0 : d == 128 ? 1 : 2];
 }
 
 /* out [g, d] from the n chunk partials of one (sequence, KV head), the first at part and each next
@@ -103,16 +135,13 @@ static void merge_chunks(float *out, const float *part, int64_t n, int64_t step,
     }
 }
 
-/* One query row per sequence: q [B, Hq, d] (dense heads, row stride q_stride), out [B, Hq, d]
- * (dense), caches [blocks, bs, Hk, d] (float32, or bfloat16 when bf16), tables
- * [B, table_stride] block ids, context [B]; window (0: none), sinks [Hq] (NULL: none) and softcap
- * (0: none) as the file's invariants say. */
-int dop_paged_decode(float *out, const float *q, int64_t q_stride, const void *k_cache,
-                     const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
-                     const int64_t *context, int batch, int hq, int hk, int d, int block_size,
-                     float scale, int64_t window, const float *sinks, float softcap, int threads) {
-    if (batch < 0 || hk <= 0 || hq % hk || d <= 0 || d % 16 || d > 256 || block_size <= 0 || threads <= 0 ||
-        window < 0 || softcap < 0.0f)
+/* dop_paged_decode over caches of kind (k_cache / v_cache point at kv_q8 records for KV_Q8). */
+static int paged_decode(float *out, const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+                        int kind, const int64_t *tables, int64_t table_stride, const int64_t *context, int batch,
+                        int hq, int hk, int d, int block_size, float scale, int64_t window, const float *sinks,
+                        float softcap, int threads) {
+    if (batch < 0 || hk <= 0 || hq % hk || d <= 0 || d % (kind == KV_Q8 ? KV_Q8_GROUP : 16) || d > 256 ||
+        block_size <= 0 || threads <= 0 || window < 0 || softcap < 0.0f || kind < KV_F32 || kind > KV_Q8)
         return -1;
     const int g = hq / hk;
     /* first[b]: the global index of sequence b's first chunk; first[batch]: the chunk count. */
@@ -136,7 +165,7 @@ int dop_paged_decode(float *out, const float *q, int64_t q_stride, const void *k
     }
     for (int b = 0; b < batch; b++)
         for (int64_t c = first[b]; c < first[b + 1]; c++) seq_of[c] = b;
-    const chunk_fn chunk = pick_chunk(d, bf16);
+    const chunk_fn chunk = pick_chunk(d, kind);
 #pragma omp parallel num_threads(threads) if (chunks * hk > 1)
     {
 #pragma omp for schedule(dynamic, 1)
@@ -158,4 +187,29 @@ int dop_paged_decode(float *out, const float *q, int64_t q_stride, const void *k
     }
     free(first), free(seq_of), free(parts);
     return 0;
+}
+
+/* One query row per sequence: q [B, Hq, d] (dense heads, row stride q_stride), out [B, Hq, d]
+ * (dense), caches [blocks, bs, Hk, d] (float32, or bfloat16 when bf16), tables
+ * [B, table_stride] block ids, context [B]; window (0: none), sinks [Hq] (NULL: none) and softcap
+ * (0: none) as the file's invariants say. */
+int dop_paged_decode(float *out, const float *q, int64_t q_stride, const void *k_cache,
+                     const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
+                     const int64_t *context, int batch, int hq, int hk, int d, int block_size,
+                     float scale, int64_t window, const float *sinks, float softcap, int threads) {
+    if (bf16 != 0 && bf16 != 1) return -1;
+    return paged_decode(out, q, q_stride, k_cache, v_cache, bf16 ? KV_BF16 : KV_F32, tables, table_stride, context,
+                        batch, hq, hk, d, block_size, scale, window, sinks, softcap, threads);
+}
+
+/* dop_paged_decode over q8_0 caches: int8 codes k_codes / v_codes [blocks, bs, Hk, d] and their
+ * float16 scales k_scales / v_scales [blocks, bs, Hk, d / 32] (d a multiple of 32). */
+int dop_paged_decode_q8(float *out, const float *q, int64_t q_stride, const int8_t *k_codes,
+                        const uint16_t *k_scales, const int8_t *v_codes, const uint16_t *v_scales,
+                        const int64_t *tables, int64_t table_stride, const int64_t *context, int batch, int hq,
+                        int hk, int d, int block_size, float scale, int64_t window, const float *sinks,
+                        float softcap, int threads) {
+    const kv_q8 k = {k_codes, k_scales}, v = {v_codes, v_scales};
+    return paged_decode(out, q, q_stride, &k, &v, KV_Q8, tables, table_stride, context, batch, hq, hk, d, block_size,
+                        scale, window, sinks, softcap, threads);
 }

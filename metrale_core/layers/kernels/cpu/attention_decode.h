@@ -16,6 +16,11 @@ int dop_paged_decode(float *out, const float *q, int64_t q_stride, const void *k
                      const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
                      const int64_t *context, int batch, int hq, int hk, int d, int block_size,
                      float scale, int64_t window, const float *sinks, float softcap, int threads);
+int dop_paged_decode_q8(float *out, const float *q, int64_t q_stride, const int8_t *k_codes,
+                        const uint16_t *k_scales, const int8_t *v_codes, const uint16_t *v_scales,
+                        const int64_t *tables, int64_t table_stride, const int64_t *context, int batch, int hq,
+                        int hk, int d, int block_size, float scale, int64_t window, const float *sinks,
+                        float softcap, int threads);
 int dop_decode_chunk_len(void);
 
 #endif

@@ -1,5 +1,6 @@
 /* Tiled (flash-attention style) prefill attention over the paged KV cache, float32 maths over
- * float32 or bfloat16 caches; the same source builds the AVX512F and the AVX2 + FMA variant over
+ * float32, bfloat16 or q8_0 caches (ap_paged_prefill_q8: each tile dequantized exactly as it
+ * loads, so the bits of ap_paged_prefill over the dequantized float32 cache); the same source builds the AVX512F and the AVX2 + FMA variant over
  * metrale_cpu_math.h's vectors (MT_LANES = 16 or 8 float lanes).
  *
  * Owner: metrale_core.layers.ops.PagedAttentionPrefill (its forward_cpu; attention.py's
@@ -197,7 +198,7 @@ static void pv(float *acc, int d, const float *st, int64_t ms, const float *alph
 /* Cache rows js .. je of the tile at position t0, KV head h, as float32 [KT, d]: zeros outside
  * [first, context), whose blocks may be gone (past the context, or slid out of every window:
  * NULL_BLOCK table entries). */
-static void load_tile(float *dst, const void *cache, int bf16, const int64_t *table, int64_t t0, int js, int je,
+static void load_tile(float *dst, const void *cache, int kind, const int64_t *table, int64_t t0, int js, int je,
                       int64_t first, int64_t context, int block_size, int hk, int h, int d) {
     for (int j = js; j < je; j++) {
         float *row = dst + j * d;
@@ -206,7 +207,7 @@ static void load_tile(float *dst, const void *cache, int bf16, const int64_t *ta
             continue;
         }
         const int64_t e = cache_row(table, t0 + j, block_size, hk, h, d);
-        for (int c = 0; c < d; c += MT_LANES) mt_store(row + c, load_cache(cache, e + c, bf16));
+        for (int c = 0; c < d; c += MT_LANES) mt_store(row + c, load_cache(cache, e + c, kind));
     }
 }
 
@@ -257,7 +258,7 @@ typedef struct {
     const float *q;
     int64_t q_stride;
     const void *k_cache, *v_cache;
-    int bf16;
+    int kind; /* KV_F32, KV_BF16 or KV_Q8 (the caches point at kv_q8 records) */
     const int64_t *tables;
     int64_t table_stride;
     int g, hk, d, block_size;
@@ -309,8 +310,8 @@ static void attend_item(const call_args *a, const work_item *it, workspace *w) {
         /* keys some row of the item sees, widened to whole score blocks */
         const int js = first > t0 ? (int)(first - t0) / KR * KR : 0;
         const int je = last + 1 - t0 < KT ? ((int)(last + 1 - t0) + KR - 1) / KR * KR : KT;
-        load_tile(w->kb, a->k_cache, a->bf16, table, t0, js, je, first, it->context, a->block_size, a->hk, it->h, d);
-        load_tile(w->vb, a->v_cache, a->bf16, table, t0, js, je, first, it->context, a->block_size, a->hk, it->h, d);
+        load_tile(w->kb, a->k_cache, a->kind, table, t0, js, je, first, it->context, a->block_size, a->hk, it->h, d);
+        load_tile(w->vb, a->v_cache, a->kind, table, t0, js, je, first, it->context, a->block_size, a->hk, it->h, d);
         scores(w->st, ms, w->qt, w->kb, d, js, je, va, vb);
         if (a->softcap > 0.0f)
             for (int j = js; j < je; j++) kv_softcap(w->st + j * ms + va * MT_LANES, (int64_t)(vb - va) * MT_LANES, a->softcap);
@@ -339,12 +340,12 @@ static int64_t count_items(const int64_t *segments, int num_segments, int rows, 
     return items;
 }
 
-int ap_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_stride, const void *k_cache,
-                     const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
-                     const int64_t *segments, int num_segments, int hq, int hk, int d, int block_size,
-                     int64_t window, float scale, float softcap, const float *sinks, int threads) {
-    if (num_segments < 0 || hk <= 0 || hq <= 0 || hq % hk || d <= 0 || d % 16 || d > 256 || block_size <= 0 ||
-        window < 0 || softcap < 0.0f || threads <= 0)
+static int paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_stride, const void *k_cache,
+                         const void *v_cache, int kind, const int64_t *tables, int64_t table_stride,
+                         const int64_t *segments, int num_segments, int hq, int hk, int d, int block_size,
+                         int64_t window, float scale, float softcap, const float *sinks, int threads) {
+    if (num_segments < 0 || hk <= 0 || hq <= 0 || hq % hk || d <= 0 || d % (kind == KV_Q8 ? KV_Q8_GROUP : 16) ||
+        d > 256 || block_size <= 0 || window < 0 || softcap < 0.0f || threads <= 0)
         return -1;
     for (int s = 0; s < num_segments; s++) {
         const int64_t *seg = segments + 4 * s, n = seg[1] - seg[0];
@@ -366,7 +367,7 @@ int ap_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_s
                 items[k++] = (work_item){seg[0] + r, seg[3] - n + r, seg[3], seg[2], (int)(n - r < rows ? n - r : rows), h};
     }
     qsort(items, (size_t)count, sizeof(work_item), heavier_first);
-    const call_args args = {out, out_stride, q, q_stride, k_cache, v_cache, bf16, tables, table_stride,
+    const call_args args = {out, out_stride, q, q_stride, k_cache, v_cache, kind, tables, table_stride,
                             g, hk, d, block_size, window, scale, softcap, sinks};
     const int mpad = (rows * g + MT_LANES - 1) / MT_LANES * MT_LANES;
     int failed = 0;
@@ -385,4 +386,24 @@ int ap_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_s
     }
     free(items);
     return failed ? -1 : 0;
+}
+
+int ap_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_stride, const void *k_cache,
+                     const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
+                     const int64_t *segments, int num_segments, int hq, int hk, int d, int block_size,
+                     int64_t window, float scale, float softcap, const float *sinks, int threads) {
+    if (bf16 != 0 && bf16 != 1) return -1;
+    return paged_prefill(out, out_stride, q, q_stride, k_cache, v_cache, bf16 ? KV_BF16 : KV_F32, tables,
+                         table_stride, segments, num_segments, hq, hk, d, block_size, window, scale, softcap, sinks,
+                         threads);
+}
+
+int ap_paged_prefill_q8(float *out, int64_t out_stride, const float *q, int64_t q_stride, const int8_t *k_codes,
+                        const uint16_t *k_scales, const int8_t *v_codes, const uint16_t *v_scales,
+                        const int64_t *tables, int64_t table_stride, const int64_t *segments, int num_segments,
+                        int hq, int hk, int d, int block_size, int64_t window, float scale, float softcap,
+                        const float *sinks, int threads) {
+    const kv_q8 k = {k_codes, k_scales}, v = {v_codes, v_scales};
+    return paged_prefill(out, out_stride, q, q_stride, &k, &v, KV_Q8, tables, table_stride, segments, num_segments,
+                         hq, hk, d, block_size, window, scale, softcap, sinks, threads);
 }

@@ -19,5 +19,10 @@ int ap_paged_prefill(float *out, int64_t out_stride, const float *q, int64_t q_s
                      const void *v_cache, int bf16, const int64_t *tables, int64_t table_stride,
                      const int64_t *segments, int num_segments, int hq, int hk, int d, int block_size,
                      int64_t window, float scale, float softcap, const float *sinks, int threads);
+int ap_paged_prefill_q8(float *out, int64_t out_stride, const float *q, int64_t q_stride, const int8_t *k_codes,
+                        const uint16_t *k_scales, const int8_t *v_codes, const uint16_t *v_scales,
+                        const int64_t *tables, int64_t table_stride, const int64_t *segments, int num_segments,
+                        int hq, int hk, int d, int block_size, int64_t window, float scale, float softcap,
+                        const float *sinks, int threads);
 
 #endif
