@@ -166,8 +166,6 @@ def active_rows(rows: LoRARows | None) -> Iterator[None]:
 
 
 _THREADS = 128
-#: Rows of one slot the C kernel multiplies together (``ROWS`` in ``lora_apply.c``).
-_C_ROWS = 8
 
 
 def lora_kernel() -> Any:
@@ -342,8 +340,9 @@ class LoRALinear:
         num_slots, width, k = self.a.shape
         assert self.bt is not None
         threads = torch.get_num_threads()
-        if self._scratch.numel() < threads * _C_ROWS * width:  # one group's shrunk rows per thread
-            self._scratch = torch.empty(threads * _C_ROWS * width, dtype=torch.float32)
+        rows = self.kernel.mt_lora_rows()  # the kernel's ROWS: one group's shrunk rows per thread
+        if self._scratch.numel() < threads * rows * width:
+            self._scratch = torch.empty(threads * rows * width, dtype=torch.float32)
         rc = self.kernel.mt_lora_apply(
             x.data_ptr(),
             k,

@@ -28,6 +28,8 @@
 #define ROWS 8     /* rows of one slot multiplied together (each weight read once per group) */
 #define NTILE 256  /* output columns per expand tile */
 
+int mt_lora_rows(void) { return ROWS; }
+
 static float dot(const float *a, const float *b, int n) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int i = 0;

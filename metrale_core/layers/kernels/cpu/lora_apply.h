@@ -11,5 +11,7 @@
 int mt_lora_apply(const float *x, int K, const int64_t *order, const int64_t *starts, int S, const float *a,
                   const float *bt, int W, int N, const int32_t *part_cols, int P, const int32_t *part_out, float *y,
                   float *scratch, int threads);
+/* ROWS: rows of one slot mt_lora_apply multiplies together; scratch holds threads * ROWS * W floats. */
+int mt_lora_rows(void);
 
 #endif
