@@ -1,7 +1,9 @@
 """The block-quantized CPU matmul (``kernels/cpu/qmatmul.c``): pack weights for it and call it.
 
 Owner: ``metrale_core.layers``; ``linear_kinds.BlockQuantLinear`` multiplies through :func:`qmatmul`,
-``linear_kinds.Bf16Linear`` (the bf16 format's head) through :func:`qmatmul_bf16`.  The C file is part
+``linear_kinds.Bf16Linear`` (the bf16 format's projections, the quantized formats' batch copy) through
+:func:`qmatmul_bf16` (``qmatmul.c``'s AVX512-BF16 path where the CPU has it, else ``bf16_matmul.c``'s
+float32 FMA path, in both ISA builds).  The C files are part
 of the package's CPU library (:func:`metrale_core.kernels.cpu_library`), built with the system C
 compiler on first use.
 
@@ -34,6 +36,7 @@ from metrale_core.kernels.cpu import cpu_flags, cpu_isa
 
 __all__ = [
     "PACKAGE",
+    "bf16_dot",
     "bf16_kernel",
     "kernel",
     "pack",
@@ -71,10 +74,15 @@ def kernel() -> ctypes.CDLL | None:
 
 
 def bf16_kernel() -> ctypes.CDLL | None:
-    """The library when it can also multiply bfloat16 weights (its AVX512 build, on a CPU with
-    AVX512-BF16), else None."""
-    lib = kernel()
-    return lib if lib is not None and cpu_isa(PACKAGE) == "avx512" and "avx512_bf16" in cpu_flags() else None
+    """The library for :func:`qmatmul_bf16` wherever :func:`kernel` runs (every ISA build
+    multiplies bfloat16 weights), else None."""
+    return kernel()
+
+
+def bf16_dot(lib: ctypes.CDLL) -> bool:
+    """Whether :func:`qmatmul_bf16` runs the AVX512-BF16 instructions (``mq_linear_bf16``: the AVX512
+    build on a CPU with AVX512-BF16) rather than the float32 FMA path (``mq_linear_bf16_fma``)."""
+    return cpu_isa(PACKAGE) == "avx512" and "avx512_bf16" in cpu_flags() and hasattr(lib, "mq_linear_bf16")
 
 
 def set_amx(lib: ctypes.CDLL, on: bool) -> bool:
@@ -172,11 +180,13 @@ def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
 def qmatmul_bf16(
     lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_features: int, threads: int | None = None
 ) -> torch.Tensor:
-    """``bf16(x) [R, K] @ W.T`` in float32 for ``packed = pack_bf16(W)`` (needs :func:`bf16_kernel`)."""
+    """``bf16(x) [R, K] @ W.T`` in float32 for ``packed = pack_bf16(W)`` (needs :func:`bf16_kernel`).
+    A row's result does not depend on the other rows of the call nor on ``threads``."""
     x = x.contiguous()
     rows, k = x.shape
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    rc = lib.mq_linear_bf16(
+    matmul = lib.mq_linear_bf16 if bf16_dot(lib) else lib.mq_linear_bf16_fma
+    rc = matmul(
         x.data_ptr(),
         rows,
         k,

@@ -326,8 +326,9 @@ int mq_linear(const float *x, int R, int K, const uint8_t *w, int N, int bits, f
  * vectors of 64 bytes: element c*2 + j of vector i = W[c, 2i + j] (the operand order of
  * vdpbf16ps).  Products of bfloat16 values are exact in float32 and summed in float32, and the
  * result stays float32 (oneDNN's bf16 matmul rounds it to bfloat16, which ties logits).
- * Needs AVX512-BF16 (callers check the CPU flag avx512_bf16). */
-size_t mq_bf16_scratch_bytes(int R, int K) { return (size_t)R * K * 2 + 64; }
+ * Needs AVX512-BF16 (callers check the CPU flag avx512_bf16; bf16_matmul.c is the path without
+ * it).  Batch- and thread-invariant: each output element sums its K in one fixed order, threads
+ * split output tiles only.  Scratch: mq_bf16_scratch_bytes(R, K) of bf16_matmul.h (>= R * K * 2). */
 
 static inline __attribute__((always_inline, target("avx512bf16"))) void bf16_tile_rows(
         const uint16_t *tile, int K, const uint16_t *xb, int rows, float *y, int ldy) {

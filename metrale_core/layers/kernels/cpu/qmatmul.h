@@ -20,7 +20,7 @@ size_t mq_scratch_bytes(int R, int K);
 int mq_record_bytes(int bits);
 int mq_linear(const float *x, int R, int K, const uint8_t *w, int N, int bits, float *y,
               void *scratch, int threads);
-size_t mq_bf16_scratch_bytes(int R, int K); /* avx512 only */
+/* scratch: mq_bf16_scratch_bytes(R, K) of bf16_matmul.h; without AVX512-BF16: mq_linear_bf16_fma */
 int mq_linear_bf16(const float *x, int R, int K, const uint16_t *w, int N, float *y, void *scratch,
                    int threads); /* avx512 only */
 
