@@ -10,7 +10,8 @@ read from ``LoadOptions.weight_format`` when present, else ``$METRALE_WEIGHT_FOR
     every tensor keeps its checkpoint's precision class: a GGUF block tensor (Q4_0 ... Q6_K,
     IQ4_NL/IQ4_XS; Q2_K/Q3_K repacked) is multiplied on its own blocks
     (:mod:`metrale_core.layers.formats.gguf_linear`, activations quantized per 32 to 15 bits), F16/BF16
-    tensors run in bfloat16, F32 tensors in the model dtype (``exact``'s path).  No dense copy
+    tensors run in bfloat16 (``bf16``'s C kernel where it runs), F32 tensors in the model dtype
+    (``exact``'s path).  No dense copy
     of a quantized matrix is kept, and every row's result is independent of the call's row
     count (batch-invariant).
 ``exact``
@@ -238,9 +239,11 @@ def _auto_part(
     parts = [store.get(n, dtype=dtype, shape=s).to(device) for n, s in zip(names, shapes, strict=True)]
     dense = parts[0] if len(parts) == 1 else torch.cat(parts)
     if quant_type in ("F16", "BF16") and dtype == torch.float32:
-        # the checkpoint's own class: bfloat16 values (the head multiplies them in float32)
-        dense = dense.to(torch.bfloat16)
-        return DenseLinear(dense.to(torch.float32).contiguous() if output_head else dense.contiguous(), bias)
+        # the checkpoint's own class: bfloat16 values, multiplied by the batch-invariant C kernel
+        # (bf16_linear; the head multiplies them in float32)
+        if output_head:
+            return DenseLinear(dense.to(torch.bfloat16).to(torch.float32).contiguous(), bias)
+        return bf16_linear(dense, bias)
     return DenseLinear(dense.to(dtype).contiguous(), bias)
 
 
