@@ -2,7 +2,7 @@
 
 Owner: ``metrale_core.layers``; ``linear_kinds.BlockQuantLinear`` multiplies through :func:`qmatmul`,
 ``linear_kinds.Bf16Linear`` (the bf16 format's projections, the quantized formats' batch copy) through
-:func:`qmatmul_bf16` (``qmatmul.c``'s AVX512-BF16 path where the CPU has it, else ``bf16_matmul.c``'s
+:func:`qmatmul_bf16` (``bf16_matmul.c``: its AVX512-BF16 path where the CPU has it, else its
 float32 FMA path, in both ISA builds).  The C files are part
 of the package's CPU library (:func:`metrale_core.kernels.cpu_library`), built with the system C
 compiler on first use.
