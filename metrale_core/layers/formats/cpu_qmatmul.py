@@ -1,11 +1,11 @@
 """The block-quantized CPU matmul (``kernels/cpu/qmatmul.c``): pack weights for it and call it.
 
 Owner: ``metrale_core.layers``; ``linear_kinds.BlockQuantLinear`` multiplies through :func:`qmatmul`,
-``linear_kinds.Bf16Linear`` (the bf16 format's projections, the quantized formats' batch copy) through
-:func:`qmatmul_bf16` (``bf16_matmul.c``: its AVX512-BF16 path where the CPU has it, else its
-float32 FMA path, in both ISA builds).  The C files are part
-of the package's CPU library (:func:`metrale_core.kernels.cpu_library`), built with the system C
-compiler on first use.
+``linear_kinds.Bf16Linear`` (the bf16 format's projections, the quantized formats' batch copy)
+through :func:`qmatmul_bf16` (``kernels/cpu/bf16_matmul.c``: its AVX512-BF16 path where the CPU
+has it, else its float32 FMA path, in both ISA builds; batch- and thread-invariant).  The C files
+are part of the package's CPU library (:func:`metrale_core.kernels.cpu_library`), built with the
+system C compiler on first use.
 
 :func:`kernel` returns the library, or None -- and the weight formats keep torch's kernels --
 where the CPU path is not chosen: the CPU lacks AVX2 (the library's AVX512-VNNI build runs where

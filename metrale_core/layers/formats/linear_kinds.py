@@ -188,8 +188,9 @@ class Bf16Linear:
     bias: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = cpu_qmatmul.qmatmul_bf16(self.kernel, x.float(), self.packed, self.out_features)
-        return add_bias(y.to(x.dtype), self.bias)
+        rows = x.reshape(-1, x.shape[-1]).float()  # any leading dimensions, as F.linear takes
+        y = cpu_qmatmul.qmatmul_bf16(self.kernel, rows, self.packed, self.out_features)
+        return add_bias(y.reshape(*x.shape[:-1], self.out_features).to(x.dtype), self.bias)
 
 
 def _int8_planes(q: np.ndarray, d: np.ndarray, zero: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

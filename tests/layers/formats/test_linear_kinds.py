@@ -59,6 +59,7 @@ def test_bf16_projections_are_batch_and_thread_invariant(dtype):
     x = torch.randn(64, 1536, generator=g).to(dtype)
     full = _invariant_rows(lin, x, lin)
     assert full.dtype == dtype
+    assert torch.equal(lin(x.reshape(4, 16, 1536)), full.reshape(4, 16, 576))  # leading dimensions
     torch.testing.assert_close(full.double(), _oracle(x, w, bias), rtol=1e-2, atol=1e-2 * 1536**0.5)
 
 
