@@ -104,12 +104,13 @@ def test_weight_format_flag_reaches_the_loader(fmt):
     answer: the prompt is prefilled through the bfloat16 copy, the answer decoded from the codes
     (int4: the GGUF's own 4-bit codes through torch's int4 kernel)."""
     answer = "The capital of France is Paris.\n"
-    # one thread: with two, the answer of a first load (repack cache cold) differs from a warm one's
-    # (a known, open determinism bug of the lossy formats; see the stop-43 note)
-    chat = ("--chat", "What is the capital of France?", "--max-tokens", "20", "--threads", "1")
-    proc = met("generate", "--weight-format", fmt, *chat)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == answer
+    # every thread count gives the same answer: the bfloat16 matmuls run the C kernel, whose rows
+    # do not depend on the thread count or the call's other rows (oneDNN's answered nonsense at 2)
+    for threads in ("2", "1"):
+        chat = ("--chat", "What is the capital of France?", "--max-tokens", "20", "--threads", threads)
+        proc = met("generate", "--weight-format", fmt, *chat)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == answer, threads
 
 
 def test_bad_weight_format_is_an_argparse_error():

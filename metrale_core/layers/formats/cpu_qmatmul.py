@@ -1,9 +1,11 @@
 """The block-quantized CPU matmul (``kernels/cpu/qmatmul.c``): pack weights for it and call it.
 
 Owner: ``metrale_core.layers``; ``linear_kinds.BlockQuantLinear`` multiplies through :func:`qmatmul`,
-``linear_kinds.Bf16Linear`` (the bf16 format's head) through :func:`qmatmul_bf16`.  The C file is part
-of the package's CPU library (:func:`metrale_core.kernels.cpu_library`), built with the system C
-compiler on first use.
+``linear_kinds.Bf16Linear`` (the bf16 format's projections, the quantized formats' batch copy)
+through :func:`qmatmul_bf16` (``kernels/cpu/bf16_matmul.c``: its AVX512-BF16 path where the CPU
+has it, else its float32 FMA path, in both ISA builds; batch- and thread-invariant).  The C files
+are part of the package's CPU library (:func:`metrale_core.kernels.cpu_library`), built with the
+system C compiler on first use.
 
 :func:`kernel` returns the library, or None -- and the weight formats keep torch's kernels --
 where the CPU path is not chosen: the CPU lacks AVX2 (the library's AVX512-VNNI build runs where
@@ -35,6 +37,7 @@ from metrale_core.kernels.custom_op import cpu_layer_library
 
 __all__ = [
     "PACKAGE",
+    "bf16_dot",
     "bf16_kernel",
     "kernel",
     "pack",
@@ -72,10 +75,15 @@ def kernel() -> ctypes.CDLL | None:
 
 
 def bf16_kernel() -> ctypes.CDLL | None:
-    """The library when it can also multiply bfloat16 weights (its AVX512 build, on a CPU with
-    AVX512-BF16), else None."""
-    lib = kernel()
-    return lib if lib is not None and cpu_isa(PACKAGE) == "avx512" and "avx512_bf16" in cpu_flags() else None
+    """The library for :func:`qmatmul_bf16` wherever :func:`kernel` runs (every ISA build
+    multiplies bfloat16 weights), else None."""
+    return kernel()
+
+
+def bf16_dot(lib: ctypes.CDLL) -> bool:
+    """Whether :func:`qmatmul_bf16` runs the AVX512-BF16 instructions (``mq_linear_bf16``: the AVX512
+    build on a CPU with AVX512-BF16) rather than the float32 FMA path (``mq_linear_bf16_fma``)."""
+    return cpu_isa(PACKAGE) == "avx512" and "avx512_bf16" in cpu_flags() and hasattr(lib, "mq_linear_bf16")
 
 
 def set_amx(lib: ctypes.CDLL, on: bool) -> bool:
@@ -191,9 +199,11 @@ def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
 def qmatmul_bf16(
     lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, out_features: int, threads: int | None = None
 ) -> torch.Tensor:
-    """``bf16(x) [R, K] @ W.T`` in float32 for ``packed = pack_bf16(W)`` (needs :func:`bf16_kernel`)."""
+    """``bf16(x) [R, K] @ W.T`` in float32 for ``packed = pack_bf16(W)`` (needs :func:`bf16_kernel`).
+    A row's result does not depend on the other rows of the call nor on ``threads``."""
+    matmul = lib.mq_linear_bf16 if bf16_dot(lib) else lib.mq_linear_bf16_fma
     refusal = "qmatmul_bf16 cannot take x {shape} with {out} outputs"
-    return _run_linear(lib.mq_linear_bf16, lib.mq_bf16_scratch_bytes, x, packed, out_features, (), threads, refusal)
+    return _run_linear(matmul, lib.mq_bf16_scratch_bytes, x, packed, out_features, (), threads, refusal)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

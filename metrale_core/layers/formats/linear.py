@@ -10,15 +10,20 @@ read from ``LoadOptions.weight_format`` when present, else ``$METRALE_WEIGHT_FOR
     every tensor keeps its checkpoint's precision class: a GGUF block tensor (Q4_0 ... Q6_K,
     IQ4_NL/IQ4_XS; Q2_K/Q3_K repacked) is multiplied on its own blocks
     (:mod:`metrale_core.layers.formats.gguf_linear`, activations quantized per 32 to 15 bits), F16/BF16
-    tensors run in bfloat16, F32 tensors in the model dtype (``exact``'s path).  No dense copy
+    tensors run in bfloat16 (``bf16``'s C kernel where it runs), F32 tensors in the model dtype
+    (``exact``'s path).  No dense copy
     of a quantized matrix is kept, and every row's result is independent of the call's row
     count (batch-invariant).
 ``exact``
     dense tensors in the model dtype, ``F.linear`` -- bit-identical to dequantize-then-matmul
     (the oracle that reproduces HF transformers; parity tests ask for it explicitly).
 ``bf16``
-    dense bfloat16 matrices; activations are cast to bfloat16 at each matmul and the result back
-    (the output head keeps its products in float32 where the CPU has AVX512-BF16).
+    dense bfloat16 matrices; activations are rounded to bfloat16 at each matmul, products are
+    summed and returned in float32 by the C kernel (``linear_kinds.Bf16Linear``: AVX512-BF16, or
+    float32 FMA on AVX512F / AVX2), batch- and thread-invariant.  Where the C kernel does not run
+    or cannot take a shape, torch's bfloat16 ``F.linear`` (oneDNN; NOT invariant: a row changes
+    with the call's other rows and the thread count) -- the output head then multiplies its
+    bfloat16 values in float32.
 ``int8``
     symmetric int8 per block of 32 weights (Q8_0's scheme, re-quantized from the dequantized
     weights; per output channel for shapes that are not whole blocks).
@@ -38,11 +43,12 @@ The quantized formats run on one of two kernels:
   split into two 4-bit planes, ``q = 16 * hi + lo``, multiplied in one call).  Its cost grows with
   every row.
 
-oneDNN's bfloat16 matmul (AMX / AVX512-BF16) costs about the same for 1 or 64 rows.  So the
-quantized formats also keep a bfloat16 copy of each matrix (the dequantized weights, rounded
-once) and multiply a call with more rows than the kernel's crossover (``BLOCK_QUANT_BATCH_ROWS``
-or ``SMALL_BATCH_ROWS`` row-planes) through it: decode reads the codes, prefill runs on
-bfloat16.  Memory: the codes plus 2 bytes per weight.
+A bfloat16 matmul costs about the same per row for 1 or 64 rows.  So the quantized formats also
+keep a bfloat16 copy of each matrix (the dequantized weights, rounded once;
+``linear_kinds.bf16_linear``: the invariant C kernel where it runs, else oneDNN) and multiply a
+call with more rows than the kernel's crossover (``BLOCK_QUANT_BATCH_ROWS`` or
+``SMALL_BATCH_ROWS`` row-planes) through it: decode reads the codes, prefill runs on bfloat16.
+Memory: the codes plus 2 bytes per weight.
 
 Invariants:
 - Every ``Linear`` maps ``[T, in_features]`` activations of the model dtype to ``[T, out_features]``
@@ -65,12 +71,11 @@ import torch.nn.functional as F
 from attrs import frozen
 
 from metrale_core.errors import ConfigError, ShapeMismatch
-from metrale_core.layers.formats import cpu_qmatmul, gguf_blocks, gguf_linear
+from metrale_core.layers.formats import gguf_blocks, gguf_linear
 from metrale_core.layers.formats.linear_kinds import (
-    GROUP,
-    Bf16Linear,
     DenseLinear,
     add_bias,
+    bf16_linear,
     int4_from_gguf,
     int4_ready,
     quantize_int8,
@@ -155,7 +160,8 @@ def build_linear(
     ``dense`` is the already-loaded fused matrix in ``dtype`` when the caller has it (the tied
     output head reuses the embedding); otherwise the parts are read with ``store.get``.
     ``output_head``: the matrix computes the logits, which ``bf16`` keeps in float32
-    (:class:`Bf16Linear`) where the CPU can.  ``lazy``: GGUF blocks kept in format ``auto`` are
+    (:class:`~metrale_core.layers.formats.linear_kinds.Bf16Linear`, or torch in float32 where the
+    C kernel does not run).  ``lazy``: GGUF blocks kept in format ``auto`` are
     repacked on the projection's first call, not now (``gguf_repack.PendingRepack``: an MoE's
     routed experts); every other format reads its tensors now.
     """
@@ -179,14 +185,13 @@ def build_linear(
     if fmt == "exact":
         return DenseLinear(dense, bias)
     if fmt == "bf16":
-        kernel = cpu_qmatmul.bf16_kernel() if output_head else None
-        if kernel is not None and out_features % 16 == 0 and in_features % GROUP == 0:
-            return Bf16Linear(cpu_qmatmul.pack_bf16(dense), out_features, kernel, bias)
-        if output_head:
-            # No AVX512-BF16 kernel: the head's bfloat16 values are multiplied in float32 by torch
-            # (oneDNN's bfloat16 matmul would round the logits to bfloat16 and tie close ones).
+        lin = bf16_linear(dense, bias)
+        if output_head and isinstance(lin, DenseLinear):
+            # No C kernel (or a shape it cannot take): the head's bfloat16 values are multiplied in
+            # float32 by torch (oneDNN's bfloat16 matmul would round the logits to bfloat16 and tie
+            # close ones).
             return DenseLinear(dense.to(torch.bfloat16).to(torch.float32).contiguous(), bias)
-        return DenseLinear(dense.to(torch.bfloat16).contiguous(), bias)
+        return lin
     if int4:
         return int4_from_gguf([store.get_raw(n) for n in names], bias, dense)
     return quantize_int8(dense, bias, batch_copy=True)
@@ -234,9 +239,11 @@ def _auto_part(
     parts = [store.get(n, dtype=dtype, shape=s).to(device) for n, s in zip(names, shapes, strict=True)]
     dense = parts[0] if len(parts) == 1 else torch.cat(parts)
     if quant_type in ("F16", "BF16") and dtype == torch.float32:
-        # the checkpoint's own class: bfloat16 values (the head multiplies them in float32)
-        dense = dense.to(torch.bfloat16)
-        return DenseLinear(dense.to(torch.float32).contiguous() if output_head else dense.contiguous(), bias)
+        # the checkpoint's own class: bfloat16 values, multiplied by the batch-invariant C kernel
+        # (bf16_linear; the head multiplies them in float32)
+        if output_head:
+            return DenseLinear(dense.to(torch.bfloat16).to(torch.float32).contiguous(), bias)
+        return bf16_linear(dense, bias)
     return DenseLinear(dense.to(dtype).contiguous(), bias)
 
 

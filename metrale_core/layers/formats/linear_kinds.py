@@ -9,10 +9,13 @@ formats and the kernels' crossovers).
 Invariants:
 - Every layer maps ``[T, in_features]`` activations of the model dtype to ``[T, out_features]`` of
   the same dtype; a bias is added in the model dtype after the matmul.
-- A quantized layer keeping a bfloat16 copy (``dense``) multiplies calls of more rows than its
-  kernel's crossover (``BLOCK_QUANT_BATCH_ROWS`` / ``SMALL_BATCH_ROWS``) through it, so its result
-  depends on the call's row count; the codes are the checkpoint's (GGUF) or symmetric int8 per
-  block of 32 with fp16-rounded scales (Q8_0's rule).
+- A quantized layer keeping a bfloat16 copy (``batch``, a :func:`bf16_linear`) multiplies calls of
+  more rows than its kernel's crossover (``BLOCK_QUANT_BATCH_ROWS`` / ``SMALL_BATCH_ROWS``) through
+  it, so its result depends on whether the call's row count passes the crossover; the codes are
+  the checkpoint's (GGUF) or symmetric int8 per block of 32 with fp16-rounded scales (Q8_0's rule).
+- :class:`Bf16Linear` (and so the batch copy where the C kernel runs and takes the shape) is batch-
+  and thread-invariant: a row's result never depends on the call's other rows or thread count.
+  The :class:`DenseLinear` fallback of :func:`bf16_linear` (oneDNN's bfloat16 matmul) is not.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ __all__ = [
     "Int4Linear",
     "Int8Linear",
     "add_bias",
+    "bf16_linear",
     "block_linear",
     "gguf_blocks",
     "int4_from_gguf",
@@ -91,9 +95,11 @@ class DenseLinear(Matrix):
         return add_bias(F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype), self.bias)
 
 
-def _batched(dense: torch.Tensor | None, row_planes: int, limit: int) -> TypeGuard[torch.Tensor]:
+def _batched(
+    batch: Bf16Linear | DenseLinear | None, row_planes: int, limit: int
+) -> TypeGuard[Bf16Linear | DenseLinear]:
     """A call of ``row_planes`` rows (times planes) goes through the bfloat16 copy, if kept."""
-    return dense is not None and row_planes > limit
+    return batch is not None and row_planes > limit
 
 
 @frozen
@@ -108,20 +114,19 @@ class Int8Linear:
     qweight: torch.Tensor  # [N, K padded to INT8PACK_K] int8
     scales: torch.Tensor  # [N] in QUANT_ACT_DTYPE
     bias: torch.Tensor | None = None
-    #: [N, K] bfloat16 copy for calls with more than SMALL_BATCH_ROWS rows (None: always int8).
-    dense: torch.Tensor | None = None
+    #: bfloat16 copy for calls with more than SMALL_BATCH_ROWS rows (None: always int8).
+    batch: Bf16Linear | DenseLinear | None = None
 
     @property
     def out_features(self) -> int:
         return int(self.qweight.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if _batched(self.batch, x.shape[0], SMALL_BATCH_ROWS):
+            return add_bias(self.batch(x), self.bias)
         xq = x.to(self.scales.dtype)
-        if _batched(self.dense, x.shape[0], SMALL_BATCH_ROWS):
-            y = F.linear(xq, self.dense)
-        else:
-            pad = self.qweight.shape[1] - xq.shape[-1]
-            y = torch._weight_int8pack_mm(F.pad(xq, (0, pad)) if pad else xq, self.qweight, self.scales)
+        pad = self.qweight.shape[1] - xq.shape[-1]
+        y = torch._weight_int8pack_mm(F.pad(xq, (0, pad)) if pad else xq, self.qweight, self.scales)
         return add_bias(y.to(x.dtype), self.bias)
 
 
@@ -139,17 +144,17 @@ class Int4Linear:
     group_size: int
     bias: torch.Tensor | None = None
     planes: int = 1
-    #: [N, K] bfloat16 copy for calls with more than SMALL_BATCH_ROWS row-planes (None: always codes).
-    dense: torch.Tensor | None = None
+    #: bfloat16 copy for calls with more than SMALL_BATCH_ROWS row-planes (None: always codes).
+    batch: Bf16Linear | DenseLinear | None = None
 
     @property
     def out_features(self) -> int:
         return int(self.packed.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if _batched(self.batch, x.shape[0] * self.planes, SMALL_BATCH_ROWS):
+            return add_bias(self.batch(x), self.bias)
         xq = x.to(self.scales_zeros.dtype)
-        if _batched(self.dense, x.shape[0] * self.planes, SMALL_BATCH_ROWS):
-            return add_bias(F.linear(xq, self.dense).to(x.dtype), self.bias)
         if self.planes > 1:
             xq = torch.cat([xq] * self.planes, dim=-1)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(xq, self.packed, self.group_size, self.scales_zeros)
@@ -167,12 +172,12 @@ class BlockQuantLinear:
     bits: int
     kernel: Any = field(repr=False)  # the loaded ctypes library
     bias: torch.Tensor | None = None
-    #: [N, K] bfloat16 copy for calls with more than BLOCK_QUANT_BATCH_ROWS rows (None: always codes).
-    dense: torch.Tensor | None = None
+    #: bfloat16 copy for calls with more than BLOCK_QUANT_BATCH_ROWS rows (None: always codes).
+    batch: Bf16Linear | DenseLinear | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if _batched(self.dense, x.shape[0], BLOCK_QUANT_BATCH_ROWS):
-            return add_bias(F.linear(x.to(QUANT_ACT_DTYPE), self.dense).to(x.dtype), self.bias)
+        if _batched(self.batch, x.shape[0], BLOCK_QUANT_BATCH_ROWS):
+            return add_bias(self.batch(x), self.bias)
         y = cpu_qmatmul.qmatmul(self.kernel, x.float(), self.packed, self.out_features, self.bits)
         return add_bias(y.to(x.dtype), self.bias)
 
@@ -180,8 +185,9 @@ class BlockQuantLinear:
 @frozen
 class Bf16Linear:
     """A bfloat16 matrix whose products stay float32 (the C kernel's ``qmatmul_bf16``; oneDNN
-    rounds them to bfloat16, 0.125 apart near 25, which ties close logits).  The ``bf16`` format's
-    output head."""
+    rounds them to bfloat16, 0.125 apart near 25, which ties close logits, and its rows change
+    with the call's other rows and thread count).  Batch- and thread-invariant; built by
+    :func:`bf16_linear`."""
 
     packed: torch.Tensor  # cpu_qmatmul.pack_bf16(W)
     out_features: int
@@ -189,8 +195,9 @@ class Bf16Linear:
     bias: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = cpu_qmatmul.qmatmul_bf16(self.kernel, x.float(), self.packed, self.out_features)
-        return add_bias(y.to(x.dtype), self.bias)
+        rows = x.reshape(-1, x.shape[-1]).float()  # any leading dimensions, as F.linear takes
+        y = cpu_qmatmul.qmatmul_bf16(self.kernel, rows, self.packed, self.out_features)
+        return add_bias(y.reshape(*x.shape[:-1], self.out_features).to(x.dtype), self.bias)
 
 
 def _int8_planes(q: np.ndarray, d: np.ndarray, zero: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -215,12 +222,23 @@ def _pack(
         torch.from_numpy(np.ascontiguousarray(codes, dtype=np.int32)), 1
     )
     sz = torch.from_numpy(np.stack([scale.T, zero.T], axis=-1)).to(QUANT_ACT_DTYPE).contiguous()
-    return Int4Linear(packed, sz, GROUP, bias, planes=planes, dense=_batch_copy(dense))
+    return Int4Linear(packed, sz, GROUP, bias, planes=planes, batch=_batch_copy(dense))
 
 
-def _batch_copy(dense: torch.Tensor | None) -> torch.Tensor | None:
+def bf16_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Bf16Linear | DenseLinear:
+    """``weight`` ``[N, K]`` in bfloat16: :class:`Bf16Linear` (float32 products, batch- and
+    thread-invariant) where the C kernel runs and ``N % 16 == 0``, ``K % 32 == 0``; else a
+    :class:`DenseLinear` on a bfloat16 tensor (oneDNN: neither invariant nor float32 products)."""
+    kernel = cpu_qmatmul.bf16_kernel()
+    n, k = weight.shape
+    if kernel is not None and n % 16 == 0 and k % GROUP == 0:
+        return Bf16Linear(cpu_qmatmul.pack_bf16(weight), int(n), kernel, bias)
+    return DenseLinear(weight.to(torch.bfloat16).contiguous(), bias)
+
+
+def _batch_copy(dense: torch.Tensor | None) -> Bf16Linear | DenseLinear | None:
     """The bfloat16 matrix batched calls multiply by (see the module docstring)."""
-    return None if dense is None else dense.to(QUANT_ACT_DTYPE).contiguous()
+    return None if dense is None else bf16_linear(dense)
 
 
 def block_linear(

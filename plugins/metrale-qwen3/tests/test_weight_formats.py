@@ -30,7 +30,7 @@ from metrale_core.layers.formats.linear_kinds import (
     quantize_int8,
 )
 from metrale_core.plugin.components import LoadOptions
-from metrale_core.testing.requires import cpu_isa_params, missing, use_cpu_isa
+from metrale_core.testing.requires import cpu_isa_params, use_cpu_isa
 from metrale_core.testing.smollm2 import CAPITAL_CHAT_IDS
 from metrale_core.weights import open_weights
 from metrale_core.weights.gguf_dequant import dequantize
@@ -141,28 +141,7 @@ def test_zero_rows_are_an_empty_product(matmul_path):
     packed = cpu_qmatmul.pack(codes, d, np.zeros_like(d), 4)
     assert cpu_qmatmul.qmatmul(matmul_path, torch.empty(0, 64), packed, 32, 4).shape == (0, 32)
     assert matmul_path.mq_linear(0, -1, 64, packed.data_ptr(), 32, 4, 0, 0, 1) == -1
-    if "avx512_bf16" in cpu_flags() and (lib := cpu_qmatmul.bf16_kernel()) is not None:
-        wb = cpu_qmatmul.pack_bf16(torch.randn(32, 64))
-        assert cpu_qmatmul.qmatmul_bf16(lib, torch.empty(0, 64), wb, 32).shape == (0, 32)
-
-
-@pytest.mark.parametrize("rows", [1, 3, 4, 9])
-def test_bf16_kernel_keeps_float32_products(rows):
-    """bfloat16 weights times bfloat16-rounded activations, summed and returned in float32 (what
-    the bf16 format's output head uses so close logits do not tie)."""
-    if "avx512_bf16" not in cpu_flags() or "avx512" not in cpu_isa_params():
-        pytest.skip("needs AVX512-BF16 (the AVX512 variant's bfloat16 matmul)")
-    lib = cpu_qmatmul.bf16_kernel()
-    if lib is None:
-        missing("the C kernels with AVX512-BF16 do not run on this capable CPU")
-    w = torch.randn(48, 96)
-    x = torch.randn(rows, 96) * 3
-    got = cpu_qmatmul.qmatmul_bf16(lib, x, cpu_qmatmul.pack_bf16(w), 48)
-    want = x.bfloat16().double() @ w.bfloat16().double().T
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
-    assert not torch.equal(got, got.bfloat16().float())  # not rounded to bfloat16
-    with pytest.raises(ValueError, match="N % 16"):
-        cpu_qmatmul.pack_bf16(torch.zeros(8, 32))
+    # (the bfloat16 matmul's: tests/layers/formats/test_cpu_qmatmul.py)
 
 
 def test_pack_rejects_what_the_kernel_cannot_take():
@@ -219,19 +198,28 @@ def test_quantized_projections_multiply_batches_by_their_bfloat16_copy(rows, ker
     w = torch.randn(rows, 64)
     lin = quantize_int8(w, batch_copy=True)
     kind = Int8Linear if rows % 16 else kernel_path
-    assert isinstance(lin, kind) and lin.dense.dtype == torch.bfloat16
-    assert torch.equal(lin.dense, w.bfloat16())
+    assert isinstance(lin, kind)
+    # the C kernel's bfloat16 matmul (float32 products, batch-invariant) where it runs and takes
+    # the shape, else torch's bfloat16 matmul of the bfloat16 copy
+    invariant = kind is BlockQuantLinear
+    assert isinstance(lin.batch, Bf16Linear if invariant else DenseLinear)
+    if not invariant:
+        assert torch.equal(lin.batch.weight, w.bfloat16())
     # the largest call that still reads the int8 codes
     small = (
         linear_mod.BLOCK_QUANT_BATCH_ROWS if kind is BlockQuantLinear else SMALL_BATCH_ROWS // getattr(lin, "planes", 1)
     )
     x = torch.randn(small + 1, 64)
     by_copy = lin(x)
-    torch.testing.assert_close(by_copy, (x.bfloat16() @ w.bfloat16().T).float(), rtol=0, atol=0)
+    if invariant:
+        want = cpu_qmatmul.qmatmul_bf16(lin.batch.kernel, x, cpu_qmatmul.pack_bf16(w), rows)
+    else:
+        want = (x.bfloat16() @ w.bfloat16().T).float()
+    torch.testing.assert_close(by_copy, want, rtol=0, atol=0)
     by_codes = lin(x[:small])
     assert not torch.equal(by_codes, by_copy[:small])  # a different (quantized) matrix ...
     assert (by_codes - by_copy[:small]).abs().max() < 0.02 * by_copy.abs().max()  # ... close to it
-    assert quantize_int8(w).dense is None  # without batch_copy every call reads the codes
+    assert quantize_int8(w).batch is None  # without batch_copy every call reads the codes
 
 
 def test_weight_format_comes_from_options_then_environment(monkeypatch):
@@ -319,10 +307,10 @@ def test_lossy_formats_stay_close_to_exact_on_smollm2(fmt, path, exact_reference
     monkeypatch.setenv(WEIGHT_FORMAT_ENV, fmt)
     model = load("llama", open_weights(GGUF), weight_format=None)
     assert model.weights.weight_format == fmt
-    if fmt == "bf16":  # float32 logits: the C kernel where the CPU has AVX512-BF16, else torch's
+    if fmt == "bf16":  # float32 logits: the C kernel where it runs, else torch's
         head = model.weights.head
         if cpu_qmatmul.bf16_kernel() is not None:
-            assert isinstance(head, Bf16Linear)
+            assert isinstance(head, Bf16Linear) and isinstance(model.weights.layers[0].gate_up, Bf16Linear)
         else:
             assert head.weight.dtype == torch.float32
             assert torch.equal(head.weight, head.weight.to(torch.bfloat16).float())

@@ -1,5 +1,5 @@
-/* Block-quantized matmul for x86 CPUs with AVX512-VNNI (AVX2: qmatmul_avx2.c): y[R, N] = x[R, K] @ W[N, K]^T (and, at
- * the end of the file, the bfloat16-weight matmul with float32 results of the bf16 format's head).
+/* Block-quantized matmul for x86 CPUs with AVX512-VNNI (AVX2: qmatmul_avx2.c): y[R, N] = x[R, K] @ W[N, K]^T (and, in
+ * bf16_matmul.c, the bfloat16-weight matmul with float32 results).
  *
  * Owner: metrale_qwen3.cpu_qmatmul (packs the weights into the layout below and calls it);
  * metrale_core.kernels.cpu builds it with decoder_ops.c into the package's CPU library.
@@ -313,66 +313,6 @@ int mq_linear(const float *x, int R, int K, const uint8_t *w, int N, int bits, f
             }
         }
         if (amx) amx_release();
-    }
-    return 0;
-}
-
-/* ---- bfloat16 weights, float32 results -------------------------------------------------------
- * y[R, N] = bf16(x)[R, K] @ W^T for bfloat16 W packed in tiles of 16 channels, each tile K/2
- * vectors of 64 bytes: element c*2 + j of vector i = W[c, 2i + j] (the operand order of
- * vdpbf16ps).  Products of bfloat16 values are exact in float32 and summed in float32, and the
- * result stays float32 (oneDNN's bf16 matmul rounds it to bfloat16, which ties logits).
- * Needs AVX512-BF16 (callers check the CPU flag avx512_bf16). */
-size_t mq_bf16_scratch_bytes(int R, int K) { return (size_t)R * K * 2 + 64; }
-
-static inline __attribute__((always_inline, target("avx512bf16"))) void bf16_tile_rows(
-        const uint16_t *tile, int K, const uint16_t *xb, int rows, float *y, int ldy) {
-    __m512 acc[ROW_GROUP];
-    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-    for (int i = 0; i < K / 2; i++) {
-        if ((i & 1) == 0) _mm_prefetch((const char *)(tile + (size_t)(i + 32) * 32), _MM_HINT_T0);
-        const __m512bh w = (__m512bh)_mm512_loadu_si512((const void *)(tile + (size_t)i * 32));
-        for (int r = 0; r < rows; r++) {
-            int32_t pair;
-            __builtin_memcpy(&pair, xb + (size_t)r * K + 2 * i, 4);
-            acc[r] = _mm512_dpbf16_ps(acc[r], w, (__m512bh)_mm512_set1_epi32(pair));
-        }
-    }
-    for (int r = 0; r < rows; r++) _mm512_storeu_ps(y + (size_t)r * ldy, acc[r]);
-}
-
-#define BF16_TILE_FN(ROWS)                                                                  \
-    __attribute__((target("avx512bf16"))) static void bf16_tile_##ROWS(const uint16_t *tile, int K, const uint16_t *xb, float *y, \
-                                 int ldy) {                                                 \
-        bf16_tile_rows(tile, K, xb, ROWS, y, ldy);                                          \
-    }
-BF16_TILE_FN(1) BF16_TILE_FN(2) BF16_TILE_FN(3) BF16_TILE_FN(4)
-
-typedef void (*bf16_tile_fn)(const uint16_t *, int, const uint16_t *, float *, int);
-static const bf16_tile_fn BF16_TILE_FNS[ROW_GROUP] = {bf16_tile_1, bf16_tile_2, bf16_tile_3, bf16_tile_4};
-
-__attribute__((target("avx512bf16"))) int mq_linear_bf16(const float *x, int R, int K, const uint16_t *w,
-                                                         int N, float *y, void *scratch, int threads) {
-    if (R < 0 || K % 32 || N % TILE || threads <= 0) return -1;
-    if (R == 0) return 0;
-    uint16_t *xb = (uint16_t *)scratch;
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int r = 0; r < R; r++)
-            for (int k = 0; k < K; k += 32) {  /* round to nearest even, as torch's .bfloat16() */
-                __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + (size_t)r * K + k + 16),
-                                                 _mm512_loadu_ps(x + (size_t)r * K + k));
-                _mm512_storeu_si512((void *)(xb + (size_t)r * K + k), (__m512i)v);
-            }
-#pragma omp for schedule(static)
-        for (int t = 0; t < N / TILE; t++) {
-            const uint16_t *tile = w + (size_t)t * TILE * K;
-            for (int r0 = 0; r0 < R; r0 += ROW_GROUP) {
-                const int n = R - r0 < ROW_GROUP ? R - r0 : ROW_GROUP;
-                BF16_TILE_FNS[n - 1](tile, K, xb + (size_t)r0 * K, y + (size_t)r0 * N + (size_t)t * TILE, N);
-            }
-        }
     }
     return 0;
 }

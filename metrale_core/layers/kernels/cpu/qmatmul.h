@@ -6,8 +6,7 @@
  * the ctypes signatures Python calls through -- nothing copies these signatures by hand.
  *
  * Invariants: plain C declarations only (cffi's cdef dialect).  Every ISA variant of the library
- * exports every function below except those marked "avx512 only" (the bfloat16 matmul needs
- * AVX512-BF16; callers check metrale_core.kernels.cpu.cpu_isa first).
+ * exports every function below (the bfloat16 matmul: bf16_matmul.h).
  */
 #ifndef METRALE_QWEN3_QMATMUL_H
 #define METRALE_QWEN3_QMATMUL_H
@@ -20,8 +19,5 @@ size_t mq_scratch_bytes(int R, int K);
 int mq_record_bytes(int bits);
 int mq_linear(const float *x, int R, int K, const uint8_t *w, int N, int bits, float *y,
               void *scratch, int threads);
-size_t mq_bf16_scratch_bytes(int R, int K); /* avx512 only */
-int mq_linear_bf16(const float *x, int R, int K, const uint16_t *w, int N, float *y, void *scratch,
-                   int threads); /* avx512 only */
 
 #endif
