@@ -340,9 +340,9 @@ class LoRALinear:
         num_slots, width, k = self.a.shape
         assert self.bt is not None
         threads = torch.get_num_threads()
-        rows = self.kernel.mt_lora_rows()  # the kernel's ROWS: one group's shrunk rows per thread
-        if self._scratch.numel() < threads * rows * width:
-            self._scratch = torch.empty(threads * rows * width, dtype=torch.float32)
+        group_rows = self.kernel.mt_lora_rows()  # the kernel's ROWS: one group's shrunk group_rows per thread
+        if self._scratch.numel() < threads * group_rows * width:
+            self._scratch = torch.empty(threads * group_rows * width, dtype=torch.float32)
         rc = self.kernel.mt_lora_apply(
             x.data_ptr(),
             k,
