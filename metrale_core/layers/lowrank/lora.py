@@ -340,7 +340,7 @@ class LoRALinear:
         num_slots, width, k = self.a.shape
         assert self.bt is not None
         threads = torch.get_num_threads()
-        group_rows = self.kernel.mt_lora_rows()  # the kernel's ROWS: one group's shrunk group_rows per thread
+        group_rows = self.kernel.mt_lora_rows()  # the kernel's ROWS: one group of shrunk rows per thread
         if self._scratch.numel() < threads * group_rows * width:
             self._scratch = torch.empty(threads * group_rows * width, dtype=torch.float32)
         rc = self.kernel.mt_lora_apply(
