@@ -26,7 +26,7 @@ import attrs
 import torch
 
 from metrale_core.errors import ConfigError
-from metrale_core.layers.kv_q8_ops import GROUP, Q8Ops, gather_q8_0
+from metrale_core.layers.kv_q8_ops import GROUP, Q8Ops, Q8Storage, gather_q8_0
 from metrale_core.model_api import KVLayout, PagedKVCache
 
 __all__ = ["Q8KVCodec", "q8_0_layout", "q8_0_source"]
@@ -58,6 +58,9 @@ class Q8KVCodec:
 
     name = "q8_0"
     plain = False
+    #: ``decode_attention`` / ``prefill_attention`` take ``window`` / ``sinks`` / ``softcap``
+    #: (``window_attention`` routes windowed, soft-capped and sink layers through them).
+    attends_windows = True
     storage_dtype = torch.int8
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
@@ -72,7 +75,7 @@ class Q8KVCodec:
         return f"Q8KVCodec(path={self.ops.decode.path})"
 
     @staticmethod
-    def _storage(cache: PagedKVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _storage(cache: PagedKVCache, layer: int) -> Q8Storage:
         return cache.k[layer], cache.k_scales[layer], cache.v[layer], cache.v_scales[layer]
 
     def write(
@@ -95,9 +98,18 @@ class Q8KVCodec:
         context_lens: torch.Tensor,
         scale: float,
         max_context: int,
-    ) -> torch.Tensor:
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor | None:
+        """The decode rows ``q``; with a ``window``, ``sinks`` or ``softcap`` (``window_attention``'s)
+        only through the C kernel, which reads no block outside a row's window: None where it does
+        not take the inputs (the caller's own windowed path then attends them)."""
         storage = self._storage(cache, layer)
-        return self.ops.decode(q, *storage, block_tables, context_lens, scale, max_context)
+        windowed = window is not None or sinks is not None or softcap is not None
+        if windowed and not self.ops.decode.cpu_takes(q, storage, block_tables, context_lens):
+            return None
+        return self.ops.decode(q, storage, block_tables, context_lens, scale, max_context, window, sinks, softcap)
 
     def prefill_attention(
         self,
@@ -108,6 +120,16 @@ class Q8KVCodec:
         block_tables: torch.Tensor,
         segments: tuple[tuple[int, int, int, int], ...],
         scale: float,
-    ) -> None:
-        """The multi-row ``segments`` (``AttentionPlan.multi_row``) of ``q`` into ``out``."""
-        self.ops.prefill(out, q, *self._storage(cache, layer), block_tables, segments, scale)
+        window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> bool:
+        """The multi-row ``segments`` (``AttentionPlan.multi_row``) of ``q`` into ``out``; True when
+        attended.  With a ``window``, ``softcap`` or ``sinks`` only through the C kernel (False
+        where it does not take the inputs, as :meth:`decode_attention`)."""
+        storage = self._storage(cache, layer)
+        windowed = window is not None or sinks is not None or softcap is not None
+        if windowed and not self.ops.prefill.cpu_takes(out, q, storage, block_tables):
+            return False
+        self.ops.prefill(out, q, storage, block_tables, segments, scale, window, softcap, sinks)
+        return True

@@ -14,7 +14,11 @@ Invariants:
   ``_q8`` entry points of ``attention_decode.c`` / ``attention_prefill.c``, which read the codes
   and scales inside the dot products: their output has the bits of the plain float32 kernels
   over the dequantized cache (same fixed chunks and merge order, so batch invariance holds).
-- Caches: codes int8 ``[blocks, bs, Hk, d]``, scales float16 ``[blocks, bs, Hk, d // 32]``.
+- Caches: codes int8 ``[blocks, bs, Hk, d]``, scales float16 ``[blocks, bs, Hk, d // 32]``; the
+  attention ops take a layer's four as one ``storage`` tuple (:data:`Q8Storage`).
+- ``window`` / ``sinks`` / ``softcap`` (``window_attention``'s) run in both C kernels, which read
+  no position before a row's window; ``cpu_takes`` says where they run (the codec routes windowed
+  layers only there).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ __all__ = [
     "Q8Ops",
     "Q8PagedAttentionDecode",
     "Q8PagedAttentionPrefill",
+    "Q8Storage",
     "dequantize_q8_0",
     "gather_q8_0",
     "quantize_q8_0",
@@ -38,6 +43,9 @@ __all__ = [
 
 #: Values per scale.
 GROUP = 32
+
+#: A layer's q8_0 cache: K codes, K scales, V codes, V scales (the module docstring's shapes).
+Q8Storage = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def quantize_q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,10 +81,18 @@ def _pointers(*tensors: torch.Tensor) -> list[int]:
     return [t.data_ptr() for t in tensors]
 
 
-def _cpu_takes(q: torch.Tensor, *caches: torch.Tensor) -> bool:
-    """float32 dense query rows over contiguous CPU q8_0 caches the C kernels take."""
+def _cpu_takes(q: torch.Tensor, storage: Q8Storage) -> bool:
+    """float32 query rows ``[.., Hq, d]`` over contiguous q8_0 caches the C kernels take (K and V
+    of one shape, whole KV-head groups)."""
     d = q.shape[-1]
-    return all_f32(q) and d % GROUP == 0 and d <= 256 and all(c.is_contiguous() for c in caches)
+    return (
+        all_f32(q)
+        and d % GROUP == 0
+        and d <= 256
+        and all(c.is_contiguous() for c in storage)
+        and storage[2].shape == storage[0].shape
+        and q.shape[-2] % storage[0].shape[2] == 0
+    )
 
 
 class Q8KVCacheWrite(CustomOp):
@@ -119,35 +135,43 @@ class Q8KVCacheWrite(CustomOp):
 
 
 class Q8PagedAttentionDecode(CustomOp):
-    """One query row per sequence over its q8_0 paged cache; returns ``[B, Hq, d]`` (``window`` /
-    ``sinks`` / ``softcap``: ``PagedAttentionDecode``'s)."""
+    """One query row per sequence over its q8_0 paged cache ``storage`` (``Q8Storage``); returns
+    ``[B, Hq, d]`` (``window`` / ``sinks`` / ``softcap``: ``PagedAttentionDecode``'s)."""
 
     kernel_package = KERNEL_PACKAGE
     cpu_kernels = True
 
     def forward_native(
-        self, q, k_codes, k_scales, v_codes, v_scales, block_tables, context_lens, scale, max_context, window=None
+        self, q, storage, block_tables, context_lens, scale, max_context, window=None, sinks=None, softcap=None
     ) -> torch.Tensor:
+        k_codes, k_scales, v_codes, v_scales = storage
         num_blocks = -(-max_context // k_codes.shape[1])
         tables = block_tables[:, :num_blocks]
         k = gather_q8_0(k_codes, k_scales, tables, torch.float32)
         v = gather_q8_0(v_codes, v_scales, tables, torch.float32)
-        return attention.attend_decode(q, k, v, context_lens, scale, window)
+        return attention.attend_decode(q, k, v, context_lens, scale, window, sinks, softcap)
+
+    def cpu_takes(self, q, storage: Q8Storage, block_tables, context_lens) -> bool:
+        """Whether the C kernel takes these inputs (``forward_cpu`` routes the others to
+        ``forward_native``; ``windowed_paged_attention`` keeps its own torch path for them)."""
+        return (
+            self.path == "cpu"
+            and _cpu_takes(q, storage)
+            and dense_heads(q)
+            and block_tables.dtype == torch.int64
+            and context_lens.dtype == torch.int64
+            and block_tables.stride(-1) == 1
+            and context_lens.is_contiguous()
+        )
 
     def forward_cpu(
-        self, q, k_codes, k_scales, v_codes, v_scales, block_tables, context_lens, scale, max_context, window=None
+        self, q, storage, block_tables, context_lens, scale, max_context, window=None, sinks=None, softcap=None
     ) -> torch.Tensor:
-        args = (q, k_codes, k_scales, v_codes, v_scales, block_tables, context_lens, scale, max_context, window)
-        if (
-            not _cpu_takes(q, k_codes, k_scales, v_codes, v_scales)
-            or v_codes.shape != k_codes.shape
-            or not dense_heads(q)
-            or q.shape[1] % k_codes.shape[2]
-            or block_tables.stride(-1) != 1
-            or not context_lens.is_contiguous()
-        ):
+        if not self.cpu_takes(q, storage, block_tables, context_lens):
+            args = (q, storage, block_tables, context_lens, scale, max_context, window, sinks, softcap)
             return self.forward_native(*args)
         bsz, hq, d = q.shape
+        sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
         out = torch.empty(bsz, hq, d, dtype=torch.float32)
         cpu_call(
             self,
@@ -155,52 +179,58 @@ class Q8PagedAttentionDecode(CustomOp):
             out.data_ptr(),
             q.data_ptr(),
             q.stride(0),
-            *_pointers(k_codes, k_scales, v_codes, v_scales, block_tables),
+            *_pointers(*storage, block_tables),
             block_tables.stride(0),
             context_lens.data_ptr(),
             bsz,
             hq,
-            k_codes.shape[2],
+            storage[0].shape[2],
             d,
-            k_codes.shape[1],
+            storage[0].shape[1],
             scale,
             window or 0,
-            None,
-            0.0,
+            None if sinks is None else sinks.data_ptr(),
+            softcap or 0.0,
             torch.get_num_threads(),
         )
         return out
 
 
 class Q8PagedAttentionPrefill(CustomOp):
-    """The multi-row segments of a batch over a q8_0 paged cache, written into ``out``
-    (``PagedAttentionPrefill``'s contract: ``segments`` is ``AttentionPlan.multi_row``)."""
+    """The multi-row segments of a batch over a q8_0 paged cache ``storage``, written into ``out``
+    (``PagedAttentionPrefill``'s contract: ``segments`` is ``AttentionPlan.multi_row``; ``window``
+    / ``softcap`` / ``sinks`` as there)."""
 
     kernel_package = KERNEL_PACKAGE
     cpu_kernels = True
     #: ``(segments, segments tensor)`` of the last call (one table per forward, reused by every layer).
     _segments: tuple[tuple, torch.Tensor] | None = None
 
-    def forward_native(self, out, q, k_codes, k_scales, v_codes, v_scales, block_tables, segments, scale) -> None:
+    def forward_native(self, out, q, storage, block_tables, segments, scale, window=None, softcap=None, sinks=None):
+        k_codes, k_scales, v_codes, v_scales = storage
         for start, end, seq, context_len in segments:
             num_blocks = -(-context_len // k_codes.shape[1])
             table = block_tables[seq, :num_blocks]
             k = gather_q8_0(k_codes, k_scales, table, q.dtype)
             v = gather_q8_0(v_codes, v_scales, table, q.dtype)
-            out[start:end] = attention.attend_prefill(q[start:end], k, v, context_len, scale)
+            out[start:end] = attention.attend_prefill(q[start:end], k, v, context_len, scale, window, softcap, sinks)
 
-    def forward_cpu(self, out, q, k_codes, k_scales, v_codes, v_scales, block_tables, segments, scale) -> None:
-        args = (out, q, k_codes, k_scales, v_codes, v_scales, block_tables, segments, scale)
-        if (
-            not segments
-            or not _cpu_takes(q, k_codes, k_scales, v_codes, v_scales)
-            or not all_f32(out)
-            or v_codes.shape != k_codes.shape
-            or not dense_heads(q, out)
-            or q.shape[1] % k_codes.shape[2]
-            or block_tables.stride(-1) != 1
-        ):
-            return self.forward_native(*args)
+    def cpu_takes(self, out, q, storage: Q8Storage, block_tables) -> bool:
+        """Whether the C kernel takes these inputs (``forward_cpu`` routes the others to
+        ``forward_native``; ``windowed_paged_attention`` keeps its own torch path for them)."""
+        return (
+            self.path == "cpu"
+            and _cpu_takes(q, storage)
+            and all_f32(out)
+            and dense_heads(q, out)
+            and block_tables.dtype == torch.int64
+            and block_tables.stride(-1) == 1
+        )
+
+    def forward_cpu(self, out, q, storage, block_tables, segments, scale, window=None, softcap=None, sinks=None):
+        if not segments or not self.cpu_takes(out, q, storage, block_tables) or (window is not None and window < 1):
+            return self.forward_native(out, q, storage, block_tables, segments, scale, window, softcap, sinks)
+        sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
         if self._segments is None or self._segments[0] is not segments:
             self._segments = (segments, torch.tensor(segments, dtype=torch.int64).reshape(-1, 4))
         table = self._segments[1]
@@ -211,18 +241,18 @@ class Q8PagedAttentionPrefill(CustomOp):
             out.stride(0),
             q.data_ptr(),
             q.stride(0),
-            *_pointers(k_codes, k_scales, v_codes, v_scales, block_tables),
+            *_pointers(*storage, block_tables),
             block_tables.stride(0),
             table.data_ptr(),
             table.shape[0],
             q.shape[1],
-            k_codes.shape[2],
+            storage[0].shape[2],
             q.shape[2],
-            k_codes.shape[1],
-            0,
+            storage[0].shape[1],
+            window or 0,
             scale,
-            0.0,
-            None,
+            softcap or 0.0,
+            None if sinks is None else sinks.data_ptr(),
             torch.get_num_threads(),
         )
         return None

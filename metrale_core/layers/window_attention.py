@@ -25,13 +25,16 @@ Invariants:
 - On CPU, over a plain cache, the decode rows go through the model's decode op's C kernel where
   it takes them (``PagedAttentionDecode.cpu_takes``) and the multi-row segments through the tiled
   prefill kernel (``PagedAttentionPrefill``): window, soft-cap and sinks in the kernels, the same
-  positions read (none before a row's window), batch-invariant; everything else (other codecs,
-  CUDA) stays on the torch path here.
+  positions read (none before a row's window), batch-invariant.  A codec whose own kernels take
+  windows (``attends_windows``: q8_0's C kernels, which read the codes and scales in the dot
+  products) attends both kinds of rows there, with the bits the float32 kernels give over the
+  dequantized cache; everything else (other codecs, CUDA, inputs those kernels do not take) stays
+  on the torch path here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +45,12 @@ if TYPE_CHECKING:
     from metrale_core.layers.ops import PagedAttentionDecode, PagedAttentionPrefill
 
 __all__ = ["windowed_paged_attention"]
+
+
+def _window_codec(kv: PagedKVCache) -> Any:
+    """``kv``'s codec where its own ``decode_attention`` / ``prefill_attention`` take ``window`` /
+    ``sinks`` / ``softcap`` (``attends_windows``: q8_0), else None."""
+    return kv.codec if getattr(kv.codec, "attends_windows", False) else None
 
 
 def _decode(
@@ -63,6 +72,11 @@ def _decode(
     segment of one row: batch-invariant), without them one masked batch."""
     if decode_op is not None and kv.plain and decode_op.cpu_takes(q, kv.k[layer], kv.v[layer], tables, context):
         return decode_op(q, kv.k[layer], kv.v[layer], tables, context, scale, max_context, window, sinks, softcap)
+    codec = _window_codec(kv)
+    if codec is not None:  # the codec's own C kernel (q8_0), where it takes the rows
+        fused = codec.decode_attention(kv, layer, q, tables, context, scale, max_context, window, sinks, softcap)
+        if fused is not None:
+            return fused
     if sinks is not None:
         rows = [
             _segment(q[b : b + 1], kv, layer, tables[b], int(c), window, scale, softcap, sinks)
@@ -160,6 +174,11 @@ def windowed_paged_attention(
         prefill_op(
             out, q, kv.k[layer], kv.v[layer], plan.block_tables, plan.multi_row, plan.scale, window, softcap, sinks
         )
+        return out
+    codec = _window_codec(kv)
+    if codec is not None and codec.prefill_attention(
+        kv, layer, out, q, plan.block_tables, plan.multi_row, plan.scale, window, softcap, sinks
+    ):
         return out
     for start, end, seq, context_len in plan.multi_row:
         out[start:end] = _segment(

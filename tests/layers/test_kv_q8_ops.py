@@ -99,14 +99,14 @@ def test_decode_reads_q8_0_as_the_float32_kernel_reads_its_values(ops, g, d):
     storage, (k, v), tables, context, gen = _paged(contexts, hk, d, seed=g * 100 + d)
     q = torch.randn(len(contexts), g * hk + 2, d, generator=gen)[:, 1 : 1 + g * hk]  # strided rows
     args = (tables, context, d**-0.5, max(contexts))
-    out = q8.decode(q, *storage, *args)
+    out = q8.decode(q, storage, *args)
     assert torch.equal(out, plain(q, k, v, *args))
-    torch.testing.assert_close(out, q8.decode.forward_native(q, *storage, *args), rtol=1e-5, atol=1e-5)
-    windowed = q8.decode(q, *storage, *args, window=300)
+    torch.testing.assert_close(out, q8.decode.forward_native(q, storage, *args), rtol=1e-5, atol=1e-5)
+    windowed = q8.decode(q, storage, *args, window=300)
     assert torch.equal(windowed, plain(q, k, v, *args, window=300))
     for t in storage:  # block 0 is only ever padding
         t[0] = 100
-    assert torch.equal(q8.decode(q, *storage, *args), out)
+    assert torch.equal(q8.decode(q, storage, *args), out)
 
 
 def test_a_decode_rows_bits_do_not_depend_on_the_batch_or_the_thread_count(ops):
@@ -118,11 +118,11 @@ def test_a_decode_rows_bits_do_not_depend_on_the_batch_or_the_thread_count(ops):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        batch = q8.decode(q, *storage, tables, context, d**-0.5, max(contexts))
+        batch = q8.decode(q, storage, tables, context, d**-0.5, max(contexts))
         for b in range(len(contexts)):
             for n in (1, 2):
                 torch.set_num_threads(n)
-                alone = q8.decode(q[b : b + 1], *storage, tables[b : b + 1], context[b : b + 1], d**-0.5, 1)
+                alone = q8.decode(q[b : b + 1], storage, tables[b : b + 1], context[b : b + 1], d**-0.5, 1)
                 assert torch.equal(alone, batch[b : b + 1]), (b, n)
     finally:
         torch.set_num_threads(threads)
@@ -135,17 +135,17 @@ def test_prefill_reads_q8_0_as_the_float32_kernel_reads_its_values(ops, hq, hk, 
     q = torch.randn(300 + 60, hq, d, generator=gen)
     segments = ((0, 300, 0, 300), (300, 360, 1, 90))  # a whole prompt, a chunk after a prefix
     out, ref = torch.full(q.shape, 7.0), torch.full(q.shape, 7.0)
-    q8.prefill(out, q, *storage, tables, segments, d**-0.5)
+    q8.prefill(out, q, storage, tables, segments, d**-0.5)
     plain(ref, q, k, v, tables, segments, d**-0.5)
     assert torch.equal(out, ref)
     oracle = torch.full(q.shape, 7.0)
-    q8.prefill.forward_native(oracle, q, *storage, tables, segments, d**-0.5)
+    q8.prefill.forward_native(oracle, q, storage, tables, segments, d**-0.5)
     torch.testing.assert_close(out, oracle, rtol=1e-4, atol=1e-5)
     threads = torch.get_num_threads()
     try:  # a chunk's rows: the same bits split differently, alone, on one thread
         torch.set_num_threads(1)
         chunk = torch.full((100, hq, d), 7.0)
-        q8.prefill(chunk, q[100:200], *storage, tables, ((0, 100, 0, 200),), d**-0.5)
+        q8.prefill(chunk, q[100:200], storage, tables, ((0, 100, 0, 200),), d**-0.5)
         assert torch.equal(chunk, out[100:200])
     finally:
         torch.set_num_threads(threads)

@@ -7,7 +7,10 @@ guarantee the block manager relies on: blocks wholly outside every row's window 
 and with sinks, a row's result is the same bits alone and in a batch.  The decode rows through the
 C decode kernel (window and sinks in the kernel) against the torch path, on each ISA variant; on CPU
 the multi-row segments through the tiled C prefill kernel (``prefill_op``): the torch path's values,
-and the same never-read guarantee.
+and the same never-read guarantee.  A q8_0 cache (``Q8KVCodec``: ``attends_windows``) attends
+both kinds of rows in its own C kernels: the bits the float32 C kernels give over the dequantized
+cache, the torch path's values, no block outside a window read, each decode row the same bits
+alone and in a batch on 1 or 2 threads; where the kernels do not run, the torch gather path.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import torch
 from metrale_core.kernels import KERNELS_ENV
 from metrale_core.layers.attention import AttentionPlan, paged_attention
 from metrale_core.layers.decoder_ops import DecoderOps
+from metrale_core.layers.kv_q8_codec import Q8KVCodec, q8_0_layout
+from metrale_core.layers.kv_q8_ops import dequantize_q8_0, quantize_q8_0
 from metrale_core.layers.op_support import KERNEL_PACKAGE
 from metrale_core.layers.ops import PagedAttentionDecode
 from metrale_core.layers.window_attention import windowed_paged_attention
@@ -232,3 +237,94 @@ def test_the_c_prefill_kernel_attends_windowed_segments(isa, window, softcap, si
                 kv.v[0][b] = float("nan")
         again = windowed_paged_attention(q, kv, 0, plan, window=window, softcap=softcap, sinks=sink, prefill_op=op)
         assert torch.equal(again[rows], got[rows])
+
+
+def _q8_setup(seed: int, work: list[tuple[int, int]]):
+    """``_setup`` with d = 32 and a q8_0 copy of its cache; the float32 cache then holds the
+    dequantized values (the q8_0 cache's exact reading).  Returns batch, plain kv, q8_0 kv, q, tables."""
+    batch, kv, q, _, tables = _setup(seed, work, d=32)
+    q8 = PagedKVCache.allocate(q8_0_layout(KVLayout(1, HK, 32), torch.device("cpu")), 64, BS, codec=Q8KVCodec())
+    for plain, codes, scales in ((kv.k, q8.k, q8.k_scales), (kv.v, q8.v, q8.v_scales)):
+        c, d = quantize_q8_0(plain[0])
+        codes[0].copy_(c)
+        scales[0].copy_(d)
+        plain[0].copy_(dequantize_q8_0(c, d))
+    return batch, kv, q8, q, tables
+
+
+@pytest.fixture(params=cpu_isa_params())
+def q8_kernels(request, monkeypatch):
+    """The C kernels of one ISA variant: the float32 ``DecoderOps`` and a dict counting the calls
+    of the q8_0 kernels (the library every ``Q8KVCodec`` built in the test runs)."""
+    use_cpu_isa(monkeypatch, request.param, KERNEL_PACKAGE)
+    monkeypatch.setenv(KERNELS_ENV, "cpu")
+    library = Q8KVCodec().ops.decode.cpu_kernel
+    assert Q8KVCodec().ops.prefill.cpu_kernel is library
+    calls = dict.fromkeys(("dop_paged_decode_q8", "ap_paged_prefill_q8"), 0)
+    for name in calls:
+        kernel = getattr(library, name)
+        monkeypatch.setattr(library, name, lambda *a, _k=kernel, _n=name: calls.update({_n: calls[_n] + 1}) or _k(*a))
+    return DecoderOps("cpu"), calls
+
+
+@pytest.mark.parametrize("work", sorted(WORKS))
+@pytest.mark.parametrize("window", [None, 1, 5, 100])
+@pytest.mark.parametrize("softcap", [None, 3.0])
+@pytest.mark.parametrize("sinks", [None, [2.0, -1.0, 0.5, 4.0]])
+def test_q8_0_rows_run_its_c_kernels_with_the_float_kernels_bits(q8_kernels, work, window, softcap, sinks):
+    ops, calls = q8_kernels
+    batch, kv, q8, q, tables = _q8_setup(len(work) + (window or 0), WORKS[work])
+    plan = AttentionPlan.from_batch(batch, 0.3)
+    extra = {"window": window, "softcap": softcap, "sinks": None if sinks is None else torch.tensor(sinks)}
+    got = windowed_paged_attention(q, q8, 0, plan, **extra, decode_op=ops.decode_attention)
+    mixed = work == "mixed"
+    assert calls == {"dop_paged_decode_q8": 1, "ap_paged_prefill_q8": int(mixed)}  # not the gather
+    floats = windowed_paged_attention(
+        q, kv, 0, plan, **extra, decode_op=ops.decode_attention, prefill_op=ops.prefill_attention
+    )
+    assert torch.equal(got, floats)
+    torch.testing.assert_close(got, windowed_paged_attention(q, kv, 0, plan, **extra), rtol=1e-5, atol=1e-5)
+    if window is not None:  # NaN scales in every block no row's window reaches: never read
+        for (ctx, n), table in zip(WORKS[work], tables, strict=True):
+            for b in table[: max(0, ctx - n - window + 1) // BS]:
+                q8.k_scales[0][b] = float("nan")
+                q8.v_scales[0][b] = float("nan")
+        assert torch.equal(windowed_paged_attention(q, q8, 0, plan, **extra), got)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_a_q8_0_decode_rows_bits_do_not_depend_on_the_batch_or_the_thread_count(q8_kernels, window):
+    _, calls = q8_kernels
+    batch, _, q8, q, _ = _q8_setup(5, WORKS["pure-decode"])
+    plan = AttentionPlan.from_batch(batch, 0.5)
+    extra = {"window": window, "softcap": 3.0, "sinks": torch.tensor([2.0, -1.0, 0.5, 4.0])}
+    tables, context = plan.decode_inputs()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        together = windowed_paged_attention(q, q8, 0, plan, **extra)
+        for b in range(3):
+            one = AttentionPlan(
+                plan.scale, True, None, tables[b : b + 1], context[b : b + 1], int(context[b]), (), tables[b : b + 1]
+            )
+            for n in (1, 2):
+                torch.set_num_threads(n)
+                assert torch.equal(windowed_paged_attention(q[b : b + 1], q8, 0, one, **extra), together[b : b + 1])
+    finally:
+        torch.set_num_threads(threads)
+    assert calls["dop_paged_decode_q8"] == 7
+
+
+def test_q8_0_rows_the_kernels_do_not_take_stay_on_the_torch_gather(monkeypatch):
+    """On the torch path (no C kernels) the q8_0 codec declines windowed rows: the gather path
+    attends them, as over the float32 cache of the dequantized values."""
+    monkeypatch.setenv(KERNELS_ENV, "native")
+    batch, kv, q8, q, _ = _q8_setup(2, WORKS["mixed"])
+    assert q8.codec.ops.decode.path == "native"
+    plan = AttentionPlan.from_batch(batch, 0.3)
+    extra = {"window": 5, "softcap": 3.0, "sinks": torch.tensor([2.0, -1.0, 0.5, 4.0])}
+    out = torch.empty(q.shape)
+    assert not q8.codec.prefill_attention(q8, 0, out, q, plan.block_tables, plan.multi_row, plan.scale, 5)
+    assert q8.codec.decode_attention(q8, 0, q[:1], *plan.decode_inputs(), plan.scale, 23, 5) is None
+    got = windowed_paged_attention(q, q8, 0, plan, **extra)
+    torch.testing.assert_close(got, windowed_paged_attention(q, kv, 0, plan, **extra), rtol=1e-5, atol=1e-5)
