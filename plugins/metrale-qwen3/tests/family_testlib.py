@@ -136,14 +136,14 @@ def hf_generate(hf: Any, prompt: list[int]) -> list[int]:
 
 
 def engine_rows(
-    model: Any, max_tokens: int, blocks: int = 64, prompts: list[list[int]] = PROMPTS
+    model: Any, max_tokens: int, blocks: int = 64, prompts: list[list[int]] = PROMPTS, **config: Any
 ) -> tuple[list[list[int]], list, LLMEngine]:
     """Greedy outputs of ``prompts`` through the engine (``blocks`` KV blocks of 4 tokens, prefill
-    chunks of 8, requests joining mid-prefill), every logits row with its history, the engine."""
+    chunks of 8, requests joining mid-prefill; ``config``: more ``EngineConfig`` fields), every
+    logits row with its history, the engine."""
     spy = ForwardSpy(model)
-    engine = LLMEngine(
-        spy, EngineConfig(block_size=4, num_kv_blocks=blocks, max_prefill_tokens=8), registry=load_registry()
-    )
+    settings = EngineConfig(block_size=4, num_kv_blocks=blocks, max_prefill_tokens=8, **config)
+    engine = LLMEngine(spy, settings, registry=load_registry())
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     outputs = run_joining_mid_prefill(engine, prompts, params)
     return outputs, spy.rows, engine

@@ -6,7 +6,8 @@ logits far from zero, YaRN with and without ``truncate``, more than one expert p
 SwiGLU clamp reached (a small ``swiglu_limit``), tied and untied heads.  Each runs through the
 real engine -- requests joining mid-prefill, chunked prefill, a KV pool small enough to preempt --
 and every logits row is within 1e-4 of transformers' and the greedy tokens equal its step-by-step
-decode and ``generate``'s.
+decode and ``generate``'s.  Over a q8_0 KV cache (heads of 32) the windowed sink layers run the
+q8_0 C kernels and give the greedy tokens and logits of the codec's torch gather path.
 
 A GGUF written under llama.cpp's gpt-oss names (``attn_sinks``, ``post_attention_norm``, the
 experts de-interleaved into ``ffn_{gate,up,down}_exps`` in MXFP4 with ``[E, rows]`` biases)
@@ -23,6 +24,7 @@ import torch
 import transformers as tf
 from family_testlib import (
     BASE,
+    NEW_TOKENS,
     VOCAB,
     assert_engine_matches_hf,
     assert_same_bits_alone_and_batched,
@@ -40,6 +42,7 @@ from qwen3_harness import build_hf, open_store, save_checkpoint
 
 from metrale_core.errors import ConfigError, UnknownArchitecture
 from metrale_core.layers.formats.gguf_linear import GGUFLinear
+from metrale_core.layers.kv_q8_codec import Q8KVCodec
 from metrale_core.layers.parallel import TensorParallel
 from metrale_core.plugin.discovery import load_registry
 from metrale_core.testing.gguf_names import LAYER, TOP
@@ -121,6 +124,34 @@ def test_windows_sinks_and_experts_follow_the_config(tmp_path):
     gate_up = layer.moe.experts[4].gate_up  # [gate; up] rows, de-interleaved from HF's columns
     assert torch.equal(gate_up.weight[:24], ref.gate_up_proj[4, :, 0::2].T)
     assert torch.equal(gate_up.bias[24:], ref.gate_up_proj_bias[4, 1::2])
+
+
+def test_a_q8_0_cache_runs_the_c_kernels_with_the_gather_paths_tokens(tmp_path, monkeypatch):
+    """--kv-cache-dtype q8_0 (issue 35): every layer has sinks and every other one a window, so
+    every layer attends through ``windowed_paged_attention``; it now runs the q8_0 C kernels, and
+    gives the greedy tokens of the codec's torch gather (the path before; ``attends_windows``
+    off) and every logits row within 1e-4 of it (the same dequantized values, summed in another
+    order), with preemption and requests joining mid-prefill."""
+    torch.set_num_threads(2)
+    hf = _hf(5, dict(CONFIGS["alternating-window-yarn-untied"], head_dim=32))
+    model = load_family("gpt-oss", open_store(save_checkpoint(hf, tmp_path)))
+    library = Q8KVCodec().ops.decode.cpu_kernel
+    kernels = ("dop_paged_decode_q8", "ap_paged_prefill_q8")
+    calls = dict.fromkeys(kernels, 0)
+    for name in kernels:
+        kernel = getattr(library, name)
+        monkeypatch.setattr(library, name, lambda *a, _k=kernel, _n=name: calls.update({_n: calls[_n] + 1}) or _k(*a))
+    fused, fused_rows, engine = engine_rows(model, NEW_TOKENS, blocks=14, kv_cache_dtype="q8_0")
+    assert isinstance(engine.kv_storage.codec, Q8KVCodec) and engine.stats().num_preemptions > 0
+    assert min(calls.values()) > 0, calls
+    monkeypatch.setattr(Q8KVCodec, "attends_windows", False)
+    before = dict(calls)
+    gathered, gathered_rows, _ = engine_rows(model, NEW_TOKENS, blocks=14, kv_cache_dtype="q8_0")
+    assert calls == before  # the gather path: no q8_0 kernel ran
+    assert fused == gathered
+    assert [h for h, _ in fused_rows] == [h for h, _ in gathered_rows]
+    worst = max((a - b).abs().max().item() for (_, a), (_, b) in zip(fused_rows, gathered_rows, strict=True))
+    assert worst <= 1e-4
 
 
 def test_gpt_oss_refuses_tensor_parallelism_with_the_reason(tmp_path):
