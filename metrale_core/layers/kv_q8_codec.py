@@ -16,6 +16,10 @@ Invariants:
   (<= 0.05 %), and float32 scales would cost 6 % more memory.
 - ``gather`` returns the dequantized values, which is what every attention path reads: the
   fused decode / prefill kernels (``kv_q8_ops``) give the bits of the float32 kernels over them.
+- Windowed, soft-capped and sink layers (``window_attention``, ``attends_windows``) go through
+  the same C kernels where they take the inputs (``cpu_takes``), reading no block before a row's
+  window; elsewhere ``decode_attention`` returns None and ``prefill_attention`` False, and
+  ``window_attention`` attends them over ``gather``.
 - Pages move only by block id (prefix caching shares them, preemption frees them): a position's
   codes and scales sit at the same (block, offset) in their tensors.
 """

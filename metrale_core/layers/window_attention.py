@@ -13,8 +13,8 @@ Invariants:
 - Only the blocks that hold a position some row of the batch can still see are read (a decode
   row reads ``ceil(w / block_size) + 1`` blocks at most), so blocks that slid out of every
   window are never touched: the block manager may recycle them.
-- K/V are read through ``PagedKVCache.gather`` (every codec, FP8 included); softmax runs in
-  float32; soft-capping is ``cap * tanh(scores / cap)`` before the mask (Gemma 2).
+- The torch path reads K/V through ``PagedKVCache.gather`` (every codec, FP8 included); softmax
+  runs in float32; soft-capping is ``cap * tanh(scores / cap)`` before the mask (Gemma 2).
 - Sinks (``[Hq]`` logits, gpt-oss): each query head's softmax runs over its visible scores and
   its sink logit, and the sink's probability is dropped (no value): ``out = sum_l p_l v_l`` with
   ``p = softmax([scores, sink])[:-1]``, transformers' ``eager_attention_forward``.  With sinks
