@@ -34,8 +34,8 @@ def test_a_silent_peer_is_lost_within_the_bound_and_recv_is_end_of_file():
     a, raw_b = _pair(0.4)  # raw_b never sends, not even a ping
     try:
         start = time.monotonic()
-        assert a.poll(None)
-        assert 0.3 < time.monotonic() - start < 10
+        assert a.poll(60)  # a generous deadline: the outcome (lost, ended) is what is checked
+        assert time.monotonic() - start > 0.3  # not declared lost before its 0.4 s timeout
         with pytest.raises(EOFError):
             a.recv()
         assert a.ended.is_set() and "no message for 0.4s" in (a.why or "")

@@ -5,6 +5,9 @@
   forcing ``</think>``; the answer follows as content;
 - Messages' ``thinking.budget_tokens`` does the same, and must be less than ``max_tokens``;
 - a budget on a server with no reasoning format is a 400 naming the field.
+
+Nothing here depends on timing: the tests run on servers of their own, paced at both extremes
+(every step its own delta, or all after the first merged into one), so load cannot change what they see.
 """
 
 from __future__ import annotations
@@ -14,6 +17,22 @@ import openai
 import pytest
 
 PONDER = [{"role": "user", "content": "Please ponder 2+2."}]
+
+
+@pytest.fixture(scope="module", params=[0.0, 5000.0], ids=["per-step", "coalesced"])
+def budget_url(request, start_server):
+    """A server of this module's own (no request of another test module shares its engine, so
+    nothing but these tests' replies decides when theirs are scheduled) whose stream pacing is
+    fixed at both ends of what load can produce: every step its own delta (0 ms), or every step
+    after the first merged into the last delta (5 s: a reply takes far less)."""
+    server, host = start_server(stream_interval_ms=request.param)
+    assert host.async_engine.stream_interval_s == pytest.approx(request.param / 1000)
+    return server.url
+
+
+@pytest.fixture
+def client(budget_url):
+    return openai.OpenAI(base_url=budget_url + "/v1", api_key="x", max_retries=0, timeout=120)
 
 
 def _chat(client, **extra):
@@ -33,7 +52,10 @@ def test_chat_budget_cuts_the_reasoning(client):
 
 
 def test_chat_budget_streamed_matches_whole(client):
+    """Streamed and whole agree however the steps are grouped into deltas: the budget cut is a
+    function of the output ids (the logit processor), never of how or when they are delivered."""
     whole = _chat(client, extra_body={"thinking_token_budget": 5})
+    assert whole[0].strip() == "Two" and whole[1], whole
     stream = client.chat.completions.create(
         model="scripted",
         messages=PONDER,
@@ -56,8 +78,8 @@ def test_bad_budgets_are_400(client):
     assert "thinking_token_budget" in str(caught.value)
 
 
-def test_messages_budget_tokens(base_url):
-    c = anthropic.Anthropic(base_url=base_url, api_key="x", max_retries=0, timeout=60)
+def test_messages_budget_tokens(budget_url):
+    c = anthropic.Anthropic(base_url=budget_url, api_key="x", max_retries=0, timeout=120)
     m = c.messages.create(
         model="scripted", max_tokens=120, messages=PONDER, thinking={"type": "enabled", "budget_tokens": 5}
     )
@@ -73,7 +95,7 @@ def test_messages_budget_tokens(base_url):
 
 def test_budget_without_a_reasoning_format_is_400(start_server):
     server, _host = start_server(reasoning_parser="none")
-    c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
     with pytest.raises(openai.BadRequestError) as caught:
         _chat(c, extra_body={"thinking_token_budget": 5})
     body = caught.value.body

@@ -173,26 +173,25 @@ def test_reasoning_aliases_and_bad_inputs():
 
 def test_a_loop_with_an_empty_body_stops_at_the_time_budget():
     """No call, attribute or operator inside the loops: only the per-line check can stop it (it
-    would run ~10^10 empty iterations)."""
+    would run ~10^10 empty iterations).  The budget counts CPU time, so the wall time it takes
+    depends on the machine's load: the outcome (stopped, by the budget) is checked, with a
+    deadline so generous that only a render the budget failed to stop can miss it."""
     import threading
-    import time
 
     template = "{% set xs = range(100000)|list %}{% for i in xs %}{% for j in xs %}{% endfor %}{% endfor %}"
     result = {}
 
     def render():
-        started = time.monotonic()
         try:
             render_chat_template(template, [{"role": "user", "content": "hi"}], time_budget_s=0.3)
         except InvalidRequest as exc:
             result["error"] = str(exc)
-        result["s"] = time.monotonic() - started
 
     thread = threading.Thread(target=render, daemon=True)
     thread.start()
-    thread.join(20)
+    thread.join(120)
     assert not thread.is_alive(), "the render ran past its time budget"
-    assert "time budget" in result["error"] and result["s"] < 5
+    assert "time budget" in result["error"]
 
 
 def test_the_time_budget_counts_the_renders_cpu_time_not_waiting():

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 
 import jsonschema
 import openai
@@ -226,12 +225,14 @@ def test_bad_constraints_are_400_naming_the_field(served, bad, param, words):
     assert body["param"] == param and words in body["message"], body
 
 
-def test_pathological_regex_compiles_in_bounded_time_or_is_refused(served):
-    import time
-
+def test_pathological_regex_compiles_or_is_refused(served):
+    """A hostile regex either compiles or is refused naming its field.  Its compile is bounded by
+    the parser's fuel limits (``compiler.LIMITS_KW``: lexer states and fuel count work, not
+    seconds), so the bound does not depend on the machine's load and this test asserts no
+    duration; a compile that escaped the limits would hang and fail on the generous client
+    deadline below, never on a speed bound."""
     _, server, _, _ = served
-    c = client(server)
-    started = time.perf_counter()
+    c = client(server).with_options(timeout=300)
     try:
         text, _ = chat_text(
             c,
@@ -244,7 +245,6 @@ def test_pathological_regex_compiles_in_bounded_time_or_is_refused(served):
         assert set(text) <= {"a"}
     except openai.BadRequestError as exc:
         assert exc.body["param"] == "structured_outputs.regex"
-    assert time.perf_counter() - started < 30
 
 
 def _tool_reply(c, choice, parallel, stream, max_tokens=80):
@@ -392,19 +392,31 @@ def test_mixed_concurrent_streams_and_metrics(served):
 
 def test_first_constrained_request_builds_the_index_off_the_event_loop(served):
     """The llguidance tokenizer index is built by the first constrained request, on a frontend
-    worker thread: /health keeps answering fast while it builds (slowed here to 1.5 s)."""
+    worker thread: the build is held (an Event) until /health has answered 200 while it was in
+    progress.  Were the build on the event loop, /health could not answer and the test would fail
+    by its generous timeout (no speed bound: CI is a busy machine)."""
+    import asyncio
+
     import httpx
 
     _, server, host, _ = served
     proc = host.ready().engine.output_processor.pipeline.processor("structured-output")
     proc._compiler = None  # as after start: nothing built yet
     real = proc._build_compiler
+    building, release = threading.Event(), threading.Event()
+    seen: dict = {}
 
-    def slow(tokenizer):
-        time.sleep(1.5)
+    def held(tokenizer):
+        try:
+            asyncio.get_running_loop()
+            seen["on_event_loop"] = True
+        except RuntimeError:  # no loop runs on this thread: a worker thread
+            seen["on_event_loop"] = False
+        building.set()
+        seen["released"] = release.wait(120)
         return real(tokenizer)
 
-    proc._build_compiler = slow
+    proc._build_compiler = held
     result = {}
 
     def send():
@@ -418,16 +430,16 @@ def test_first_constrained_request_builds_the_index_off_the_event_loop(served):
         )
 
     thread = threading.Thread(target=send)
-    started = time.perf_counter()
     thread.start()
-    worst = 0.0
-    while thread.is_alive() and time.perf_counter() - started < 1.2:
-        t0 = time.perf_counter()
-        assert httpx.get(server.url + "/health", timeout=30).status_code == 200
-        worst = max(worst, time.perf_counter() - t0)
-        time.sleep(0.05)
-    thread.join(120)
-    del proc._build_compiler
+    try:
+        assert building.wait(120), "the first constrained request never started building the index"
+        health = httpx.get(server.url + "/health", timeout=60)
+        assert not release.is_set() and proc._compiler is None  # /health answered mid-build
+        assert health.status_code == 200
+    finally:
+        release.set()
+        thread.join(120)
+        del proc._build_compiler
+    assert seen == {"on_event_loop": False, "released": True}
     assert result["reply"][0] in ("yes", "no")
     assert proc._compiler is not None
-    assert worst < 0.5, f"/health took {worst:.2f} s while the first constrained request compiled"
